@@ -1,0 +1,135 @@
+"""The one interface every event log implements.
+
+A *log store* holds a few named logs (Kafka topics, one partition each per shard):
+``inputs``, ``decisions`` and ``dead-letters``.  Each log is a totally ordered
+sequence of :class:`Record` values addressed by a dense offset starting at 0.
+Records carry opaque bytes: encoding and decoding events is the job of
+:mod:`fleetlog.events.codec`, so the log layer never depends on the vocabulary.
+
+Event time is the log's own append time (``timestamp_ms``): Kafka's
+``LogAppendTime`` or, for the file and memory logs, an injected clock — never the
+wall clock of the process that later reads the record.
+
+Decisions are appended with :meth:`LogStore.append_transactional`: the batch and
+the input offset it consumed become visible together or not at all.  After a
+crash :meth:`LogStore.committed_offset` says where to resume.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import msgspec
+
+INPUTS: Final = "inputs"
+DECISIONS: Final = "decisions"
+DEAD_LETTERS: Final = "dead-letters"
+LOG_NAMES: Final = (INPUTS, DECISIONS, DEAD_LETTERS)
+
+Headers = tuple[tuple[str, bytes], ...]
+Clock = Callable[[], int]
+"""A clock returns milliseconds since the epoch; injected so simulation can use virtual time."""
+
+
+class Message(msgspec.Struct, frozen=True, gc=False):
+    """What a producer appends: the log assigns offset and timestamp."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: Headers = ()
+
+
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """A message as stored: with its offset and the log's append time."""
+
+    offset: int
+    timestamp_ms: int
+    value: bytes
+    key: bytes | None = None
+    headers: Headers = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name``, or ``None``."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+
+class LogError(Exception):
+    """Base class of every error raised by a log implementation."""
+
+
+class LogClosedError(LogError):
+    """The log store was used after :meth:`LogStore.close`."""
+
+
+class OffsetOutOfRangeError(LogError):
+    """A read asked for an offset before the start of the log."""
+
+
+class Log(abc.ABC):
+    """One totally ordered stream of records (a Kafka topic-partition)."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def append(self, messages: Sequence[Message]) -> int:
+        """Append ``messages`` in order; return the offset given to the first one.
+
+        An empty batch appends nothing and returns the current end offset.
+        """
+
+    @abc.abstractmethod
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
+        """Read up to ``max_records`` committed records starting at ``offset``.
+
+        Returns an empty list when ``offset`` is the end of the log and nothing
+        arrives within ``timeout_ms``.  Records of aborted or unfinished
+        transactions are never returned.
+        """
+
+    @abc.abstractmethod
+    async def end_offset(self) -> int:
+        """The offset the next appended record will get (committed records only)."""
+
+
+class LogStore(abc.ABC):
+    """A set of named logs plus transactional decision commits."""
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect / recover; must be called before any other method."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Flush and release every resource. Idempotent."""
+
+    @abc.abstractmethod
+    def log(self, name: str) -> Log:
+        """The log called ``name`` (one of :data:`LOG_NAMES`)."""
+
+    @abc.abstractmethod
+    async def append_transactional(
+        self, name: str, messages: Sequence[Message], *, group: str, consumed: int
+    ) -> int:
+        """Atomically append ``messages`` to log ``name`` and record that consumer
+        ``group`` has consumed the inputs log up to (excluding) offset ``consumed``.
+
+        Either both become visible or neither does.  Returns the first offset.
+        """
+
+    @abc.abstractmethod
+    async def committed_offset(self, group: str) -> int | None:
+        """The inputs offset last committed by ``group`` with
+        :meth:`append_transactional`, or ``None`` if it never committed."""
+
+    async def __aenter__(self) -> LogStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

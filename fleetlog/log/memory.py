@@ -1,0 +1,93 @@
+"""An in-memory log store, for tests and for the simulator's fastest mode."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from fleetlog.log.base import (
+    LOG_NAMES,
+    Clock,
+    Log,
+    LogClosedError,
+    LogError,
+    LogStore,
+    Message,
+    OffsetOutOfRangeError,
+    Record,
+)
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch from the host clock (the default append clock)."""
+    return time.time_ns() // 1_000_000
+
+
+class MemoryLog(Log):
+    """A list of records guarded by a condition so readers can wait for appends."""
+
+    def __init__(self, name: str, clock: Clock) -> None:
+        self.name = name
+        self._clock = clock
+        self._records: list[Record] = []
+        self._grew = asyncio.Event()
+
+    def append_now(self, messages: Sequence[Message]) -> int:
+        first = len(self._records)
+        now = self._clock()
+        for i, m in enumerate(messages):
+            self._records.append(Record(first + i, now, m.value, m.key, m.headers))
+        if messages:
+            self._grew.set()
+            self._grew = asyncio.Event()
+        return first
+
+    async def append(self, messages: Sequence[Message]) -> int:
+        return self.append_now(messages)
+
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
+        if offset >= len(self._records) and timeout_ms > 0:
+            try:
+                await asyncio.wait_for(self._grew.wait(), timeout_ms / 1000)
+            except TimeoutError:
+                return []
+        return self._records[offset : offset + max_records]
+
+    async def end_offset(self) -> int:
+        return len(self._records)
+
+
+class MemoryLogStore(LogStore):
+    """Logs kept in lists; committed offsets kept in a dict."""
+
+    def __init__(self, clock: Clock = wall_clock_ms) -> None:
+        self._logs = {name: MemoryLog(name, clock) for name in LOG_NAMES}
+        self._committed: dict[str, int] = {}
+        self._open = False
+
+    async def open(self) -> None:
+        self._open = True
+
+    async def close(self) -> None:
+        self._open = False
+
+    def log(self, name: str) -> MemoryLog:
+        if not self._open:
+            raise LogClosedError("memory log store is not open")
+        try:
+            return self._logs[name]
+        except KeyError:
+            raise LogError(f"unknown log {name!r}; expected one of {', '.join(LOG_NAMES)}") from None
+
+    async def append_transactional(
+        self, name: str, messages: Sequence[Message], *, group: str, consumed: int
+    ) -> int:
+        first = self.log(name).append_now(messages)
+        self._committed[group] = consumed
+        return first
+
+    async def committed_offset(self, group: str) -> int | None:
+        return self._committed.get(group)
