@@ -1,0 +1,243 @@
+"""The event vocabulary: frozen, tagged msgspec structs, past-tense names, units in names.
+
+Evolution rules (msgspec's, and ours): events are only ever extended.  A new
+field gets a default; nothing is renamed, re-typed or removed; the ``type`` tag
+of an event never changes.  Every integer and every collection is bounded, so a
+malformed or hostile producer gets a clear validation error instead of an
+overflow deep inside the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+from msgspec import Meta
+
+SCHEMA_VERSION: Final = 1
+"""The envelope version this code writes; :data:`SUPPORTED_SCHEMA_VERSIONS` it reads."""
+SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1})
+
+MAX_CPU_MILLI: Final = 1 << 40  # about a billion cores: far beyond any node, far below int64
+MAX_MEM_MIB: Final = 1 << 40  # one exbibyte
+MAX_GPUS_PER_NODE: Final = 64
+MAX_TASKS_PER_GROUP: Final = 100_000
+MAX_TASK_GROUPS: Final = 64
+MAX_TIME_MS: Final = 1 << 53  # about 285,000 years
+MAX_DECISIONS_PER_BATCH: Final = 1_000_000
+
+Name = Annotated[str, Meta(min_length=1, max_length=253)]
+"""An identifier: job, tenant, queue, cell, node, GPU model. Printable, no spaces."""
+Text = Annotated[str, Meta(max_length=4096)]
+LabelValue = Annotated[str, Meta(max_length=253)]
+CpuMilli = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLI)]
+MemMiB = Annotated[int, Meta(ge=0, le=MAX_MEM_MIB)]
+GpuCount = Annotated[int, Meta(ge=0, le=MAX_GPUS_PER_NODE)]
+GpuMilli = Annotated[int, Meta(ge=0, le=1000)]
+TotalGpuMilli = Annotated[int, Meta(ge=0, le=MAX_GPUS_PER_NODE * 1000 * 1_000_000)]
+DurationMs = Annotated[int, Meta(ge=0, le=MAX_TIME_MS)]
+Offset = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
+Priority = Annotated[int, Meta(ge=0, le=1_000_000)]
+TaskIndex = Annotated[int, Meta(ge=0, le=MAX_TASKS_PER_GROUP * MAX_TASK_GROUPS)]
+ExitCode = Annotated[int, Meta(ge=-(1 << 31), le=(1 << 31) - 1)]
+WeightMilli = Annotated[int, Meta(ge=1, le=1_000_000_000)]
+TopologyLevel = Literal["block", "rack", "host"]
+TOPOLOGY_LEVELS: Final[tuple[TopologyLevel, ...]] = ("block", "rack", "host")
+
+
+class _Struct(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False):
+    """Common settings: immutable, strict on input, compact on output.  ``gc=False``: events hold
+    only strings, numbers and containers of them, never cycles, so the cyclic garbage collector
+    need not track them — without this, decoding a large batch spends 80% of its time in GC."""
+
+
+class _Event(_Struct, frozen=True, tag_field="type", tag=True):
+    """Base of every event: tagged with its class name in the ``type`` field."""
+
+
+# --- inputs -----------------------------------------------------------------------------
+
+
+class TaskGroup(_Struct, frozen=True):
+    """``count`` identical tasks. ``gpu_milli`` is the share of *each* of the ``gpu_count`` GPUs:
+    1000 for whole GPUs, less than 1000 only with ``gpu_count == 1`` (a fractional GPU)."""
+
+    count: Annotated[int, Meta(ge=1, le=MAX_TASKS_PER_GROUP)]
+    cpu_milli: CpuMilli
+    mem_mib: MemMiB
+    gpu_count: GpuCount = 0
+    gpu_milli: GpuMilli = 0
+    gpu_models: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()
+    name: Annotated[str, Meta(max_length=253)] = ""
+
+    def __post_init__(self) -> None:
+        if self.gpu_count == 0 and self.gpu_milli != 0:
+            raise ValueError("gpu_milli must be 0 when gpu_count is 0")
+        if self.gpu_count > 0 and self.gpu_milli == 0:
+            raise ValueError("gpu_milli must be 1..1000 when gpu_count > 0")
+        if self.gpu_count > 1 and self.gpu_milli != 1000:
+            raise ValueError("a task with several GPUs must take whole GPUs (gpu_milli == 1000)")
+
+
+class JobSubmitted(_Event, frozen=True):
+    """A gang job: every task of every group is placed at once, or none is."""
+
+    job_id: Name
+    tenant: Name
+    task_groups: Annotated[tuple[TaskGroup, ...], Meta(min_length=1, max_length=MAX_TASK_GROUPS)]
+    queue: Name = "default"
+    priority: Priority = 0
+    allowed_cells: Annotated[tuple[Name, ...], Meta(max_length=1024)] = ()
+    required_topology: TopologyLevel | None = None
+    expected_duration_ms: DurationMs | None = None
+
+    def __post_init__(self) -> None:
+        if sum(g.count for g in self.task_groups) > MAX_TASKS_PER_GROUP:
+            raise ValueError(f"a job may have at most {MAX_TASKS_PER_GROUP} tasks")
+
+
+class JobCancelled(_Event, frozen=True):
+    job_id: Name
+    reason: Text = ""
+
+
+class NodeHeartbeat(_Event, frozen=True):
+    """A node's state as its cell sees it. ``topology`` is its path, e.g. (block, rack, host)."""
+
+    cell: Name
+    node: Name
+    cpu_milli: CpuMilli
+    mem_mib: MemMiB
+    gpu_count: GpuCount = 0
+    gpu_model: Annotated[str, Meta(max_length=253)] = ""
+    topology: Annotated[tuple[Name, ...], Meta(max_length=3)] = ()
+    labels: Annotated[dict[Name, LabelValue], Meta(max_length=64)] = {}
+    healthy: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gpu_count > 0 and not self.gpu_model:
+            raise ValueError("a node with GPUs must name its gpu_model")
+
+
+class NodeRemoved(_Event, frozen=True):
+    cell: Name
+    node: Name
+
+
+class TaskStarted(_Event, frozen=True):
+    job_id: Name
+    task_index: TaskIndex
+    node: Name
+
+
+class TaskFinished(_Event, frozen=True):
+    job_id: Name
+    task_index: TaskIndex
+    exit_code: ExitCode = 0
+
+
+class TaskFailed(_Event, frozen=True):
+    job_id: Name
+    task_index: TaskIndex
+    reason: Text = ""
+    exit_code: ExitCode | None = None
+
+
+class Resources(_Struct, frozen=True):
+    cpu_milli: CpuMilli = 0
+    mem_mib: MemMiB = 0
+    gpu_milli: TotalGpuMilli = 0
+
+
+class QuotaSet(_Event, frozen=True):
+    """A tenant's guaranteed (nominal) quota in a cell ("" = every cell), how much idle quota
+    it may borrow from its cohort on top, and its fair-share weight (milli-units)."""
+
+    tenant: Name
+    nominal: Resources
+    cell: Annotated[str, Meta(max_length=253)] = ""
+    cohort: Annotated[str, Meta(max_length=253)] = ""
+    borrowing_limit: Resources | None = None
+    weight_milli: WeightMilli = 1000
+
+
+# --- decisions ----------------------------------------------------------------------------
+
+
+class TaskPlacement(_Struct, frozen=True, array_like=True):
+    """Where one task goes: its index within the job, the node and the GPU indices on it."""
+
+    task_index: TaskIndex
+    node: Name
+    gpu_indices: Annotated[tuple[Annotated[int, Meta(ge=0, lt=MAX_GPUS_PER_NODE)], ...], Meta(max_length=64)] = ()
+
+
+class JobPlaced(_Event, frozen=True):
+    job_id: Name
+    cell: Name
+    tasks: Annotated[tuple[TaskPlacement, ...], Meta(min_length=1, max_length=MAX_TASKS_PER_GROUP)]
+
+
+class TaskPreempted(_Event, frozen=True):
+    """A running task stopped to make room. ``cause`` is a reason code (see docs)."""
+
+    job_id: Name
+    task_index: TaskIndex
+    by_job_id: Name
+    cause: Name
+    message: Text = ""
+
+
+class JobRejected(_Event, frozen=True):
+    """A job that can never run as submitted; ``reason`` is a reason code (see docs)."""
+
+    job_id: Name
+    reason: Name
+    message: Text = ""
+
+
+Decision = JobPlaced | TaskPreempted | JobRejected
+DECISION_TYPES: Final = (JobPlaced, TaskPreempted, JobRejected)
+
+
+class DecisionBatch(_Event, frozen=True):
+    """The decisions computed after folding the inputs log up to (excluding) offset ``as_of``.
+
+    ``digest`` is the state digest after folding those inputs, before these decisions, so
+    replay finds the first divergence at once.
+    """
+
+    as_of: Offset
+    digest: Annotated[str, Meta(max_length=128)]
+    decisions: Annotated[tuple[Decision, ...], Meta(max_length=MAX_DECISIONS_PER_BATCH)] = ()
+    policy: Annotated[str, Meta(max_length=253)] = ""
+
+
+InputEvent = (
+    JobSubmitted | JobCancelled | NodeHeartbeat | NodeRemoved | TaskStarted | TaskFinished | TaskFailed | QuotaSet
+)
+INPUT_TYPES: Final = (
+    JobSubmitted,
+    JobCancelled,
+    NodeHeartbeat,
+    NodeRemoved,
+    TaskStarted,
+    TaskFinished,
+    TaskFailed,
+    QuotaSet,
+)
+Event = InputEvent | DecisionBatch
+EVENT_TYPES: Final = (*INPUT_TYPES, DecisionBatch)
+EVENT_TYPE_NAMES: Final = tuple(t.__name__ for t in EVENT_TYPES)
+
+
+class Envelope(_Struct, frozen=True):
+    """What travels in a log record's value: the event plus who produced it, in which schema.
+
+    ``key`` is the producer's idempotency key: a resent event with the same key is a duplicate.
+    """
+
+    schema_version: Annotated[int, Meta(ge=0, le=1 << 31)]
+    producer_id: Annotated[str, Meta(min_length=1, max_length=253)]
+    event: Event
+    key: Annotated[str, Meta(max_length=253)] | None = None

@@ -1,0 +1,79 @@
+"""One valid example of every event type, for round-trip and schema tests."""
+
+from __future__ import annotations
+
+from fleetlog.events import (
+    DecisionBatch,
+    Event,
+    JobCancelled,
+    JobPlaced,
+    JobRejected,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeRemoved,
+    QuotaSet,
+    Resources,
+    TaskFailed,
+    TaskFinished,
+    TaskGroup,
+    TaskPlacement,
+    TaskPreempted,
+    TaskStarted,
+)
+
+
+def job(job_id: str = "job-1", gpus: int = 8, tasks: int = 2) -> JobSubmitted:
+    return JobSubmitted(
+        job_id=job_id,
+        tenant="team-a",
+        queue="training",
+        priority=100,
+        task_groups=(
+            TaskGroup(count=tasks, cpu_milli=16_000, mem_mib=65_536, gpu_count=gpus, gpu_milli=1000, name="worker"),
+            TaskGroup(count=1, cpu_milli=500, mem_mib=1024, gpu_count=1, gpu_milli=250, gpu_models=("T4", "A10")),
+            TaskGroup(count=1, cpu_milli=2000, mem_mib=4096),
+        ),
+        allowed_cells=("cell-a", "cell-b"),
+        required_topology="rack",
+        expected_duration_ms=3_600_000,
+    )
+
+
+ALL_EVENTS: list[Event] = [
+    job(),
+    JobSubmitted(job_id="j2", tenant="t", task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),)),
+    JobCancelled(job_id="job-1", reason="user asked"),
+    NodeHeartbeat(
+        cell="cell-a",
+        node="node-0001",
+        cpu_milli=96_000,
+        mem_mib=786_432,
+        gpu_count=8,
+        gpu_model="A100",
+        topology=("block-1", "rack-3", "host-17"),
+        labels={"zone": "eu-1", "kubernetes.io/arch": "amd64"},
+    ),
+    NodeHeartbeat(cell="cell-a", node="cpu-7", cpu_milli=8000, mem_mib=32_768, healthy=False),
+    NodeRemoved(cell="cell-a", node="node-0001"),
+    TaskStarted(job_id="job-1", task_index=0, node="node-0001"),
+    TaskFinished(job_id="job-1", task_index=0, exit_code=0),
+    TaskFailed(job_id="job-1", task_index=1, reason="OOMKilled", exit_code=137),
+    QuotaSet(
+        tenant="team-a",
+        cell="cell-a",
+        cohort="research",
+        nominal=Resources(cpu_milli=1_000_000, mem_mib=4_000_000, gpu_milli=64_000),
+        borrowing_limit=Resources(gpu_milli=16_000),
+        weight_milli=2000,
+    ),
+    DecisionBatch(
+        as_of=42,
+        digest="ab" * 32,
+        policy="default",
+        decisions=(
+            JobPlaced(job_id="job-1", cell="cell-a", tasks=(TaskPlacement(0, "node-0001", (0, 1, 2, 3)),)),
+            TaskPreempted(job_id="job-0", task_index=3, by_job_id="job-1", cause="priority"),
+            JobRejected(job_id="job-9", reason="no_such_gpu_model", message="no cell has GPU model H200"),
+        ),
+    ),
+]

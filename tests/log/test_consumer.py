@@ -1,0 +1,53 @@
+"""The consumer parks every bad record in the dead-letter log, with its reason, and goes on."""
+
+from __future__ import annotations
+
+import json
+
+from fleetlog.events import DecisionBatch, NodeHeartbeat, encode, envelope
+from fleetlog.events.codec import JSON
+from fleetlog.log.base import DEAD_LETTERS, INPUTS, LogStore, Message
+from fleetlog.log.consumer import ERROR_HEADER, REASON_HEADER, SOURCE_HEADER, EventConsumer
+from tests.events.samples import job
+
+
+def hb(i: int) -> NodeHeartbeat:
+    return NodeHeartbeat(cell="c", node=f"n{i}", cpu_milli=1000, mem_mib=1000)
+
+
+async def test_bad_records_are_parked_with_reason_and_original_bytes(store: LogStore) -> None:
+    bad_json = json.dumps({"schema_version": 1, "producer_id": "p", "event": {"type": "Nope"}}).encode()
+    decision = encode(envelope(DecisionBatch(as_of=0, digest="x"), "p"))
+    batch = [
+        Message(encode(envelope(hb(0), "p"))),
+        Message(b"\xc1garbage", key=b"k1", headers=(("trace", b"t1"),)),
+        Message(encode(envelope(job(), "p"), "json"), headers=(("content-type", JSON),)),
+        Message(bad_json, headers=(("content-type", JSON),)),
+        Message(decision),
+        Message(encode(envelope(hb(1), "p"))),
+    ]
+    await store.log(INPUTS).append(batch)
+    polled = await EventConsumer(store).poll(0, timeout_ms=2000)
+    assert [d.offset for d in polled.events] == [0, 2, 5]
+    assert polled.dead_lettered == 3
+    assert polled.next_offset == 6
+    parked = await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)
+    assert [r.header(REASON_HEADER) for r in parked] == [b"undecodable", b"unknown_event_type", b"invalid_event"]
+    assert [r.header(SOURCE_HEADER) for r in parked] == [b"inputs@1", b"inputs@3", b"inputs@4"]
+    assert parked[0].value == b"\xc1garbage"
+    assert parked[0].key == b"k1"
+    assert parked[0].header("trace") == b"t1"
+    assert b"is a decision, not an input" in (parked[2].header(ERROR_HEADER) or b"")
+
+
+async def test_timestamps_are_the_logs_append_times(store: LogStore) -> None:
+    await store.log(INPUTS).append([Message(encode(envelope(hb(0), "p")))])
+    polled = await EventConsumer(store).poll(0, timeout_ms=2000)
+    (record,) = await store.log(INPUTS).read(0, timeout_ms=2000)
+    assert polled.events[0].timestamp_ms == record.timestamp_ms
+
+
+async def test_poll_at_end_returns_nothing_and_keeps_offset(store: LogStore) -> None:
+    polled = await EventConsumer(store).poll(0, timeout_ms=50)
+    assert polled.events == []
+    assert polled.next_offset == 0
