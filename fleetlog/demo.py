@@ -83,7 +83,7 @@ def jobs(rng: random.Random, count: int) -> Iterator[Event]:
 def malformed(rng: random.Random, count: int) -> Iterator[Message]:
     """Records a buggy producer might send: garbage, unknown types, negative sizes, wrong versions."""
     samples = (
-        Message(b"\x00\xffnot msgpack"),
+        Message(b"\xc1\xc1 not msgpack"),
         Message(b'{"schema_version":1,"producer_id":"go","event":{"type":"JobTeleported"}}', headers=((CONTENT_TYPE_HEADER, JSON),)),
         Message(b'{"schema_version":1,"producer_id":"go","event":{"type":"NodeHeartbeat","cell":"c","node":"n",'
                 b'"cpu_milli":-4,"mem_mib":1}}', headers=((CONTENT_TYPE_HEADER, JSON),)),

@@ -196,8 +196,18 @@ class JobRejected(_Event, frozen=True):
     message: Text = ""
 
 
-Decision = JobPlaced | TaskPreempted | JobRejected
-DECISION_TYPES: Final = (JobPlaced, TaskPreempted, JobRejected)
+class JobPending(_Event, frozen=True):
+    """Why a job still waits: a reason code (see docs) and the numbers behind it.
+
+    Emitted only when a job's reason changes, so an idle queue writes nothing."""
+
+    job_id: Name
+    reason: Name
+    message: Text = ""
+
+
+Decision = JobPlaced | TaskPreempted | JobRejected | JobPending
+DECISION_TYPES: Final = (JobPlaced, TaskPreempted, JobRejected, JobPending)
 
 
 class DecisionBatch(_Event, frozen=True):

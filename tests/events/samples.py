@@ -6,6 +6,7 @@ from fleetlog.events import (
     DecisionBatch,
     Event,
     JobCancelled,
+    JobPending,
     JobPlaced,
     JobRejected,
     JobSubmitted,
@@ -74,6 +75,7 @@ ALL_EVENTS: list[Event] = [
             JobPlaced(job_id="job-1", cell="cell-a", tasks=(TaskPlacement(0, "node-0001", (0, 1, 2, 3)),)),
             TaskPreempted(job_id="job-0", task_index=3, by_job_id="job-1", cause="priority"),
             JobRejected(job_id="job-9", reason="no_such_gpu_model", message="no cell has GPU model H200"),
+            JobPending(job_id="job-7", reason="gang_does_not_fit_topology", message="no rack has 8 free GPUs; best 5"),
         ),
     ),
 ]

@@ -24,7 +24,8 @@ async def read_all(store: LogStore, name: str, start: int = 0) -> list[bytes]:
     offset = start
     while offset < end:
         batch = await log.read(offset, max_records=1000, timeout_ms=2000)
-        assert batch, f"no records at {offset} although end offset is {end}"
+        if not batch:  # only transaction markers (Kafka) lie between offset and end
+            break
         out.extend(r.value for r in batch)
         offset = batch[-1].offset + 1
     return out
@@ -121,7 +122,8 @@ async def test_transactional_append_commits_offset_with_records(store: LogStore)
     assert first == 0
     assert await store.committed_offset("sched") == 4
     second = await store.append_transactional(DECISIONS, msgs(3, prefix=b"e"), group="sched", consumed=10)
-    assert second == 2
+    # Offsets strictly increase but need not be dense: Kafka's commit marker takes an offset.
+    assert second >= first + 2
     assert await store.committed_offset("sched") == 10
     assert await store.committed_offset("other") is None
     assert await read_all(store, DECISIONS) == [b"d0", b"d1", b"e0", b"e1", b"e2"]

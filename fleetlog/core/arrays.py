@@ -1,0 +1,84 @@
+"""Growable struct-of-arrays tables and a deterministic string interner.
+
+Every table grows by doubling; rows are never reordered or reused, so a row id is
+stable for the life of the state and derives only from the order of the log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
+
+
+class Interner:
+    """Strings to dense ids in first-seen order (so ids depend on the log, not on hashing)."""
+
+    __slots__ = ("ids", "names")
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def intern(self, name: str) -> int:
+        found = self.ids.get(name)
+        if found is None:
+            found = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return found
+
+    def get(self, name: str) -> int:
+        """The id of ``name`` or -1 when it was never interned."""
+        return self.ids.get(name, -1)
+
+    def state(self) -> list[str]:
+        return list(self.names)
+
+    @classmethod
+    def restore(cls, names: list[str]) -> Interner:
+        out = cls()
+        for name in names:
+            out.intern(name)
+        return out
+
+
+class Table:
+    """Named numpy columns of equal length ``capacity``; ``size`` rows are in use."""
+
+    def __init__(self, columns: dict[str, tuple[Any, tuple[int, ...], int]], capacity: int = 64) -> None:
+        """``columns`` maps a name to (dtype, extra dims, fill value)."""
+        self.spec = columns
+        self.size = 0
+        self.capacity = capacity
+        self.cols: dict[str, Array] = {
+            name: np.full((capacity, *dims), fill, dtype=dtype) for name, (dtype, dims, fill) in columns.items()
+        }
+
+    def add(self, count: int = 1) -> int:
+        """Reserve ``count`` new rows (filled with defaults); return the first row id."""
+        first = self.size
+        if first + count > self.capacity:
+            self._grow(first + count)
+        self.size += count
+        return first
+
+    def _grow(self, need: int) -> None:
+        capacity = max(need, self.capacity * 2)
+        for name, (dtype, dims, fill) in self.spec.items():
+            grown = np.full((capacity, *dims), fill, dtype=dtype)
+            grown[: self.size] = self.cols[name][: self.size]
+            self.cols[name] = grown
+        self.capacity = capacity
+
+    def view(self, name: str) -> Array:
+        """The used rows of column ``name`` (a view: writes go to the table)."""
+        return self.cols[name][: self.size]
+
+    def nbytes(self) -> int:
+        return sum(int(c.nbytes) for c in self.cols.values())

@@ -1,0 +1,385 @@
+"""``decide(state, policy)``: the decisions to take now, as events. Pure: ``state`` is not changed.
+
+The steps, in order, for each pending job:
+
+1. **Order** — priority first; within a priority, the tenant with the lowest weighted
+   dominant-resource share (DRF) goes next, recomputed after every placement; FIFO
+   within a tenant (:mod:`fleetlog.core.order`).
+2. **Quota** — the tenant's nominal quota per cell and in total, plus what it may
+   borrow from its cohort's idle quota up to its borrowing limit.
+3. **Place** — the whole gang or nothing, on up nodes of allowed cells and GPU models,
+   within one block/rack/host when required, scored by the policy; a job allowed in
+   several cells goes where it scores best.
+4. **Preempt** — when it does not fit, a higher priority may evict lower ones and a
+   tenant within its nominal quota may evict cohort borrowers: the fewest whole gangs,
+   lowest priority and youngest first, never twice for one cause within a window.
+5. **Reserve / backfill** — a gang that still does not fit reserves the domain it fits
+   best in; later jobs may use reserved nodes only if they are expected to finish
+   before the reservation can start.
+6. **Explain** — every job left pending gets a reason code and its numbers
+   (:mod:`fleetlog.core.explain`); a decision is emitted only when the reason changes.
+
+The working copy of free capacity and usage lives in :class:`Scratch`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Final
+
+import numpy as np
+
+from fleetlog.core import kernels
+from fleetlog.core.arrays import Array
+from fleetlog.core.explain import Outcome, explain_failure
+from fleetlog.core.order import drf_order
+from fleetlog.core.policy import Policy
+from fleetlog.core.quota import borrowing_tenants, job_request, quota_check
+from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
+from fleetlog.events.model import Decision, JobPending, JobPlaced, JobRejected, TaskPlacement, TaskPreempted
+
+MAX_SHAPES: Final = 32
+LEVELS: Final = {1: "block", 2: "rack", 3: "host"}
+
+
+class Placement:
+    """A gang's assignment: per task row its node and GPU mask, in one cell."""
+
+    __slots__ = ("cell", "masks", "nodes", "score", "tasks")
+
+    def __init__(self, cell: int, tasks: Array, nodes: Array, masks: Array, score: int) -> None:
+        self.cell, self.tasks, self.nodes, self.masks, self.score = cell, tasks, nodes, masks, score
+
+
+class Scratch:
+    """decide's working copy of what changes as decisions accumulate within one call."""
+
+    def __init__(self, state: State, policy: Policy) -> None:
+        n, c = state.nodes.size, state.nodes.cols
+        self.state, self.policy = state, policy
+        self.cpu_free, self.mem_free = c["cpu_free"][:n].copy(), c["mem_free"][:n].copy()
+        self.gpu_free = c["gpu_free"][:n].copy()
+        self.gpu_count, self.model = c["gpu_count"][:n], c["model"][:n]
+        self.usage = {k: list(v) for k, v in state.usage.items()}
+        self.policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
+        self.shapes = shape_matrix(state)
+        up = c["status"][:n] == NodeStatus.UP
+        cells = c["cell"][:n]
+        self.cells = tuple(sorted({int(x) for x in np.unique(cells[up]).tolist()}))
+        self.up_by_cell = {cell: np.flatnonzero(up & (cells == cell)).astype(np.int64) for cell in self.cells}
+        self.reserved = np.zeros(n, dtype=np.bool_)
+        self.reservations: list[tuple[int, int, int]] = []  # (job, cell, start_ms)
+        self.no_domain = np.zeros(n, dtype=np.int32)
+        self.failed: dict[tuple[object, ...], Outcome] = {}
+        self.victims: set[int] = set()
+        self.decisions: list[Decision] = []
+
+    def candidates(self, cell: int, backfill: bool) -> Array:
+        """Up nodes of ``cell``; reserved ones only for a job that may backfill."""
+        nodes = self.up_by_cell.get(cell)
+        if nodes is None:
+            return np.zeros(0, dtype=np.int64)
+        return nodes if backfill or not self.reservations else nodes[~self.reserved[nodes]]
+
+
+def shape_matrix(state: State) -> Array:
+    """The recent task-shape distribution as rows (gpus, milli, mean cpu, count), most common first."""
+    counts: Counter[tuple[int, int]] = Counter()
+    cpu: Counter[tuple[int, int]] = Counter()
+    for gpus, milli, cpu_milli in state.recent_shapes:
+        counts[(gpus, milli)] += 1
+        cpu[(gpus, milli)] += cpu_milli
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
+    rows = [(g, m, cpu[(g, m)] // n, n) for (g, m), n in top]
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+
+
+def decide(state: State, policy: Policy) -> list[Decision]:
+    """The decisions for every pending job, in the order they were taken."""
+    sc = Scratch(state, policy)
+    for job in drf_order(state, sc.usage):
+        schedule_job(sc, job)
+    return sc.decisions
+
+
+def schedule_job(sc: Scratch, job: int) -> bool:
+    """Steps 2-6 for one job. True when it was placed (so its tenant's share changed)."""
+    key = job_key(sc.state, job)
+    known = sc.failed.get(key)
+    if known is not None:
+        return pending(sc, job, known)
+    outcome = try_place(sc, job)
+    if isinstance(outcome, Placement):
+        commit(sc, job, outcome)
+        return True
+    if preempt_for(sc, job, outcome):
+        return True
+    if sc.policy.fail_unplaced:
+        sc.decisions.append(JobRejected(job_id=job_name(sc.state, job), reason="unplaceable", message=outcome.message))
+        return False
+    outcome = reserve_for(sc, job, outcome)
+    if outcome.cacheable:
+        sc.failed[key] = outcome
+    return pending(sc, job, outcome)
+
+
+def job_key(state: State, job: int) -> tuple[object, ...]:
+    """Jobs with equal keys succeed or fail alike (until capacity is freed in this call)."""
+    jc, tc = state.jobs.cols, state.tasks.cols
+    rows = state.job_tasks(job)
+    shape = tuple(zip(*(tc[c][rows.start : rows.stop].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")),
+                      strict=True))
+    return (int(jc["tenant"][job]), int(jc["priority"][job]), int(jc["topology"][job]), int(jc["expected_ms"][job]),
+            state.job_cells.get(job, ()), shape)
+
+
+def job_name(state: State, job: int) -> str:
+    return state.names["job"].names[job]
+
+
+def allowed_cells(sc: Scratch, job: int) -> tuple[int, ...]:
+    allowed = sc.state.job_cells.get(job)
+    return sc.cells if allowed is None else tuple(c for c in allowed if c in sc.up_by_cell)
+
+
+def may_backfill(sc: Scratch, job: int) -> bool:
+    """A job may use reserved nodes when it is expected to end before every reservation starts."""
+    expected = int(sc.state.jobs.cols["expected_ms"][job])
+    if not sc.reservations or expected < 0:
+        return False
+    return all(sc.state.now_ms + expected <= start for _, _, start in sc.reservations)
+
+
+def try_place(sc: Scratch, job: int) -> Placement | Outcome:
+    """Steps 2-3: quota, then the best-scoring cell where the whole gang fits."""
+    cells = allowed_cells(sc, job)
+    if not cells:
+        return explain_failure(sc, job, cells, "no_cells")
+    quota_ok = [c for c in cells if not quota_check(sc.state, sc.usage, job, c, sc.policy.require_quota)]
+    if not quota_ok:
+        return explain_failure(sc, job, cells, "quota")
+    best: Placement | None = None
+    backfill = may_backfill(sc, job)
+    for cell in quota_ok:
+        found = place_in_cell(sc, job, cell, sc.candidates(cell, backfill))
+        if found is not None and (best is None or found.score < best.score):
+            best = found
+    return best if best is not None else explain_failure(sc, job, tuple(quota_ok), "capacity")
+
+
+def task_arrays(state: State, job: int) -> tuple[Array, ...]:
+    """The job's task rows, largest first, with their shape columns."""
+    rows = state.job_tasks(job)
+    tc = state.tasks.cols
+    sl = slice(rows.start, rows.stop)
+    order = np.lexsort((np.arange(len(rows)), -tc["cpu"][sl], -(tc["gpus"][sl] * tc["milli"][sl])))
+    idx = np.arange(rows.start, rows.stop, dtype=np.int64)[order]
+    return idx, tc["cpu"][idx], tc["mem"][idx], tc["gpus"][idx], tc["milli"][idx], tc["models"][idx]
+
+
+def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement | None:
+    """Run the gang kernel over ``cands``; the placement with its score, or None."""
+    state = sc.state
+    if cands.size == 0:
+        return None
+    idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
+    level = int(state.jobs.cols["topology"][job])
+    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size] if level else sc.no_domain
+    out_node = np.full(idx.size, -1, dtype=np.int32)
+    out_mask = np.zeros(idx.size, dtype=np.uint64)
+    chosen, _ = kernels.place_gang(cands, domain, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model,
+                                   cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, out_node, out_mask)
+    if chosen < 0:
+        return None
+    score = gang_score(sc, out_node, cpu, mem, gpus, milli)
+    return Placement(cell, idx, out_node, out_mask, score)
+
+
+def gang_score(sc: Scratch, nodes: Array, cpu: Array, mem: Array, gpus: Array, milli: Array) -> int:
+    """How good a placement is, to compare cells: the sum of its tasks' node scores."""
+    total = 0
+    for i in range(nodes.size):
+        total += int(kernels.node_score(int(nodes[i]), sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count,
+                                        int(cpu[i]), int(mem[i]), int(gpus[i]), int(milli[i]), sc.policy_id,
+                                        sc.shapes))
+    return total
+
+
+def commit(sc: Scratch, job: int, p: Placement) -> None:
+    """Take the placement's resources in the scratch copy and emit ``JobPlaced``."""
+    state = sc.state
+    tc = state.tasks.cols
+    first = int(state.jobs.cols["first_task"][job])
+    placements = []
+    for i in range(p.tasks.size):
+        t, node, mask = int(p.tasks[i]), int(p.nodes[i]), int(p.masks[i])
+        kernels.allocate(node, np.uint64(mask), int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]),
+                         sc.cpu_free, sc.mem_free, sc.gpu_free, -1)
+        gpu_idx = tuple(g for g in range(int(sc.gpu_count[node])) if mask >> g & 1)
+        placements.append(TaskPlacement(t - first, state.node_name(node), gpu_idx))
+    add_usage(sc, job, p.cell, +1)
+    placements.sort(key=lambda tp: tp.task_index)
+    sc.decisions.append(JobPlaced(job_id=job_name(state, job), cell=state.names["cell"].names[p.cell],
+                                  tasks=tuple(placements)))
+
+
+def add_usage(sc: Scratch, job: int, cell: int, sign: int) -> None:
+    tenant = int(sc.state.jobs.cols["tenant"][job])
+    req = job_request(sc.state, job)
+    for key in ((tenant, -1), (tenant, cell)):
+        row = sc.usage.setdefault(key, [0, 0, 0])
+        for i in range(3):
+            row[i] += sign * req[i]
+
+
+def pending(sc: Scratch, job: int, outcome: Outcome) -> bool:
+    """Record why ``job`` waits; emit a decision only when the reason or its numbers changed."""
+    state = sc.state
+    code = int(state.jobs.cols["reason"][job])
+    same = code > 0 and state.reason_codes.names[code - 1] == outcome.reason
+    if not (same and state.reason_text.get(job) == outcome.message):
+        sc.decisions.append(JobPending(job_id=job_name(state, job), reason=outcome.reason, message=outcome.message))
+    return False
+
+
+# --- step 4: preemption ------------------------------------------------------------------
+
+
+def preempt_for(sc: Scratch, job: int, failure: Outcome) -> bool:
+    """Try priority preemption, then quota reclaim; on success emit evictions and the placement."""
+    if failure.reason not in ("insufficient_capacity", "gang_does_not_fit", "gang_does_not_fit_topology"):
+        return False
+    for cause, enabled in (("priority", sc.policy.preemption), ("reclaim", sc.policy.reclaim)):
+        if not enabled:
+            continue
+        victims = victim_candidates(sc, job, cause)
+        chosen = minimal_victims(sc, job, victims) if victims else None
+        if chosen is not None:
+            evict(sc, job, chosen[0], cause)
+            commit(sc, job, chosen[1])
+            sc.failed.clear()  # capacity was freed: earlier failures may fit now
+            return True
+    return False
+
+
+def victim_candidates(sc: Scratch, job: int, cause: str) -> list[int]:
+    """Running jobs ``job`` may evict for ``cause``, in eviction order, at most ``max_victims``."""
+    state = sc.state
+    jc = state.jobs.cols
+    running = np.flatnonzero(state.jobs.view("state") == JobState.RUNNING)
+    prio = int(jc["priority"][job])
+    if cause == "priority":
+        running = running[jc["priority"][running] < prio]
+    else:
+        running = running[borrowers_mask(sc, job, running)]
+    cells = set(allowed_cells(sc, job))
+    recent = (jc["preempted_at_ms"][running] >= 0) & (
+        jc["preempted_at_ms"][running] > state.now_ms - sc.policy.thrash_window_ms)
+    same_cause = jc["preempt_cause"][running] == (1 if cause == "priority" else 2)
+    running = running[~(recent & same_cause)]
+    order = np.lexsort((-running, -jc["placed_at_ms"][running], jc["priority"][running]))
+    out = [int(v) for v in running[order].tolist() if int(jc["cell"][v]) in cells and int(v) not in sc.victims]
+    return out[: sc.policy.max_victims]
+
+
+def borrowers_mask(sc: Scratch, job: int, running: Array) -> Array:
+    """Which of ``running`` belong to tenants over their nominal quota in ``job``'s cohort,
+    when ``job``'s tenant is itself within its nominal quota."""
+    tenants = borrowing_tenants(sc.state, sc.usage, job)
+    if not tenants:
+        return np.zeros(running.size, dtype=np.bool_)
+    return np.isin(sc.state.jobs.cols["tenant"][running], np.array(sorted(tenants), dtype=np.int32))
+
+
+def minimal_victims(sc: Scratch, job: int, victims: list[int]) -> tuple[list[int], Placement] | None:
+    """The smallest prefix of ``victims`` that makes room, then drop any that are not needed."""
+    chosen: list[int] = []
+    for v in victims:
+        chosen.append(v)
+        if trial_place(sc, job, chosen) is not None:
+            break
+    else:
+        return None
+    for v in list(chosen[:-1]):
+        fewer = [x for x in chosen if x != v]
+        if trial_place(sc, job, fewer) is not None:
+            chosen = fewer
+    placement = trial_place(sc, job, chosen)
+    return (chosen, placement) if placement is not None else None
+
+
+def trial_place(sc: Scratch, job: int, victims: list[int]) -> Placement | None:
+    """Where ``job`` would go if ``victims`` were evicted (a what-if on a copy)."""
+    saved = (sc.cpu_free, sc.mem_free, sc.gpu_free)
+    sc.cpu_free, sc.mem_free, sc.gpu_free = saved[0].copy(), saved[1].copy(), saved[2].copy()
+    try:
+        for v in victims:
+            release_in_scratch(sc, v)
+        found = try_place(sc, job)
+    finally:
+        sc.cpu_free, sc.mem_free, sc.gpu_free = saved
+    return found if isinstance(found, Placement) else None
+
+
+def release_in_scratch(sc: Scratch, victim: int) -> None:
+    tc = sc.state.tasks.cols
+    for t in sc.state.job_tasks(victim):
+        node = int(tc["node"][t])
+        if node >= 0:
+            kernels.allocate(node, tc["gpu_mask"][t], int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]),
+                             sc.cpu_free, sc.mem_free, sc.gpu_free, 1)
+
+
+def evict(sc: Scratch, job: int, victims: list[int], cause: str) -> None:
+    state = sc.state
+    by = job_name(state, job)
+    for v in victims:
+        release_in_scratch(sc, v)
+        add_usage(sc, v, int(state.jobs.cols["cell"][v]), -1)
+        sc.victims.add(v)
+        first = int(state.jobs.cols["first_task"][v])
+        for t in state.job_tasks(v):
+            sc.decisions.append(TaskPreempted(job_id=job_name(state, v), task_index=t - first, by_job_id=by,
+                                              cause=cause, message=f"{cause} preemption for job {by}"))
+
+
+# --- step 5: reservation -----------------------------------------------------------------
+
+
+def reserve_for(sc: Scratch, job: int, failure: Outcome) -> Outcome:
+    """A blocked gang reserves the domain with the most free GPU share in its first allowed cell."""
+    state, policy = sc.state, sc.policy
+    if (not policy.reserve or len(sc.reservations) >= policy.max_reservations
+            or failure.reason not in ("gang_does_not_fit", "gang_does_not_fit_topology")):
+        return failure
+    cells = allowed_cells(sc, job)
+    cands = sc.candidates(cells[0], False)
+    level = int(state.jobs.cols["topology"][job])
+    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands] if level else np.zeros(cands.size, np.int64)
+    free = sc.gpu_free[cands].sum(axis=1, dtype=np.int64)
+    valid = domain >= 0
+    if not valid.any():
+        return failure
+    totals = np.bincount(domain[valid], weights=free[valid]).astype(np.int64)
+    best = int(np.argmax(totals))
+    nodes = cands[valid][domain[valid] == best]
+    sc.reserved[nodes] = True
+    start = reservation_start(state, nodes)
+    sc.reservations.append((job, cells[0], start))
+    where = state.names["topo"].names[best].split("\x00")[-1] if level else "the cell"
+    when = "unknown (a running job there has no expected duration)" if start >= NO_LIMIT else f"{start} ms"
+    return Outcome("waiting_for_reservation",
+                   f"{failure.message}; reserved {nodes.size} nodes of {where}; expected free at {when}", False)
+
+
+def reservation_start(state: State, nodes: Array) -> int:
+    """When every task now running on ``nodes`` is expected to have ended (NO_LIMIT if unknown)."""
+    tc, jc = state.tasks.cols, state.jobs.cols
+    on = np.flatnonzero(np.isin(state.tasks.view("node"), nodes))
+    jobs = np.unique(tc["job"][on])
+    if jobs.size == 0:
+        return state.now_ms
+    expected = jc["expected_ms"][jobs]
+    if (expected < 0).any():
+        return NO_LIMIT
+    return int((jc["placed_at_ms"][jobs] + expected).max())

@@ -1,0 +1,115 @@
+"""Step 6 of decide: why a job waits, as a reason code with the numbers behind it.
+
+Reason codes (stable; see docs/scheduling.md):
+
+- ``no_eligible_nodes`` — no up node in the allowed cells (with an allowed GPU model);
+- ``quota_exhausted`` — the tenant's quota, plus what its cohort can lend, is used up;
+- ``insufficient_capacity`` — no node has room for the (single) task now;
+- ``gang_does_not_fit`` — not every task of the gang fits at once;
+- ``gang_does_not_fit_topology`` — no block/rack/host has room for the whole gang;
+- ``waiting_for_reservation`` — the job holds a reservation and waits for it to drain;
+- ``unplaceable`` — (rejection, ``fail_unplaced`` policies) it did not fit on arrival.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fleetlog.core import kernels
+
+if TYPE_CHECKING:
+    from fleetlog.core.decide import Scratch
+
+
+class Outcome:
+    """A reason code, its explanation, and whether jobs of the same key will fail alike."""
+
+    __slots__ = ("cacheable", "message", "reason")
+
+    def __init__(self, reason: str, message: str, cacheable: bool = True) -> None:
+        self.reason, self.message, self.cacheable = reason, message, cacheable
+
+
+def explain_failure(sc: Scratch, job: int, cells: tuple[int, ...], kind: str) -> Outcome:
+    """Why ``job`` did not fit in ``cells``: ``kind`` is no_cells, quota or capacity."""
+    from fleetlog.core.quota import quota_check
+
+    state = sc.state
+    names = ", ".join(state.names["cell"].names[c] for c in cells) or "(none up)"
+    if kind == "no_cells":
+        allowed = state.job_cells.get(job, ())
+        wanted = ", ".join(state.names["cell"].names[c] for c in allowed) or "any cell"
+        return Outcome("no_eligible_nodes", f"no node is up in the allowed cells ({wanted})")
+    if kind == "quota":
+        return Outcome("quota_exhausted", quota_check(state, sc.usage, job, cells[0], sc.policy.require_quota))
+    return capacity_failure(sc, job, cells, names)
+
+
+def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) -> Outcome:
+    from fleetlog.core.decide import LEVELS, task_arrays
+
+    state = sc.state
+    idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
+    level = int(state.jobs.cols["topology"][job])
+    best, best_cell = -1, cells[0]
+    for cell in cells:
+        fit = partial_fit(sc, job, sc.candidates(cell, False))
+        if fit > best:
+            best, best_cell = fit, cell
+    shape = f"{int(gpus[0])} GPU x {int(milli[0])} milli, {int(cpu[0])} mCPU, {int(mem[0])} MiB"
+    if not eligible_exists(sc, cells, int(models[0]), int(gpus[0])):
+        wanted = ", ".join(state.names["model"].names[m] for m in range(64) if int(models[0]) >> m & 1)
+        return Outcome("no_eligible_nodes", f"no up node with GPU model {wanted or 'any'} in cells {names}")
+    where = state.names["cell"].names[best_cell]
+    if level:
+        return Outcome("gang_does_not_fit_topology",
+                       f"no {LEVELS[level]} in cell {where} has room for all {idx.size} tasks ({shape} "
+                       f"largest); the best {LEVELS[level]} fits {best}")
+    if idx.size > 1:
+        return Outcome("gang_does_not_fit", f"only {best} of {idx.size} tasks ({shape} largest) fit at once in "
+                                            f"cell {where}")
+    return Outcome("insufficient_capacity", f"no node in cells {names} has room for a task of {shape}; "
+                                            f"{most_free(sc, cells)}")
+
+
+def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:
+    """How many of ``job``'s tasks fit in its best domain among ``cands``."""
+    from fleetlog.core.decide import LEVELS, task_arrays
+
+    if cands.size == 0:
+        return 0
+    state = sc.state
+    _, cpu, mem, gpus, milli, models = task_arrays(state, job)
+    level = int(state.jobs.cols["topology"][job])
+    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size] if level else sc.no_domain
+    out_node = np.full(cpu.size, -1, dtype=np.int32)
+    out_mask = np.zeros(cpu.size, dtype=np.uint64)
+    chosen, count = kernels.place_gang(cands, domain, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count,
+                                       sc.model, cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes,
+                                       out_node, out_mask)
+    return int(count)
+
+
+def eligible_exists(sc: Scratch, cells: tuple[int, ...], models: int, gpus: int) -> bool:
+    """Is there an up node in ``cells`` that could ever host the task's GPU model?"""
+    if gpus == 0 or models == 0:
+        return any(sc.up_by_cell.get(c, np.zeros(0)).size for c in cells)
+    for cell in cells:
+        nodes = sc.up_by_cell.get(cell, np.zeros(0, dtype=np.int64))
+        m = sc.model[nodes]
+        if ((m >= 0) & ((np.uint64(models) >> np.maximum(m, 0).astype(np.uint64)) & np.uint64(1)).astype(bool)).any():
+            return True
+    return False
+
+
+def most_free(sc: Scratch, cells: tuple[int, ...]) -> str:
+    """The most free capacity on any one up node of ``cells``, for the explanation."""
+    nodes = np.concatenate([sc.up_by_cell[c] for c in cells if c in sc.up_by_cell] or [np.zeros(0, np.int64)])
+    if nodes.size == 0:
+        return "no node is up"
+    whole = (sc.gpu_free[nodes] == 1000).sum(axis=1)
+    share = sc.gpu_free[nodes].max(axis=1)
+    return (f"the most free on one node: {int(whole.max())} whole GPUs, a GPU with {int(share.max())} milli free, "
+            f"{int(sc.cpu_free[nodes].max())} mCPU, {int(sc.mem_free[nodes].max())} MiB")

@@ -1,0 +1,389 @@
+"""``fold(state, event, at_ms)``: apply one event to the state. One short handler per type.
+
+Inputs advance ``state.offset``; decisions (inside a :class:`DecisionBatch`) do not.
+Event time is the log's append time ``at_ms``; the fold never reads a clock.  A
+well-formed event never makes the fold fail: a reference to an unknown job or
+node (a stale observation, a duplicate submission) is a counted no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from fleetlog.core.state import (
+    FULL_GPU,
+    MAX_GPU_MODELS,
+    TERMINAL,
+    TOPOLOGY_CODES,
+    JobState,
+    NodeStatus,
+    Quota,
+    State,
+    TaskState,
+)
+from fleetlog.events.model import (
+    DecisionBatch,
+    Event,
+    JobCancelled,
+    JobPending,
+    JobPlaced,
+    JobRejected,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeRemoved,
+    QuotaSet,
+    Resources,
+    TaskFailed,
+    TaskFinished,
+    TaskPreempted,
+    TaskStarted,
+)
+
+CAUSE_CODES: Final = {"priority": 1, "reclaim": 2}
+
+
+class UnknownEventError(TypeError):
+    """``fold`` was given something that is not an event of the vocabulary."""
+
+
+def fold(state: State, event: Event, at_ms: int) -> None:
+    """Apply ``event``, appended to its log at ``at_ms``, to ``state``."""
+    if isinstance(event, DecisionBatch):
+        for decision in event.decisions:
+            fold_decision(state, decision)
+        return
+    advance_time(state, at_ms)
+    state.offset += 1
+    match event:
+        case NodeHeartbeat():
+            on_heartbeat(state, event)
+        case JobSubmitted():
+            on_submitted(state, event)
+        case JobCancelled():
+            on_cancelled(state, event)
+        case NodeRemoved():
+            on_node_removed(state, event)
+        case TaskStarted():
+            on_task_started(state, event)
+        case TaskFinished():
+            on_task_finished(state, event)
+        case TaskFailed():
+            on_task_failed(state, event)
+        case QuotaSet():
+            on_quota(state, event)
+        case _:
+            raise UnknownEventError(f"fold cannot apply {type(event).__name__}")
+
+
+def fold_decision(state: State, decision: object) -> None:
+    """Apply one decision of a batch."""
+    match decision:
+        case JobPlaced():
+            on_placed(state, decision)
+        case TaskPreempted():
+            on_preempted(state, decision)
+        case JobRejected():
+            on_rejected(state, decision)
+        case JobPending():
+            on_pending(state, decision)
+        case _:
+            raise UnknownEventError(f"fold cannot apply decision {type(decision).__name__}")
+
+
+# --- time --------------------------------------------------------------------------------
+
+
+def advance_time(state: State, at_ms: int) -> None:
+    """Move log time forward (never back) and mark nodes whose heartbeats stopped as down."""
+    if at_ms > state.now_ms:
+        state.now_ms = at_ms
+    if state.now_ms < state.next_sweep_ms:
+        return
+    timeout = state.config.node_timeout_ms
+    state.next_sweep_ms = state.now_ms + max(1, timeout // 4)
+    nodes = state.nodes
+    stale = (nodes.view("status") == NodeStatus.UP) & (nodes.view("last_heartbeat_ms") < state.now_ms - timeout)
+    for row in np.flatnonzero(stale).tolist():
+        node_down(state, row, NodeStatus.DOWN)
+
+
+def node_down(state: State, row: int, status: NodeStatus) -> None:
+    """Take node ``row`` out of service and requeue every job with a task on it (whole gangs)."""
+    state.nodes.cols["status"][row] = status
+    on_node = np.flatnonzero(state.tasks.view("node") == row)
+    jobs = sorted({int(state.tasks.cols["job"][t]) for t in on_node.tolist()})
+    for job in jobs:
+        release_job(state, job, JobState.PENDING)
+
+
+# --- inputs ------------------------------------------------------------------------------
+
+
+def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
+    names, nodes = state.names, state.nodes
+    key = f"{e.cell}\x00{e.node}"
+    row = names["node"].get(key)
+    if row < 0:
+        row = names["node"].intern(key)
+        nodes.add()
+        set_node_shape(state, row, e)
+    elif int(nodes.cols["cpu_alloc"][row]) != e.cpu_milli or int(nodes.cols["gpu_count"][row]) != e.gpu_count:
+        node_down(state, row, NodeStatus.DOWN)  # reshaped: drain it, then take the new shape
+        set_node_shape(state, row, e)
+    nodes.cols["last_heartbeat_ms"][row] = state.now_ms
+    status = int(nodes.cols["status"][row])
+    if not e.healthy and status == NodeStatus.UP:
+        node_down(state, row, NodeStatus.DOWN)
+    elif e.healthy and status != NodeStatus.UP:
+        nodes.cols["status"][row] = NodeStatus.UP
+
+
+def set_node_shape(state: State, row: int, e: NodeHeartbeat) -> None:
+    """Take allocatable capacity, model and topology from a heartbeat; the node must be empty."""
+    c, names = state.nodes.cols, state.names
+    c["cell"][row] = names["cell"].intern(e.cell)
+    path = [f"{e.cell}\x00" + "/".join(e.topology[: i + 1]) for i in range(len(e.topology))]
+    for level, name in zip(("block", "rack", "host"), path, strict=False):
+        c[level][row] = names["topo"].intern(name)
+    c["model"][row] = model_id(state, e.gpu_model) if e.gpu_count else -1
+    c["cpu_alloc"][row] = c["cpu_free"][row] = e.cpu_milli
+    c["mem_alloc"][row] = c["mem_free"][row] = e.mem_mib
+    c["gpu_count"][row] = e.gpu_count
+    c["gpu_free"][row, :] = 0
+    c["gpu_free"][row, : e.gpu_count] = FULL_GPU
+
+
+def model_id(state: State, model: str) -> int:
+    """The id of a GPU model; models past the 64th share the last id (documented limit)."""
+    return min(state.names["model"].intern(model), MAX_GPU_MODELS - 1)
+
+
+def on_submitted(state: State, e: JobSubmitted) -> None:
+    if state.job_row(e.job_id) >= 0:
+        state.duplicates += 1
+        return
+    job = state.names["job"].intern(e.job_id)
+    jobs, tasks = state.jobs, state.tasks
+    jobs.add()
+    ntasks = sum(g.count for g in e.task_groups)
+    first = tasks.add(ntasks)
+    jc = jobs.cols
+    jc["tenant"][job] = state.tenant_id(e.tenant)
+    jc["queue"][job] = state.names["queue"].intern(e.queue)
+    jc["priority"][job] = e.priority
+    jc["submitted_at"][job] = state.now_ms
+    jc["seq"][job] = state.offset - 1
+    jc["first_task"][job], jc["ntasks"][job] = first, ntasks
+    jc["topology"][job] = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+    jc["expected_ms"][job] = -1 if e.expected_duration_ms is None else e.expected_duration_ms
+    if e.allowed_cells:
+        state.job_cells[job] = tuple(sorted({state.names["cell"].intern(c) for c in e.allowed_cells}))
+    add_tasks(state, e, first)
+    state.pending_count += 1
+
+
+def add_tasks(state: State, e: JobSubmitted, first: int) -> None:
+    """Fill the task rows of a new job, group by group, and remember their shapes."""
+    tc, row = state.tasks.cols, first
+    job = state.job_row(e.job_id)
+    for g in e.task_groups:
+        mask = 0
+        for m in g.gpu_models:
+            mask |= 1 << model_id(state, m)
+        end = row + g.count
+        tc["job"][row:end], tc["cpu"][row:end], tc["mem"][row:end] = job, g.cpu_milli, g.mem_mib
+        tc["gpus"][row:end], tc["milli"][row:end], tc["models"][row:end] = g.gpu_count, g.gpu_milli, mask
+        remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), g.count)
+        row = end
+
+
+def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> None:
+    """Keep the last ``shape_window`` task shapes: the distribution the FGD score measures against."""
+    window = state.config.shape_window
+    for _ in range(min(count, window)):
+        if len(state.recent_shapes) < window:
+            state.recent_shapes.append(shape)
+        else:
+            state.recent_shapes[state.recent_next] = shape
+        state.recent_next = (state.recent_next + 1) % window
+
+
+def on_cancelled(state: State, e: JobCancelled) -> None:
+    job = state.job_row(e.job_id)
+    if job < 0 or int(state.jobs.cols["state"][job]) in TERMINAL:
+        state.ignored += 1
+        return
+    release_job(state, job, JobState.CANCELLED)
+
+
+def on_node_removed(state: State, e: NodeRemoved) -> None:
+    row = state.node_row(e.cell, e.node)
+    if row < 0:
+        state.ignored += 1
+        return
+    node_down(state, row, NodeStatus.REMOVED)
+
+
+def task_row(state: State, job_id: str, index: int) -> int:
+    """The task row for (job, index) of a running job, or -1."""
+    job = state.job_row(job_id)
+    if job < 0 or index >= int(state.jobs.cols["ntasks"][job]) or state.jobs.cols["state"][job] != JobState.RUNNING:
+        return -1
+    return int(state.jobs.cols["first_task"][job]) + index
+
+
+def on_task_started(state: State, e: TaskStarted) -> None:
+    t = task_row(state, e.job_id, e.task_index)
+    if t < 0 or state.tasks.cols["state"][t] != TaskState.PLACED:
+        state.ignored += 1
+        return
+    state.tasks.cols["state"][t] = TaskState.STARTED
+
+
+def on_task_finished(state: State, e: TaskFinished) -> None:
+    t = task_row(state, e.job_id, e.task_index)
+    if t < 0 or state.tasks.cols["state"][t] == TaskState.FINISHED:
+        state.ignored += 1
+        return
+    job = int(state.tasks.cols["job"][t])
+    if e.exit_code != 0:
+        release_job(state, job, JobState.FAILED)
+        return
+    free_task(state, t)
+    state.tasks.cols["state"][t] = TaskState.FINISHED
+    state.jobs.cols["tasks_done"][job] += 1
+    if state.jobs.cols["tasks_done"][job] == state.jobs.cols["ntasks"][job]:
+        state.jobs.cols["state"][job] = JobState.SUCCEEDED
+
+
+def on_task_failed(state: State, e: TaskFailed) -> None:
+    t = task_row(state, e.job_id, e.task_index)
+    if t < 0:
+        state.ignored += 1
+        return
+    release_job(state, int(state.tasks.cols["job"][t]), JobState.FAILED)
+
+
+def on_quota(state: State, e: QuotaSet) -> None:
+    tenant = state.tenant_id(e.tenant)
+    cell = state.names["cell"].intern(e.cell) if e.cell else -1
+    limit = None if e.borrowing_limit is None else triple(e.borrowing_limit)
+    state.quotas[(tenant, cell)] = Quota(triple(e.nominal), limit, e.cohort, e.weight_milli)
+
+
+def triple(r: Resources) -> tuple[int, int, int]:
+    return (r.cpu_milli, r.mem_mib, r.gpu_milli)
+
+
+# --- decisions ---------------------------------------------------------------------------
+
+
+def on_placed(state: State, d: JobPlaced) -> None:
+    job = state.job_row(d.job_id)
+    cell = state.names["cell"].get(d.cell)
+    if job < 0 or state.jobs.cols["state"][job] != JobState.PENDING or cell < 0:
+        raise ValueError(f"decision places job {d.job_id!r}, which is not pending in cell {d.cell!r}")
+    first = int(state.jobs.cols["first_task"][job])
+    for p in d.tasks:
+        mask = 0
+        for g in p.gpu_indices:
+            mask |= 1 << g
+        take_task(state, first + p.task_index, state.node_row(d.cell, p.node), mask, cell)
+    state.jobs.cols["state"][job] = JobState.RUNNING
+    state.jobs.cols["cell"][job] = cell
+    state.jobs.cols["placed_at_ms"][job] = state.now_ms
+    state.jobs.cols["reason"][job] = 0
+    state.reason_text.pop(job, None)
+    state.pending_count -= 1
+
+
+def on_preempted(state: State, d: TaskPreempted) -> None:
+    job = state.job_row(d.job_id)
+    if job < 0 or state.jobs.cols["state"][job] != JobState.RUNNING:
+        return  # the gang was already requeued by an earlier task of the same decision
+    release_job(state, job, JobState.PENDING)
+    state.jobs.cols["preempted_at_ms"][job] = state.now_ms
+    state.jobs.cols["preempt_cause"][job] = CAUSE_CODES.get(d.cause, 0)
+
+
+def on_rejected(state: State, d: JobRejected) -> None:
+    job = state.job_row(d.job_id)
+    if job >= 0 and state.jobs.cols["state"][job] == JobState.PENDING:
+        state.jobs.cols["state"][job] = JobState.REJECTED
+        state.reason_text.pop(job, None)
+        state.pending_count -= 1
+
+
+def on_pending(state: State, d: JobPending) -> None:
+    job = state.job_row(d.job_id)
+    if job >= 0:
+        state.jobs.cols["reason"][job] = state.reason_codes.intern(d.reason) + 1
+        state.reason_text[job] = d.message
+
+
+# --- allocation --------------------------------------------------------------------------
+
+
+def usage_rows(state: State, job: int, cell: int) -> tuple[list[int], list[int]]:
+    """The tenant's usage counters: in every cell, and in ``cell``."""
+    tenant = int(state.jobs.cols["tenant"][job])
+    total = state.usage.setdefault((tenant, -1), [0, 0, 0])
+    in_cell = state.usage.setdefault((tenant, cell), [0, 0, 0])
+    return total, in_cell
+
+
+def take_task(state: State, t: int, node: int, mask: int, cell: int) -> None:
+    tc, nc = state.tasks.cols, state.nodes.cols
+    if node < 0 or nc["status"][node] != NodeStatus.UP:
+        raise ValueError(f"decision places task {t} on node {node}, which is not up")
+    cpu, mem, milli = int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t])
+    nc["cpu_free"][node] -= cpu
+    nc["mem_free"][node] -= mem
+    for g in range(int(nc["gpu_count"][node])):
+        if mask >> g & 1:
+            nc["gpu_free"][node, g] -= milli
+    tc["node"][t], tc["gpu_mask"][t], tc["state"][t] = node, mask, TaskState.PLACED
+    gpu = milli * int(tc["gpus"][t])
+    for counter in usage_rows(state, int(tc["job"][t]), cell):
+        counter[0] += cpu
+        counter[1] += mem
+        counter[2] += gpu
+
+
+def free_task(state: State, t: int) -> None:
+    """Give task ``t``'s resources back to its node and its tenant's usage."""
+    tc, nc = state.tasks.cols, state.nodes.cols
+    node = int(tc["node"][t])
+    if node < 0:
+        return
+    cpu, mem, milli, mask = int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]), int(tc["gpu_mask"][t])
+    nc["cpu_free"][node] += cpu
+    nc["mem_free"][node] += mem
+    for g in range(int(nc["gpu_count"][node])):
+        if mask >> g & 1:
+            nc["gpu_free"][node, g] += milli
+    tc["node"][t], tc["gpu_mask"][t] = -1, 0
+    job = int(tc["job"][t])
+    gpu = milli * int(tc["gpus"][t])
+    for counter in usage_rows(state, job, int(state.jobs.cols["cell"][job])):
+        counter[0] -= cpu
+        counter[1] -= mem
+        counter[2] -= gpu
+
+
+def release_job(state: State, job: int, to: JobState) -> None:
+    """Free every task of ``job`` and move it to ``to`` (PENDING requeues the whole gang)."""
+    jc = state.jobs.cols
+    was = int(jc["state"][job])
+    for t in state.job_tasks(job):
+        free_task(state, t)
+        state.tasks.cols["state"][t] = TaskState.PENDING if to == JobState.PENDING else TaskState.FINISHED
+    jc["state"][job] = to
+    jc["cell"][job] = -1
+    jc["tasks_done"][job] = 0
+    if was == JobState.PENDING and to != JobState.PENDING:
+        state.pending_count -= 1
+    elif was != JobState.PENDING and to == JobState.PENDING:
+        state.pending_count += 1

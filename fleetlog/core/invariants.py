@@ -1,0 +1,98 @@
+"""Invariants of the state, as code. Tests and the simulator run ``check`` after every fold."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fleetlog.core.state import FULL_GPU, JobState, NodeStatus, State, TaskState
+
+
+class InvariantError(AssertionError):
+    """The state broke a rule that must always hold: a bug in fold or decide."""
+
+
+def check(state: State) -> None:
+    """Raise :class:`InvariantError` naming the first broken rule."""
+    for rule in (no_overcommit, free_matches_tasks, running_tasks_on_live_nodes, job_states_consistent,
+                 usage_matches_allocations, pending_count_matches):
+        problem = rule(state)
+        if problem:
+            raise InvariantError(f"{rule.__name__}: {problem}")
+
+
+def no_overcommit(state: State) -> str:
+    c = state.nodes.cols
+    n = state.nodes.size
+    for col in ("cpu_free", "mem_free"):
+        bad = np.flatnonzero(c[col][:n] < 0)
+        if bad.size:
+            return f"node {state.names['node'].names[bad[0]]!r} has {col} {c[col][bad[0]]}"
+    gpu = c["gpu_free"][:n]
+    if (gpu < 0).any() or (gpu > FULL_GPU).any():
+        row = int(np.flatnonzero(((gpu < 0) | (gpu > FULL_GPU)).any(axis=1))[0])
+        return f"node row {row} has a GPU share outside 0..1000: {gpu[row, : c['gpu_count'][row]].tolist()}"
+    return ""
+
+
+def free_matches_tasks(state: State) -> str:
+    """Each node's free capacity is its allocatable minus what its tasks hold."""
+    n, tc = state.nodes.size, state.tasks.cols
+    on = state.tasks.view("node")
+    placed = np.flatnonzero(on >= 0)
+    cpu = np.bincount(on[placed], weights=tc["cpu"][placed], minlength=n).astype(np.int64)
+    c = state.nodes.cols
+    bad = np.flatnonzero(c["cpu_alloc"][:n] - cpu != c["cpu_free"][:n])
+    if bad.size:
+        return f"node row {bad[0]}: cpu_free {c['cpu_free'][bad[0]]} but tasks hold {cpu[bad[0]]}"
+    gpu_used = np.zeros_like(c["gpu_free"][:n], dtype=np.int64)
+    for t in placed.tolist():
+        mask, node = int(tc["gpu_mask"][t]), int(on[t])
+        for g in range(int(c["gpu_count"][node])):
+            if mask >> g & 1:
+                gpu_used[node, g] += int(tc["milli"][t])
+    expect = np.where(np.arange(c["gpu_free"].shape[1]) < c["gpu_count"][:n, None], FULL_GPU - gpu_used, 0)
+    bad = np.flatnonzero((expect != c["gpu_free"][:n]).any(axis=1))
+    return f"node row {bad[0]}: GPU free shares do not match its tasks" if bad.size else ""
+
+
+def running_tasks_on_live_nodes(state: State) -> str:
+    on = state.tasks.view("node")
+    placed = on[on >= 0]
+    down = state.nodes.view("status")[placed] != NodeStatus.UP
+    return f"{int(down.sum())} tasks hold resources on nodes that are not up" if down.any() else ""
+
+
+def job_states_consistent(state: State) -> str:
+    """Pending jobs hold nothing; running jobs have every task placed or finished."""
+    js, ts = state.jobs.view("state"), state.tasks.view("state")
+    job_of = state.tasks.view("job")
+    job_state = js[job_of]
+    if ((job_state == JobState.PENDING) & (ts != TaskState.PENDING)).any():
+        return "a pending job has a task that is not pending"
+    if ((job_state == JobState.RUNNING) & (ts == TaskState.PENDING)).any():
+        return "a running job has an unplaced task"
+    if ((job_state != JobState.RUNNING) & (state.tasks.view("node") >= 0)).any():
+        return "a job that is not running holds a node"
+    return ""
+
+
+def usage_matches_allocations(state: State) -> str:
+    """Each tenant's usage (in total and per cell) equals the sum of its placed tasks."""
+    expect: dict[tuple[int, int], list[int]] = {}
+    tc, jc = state.tasks.cols, state.jobs.cols
+    for t in np.flatnonzero(state.tasks.view("node") >= 0).tolist():
+        job = int(tc["job"][t])
+        res = (int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]) * int(tc["gpus"][t]))
+        for key in ((int(jc["tenant"][job]), -1), (int(jc["tenant"][job]), int(jc["cell"][job]))):
+            row = expect.setdefault(key, [0, 0, 0])
+            for i in range(3):
+                row[i] += res[i]
+    for key in sorted(set(expect) | set(state.usage)):
+        if expect.get(key, [0, 0, 0]) != state.usage.get(key, [0, 0, 0]):
+            return f"tenant/cell {key}: usage {state.usage.get(key)} but allocations sum to {expect.get(key)}"
+    return ""
+
+
+def pending_count_matches(state: State) -> str:
+    actual = int((state.jobs.view("state") == JobState.PENDING).sum())
+    return "" if actual == state.pending_count else f"pending_count {state.pending_count} but {actual} pending"

@@ -1,0 +1,138 @@
+"""The scheduler's state: struct-of-arrays tables for nodes, jobs and tasks, plus tenants.
+
+Everything here derives from the log alone: row ids come from the order events
+arrived in, strings are interned in first-seen order, and no collection of
+strings is ever iterated unsorted.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import msgspec
+import numpy as np
+
+from fleetlog.core.arrays import Interner, Table
+
+MAX_GPUS: Final = 64
+MAX_GPU_MODELS: Final = 64
+FULL_GPU: Final = 1000
+NO_LIMIT: Final = (1 << 62)
+
+
+class NodeStatus(enum.IntEnum):
+    UP = 1
+    DOWN = 2  # unhealthy or missed heartbeats: nothing new is placed, its tasks were requeued
+    REMOVED = 3
+
+
+class JobState(enum.IntEnum):
+    PENDING = 0
+    RUNNING = 1  # placed: every task has a node
+    SUCCEEDED = 2
+    FAILED = 3
+    CANCELLED = 4
+    REJECTED = 5
+
+
+class TaskState(enum.IntEnum):
+    PENDING = 0
+    PLACED = 1
+    STARTED = 2
+    FINISHED = 3
+
+
+TOPOLOGY_NONE: Final = 0
+TOPOLOGY_CODES: Final = {"block": 1, "rack": 2, "host": 3}
+TERMINAL: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED})
+
+
+class CoreConfig(msgspec.Struct, frozen=True):
+    """Settings that change what ``fold`` computes; recorded in every snapshot."""
+
+    node_timeout_ms: int = 60_000
+    """A node with no heartbeat for this long (in log time) is down."""
+    shape_window: int = 4096
+    """How many recent task submissions the fragmentation score's shape distribution covers."""
+
+
+class Quota(msgspec.Struct):
+    """A tenant's quota in one cell (cell -1 = every cell). Resources in (cpu milli, MiB, GPU milli)."""
+
+    nominal: tuple[int, int, int]
+    borrowing_limit: tuple[int, int, int] | None
+    cohort: str
+    weight_milli: int
+
+
+def _node_table() -> Table:
+    i32, i64 = np.int32, np.int64
+    return Table({
+        "cell": (i32, (), -1), "block": (i32, (), -1), "rack": (i32, (), -1), "host": (i32, (), -1),
+        "model": (i32, (), -1), "gpu_count": (i32, (), 0), "status": (np.int8, (), NodeStatus.UP),
+        "cpu_alloc": (i64, (), 0), "mem_alloc": (i64, (), 0), "cpu_free": (i64, (), 0), "mem_free": (i64, (), 0),
+        "gpu_free": (np.int16, (MAX_GPUS,), 0), "last_heartbeat_ms": (i64, (), 0),
+    })
+
+
+def _job_table() -> Table:
+    i32, i64 = np.int32, np.int64
+    return Table({
+        "tenant": (i32, (), -1), "queue": (i32, (), -1), "priority": (i32, (), 0),
+        "state": (np.int8, (), JobState.PENDING), "submitted_at": (i64, (), 0), "seq": (i64, (), 0),
+        "first_task": (i64, (), 0), "ntasks": (i32, (), 0), "cell": (i32, (), -1), "topology": (np.int8, (), 0),
+        "expected_ms": (i64, (), -1), "placed_at_ms": (i64, (), -1), "preempted_at_ms": (i64, (), -1),
+        "preempt_cause": (np.int8, (), 0), "reason": (np.int16, (), 0), "tasks_done": (i32, (), 0),
+    })
+
+
+def _task_table() -> Table:
+    i32, i64 = np.int32, np.int64
+    return Table({
+        "job": (i64, (), -1), "cpu": (i64, (), 0), "mem": (i64, (), 0), "gpus": (i32, (), 0),
+        "milli": (i32, (), 0), "models": (np.uint64, (), 0), "node": (i32, (), -1),
+        "gpu_mask": (np.uint64, (), 0), "state": (np.int8, (), TaskState.PENDING),
+    })
+
+
+class State:
+    """The whole scheduler state. Mutated only by :func:`fleetlog.core.fold.fold`."""
+
+    def __init__(self, config: CoreConfig | None = None) -> None:
+        self.config = config or CoreConfig()
+        self.now_ms = 0
+        self.offset = 0  # the next input offset to fold (== number of inputs folded)
+        self.next_sweep_ms = 0
+        self.nodes = _node_table()
+        self.jobs = _job_table()
+        self.tasks = _task_table()
+        self.names = {k: Interner() for k in ("cell", "node", "topo", "model", "tenant", "queue", "job", "cohort")}
+        self.job_cells: dict[int, tuple[int, ...]] = {}  # job row -> allowed cell ids (absent = any)
+        self.usage: dict[tuple[int, int], list[int]] = {}  # (tenant, cell or -1 = all) -> [cpu, mem, gpu]
+        self.quotas: dict[tuple[int, int], Quota] = {}  # (tenant id, cell id or -1) -> quota
+        self.recent_shapes: list[tuple[int, int, int]] = []  # ring of (gpus, milli, cpu) of submitted tasks
+        self.recent_next = 0
+        self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
+        self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
+        self.pending_count = 0
+        self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
+        self.ignored = 0  # observations about unknown or finished jobs/nodes
+
+    # --- lookups -------------------------------------------------------------------------
+
+    def node_row(self, cell: str, node: str) -> int:
+        return self.names["node"].get(f"{cell}\x00{node}")
+
+    def node_name(self, row: int) -> str:
+        return self.names["node"].names[row].split("\x00", 1)[1]
+
+    def job_row(self, job_id: str) -> int:
+        return self.names["job"].get(job_id)
+
+    def tenant_id(self, tenant: str) -> int:
+        return self.names["tenant"].intern(tenant)
+
+    def job_tasks(self, job: int) -> range:
+        first = int(self.jobs.cols["first_task"][job])
+        return range(first, first + int(self.jobs.cols["ntasks"][job]))

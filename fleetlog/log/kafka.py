@@ -1,0 +1,539 @@
+"""The Kafka log store: one topic per log, one partition per scheduling shard (aiokafka).
+
+Topics are ``f"{topic_prefix}.{name}"`` (``fleetlog.inputs``, ``fleetlog.decisions``,
+``fleetlog.dead-letters``) and are created on :meth:`KafkaLogStore.open` if missing, all with
+``message.timestamp.type=LogAppendTime`` so a record's time is the broker's append time.
+
+Plain appends go through an idempotent producer (``acks=all``).  Decisions go through a
+transactional producer that commits the records together with the consumer group's input offset
+(``send_offsets_to_transaction``), so a crash leaves no duplicate and no gap.  Readers use
+``read_committed`` consumers with the one partition assigned by hand.
+
+Offsets are Kafka's own: dense for plain appends, but a transaction's commit or abort marker
+takes an offset too, so logs written transactionally have gaps.  Offsets are always strictly
+increasing; a reader continues at ``last.offset + 1``.  :meth:`KafkaLog.end_offset` is the last
+stable offset (the end of committed data, markers included).
+
+The producers start lazily: opening a store to read (replay, explain) never fences the
+scheduler that owns the transactional id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TopicAlreadyExistsError,
+)
+from aiokafka.errors import OffsetOutOfRangeError as KafkaOffsetOutOfRange
+from aiokafka.helpers import create_ssl_context
+from aiokafka.structs import OffsetAndMetadata
+
+from fleetlog.log.base import (
+    INPUTS,
+    LOG_NAMES,
+    Log,
+    LogClosedError,
+    LogError,
+    LogStore,
+    Message,
+    OffsetOutOfRangeError,
+    Record,
+)
+
+_TIMESTAMP_TYPE: Final = "message.timestamp.type"
+_LOG_APPEND_TIME: Final = "LogAppendTime"
+_TOPIC_EXISTS: Final = TopicAlreadyExistsError.errno
+
+
+class FencedError(LogError):
+    """Another producer with the same transactional id took over: this store must stop."""
+
+
+class KafkaConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the logs live and how to reach them.  ``repr`` never shows the SASL password."""
+
+    bootstrap_servers: str
+    topic_prefix: str = "fleetlog"
+    shard: int = 0
+    """The partition of every topic this store reads and writes."""
+    shards: int = 1
+    """Partitions per topic when the store creates the topics."""
+    replication_factor: int = 1
+    client_id: str = "fleetlog"
+    transactional_id: str | None = None
+    """Defaults to ``f"{topic_prefix}.shard{shard}"``: one transactional writer per shard."""
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    request_timeout_ms: int = 30_000
+    transaction_timeout_ms: int = 60_000
+    visibility_timeout_ms: int = 30_000
+    """How long a committed transaction may take to become visible to readers."""
+    max_batch_bytes: int = 1_000_000
+    fetch_max_bytes: int = 64 * 1024 * 1024
+    max_partition_fetch_bytes: int = 16 * 1024 * 1024
+    compression_type: str | None = None
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
+
+    @property
+    def effective_transactional_id(self) -> str:
+        return self.transactional_id or f"{self.topic_prefix}.shard{self.shard}"
+
+    def client_options(self) -> dict[str, Any]:
+        """Connection options shared by producers, consumers and the admin client."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            "request_timeout_ms": self.request_timeout_ms,
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism is not None:
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_plain_username
+            options["sasl_plain_password"] = self.sasl_plain_password
+        context = self._ssl_context()
+        if context is not None:
+            options["ssl_context"] = context
+        return options
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if "SSL" not in self.security_protocol:
+            return None
+        context: ssl.SSLContext = create_ssl_context(
+            cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+        )
+        return context
+
+    def __repr__(self) -> str:
+        fields = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name == "sasl_plain_password" and value is not None:
+                value = "***"
+            fields.append(f"{name}={value!r}")
+        return f"KafkaConfig({', '.join(fields)})"
+
+    __str__ = __repr__
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Re-raise aiokafka errors as :class:`LogError` so callers see one error family."""
+    try:
+        yield
+    except (ProducerFenced, InvalidProducerEpoch) as exc:
+        raise FencedError(f"{what}: fenced by a newer producer with the same transactional id") from exc
+    except KafkaOffsetOutOfRange as exc:
+        raise OffsetOutOfRangeError(f"{what}: {exc}") from exc
+    except KafkaError as exc:
+        raise LogError(f"{what}: {exc!r}") from exc
+
+
+def _to_record(r: Any) -> Record:
+    headers = r.headers
+    value = r.value
+    return Record(
+        r.offset,
+        r.timestamp,
+        b"" if value is None else value,
+        r.key,
+        tuple(headers) if headers else (),
+    )
+
+
+async def _send_all(
+    producer: AIOKafkaProducer, tp: TopicPartition, messages: Sequence[Message]
+) -> tuple[int, int]:
+    """Send ``messages`` in as few record batches as fit; return the first and last offset."""
+    futures: list[asyncio.Future[Any]] = []
+    counts: list[int] = []
+    batch = producer.create_batch()
+    count = 0
+    for m in messages:
+        while batch.append(key=m.key, value=m.value, timestamp=None, headers=list(m.headers)) is None:
+            futures.append(await producer.send_batch(batch, tp.topic, partition=tp.partition))
+            counts.append(count)
+            batch, count = producer.create_batch(), 0
+        count += 1
+    futures.append(await producer.send_batch(batch, tp.topic, partition=tp.partition))
+    counts.append(count)
+    results = await asyncio.gather(*futures)
+    first = int(results[0].offset)
+    last = int(results[-1].offset) + counts[-1] - 1
+    return first, last
+
+
+class KafkaLog(Log):
+    """One topic-partition: appends through the store's idempotent producer, reads through
+    a ``read_committed`` consumer of its own."""
+
+    def __init__(self, store: KafkaLogStore, name: str) -> None:
+        self.name = name
+        self._store = store
+        self.tp = TopicPartition(store.config.topic(name), store.config.shard)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._assigned = False
+        self._position = -1
+        self._lock = asyncio.Lock()
+
+    async def append(self, messages: Sequence[Message]) -> int:
+        if not messages:
+            return await self.end_offset()
+        producer = await self._store.idempotent_producer()
+        with _translated(f"append to {self.tp.topic}"):
+            first, _ = await _send_all(producer, self.tp, messages)
+        return first
+
+    async def end_offset(self) -> int:
+        consumer = await self._reader()
+        with _translated(f"end offset of {self.tp.topic}"):
+            ends = await consumer.end_offsets([self.tp])
+        return int(ends[self.tp])
+
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
+        async with self._lock:
+            consumer = await self._reader()
+            self._seek(consumer, offset)
+            try:
+                with _translated(f"read {self.tp.topic} at {offset}"):
+                    records = await self._fetch(consumer, max_records, timeout_ms)
+            except OffsetOutOfRangeError:
+                self._position = -1
+                return await self._past_end(offset, timeout_ms)
+        if records:
+            self._position = records[-1].offset + 1
+        return records
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+
+    async def _reader(self) -> AIOKafkaConsumer:
+        self._store.check_open()
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(**self._store.consumer_options())
+            with _translated(f"connect a reader of {self.tp.topic}"):
+                await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    def _seek(self, consumer: AIOKafkaConsumer, offset: int) -> None:
+        """Position the consumer at ``offset`` unless it already continues from there,
+        so sequential reads keep the records it prefetched."""
+        if not self._assigned:
+            consumer.assign([self.tp])
+            self._assigned = True
+        elif offset == self._position:
+            return
+        consumer.seek(self.tp, offset)
+        self._position = offset
+
+    async def _fetch(self, consumer: AIOKafkaConsumer, max_records: int, timeout_ms: int) -> list[Record]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        hard_deadline = loop.time() + self._store.config.request_timeout_ms / 1000
+        while True:
+            wait = deadline - loop.time()
+            if wait <= 0:
+                # Committed records may exist that the consumer has not fetched yet: an empty
+                # answer is only right once the consumer has caught up with the stable end.
+                if loop.time() >= hard_deadline or not await self._behind(consumer):
+                    return []
+                wait = 0.05
+            fetched = await consumer.getmany(self.tp, timeout_ms=int(wait * 1000), max_records=max_records)
+            got = fetched.get(self.tp)
+            if got:
+                return [_to_record(r) for r in got]
+
+    async def _behind(self, consumer: AIOKafkaConsumer) -> bool:
+        position = int(await consumer.position(self.tp))
+        return position < await self.end_offset()
+
+    async def _past_end(self, offset: int, timeout_ms: int) -> list[Record]:
+        """Kafka refuses offsets outside the log: before its start is an error; past its end
+        means nothing arrived, as for any other reader at the end."""
+        consumer = await self._reader()
+        with _translated(f"start offset of {self.tp.topic}"):
+            starts = await consumer.beginning_offsets([self.tp])
+        if offset < int(starts[self.tp]):
+            raise OffsetOutOfRangeError(
+                f"{self.name}: offset {offset} is before the start of the log ({starts[self.tp]})"
+            )
+        await asyncio.sleep(timeout_ms / 1000)
+        return []
+
+
+class KafkaLogStore(LogStore):
+    """The three logs of one shard on a Kafka cluster, plus transactional decision commits."""
+
+    def __init__(self, config: KafkaConfig) -> None:
+        self.config = config
+        self._logs = {name: KafkaLog(self, name) for name in LOG_NAMES}
+        self._inputs_tp = TopicPartition(config.topic(INPUTS), config.shard)
+        self._admin: AIOKafkaAdminClient | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._txn_producer: AIOKafkaProducer | None = None
+        self._coordinators: dict[str, int] = {}
+        self._start_lock = asyncio.Lock()
+        self._txn_lock = asyncio.Lock()
+        self._open = False
+
+    async def __aenter__(self) -> KafkaLogStore:
+        await self.open()
+        return self
+
+    def __repr__(self) -> str:
+        return f"KafkaLogStore({self.config!r}, open={self._open})"
+
+    async def open(self) -> None:
+        if self._open:
+            return
+        admin = AIOKafkaAdminClient(**self.config.client_options())
+        with _translated(f"connect to {self.config.bootstrap_servers}"):
+            await admin.start()
+        self._admin = admin
+        self._open = True
+        try:
+            await self._ensure_topics(admin)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        self._open = False
+        for log in self._logs.values():
+            await log.close()
+        producers = (self._producer, self._txn_producer)
+        self._producer = self._txn_producer = None
+        for producer in producers:
+            if producer is not None:
+                with contextlib.suppress(KafkaError):
+                    await producer.stop()
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(KafkaError):
+                await admin.close()
+
+    def check_open(self) -> None:
+        if not self._open:
+            raise LogClosedError("Kafka log store is not open")
+
+    def log(self, name: str) -> KafkaLog:
+        self.check_open()
+        try:
+            return self._logs[name]
+        except KeyError:
+            raise LogError(f"unknown log {name!r}; expected one of {', '.join(LOG_NAMES)}") from None
+
+    async def append_transactional(
+        self, name: str, messages: Sequence[Message], *, group: str, consumed: int
+    ) -> int:
+        log = self.log(name)
+        async with self._txn_lock:
+            producer = await self._transactional_producer()
+            with _translated(f"transactional append to {log.tp.topic}"):
+                span = await self._commit(producer, log.tp, messages, group, consumed)
+            await self._await_visible(log, span, group, consumed)
+        return span[0] if span is not None else await log.end_offset()
+
+    async def committed_offset(self, group: str) -> int | None:
+        self.check_open()
+        admin = self._admin
+        assert admin is not None
+        with _translated(f"committed offset of group {group!r}"):
+            offsets = await self._group_offsets_retrying(admin, group)
+        found = offsets.get(self._inputs_tp)
+        if found is None or found.offset < 0:
+            return None
+        return int(found.offset)
+
+    # -- producers, consumers, admin ---------------------------------------------------------
+
+    def consumer_options(self) -> dict[str, Any]:
+        return {
+            **self.config.client_options(),
+            "group_id": None,
+            "enable_auto_commit": False,
+            "isolation_level": "read_committed",
+            "auto_offset_reset": "none",
+            "fetch_max_bytes": self.config.fetch_max_bytes,
+            "max_partition_fetch_bytes": self.config.max_partition_fetch_bytes,
+        }
+
+    def _producer_options(self) -> dict[str, Any]:
+        return {
+            **self.config.client_options(),
+            "acks": "all",
+            "enable_idempotence": True,
+            "linger_ms": 0,
+            "max_batch_size": self.config.max_batch_bytes,
+            "max_request_size": max(self.config.max_batch_bytes, 1_048_576),
+            "compression_type": self.config.compression_type,
+        }
+
+    async def idempotent_producer(self) -> AIOKafkaProducer:
+        self.check_open()
+        async with self._start_lock:
+            if self._producer is None:
+                producer = AIOKafkaProducer(**self._producer_options())
+                with _translated("start the idempotent producer"):
+                    await producer.start()
+                self._producer = producer
+        return self._producer
+
+    async def _transactional_producer(self) -> AIOKafkaProducer:
+        async with self._start_lock:
+            if self._txn_producer is None:
+                producer = AIOKafkaProducer(
+                    **self._producer_options(),
+                    transactional_id=self.config.effective_transactional_id,
+                    transaction_timeout_ms=self.config.transaction_timeout_ms,
+                )
+                with _translated("start the transactional producer"):
+                    await producer.start()
+                self._txn_producer = producer
+        return self._txn_producer
+
+    async def _commit(
+        self,
+        producer: AIOKafkaProducer,
+        tp: TopicPartition,
+        messages: Sequence[Message],
+        group: str,
+        consumed: int,
+    ) -> tuple[int, int] | None:
+        """One transaction: the records and the group's input offset; aborted on any error."""
+        await producer.begin_transaction()
+        try:
+            span = await _send_all(producer, tp, messages) if messages else None
+            offsets = {self._inputs_tp: OffsetAndMetadata(consumed, "")}
+            await producer.send_offsets_to_transaction(offsets, group)
+            await producer.commit_transaction()
+        except (ProducerFenced, InvalidProducerEpoch):
+            raise
+        except BaseException:
+            with contextlib.suppress(KafkaError):
+                await producer.abort_transaction()
+            raise
+        return span
+
+    async def _await_visible(
+        self, log: KafkaLog, span: tuple[int, int] | None, group: str, consumed: int
+    ) -> None:
+        """Kafka writes commit markers after the commit returns: wait until readers and
+        :meth:`committed_offset` see this transaction, so a caller reads its own writes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.visibility_timeout_ms / 1000
+        delay = 0.001
+        while True:
+            records_visible = span is None or await log.end_offset() > span[1]
+            if records_visible and await self.committed_offset(group) == consumed:
+                return
+            if loop.time() >= deadline:
+                raise LogError(f"transaction to {log.tp.topic} committed but not visible in time")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def _group_offsets_retrying(self, admin: AIOKafkaAdminClient, group: str) -> dict[Any, Any]:
+        """Retry while the group coordinator is moving or still loading (a fresh cluster creates
+        its offsets topic on first use)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        while True:
+            try:
+                return await self._group_offsets(admin, group)
+            except KafkaError as exc:
+                self._coordinators.pop(group, None)
+                if not getattr(exc, "retriable", False) or loop.time() >= deadline:
+                    raise
+            await asyncio.sleep(0.1)
+
+    async def _group_offsets(self, admin: AIOKafkaAdminClient, group: str) -> dict[Any, Any]:
+        coordinator = self._coordinators.get(group)
+        if coordinator is None:
+            coordinator = int(await admin.find_coordinator(group))
+            self._coordinators[group] = coordinator
+        offsets: dict[Any, Any] = await admin.list_consumer_group_offsets(
+            group, group_coordinator_id=coordinator, partitions=[self._inputs_tp]
+        )
+        return offsets
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def _new_topic(self, name: str) -> NewTopic:
+        return NewTopic(
+            self.config.topic(name),
+            self.config.shards,
+            self.config.replication_factor,
+            topic_configs={_TIMESTAMP_TYPE: _LOG_APPEND_TIME},
+        )
+
+    async def _ensure_topics(self, admin: AIOKafkaAdminClient) -> None:
+        with _translated("create topics"):
+            existing = set(await admin.list_topics())
+            missing = [self._new_topic(n) for n in LOG_NAMES if self.config.topic(n) not in existing]
+            if missing:
+                response = await admin.create_topics(missing)
+                for topic, code, message in response.topic_errors:
+                    if code not in (0, _TOPIC_EXISTS):
+                        raise LogError(f"cannot create topic {topic}: error {code} {message}")
+            await self._check_topics(admin)
+
+    async def _described_topics(self, admin: AIOKafkaAdminClient) -> list[dict[str, Any]]:
+        """The topics' metadata once every partition has a leader (new topics need a moment)."""
+        topics = [self.config.topic(n) for n in LOG_NAMES]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        while True:
+            described: list[dict[str, Any]] = await admin.describe_topics(topics)
+            led = all(p["leader"] >= 0 for t in described for p in t["partitions"])
+            if (led and not any(t["error_code"] for t in described)) or loop.time() >= deadline:
+                return described
+            await asyncio.sleep(0.05)
+
+    async def _check_topics(self, admin: AIOKafkaAdminClient) -> None:
+        for described in await self._described_topics(admin):
+            partitions = len(described["partitions"])
+            if described["error_code"] or partitions <= self.config.shard:
+                raise LogError(
+                    f"topic {described['topic']} has {partitions} partitions "
+                    f"(error {described['error_code']}); shard {self.config.shard} needs more"
+                )
+        stamp = await self._topic_config(admin, self.config.topic(INPUTS), _TIMESTAMP_TYPE)
+        if stamp != _LOG_APPEND_TIME:
+            raise LogError(
+                f"topic {self.config.topic(INPUTS)} has {_TIMESTAMP_TYPE}={stamp}; "
+                f"the inputs log needs {_LOG_APPEND_TIME} (event time is the broker's append time)"
+            )
+
+    @staticmethod
+    async def _topic_config(admin: AIOKafkaAdminClient, topic: str, key: str) -> str | None:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, configs={key: None})
+        (response,) = await admin.describe_configs([resource])
+        for resource_entry in response.to_object()["resources"]:
+            for entry in resource_entry["config_entries"]:
+                if entry["config_names"] == key:
+                    return str(entry["config_value"])
+        return None
