@@ -47,7 +47,7 @@ class Placement:
 
     __slots__ = ("cell", "masks", "nodes", "score", "tasks")
 
-    def __init__(self, cell: int, tasks: Array, nodes: Array, masks: Array, score: int) -> None:
+    def __init__(self, cell: int, tasks: Array, nodes: Array, masks: Array, score: tuple[int, int]) -> None:
         self.cell, self.tasks, self.nodes, self.masks, self.score = cell, tasks, nodes, masks, score
 
 
@@ -191,18 +191,26 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
                                    cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, out_node, out_mask)
     if chosen < 0:
         return None
-    score = gang_score(sc, out_node, cpu, mem, gpus, milli)
+    many = len(sc.cells) > 1 and cell >= 0
+    score = gang_score(sc, out_node, out_mask, (cpu, mem, gpus, milli)) if many else (0, 0)
     return Placement(cell, idx, out_node, out_mask, score)
 
 
-def gang_score(sc: Scratch, nodes: Array, cpu: Array, mem: Array, gpus: Array, milli: Array) -> int:
-    """How good a placement is, to compare cells: the sum of its tasks' node scores."""
-    total = 0
+def gang_score(sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Array, ...]) -> tuple[int, int]:
+    """How good a placement is, to compare cells: its tasks' node scores summed, each taken
+    as the gang's earlier tasks would leave the node (then the scratch copy is restored)."""
+    cpu, mem, gpus, milli = tasks
+    primary = secondary = 0
     for i in range(nodes.size):
-        total += int(kernels.node_score(int(nodes[i]), sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count,
-                                        int(cpu[i]), int(mem[i]), int(gpus[i]), int(milli[i]), sc.policy_id,
-                                        sc.shapes))
-    return total
+        a, b = kernels.node_score(int(nodes[i]), sc.cpu_free, sc.gpu_free, sc.gpu_count, int(cpu[i]),
+                                  int(gpus[i]), int(milli[i]), sc.policy_id, sc.shapes)
+        primary, secondary = primary + int(a), secondary + int(b)
+        kernels.allocate(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]),
+                         sc.cpu_free, sc.mem_free, sc.gpu_free, -1)
+    for i in range(nodes.size):
+        kernels.allocate(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]),
+                         sc.cpu_free, sc.mem_free, sc.gpu_free, 1)
+    return primary, secondary
 
 
 def commit(sc: Scratch, job: int, p: Placement) -> None:
@@ -347,29 +355,54 @@ def evict(sc: Scratch, job: int, victims: list[int], cause: str) -> None:
 
 
 def reserve_for(sc: Scratch, job: int, failure: Outcome) -> Outcome:
-    """A blocked gang reserves the domain with the most free GPU share in its first allowed cell."""
+    """A blocked gang reserves the domain with the most free GPU share in which it would fit
+    once drained (a gang that fits nowhere even on empty nodes reserves nothing)."""
     state, policy = sc.state, sc.policy
     if (not policy.reserve or len(sc.reservations) >= policy.max_reservations
             or failure.reason not in ("gang_does_not_fit", "gang_does_not_fit_topology")):
         return failure
-    cells = allowed_cells(sc, job)
-    cands = sc.candidates(cells[0], False)
+    cell = allowed_cells(sc, job)[0]
+    cands = sc.candidates(cell, False)
     level = int(state.jobs.cols["topology"][job])
     domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands] if level else np.zeros(cands.size, np.int64)
-    free = sc.gpu_free[cands].sum(axis=1, dtype=np.int64)
-    valid = domain >= 0
-    if not valid.any():
+    nodes = drained_fit(sc, job, cands, domain)
+    if nodes is None:
         return failure
-    totals = np.bincount(domain[valid], weights=free[valid]).astype(np.int64)
-    best = int(np.argmax(totals))
-    nodes = cands[valid][domain[valid] == best]
     sc.reserved[nodes] = True
     start = reservation_start(state, nodes)
-    sc.reservations.append((job, cells[0], start))
-    where = state.names["topo"].names[best].split("\x00")[-1] if level else "the cell"
-    when = "unknown (a running job there has no expected duration)" if start >= NO_LIMIT else f"{start} ms"
+    sc.reservations.append((job, cell, start))
+    where = state.names["topo"].names[int(domain[np.searchsorted(cands, nodes[0])])].split("\x00")[-1] \
+        if level else "its cell"
+    when = "unknown (a job running there has no expected duration)" if start >= NO_LIMIT else f"{start} ms"
     return Outcome("waiting_for_reservation",
                    f"{failure.message}; reserved {nodes.size} nodes of {where}; expected free at {when}", False)
+
+
+def drained_fit(sc: Scratch, job: int, cands: Array, domain: Array) -> Array | None:
+    """The nodes of the domain (most free GPU share first, at most 8 tried) where ``job``
+    would fit if every task running there ended, or None."""
+    valid = domain >= 0
+    if not valid.any():
+        return None
+    free = sc.gpu_free[cands].sum(axis=1, dtype=np.int64)
+    totals = np.bincount(domain[valid], weights=free[valid]).astype(np.int64)
+    present = np.unique(domain[valid])
+    for d in present[np.lexsort((present, -totals[present]))][:8].tolist():
+        nodes = cands[domain == d]
+        if fits_when_drained(sc, job, nodes):
+            return nodes
+    return None
+
+
+def fits_when_drained(sc: Scratch, job: int, nodes: Array) -> bool:
+    c, n = sc.state.nodes.cols, sc.state.nodes.size
+    saved = (sc.cpu_free, sc.mem_free, sc.gpu_free)
+    full = np.where(np.arange(c["gpu_free"].shape[1]) < c["gpu_count"][:n, None], 1000, 0).astype(np.int16)
+    sc.cpu_free, sc.mem_free, sc.gpu_free = c["cpu_alloc"][:n].copy(), c["mem_alloc"][:n].copy(), full
+    try:
+        return place_in_cell(sc, job, -1, nodes) is not None
+    finally:
+        sc.cpu_free, sc.mem_free, sc.gpu_free = saved
 
 
 def reservation_start(state: State, nodes: Array) -> int:

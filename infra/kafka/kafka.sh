@@ -30,14 +30,20 @@ CONFIG="$DIR/server.properties"
 say() { echo "kafka.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
+# Fetched jars are stamped with the pom's hash: editing the pom (a new Kafka version) refetches.
 fetch() {
-  if compgen -G "$LIB/kafka_2.13-*.jar" >/dev/null && compgen -G "$LIB/log4j-core-*.jar" >/dev/null; then
+  local want stamp="$HERE/dist/.pom-sha256"
+  want="$(sha256sum "$HERE/pom.xml" | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && compgen -G "$LIB/kafka_2.13-*.jar" >/dev/null; then
     return 0
   fi
   command -v mvn >/dev/null || die "mvn not found: install Maven 3.8+ to fetch the broker"
+  command -v java >/dev/null || die "java not found: install a Java 17+ runtime"
   say "fetching the Kafka broker jars with Maven (the first time takes a while)"
-  (cd "$HERE" && mvn -q -B dependency:copy-dependencies) || die "maven fetch failed"
+  rm -rf "$LIB"
+  (cd "$HERE" && mvn -q -B -Dstyle.color=never dependency:copy-dependencies 1>&2) || die "maven fetch failed"
   compgen -G "$LIB/kafka_2.13-*.jar" >/dev/null || die "fetch finished but no kafka jar in $LIB"
+  echo "$want" >"$stamp"
 }
 
 # The PID in the pid file if that process is alive and is our broker, else nothing.

@@ -1,0 +1,776 @@
+"""Placement kernels: which node (and which GPUs on it) a task or a gang goes to.
+
+Everything here is ``numba.njit`` over the state's struct of arrays, integer arithmetic only,
+no fastmath, no parallel reductions; equal scores always go to the lowest node index.
+``fleetlog.core.kernels_ref`` holds the same functions in plain, readable Python; the two must
+agree exactly (``tests/core/test_kernels.py`` checks it with hypothesis).
+
+Node arrays (N nodes): ``cpu_free`` int64 (milli-CPU), ``mem_free`` int64 (MiB), ``gpu_free``
+int16[N, 64] (free milli-share per GPU, 1000 = fully free; the first ``gpu_count[n]`` are
+meaningful), ``gpu_count`` int32, ``node_model`` int32 (GPU model id 0..63, -1 for none).
+
+A task is (cpu, mem, gpus, milli, models): ``milli`` is the per-GPU share (1000 = whole GPUs;
+below 1000 only with ``gpus == 1``); ``models`` is a uint64 bitmask of allowed GPU models, 0 = any.
+``shapes`` is int64[K, 4] of rows (gpus, milli, cpu, weight): the recent task-shape mix used by FGD.
+
+Scores are pairs ``(primary, secondary)`` of int64, lower is better, compared lexicographically
+(then by node index). BEST_FIT: primary 0, secondary the best-fit score below. FGD: primary the
+fragmentation increase ``F(after) - F(before)``, secondary the best-fit score. A gang's score is
+the component-wise sum of its tasks' scores. Magnitudes: a secondary is below 2**47, so a sum of
+up to 2**16 tasks cannot overflow; a primary is at most ``sum(weights) * 64000`` in absolute value,
+so keep ``sum(weights)`` below 2**24 (normalise shape counts) for gangs of up to 2**16 tasks.
+"""
+
+# ruff: noqa: PLR0917  (kernels take flat arrays and scalars positionally: numba has no keyword-only args)
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import numba
+import numpy as np
+import numpy.typing as npt
+
+I16 = npt.NDArray[np.int16]
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[np.uint8]
+U64 = npt.NDArray[np.uint64]
+# (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+NodeArrays = tuple[I64, I64, I16, I32, I32]
+# (t_cpu, t_mem, t_gpus, t_milli, t_models)
+TaskArrays = tuple[I64, I64, I32, I32, U64]
+# (cpu, mem, gpus, milli, models) of one task
+Task = tuple[int, int, int, int, np.uint64]
+# (feasible, gpu mask, primary score, secondary score)
+Eval = tuple[bool, np.uint64, int, int]
+
+BEST_FIT = 0
+FGD = 1
+
+MAX_GPUS = 64
+FULL_GPU = 1000
+NO_NODE = -1
+NO_DOMAIN = -1
+
+# best-fit score: gpu milli left * GPU_LEFT_UNIT + min(cpu left, CPU_TIEBREAK_CAP), so the cpu
+# tie-break never outweighs one milli-GPU; CPU-only tasks pay GPU_NODE_PENALTY on GPU nodes
+# that still have a free GPU share.
+GPU_LEFT_UNIT = 1 << 30
+CPU_TIEBREAK_CAP = GPU_LEFT_UNIT - 1
+GPU_NODE_PENALTY = 1 << 46
+
+# columns of the shapes matrix
+SHAPE_GPUS = 0
+SHAPE_MILLI = 1
+SHAPE_CPU = 2
+SHAPE_WEIGHT = 3
+
+# columns of a gang's demand prefix sums (place_gang pruning)
+DEMAND_CPU = 0
+DEMAND_MEM = 1
+DEMAND_MILLI = 2
+DEMAND_WHOLE_GPUS = 3
+DEMAND_WHOLE_TASKS = 4
+DEMAND_COLUMNS = 5
+
+# domain ids are bucketed directly (counting sort) when they are below this bound
+DENSE_DOMAIN_FACTOR = 4
+DENSE_DOMAIN_SLACK = 1024
+
+_ZERO = np.uint64(0)
+_ONE = np.uint64(1)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _jit(fn: _F) -> _F:
+    """``numba.njit(cache=True)`` keeping the Python signature for the type checker."""
+    return cast(_F, numba.njit(cache=True)(fn))
+
+
+# ---------------------------------------------------------------- GPUs of one node
+
+
+@_jit
+def _bit(i: int) -> np.uint64:
+    return _ONE << np.uint64(i)
+
+
+@_jit
+def _has_bit(mask: np.uint64, i: int) -> bool:
+    return bool(((mask >> np.uint64(i)) & _ONE) != _ZERO)
+
+
+@_jit
+def _model_ok(models: np.uint64, model: int) -> bool:
+    """A GPU task may use a node of ``model`` (``models == 0`` allows any, even unknown)."""
+    allowed = np.uint64(models)
+    if allowed == _ZERO:
+        return True
+    return model >= 0 and _has_bit(allowed, model)
+
+
+@_jit
+def _free_total(row: I16, count: int) -> int:
+    total = 0
+    for i in range(count):
+        total += int(row[i])
+    return total
+
+
+@_jit
+def _take_whole(row: I16, count: int, gpus: int) -> tuple[np.uint64, int]:
+    """(mask of the ``gpus`` lowest-indexed fully free GPUs or 0, free milli total)."""
+    mask = _ZERO
+    taken = 0
+    total = 0
+    for i in range(count):
+        free = int(row[i])
+        total += free
+        if free == FULL_GPU and taken < gpus:
+            mask |= _bit(i)
+            taken += 1
+    if taken < gpus:
+        return _ZERO, total
+    return mask, total
+
+
+@_jit
+def _tightest(row: I16, count: int, milli: int, skip: np.uint64) -> int:
+    """The GPU (not in ``skip``) with the least free share still >= milli; -1 if none."""
+    best = -1
+    best_free = 0
+    for i in range(count):
+        free = int(row[i])
+        if free >= milli and (best < 0 or free < best_free) and not _has_bit(skip, i):
+            best = i
+            best_free = free
+    return best
+
+
+@_jit
+def _take_tightest(row: I16, count: int, gpus: int, milli: int) -> tuple[np.uint64, int]:
+    """(mask of the ``gpus`` tightest GPUs with free >= milli or 0, free milli total)."""
+    mask = _ZERO
+    for _ in range(gpus):
+        i = _tightest(row, count, milli, mask)
+        if i < 0:
+            return _ZERO, _free_total(row, count)
+        mask |= _bit(i)
+    return mask, _free_total(row, count)
+
+
+@_jit
+def _take(row: I16, count: int, gpus: int, milli: int) -> tuple[np.uint64, int]:
+    """(GPU mask a task takes on the node, 0 when it does not fit; the node's free milli total)."""
+    if gpus <= 0 or gpus > count:
+        return _ZERO, _free_total(row, count)
+    if milli == FULL_GPU:
+        return _take_whole(row, count, gpus)
+    return _take_tightest(row, count, gpus, milli)
+
+
+@_jit
+def pick_gpus(gpu_free_row: I16, count: int, gpus: int, milli: int) -> np.uint64:
+    """Bitmask of the GPUs a task takes on a node, 0 if it does not fit (and for gpus == 0).
+
+    Whole GPUs (milli == 1000): the ``gpus`` lowest-indexed fully free GPUs. A fractional
+    share: the GPU with the least free share that is still >= milli (tie: lowest index).
+    """
+    return _take(gpu_free_row, int(count), int(gpus), int(milli))[0]
+
+
+# ---------------------------------------------------------------- fragmentation (FGD)
+
+
+@_jit
+def _free_after(row: I16, i: int, mask: np.uint64, taken: int) -> int:
+    """Free share of GPU ``i`` once ``taken`` milli is removed from the GPUs in ``mask``."""
+    free = int(row[i])
+    if _has_bit(mask, i):
+        return free - taken
+    return free
+
+
+@_jit
+def _fractional_frag(row: I16, count: int, mask: np.uint64, taken: int, gpus: int, milli: int) -> int:
+    """Free milli a fitting fractional shape can't use, or -1 when the shape does not fit."""
+    usable = 0
+    stranded = 0
+    for i in range(count):
+        free = _free_after(row, i, mask, taken)
+        if free >= milli:
+            usable += 1
+        else:
+            stranded += free
+    return stranded if usable >= gpus else -1
+
+
+@_jit
+def _node_frag(row: I16, count: int, mask: np.uint64, taken: int, cpu_avail: int, shapes: I64) -> int:
+    """F(node) = sum_k weight_k * frag_k(node), after ``taken`` milli left the GPUs in ``mask``."""
+    total = 0
+    full = 0
+    partial = 0
+    for i in range(count):
+        free = _free_after(row, i, mask, taken)
+        total += free
+        if free == FULL_GPU:
+            full += 1
+        elif 0 < free < FULL_GPU:
+            partial += free
+    out = 0
+    for k in range(shapes.shape[0]):
+        weight = int(shapes[k, SHAPE_WEIGHT])
+        gpus = int(shapes[k, SHAPE_GPUS])
+        milli = int(shapes[k, SHAPE_MILLI])
+        if weight == 0:
+            continue
+        if int(shapes[k, SHAPE_CPU]) > cpu_avail:
+            frag = total
+        elif gpus <= 0:
+            frag = 0
+        elif milli == FULL_GPU:
+            frag = partial if full >= gpus else total
+        else:
+            frag = _fractional_frag(row, count, mask, taken, gpus, milli)
+            frag = total if frag < 0 else frag
+        out += weight * frag
+    return out
+
+
+@_jit
+def _uses_fgd(policy: int, shapes: I64) -> bool:
+    """FGD only with a non-empty shape mix of positive total weight (else BEST_FIT)."""
+    if policy != FGD:
+        return False
+    weight = 0
+    for k in range(shapes.shape[0]):
+        weight += int(shapes[k, SHAPE_WEIGHT])
+    return weight > 0
+
+
+@_jit
+def fragmentation(cands: I64, cpu_free: I64, gpu_free: I16, gpu_count: I32, shapes: I64) -> int:
+    """Sum of F(node) over ``cands`` (fit checks use cpu and GPUs only: no memory, no model)."""
+    out = 0
+    for j in range(cands.shape[0]):
+        n = cands[j]
+        out += _node_frag(gpu_free[n], int(gpu_count[n]), _ZERO, 0, int(cpu_free[n]), shapes)
+    return out
+
+
+# ---------------------------------------------------------------- one node, one task
+
+
+@_jit
+def _best_fit(count: int, total: int, cpu_left: int, gpus: int, milli: int) -> int:
+    cpu_term = min(cpu_left, CPU_TIEBREAK_CAP)
+    if gpus > 0:
+        return (total - gpus * milli) * GPU_LEFT_UNIT + cpu_term
+    if count > 0 and total > 0:
+        return GPU_NODE_PENALTY + cpu_term
+    return cpu_term
+
+
+@_jit
+def _score(
+    row: I16, count: int, cpu_avail: int, mask: np.uint64, total: int, task: Task, use_fgd: bool, shapes: I64
+) -> tuple[int, int]:
+    cpu, _, gpus, milli, _ = task
+    secondary = _best_fit(count, total, cpu_avail - cpu, gpus, milli)
+    if not use_fgd:
+        return 0, secondary
+    before = _node_frag(row, count, _ZERO, 0, cpu_avail, shapes)
+    after = _node_frag(row, count, mask, milli, cpu_avail - cpu, shapes)
+    return after - before, secondary
+
+
+@_jit
+def _eval(
+    cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, task: Task, use_fgd: bool, shapes: I64
+) -> Eval:
+    """(fits, GPU mask, primary, secondary) of one task on one node state."""
+    cpu, mem, gpus, milli, models = task
+    if cpu_avail < cpu or mem_avail < mem:
+        return False, _ZERO, 0, 0
+    if gpus > 0 and not _model_ok(models, model):
+        return False, _ZERO, 0, 0
+    mask, total = _take(row, count, gpus, milli)
+    if gpus > 0 and mask == _ZERO:
+        return False, _ZERO, 0, 0
+    primary, secondary = _score(row, count, cpu_avail, mask, total, task, use_fgd, shapes)
+    return True, mask, primary, secondary
+
+
+@_jit
+def _eval_node(n: int, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I64) -> Eval:
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    return _eval(
+        int(cpu_free[n]), int(mem_free[n]), gpu_free[n], int(gpu_count[n]), int(node_model[n]),
+        task, use_fgd, shapes,
+    )
+
+
+@_jit
+def _task(cpu: int, mem: int, gpus: int, milli: int, models: np.uint64) -> Task:
+    return int(cpu), int(mem), int(gpus), int(milli), np.uint64(models)
+
+
+@_jit
+def fits(
+    n: int, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
+    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64,
+) -> bool:
+    """Whether the task fits node ``n`` (cpu, memory, GPUs and GPU model)."""
+    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    empty = np.zeros((0, 4), dtype=np.int64)
+    return _eval_node(n, nodes, _task(cpu, mem, gpus, milli, models), False, empty)[0]
+
+
+@_jit
+def node_score(
+    n: int, cpu_free: I64, gpu_free: I16, gpu_count: I32,
+    cpu: int, gpus: int, milli: int, policy: int, shapes: I64,
+) -> tuple[int, int]:
+    """(primary, secondary) score of placing the task on node ``n``, which must be feasible."""
+    row = gpu_free[n]
+    count = int(gpu_count[n])
+    task = _task(cpu, 0, gpus, milli, _ZERO)
+    mask, total = _take(row, count, task[2], task[3])
+    return _score(row, count, int(cpu_free[n]), mask, total, task, _uses_fgd(policy, shapes), shapes)
+
+
+@_jit
+def _better(primary: int, secondary: int, node: int, best_p: int, best_s: int, best_node: int) -> bool:
+    """(primary, secondary, node) lexicographically below the best so far (-1 = none yet)."""
+    if best_node < 0 or primary != best_p:
+        return best_node < 0 or primary < best_p
+    if secondary != best_s:
+        return secondary < best_s
+    return node < best_node
+
+
+@_jit
+def best_node(
+    cands: I64, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
+    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64, policy: int, shapes: I64,
+) -> int:
+    """Node index (not a position in ``cands``) of the best feasible candidate, or -1."""
+    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    task = _task(cpu, mem, gpus, milli, models)
+    use_fgd = _uses_fgd(policy, shapes)
+    best = NO_NODE
+    best_p = 0
+    best_s = 0
+    for j in range(cands.shape[0]):
+        n = int(cands[j])
+        ok, _, primary, secondary = _eval_node(n, nodes, task, use_fgd, shapes)
+        if ok and _better(primary, secondary, n, best_p, best_s, best):
+            best, best_p, best_s = n, primary, secondary
+    return best
+
+
+@_jit
+def allocate(
+    n: int, mask: np.uint64, cpu: int, mem: int, milli: int,
+    cpu_free: I64, mem_free: I64, gpu_free: I16, sign: int,
+) -> None:
+    """Take (sign = -1) or give back (sign = +1) a task's resources on node ``n``, in place."""
+    cpu_free[n] += sign * cpu
+    mem_free[n] += sign * mem
+    gpus = np.uint64(mask)
+    for i in range(MAX_GPUS):
+        if _has_bit(gpus, i):
+            gpu_free[n, i] += sign * milli
+
+
+# ---------------------------------------------------------------- gangs: domains
+
+# work arrays of one place_gang call (see _workspace): (slot_of, slot_node, slot_cpu, slot_mem,
+# slot_gpu, top, top_mask, dirty, dirty_mask, run_node, run_mask, meta)
+Work = tuple[I64, I64, I64, I64, I16, I64, U64, I64, U64, I64, U64, I64]
+
+# columns of the ranked candidate lists (top: best untouched nodes of a run; dirty: nodes touched in it)
+RANK_LOCAL = 0
+RANK_PRIMARY = 1
+RANK_SECONDARY = 2
+RANK_FLAG = 3  # top: already taken; dirty: still feasible
+RANK_COLUMNS = 4
+# source of a chosen candidate
+FROM_NONE = -1
+FROM_TOP = 0
+FROM_DIRTY = 1
+
+
+@_jit
+def _distinct_in_domains(cands: I64, domain: I32, n_nodes: int) -> I64:
+    """Candidates in some domain (id >= 0), first occurrence only, in the order given."""
+    seen = np.zeros(n_nodes, dtype=np.uint8)
+    out = np.empty(cands.shape[0], dtype=np.int64)
+    size = 0
+    for j in range(cands.shape[0]):
+        n = cands[j]
+        if seen[n] == 0 and domain[n] >= 0:
+            seen[n] = 1
+            out[size] = n
+            size += 1
+    return out[:size]
+
+
+@_jit
+def _stable_order(keys: I64) -> I64:
+    """Positions of ``keys`` sorted ascending, stable (a counting sort when ids are dense)."""
+    size = keys.shape[0]
+    top = keys.max() if size > 0 else 0
+    if top >= DENSE_DOMAIN_FACTOR * size + DENSE_DOMAIN_SLACK:
+        return np.argsort(keys, kind="mergesort").astype(np.int64)
+    start = np.zeros(top + 2, dtype=np.int64)
+    for j in range(size):
+        start[keys[j] + 1] += 1
+    for k in range(top + 1):
+        start[k + 1] += start[k]
+    order = np.empty(size, dtype=np.int64)
+    for j in range(size):
+        order[start[keys[j]]] = j
+        start[keys[j]] += 1
+    return order
+
+
+@_jit
+def _group_by_domain(members: I64, domain: I32) -> tuple[I64, I64]:
+    """(members regrouped by ascending domain id, start of each group plus the end)."""
+    keys = np.empty(members.shape[0], dtype=np.int64)
+    for j in range(members.shape[0]):
+        keys[j] = domain[members[j]]
+    order = _stable_order(keys)
+    starts = np.empty(members.shape[0] + 1, dtype=np.int64)
+    n_groups = 0
+    for j in range(order.shape[0]):
+        if j == 0 or keys[order[j]] != keys[order[j - 1]]:
+            starts[n_groups] = j
+            n_groups += 1
+    starts[n_groups] = members.shape[0]
+    return members[order], starts[: n_groups + 1]
+
+
+@_jit
+def _demand(tasks: TaskArrays) -> I64:
+    """Prefix sums (T + 1 rows) of what the first t tasks need at the very least."""
+    t_cpu, t_mem, t_gpus, t_milli, _ = tasks
+    out = np.zeros((t_cpu.shape[0] + 1, DEMAND_COLUMNS), dtype=np.int64)
+    for t in range(t_cpu.shape[0]):
+        gpus = int(t_gpus[t])
+        whole = gpus > 0 and int(t_milli[t]) == FULL_GPU
+        out[t + 1] = out[t]
+        out[t + 1, DEMAND_CPU] += max(int(t_cpu[t]), 0)
+        out[t + 1, DEMAND_MEM] += max(int(t_mem[t]), 0)
+        out[t + 1, DEMAND_MILLI] += max(gpus, 0) * max(int(t_milli[t]), 0)
+        out[t + 1, DEMAND_WHOLE_GPUS] += gpus if whole else 0
+        out[t + 1, DEMAND_WHOLE_TASKS] += 1 if whole else 0
+    return out
+
+
+@_jit
+def _whole_min(tasks: TaskArrays) -> int:
+    """Fewest GPUs any whole-GPU task of the gang asks for (0 when there is none)."""
+    _, _, t_gpus, t_milli, _ = tasks
+    least = 0
+    for t in range(t_gpus.shape[0]):
+        gpus = int(t_gpus[t])
+        if gpus > 0 and int(t_milli[t]) == FULL_GPU and (least == 0 or gpus < least):
+            least = gpus
+    return least
+
+
+@_jit
+def _domain_bound(group: I64, nodes: NodeArrays, demand: I64, whole_min: int) -> int:
+    """How many leading tasks the domain's free totals could host at most (a sound bound)."""
+    cpu_free, mem_free, gpu_free, gpu_count, _ = nodes
+    have = np.zeros(DEMAND_COLUMNS, dtype=np.int64)
+    for n in group:
+        have[DEMAND_CPU] += max(int(cpu_free[n]), 0)
+        have[DEMAND_MEM] += max(int(mem_free[n]), 0)
+        full = 0
+        for i in range(int(gpu_count[n])):
+            free = int(gpu_free[n, i])
+            have[DEMAND_MILLI] += max(free, 0)
+            full += 1 if free == FULL_GPU else 0
+        have[DEMAND_WHOLE_GPUS] += full
+        have[DEMAND_WHOLE_TASKS] += full // whole_min if whole_min > 0 else 0
+    bound = 0
+    while bound + 1 < demand.shape[0]:
+        for c in range(DEMAND_COLUMNS):
+            if demand[bound + 1, c] > have[c]:
+                return bound
+        bound += 1
+    return bound
+
+
+# ---------------------------------------------------------------- gangs: one domain
+
+
+@_jit
+def _workspace(starts: I64, n_tasks: int) -> Work:
+    largest = 0
+    for d in range(starts.shape[0] - 1):
+        largest = max(largest, starts[d + 1] - starts[d])
+    return (
+        np.full(largest, -1, dtype=np.int64), np.empty(n_tasks, dtype=np.int64),
+        np.empty(n_tasks, dtype=np.int64), np.empty(n_tasks, dtype=np.int64),
+        np.empty((n_tasks, MAX_GPUS), dtype=np.int16),
+        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64), np.empty(n_tasks, dtype=np.uint64),
+        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64), np.empty(n_tasks, dtype=np.uint64),
+        np.full(n_tasks, NO_NODE, dtype=np.int64), np.zeros(n_tasks, dtype=np.uint64),
+        np.zeros(1, dtype=np.int64),
+    )
+
+
+@_jit
+def _eval_local(
+    j: int, group: I64, nodes: NodeArrays, work: Work, task: Task, use_fgd: bool, shapes: I64
+) -> Eval:
+    """Evaluate the domain's ``j``-th node on its local copy when it was touched, else in place."""
+    slot = work[0][j]
+    n = int(group[j])
+    if slot < 0:
+        return _eval_node(n, nodes, task, use_fgd, shapes)
+    _, _, _, gpu_count, node_model = nodes
+    return _eval(
+        int(work[2][slot]), int(work[3][slot]), work[4][slot], int(gpu_count[n]), int(node_model[n]),
+        task, use_fgd, shapes,
+    )
+
+
+@_jit
+def _touch(j: int, group: I64, nodes: NodeArrays, work: Work) -> int:
+    """The local copy (slot) of the domain's ``j``-th node, made on first touch."""
+    slot_of, slot_node, slot_cpu, slot_mem, slot_gpu = work[0], work[1], work[2], work[3], work[4]
+    if slot_of[j] >= 0:
+        return int(slot_of[j])
+    cpu_free, mem_free, gpu_free, gpu_count, _ = nodes
+    meta = work[11]
+    slot = int(meta[0])
+    meta[0] = slot + 1
+    n = group[j]
+    slot_of[j] = slot
+    slot_node[slot] = j
+    slot_cpu[slot] = cpu_free[n]
+    slot_mem[slot] = mem_free[n]
+    for i in range(int(gpu_count[n])):
+        slot_gpu[slot, i] = gpu_free[n, i]
+    return slot
+
+
+@_jit
+def _forget_touched(work: Work) -> None:
+    slot_of, slot_node, meta = work[0], work[1], work[11]
+    for slot in range(int(meta[0])):
+        slot_of[slot_node[slot]] = -1
+    meta[0] = 0
+
+
+@_jit
+def _rank_insert(
+    ranked: I64, masks: U64, size: int, cap: int, row: I64, mask: np.uint64, node_of: I64
+) -> int:
+    """Insert ``row`` (local, primary, secondary, 0) into the sorted list of at most ``cap``; new size."""
+    n = node_of[row[RANK_LOCAL]]
+    pos = size
+    while pos > 0:
+        prev = ranked[pos - 1]
+        if not _better(row[RANK_PRIMARY], row[RANK_SECONDARY], n, prev[RANK_PRIMARY],
+                       prev[RANK_SECONDARY], node_of[prev[RANK_LOCAL]]):
+            break
+        pos -= 1
+    if pos >= cap:
+        return size
+    last = min(size, cap - 1)
+    for k in range(last, pos, -1):
+        ranked[k] = ranked[k - 1]
+        masks[k] = masks[k - 1]
+    ranked[pos] = row
+    masks[pos] = mask
+    return min(size + 1, cap)
+
+
+@_jit
+def _collect_top(
+    group: I64, nodes: NodeArrays, work: Work, task: Task, cap: int, use_fgd: bool, shapes: I64
+) -> int:
+    """Fill the top list with the ``cap`` best feasible nodes of the domain; its size."""
+    top, top_mask = work[5], work[6]
+    row = np.zeros(RANK_COLUMNS, dtype=np.int64)
+    size = 0
+    for j in range(group.shape[0]):
+        ok, mask, primary, secondary = _eval_local(j, group, nodes, work, task, use_fgd, shapes)
+        if not ok:
+            continue
+        if size == cap and not _better(primary, secondary, group[j], top[size - 1, RANK_PRIMARY],
+                                       top[size - 1, RANK_SECONDARY], group[top[size - 1, RANK_LOCAL]]):
+            continue
+        row[RANK_LOCAL] = j
+        row[RANK_PRIMARY] = primary
+        row[RANK_SECONDARY] = secondary
+        size = _rank_insert(top, top_mask, size, cap, row, mask, group)
+    return size
+
+
+@_jit
+def _choose(group: I64, work: Work, n_top: int, n_dirty: int) -> tuple[int, int]:
+    """(source, entry) of the best node now: the best untaken top entry or a touched node."""
+    top, dirty = work[5], work[7]
+    source, entry, best_p, best_s, best = FROM_NONE, -1, 0, 0, NO_NODE
+    for k in range(n_top):
+        if top[k, RANK_FLAG] == 0:
+            source, entry = FROM_TOP, k
+            best_p, best_s, best = top[k, RANK_PRIMARY], top[k, RANK_SECONDARY], group[top[k, RANK_LOCAL]]
+            break
+    for k in range(n_dirty):
+        n = group[dirty[k, RANK_LOCAL]]
+        if dirty[k, RANK_FLAG] != 0 and _better(dirty[k, RANK_PRIMARY], dirty[k, RANK_SECONDARY], n,
+                                                 best_p, best_s, best):
+            source, entry = FROM_DIRTY, k
+            best_p, best_s, best = dirty[k, RANK_PRIMARY], dirty[k, RANK_SECONDARY], n
+    return source, entry
+
+
+@_jit
+def _same_task(tasks: TaskArrays, a: int, b: int) -> bool:
+    t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
+    return bool(
+        t_cpu[a] == t_cpu[b] and t_mem[a] == t_mem[b] and t_gpus[a] == t_gpus[b]
+        and t_milli[a] == t_milli[b] and t_models[a] == t_models[b]
+    )
+
+
+@_jit
+def _task_at(tasks: TaskArrays, t: int) -> Task:
+    t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
+    return _task(t_cpu[t], t_mem[t], t_gpus[t], t_milli[t], t_models[t])
+
+
+@_jit
+def _commit(j: int, mask: np.uint64, task: Task, t: int, group: I64, nodes: NodeArrays, work: Work) -> None:
+    """Place task ``t`` on the domain's ``j``-th node: local copy and the run's result."""
+    cpu, mem, _, milli, _ = task
+    slot = _touch(j, group, nodes, work)
+    allocate(slot, mask, cpu, mem, milli, work[2], work[3], work[4], -1)
+    work[9][t] = group[j]
+    work[10][t] = mask
+
+
+@_jit
+def _place_run(
+    group: I64, nodes: NodeArrays, tasks: TaskArrays, start: int, end: int, use_fgd: bool, shapes: I64,
+    work: Work,
+) -> tuple[int, int, int]:
+    """Place the equal tasks ``start..end-1``; (how many were placed, primary sum, secondary sum).
+
+    Scores depend only on a node's own state, so one pass ranks the untouched nodes for the
+    whole run; after that only the node just placed on is evaluated again.
+    """
+    top, top_mask, dirty, dirty_mask = work[5], work[6], work[7], work[8]
+    task = _task_at(tasks, start)
+    n_top = _collect_top(group, nodes, work, task, end - start, use_fgd, shapes)
+    top[:n_top, RANK_FLAG] = 0
+    n_dirty, total_p, total_s = 0, 0, 0
+    for t in range(start, end):
+        source, k = _choose(group, work, n_top, n_dirty)
+        if source == FROM_NONE:
+            return t - start, total_p, total_s
+        if source == FROM_TOP:
+            top[k, RANK_FLAG] = 1
+            dirty[n_dirty] = top[k]
+            dirty_mask[n_dirty] = top_mask[k]
+            k = n_dirty
+            n_dirty += 1
+        j = int(dirty[k, RANK_LOCAL])
+        total_p += dirty[k, RANK_PRIMARY]
+        total_s += dirty[k, RANK_SECONDARY]
+        _commit(j, dirty_mask[k], task, t, group, nodes, work)
+        ok, mask, primary, secondary = _eval_local(j, group, nodes, work, task, use_fgd, shapes)
+        dirty[k, RANK_PRIMARY] = primary
+        dirty[k, RANK_SECONDARY] = secondary
+        dirty[k, RANK_FLAG] = 1 if ok else 0
+        dirty_mask[k] = mask
+    return end - start, total_p, total_s
+
+
+@_jit
+def _place_in_domain(
+    group: I64, nodes: NodeArrays, tasks: TaskArrays, use_fgd: bool, shapes: I64, work: Work
+) -> tuple[int, int, int]:
+    """Place the tasks in order, each on its best node of ``group``; (placed, primary, secondary)."""
+    n_tasks = tasks[0].shape[0]
+    placed, total_p, total_s = 0, 0, 0
+    while placed < n_tasks:
+        end = placed + 1
+        while end < n_tasks and _same_task(tasks, placed, end):
+            end += 1
+        done, primary, secondary = _place_run(group, nodes, tasks, placed, end, use_fgd, shapes, work)
+        placed += done
+        total_p += primary
+        total_s += secondary
+        if placed < end:
+            break
+    _forget_touched(work)
+    return placed, total_p, total_s
+
+
+# ---------------------------------------------------------------- gangs: all domains
+
+
+@_jit
+def _search_domains(
+    grouped: I64, starts: I64, domain: I32, nodes: NodeArrays, tasks: TaskArrays, use_fgd: bool,
+    shapes: I64, out_node: I32, out_mask: U64,
+) -> tuple[int, int]:
+    n_tasks = tasks[0].shape[0]
+    n_dom = starts.shape[0] - 1
+    work = _workspace(starts, n_tasks)
+    demand = _demand(tasks)
+    whole_min = _whole_min(tasks)
+    best_dom, best_p, best_s, best_partial = NO_DOMAIN, 0, 0, 0
+    for d in range(n_dom):
+        group = grouped[starts[d] : starts[d + 1]]
+        if n_dom > 1:
+            bound = _domain_bound(group, nodes, demand, whole_min)
+            if bound < n_tasks and (best_dom != NO_DOMAIN or bound <= best_partial):
+                continue
+        placed, primary, secondary = _place_in_domain(group, nodes, tasks, use_fgd, shapes, work)
+        if placed < n_tasks:
+            best_partial = max(best_partial, placed)
+        elif best_dom == NO_DOMAIN or primary < best_p or (primary == best_p and secondary < best_s):
+            best_dom, best_p, best_s = int(domain[group[0]]), primary, secondary
+            out_node[:] = work[9]
+            out_mask[:] = work[10]
+    if best_dom == NO_DOMAIN:
+        return NO_DOMAIN, best_partial
+    return best_dom, n_tasks
+
+
+@_jit
+def place_gang(
+    cands: I64, domain: I32, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
+    t_cpu: I64, t_mem: I64, t_gpus: I32, t_milli: I32, t_models: U64, policy: int, shapes: I64,
+    out_node: I32, out_mask: U64,
+) -> tuple[int, int]:
+    """Place all tasks of a gang in one domain, or none; the inputs are not modified.
+
+    Domains are tried in ascending id; in each, tasks go in the order given, each on its best
+    node by ``policy`` against local copies of the touched nodes. The successful domain with
+    the lowest summed (primary, secondary) score wins (tie: lowest id): ``out_node``/``out_mask``
+    receive its placement and ``(domain id, T)`` is returned. Otherwise ``(-1, best_partial)``:
+    the most leading tasks that fit in any one domain, and ``out_node`` = -1, ``out_mask`` = 0.
+    """
+    out_node[:] = NO_NODE
+    out_mask[:] = _ZERO
+    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    tasks = (t_cpu, t_mem, t_gpus, t_milli, t_models)
+    members = _distinct_in_domains(cands, domain, cpu_free.shape[0])
+    grouped, starts = _group_by_domain(members, domain)
+    return _search_domains(
+        grouped, starts, domain, nodes, tasks, _uses_fgd(policy, shapes), shapes, out_node, out_mask
+    )

@@ -1,0 +1,206 @@
+"""The placement kernels in plain Python: the readable definition ``kernels.py`` must match.
+
+Same functions, same arguments, same results as ``fleetlog.core.kernels`` (see its docstring
+for the data layout and the score format), written for clarity, not speed: no caching, no
+pruning, full copies of the state per domain.
+"""
+
+# ruff: noqa: PLR0917  (the same positional signatures as the numba kernels)
+from __future__ import annotations
+
+import numpy as np
+
+from fleetlog.core.kernels import (
+    BEST_FIT,
+    CPU_TIEBREAK_CAP,
+    FGD,
+    FULL_GPU,
+    GPU_LEFT_UNIT,
+    GPU_NODE_PENALTY,
+    I16,
+    I32,
+    I64,
+    MAX_GPUS,
+    NO_DOMAIN,
+    NO_NODE,
+    U64,
+)
+
+__all__ = [
+    "BEST_FIT", "FGD", "allocate", "best_node", "fits", "fragmentation", "node_score", "pick_gpus",
+    "place_gang",
+]
+
+Score = tuple[int, int]
+
+
+def _frees(row: I16, count: int) -> list[int]:
+    return [int(row[i]) for i in range(int(count))]
+
+
+def _pick(frees: list[int], gpus: int, milli: int) -> int:
+    """``pick_gpus`` over a list of free shares."""
+    if gpus <= 0 or gpus > len(frees):
+        return 0
+    if milli == FULL_GPU:
+        chosen = [i for i, free in enumerate(frees) if free == FULL_GPU][:gpus]
+    else:
+        tightest_first = sorted((free, i) for i, free in enumerate(frees) if free >= milli)
+        chosen = [i for _, i in tightest_first[:gpus]]
+    if len(chosen) < gpus:
+        return 0
+    return sum(1 << i for i in chosen)
+
+
+def pick_gpus(gpu_free_row: I16, count: int, gpus: int, milli: int) -> np.uint64:
+    """Bitmask of the GPUs the task takes (0: does not fit, or a CPU-only task)."""
+    return np.uint64(_pick(_frees(gpu_free_row, count), int(gpus), int(milli)))
+
+
+def _model_ok(models: int, model: int) -> bool:
+    return bool(models == 0 or (model >= 0 and (models >> model) & 1 == 1))
+
+
+def fits(
+    n: int, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
+    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64,
+) -> bool:
+    if int(cpu_free[n]) < int(cpu) or int(mem_free[n]) < int(mem):
+        return False
+    if int(gpus) == 0:
+        return True
+    if not _model_ok(int(models), int(node_model[n])):
+        return False
+    return pick_gpus(gpu_free[n], int(gpu_count[n]), int(gpus), int(milli)) != 0
+
+
+def _shape_frag(frees: list[int], cpu_avail: int, gpus: int, milli: int, cpu: int) -> int:
+    """Free GPU milli on the node that a task of this shape could not use."""
+    shape_fits = cpu <= cpu_avail and (gpus <= 0 or _pick(frees, gpus, milli) != 0)
+    if not shape_fits:
+        return sum(frees)
+    if gpus <= 0:
+        return 0
+    if milli == FULL_GPU:
+        return sum(free for free in frees if 0 < free < FULL_GPU)
+    return sum(free for free in frees if free < milli)
+
+
+def _node_frag(frees: list[int], cpu_avail: int, shapes: I64) -> int:
+    """F(node) = sum over shapes of weight * frag."""
+    total = 0
+    for gpus, milli, cpu, weight in shapes.tolist():
+        if weight != 0:
+            total += weight * _shape_frag(frees, cpu_avail, gpus, milli, cpu)
+    return total
+
+
+def fragmentation(cands: I64, cpu_free: I64, gpu_free: I16, gpu_count: I32, shapes: I64) -> int:
+    return sum(
+        _node_frag(_frees(gpu_free[n], gpu_count[n]), int(cpu_free[n]), shapes) for n in cands.tolist()
+    )
+
+
+def _best_fit(frees: list[int], cpu_left: int, gpus: int, milli: int) -> int:
+    cpu_term = min(cpu_left, CPU_TIEBREAK_CAP)
+    if gpus > 0:
+        gpu_left = sum(frees) - gpus * milli
+        return gpu_left * GPU_LEFT_UNIT + cpu_term
+    has_free_gpu = len(frees) > 0 and sum(frees) > 0
+    return (GPU_NODE_PENALTY if has_free_gpu else 0) + cpu_term
+
+
+def _uses_fgd(policy: int, shapes: I64) -> bool:
+    return policy == FGD and shapes.shape[0] > 0 and int(shapes[:, 3].sum()) > 0
+
+
+def node_score(
+    n: int, cpu_free: I64, gpu_free: I16, gpu_count: I32,
+    cpu: int, gpus: int, milli: int, policy: int, shapes: I64,
+) -> Score:
+    """(primary, secondary): BEST_FIT is (0, best fit); FGD is (F(after) - F(before), best fit)."""
+    cpu, gpus, milli = int(cpu), int(gpus), int(milli)
+    before = _frees(gpu_free[n], gpu_count[n])
+    cpu_avail = int(cpu_free[n])
+    secondary = _best_fit(before, cpu_avail - cpu, gpus, milli)
+    if not _uses_fgd(policy, shapes):
+        return 0, secondary
+    mask = _pick(before, gpus, milli)
+    after = [free - milli if mask >> i & 1 else free for i, free in enumerate(before)]
+    increase = _node_frag(after, cpu_avail - cpu, shapes) - _node_frag(before, cpu_avail, shapes)
+    return increase, secondary
+
+
+def best_node(
+    cands: I64, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
+    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64, policy: int, shapes: I64,
+) -> int:
+    """The feasible candidate with the lowest (primary, secondary, node index), or -1."""
+    ranked = []
+    for n in cands.tolist():
+        if fits(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, cpu, mem, gpus, milli, models):
+            score = node_score(n, cpu_free, gpu_free, gpu_count, cpu, gpus, milli, policy, shapes)
+            ranked.append((*score, n))
+    return min(ranked)[2] if ranked else NO_NODE
+
+
+def allocate(
+    n: int, mask: np.uint64, cpu: int, mem: int, milli: int,
+    cpu_free: I64, mem_free: I64, gpu_free: I16, sign: int,
+) -> None:
+    cpu_free[n] += sign * int(cpu)
+    mem_free[n] += sign * int(mem)
+    for i in range(MAX_GPUS):
+        if int(mask) >> i & 1:
+            gpu_free[n, i] += sign * int(milli)
+
+
+def _place_in_domain(
+    members: list[int], state: tuple[I64, I64, I16, I32, I32], tasks: list[tuple[int, int, int, int, int]],
+    policy: int, shapes: I64,
+) -> tuple[int, Score, list[tuple[int, int]]]:
+    """Place tasks in order on copies of the state: (placed, summed score, [(node, mask)])."""
+    cpu_free, mem_free, gpu_free = state[0].copy(), state[1].copy(), state[2].copy()
+    gpu_count, node_model = state[3], state[4]
+    cands = np.array(members, dtype=np.int64)
+    placement: list[tuple[int, int]] = []
+    total_p = total_s = 0
+    for cpu, mem, gpus, milli, models in tasks:
+        n = best_node(cands, cpu_free, mem_free, gpu_free, gpu_count, node_model,
+                      cpu, mem, gpus, milli, np.uint64(models), policy, shapes)
+        if n == NO_NODE:
+            break
+        primary, secondary = node_score(n, cpu_free, gpu_free, gpu_count, cpu, gpus, milli, policy, shapes)
+        total_p, total_s = total_p + primary, total_s + secondary
+        mask = pick_gpus(gpu_free[n], int(gpu_count[n]), gpus, milli)
+        allocate(n, mask, cpu, mem, milli, cpu_free, mem_free, gpu_free, -1)
+        placement.append((n, int(mask)))
+    return len(placement), (total_p, total_s), placement
+
+
+def place_gang(
+    cands: I64, domain: I32, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
+    t_cpu: I64, t_mem: I64, t_gpus: I32, t_milli: I32, t_models: U64, policy: int, shapes: I64,
+    out_node: I32, out_mask: U64,
+) -> tuple[int, int]:
+    """All tasks in one domain or none: (domain id, T) or (-1, most leading tasks any domain fits)."""
+    out_node[:] = NO_NODE
+    out_mask[:] = 0
+    state = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    tasks = list(zip(t_cpu.tolist(), t_mem.tolist(), t_gpus.tolist(), t_milli.tolist(), t_models.tolist(),
+                     strict=True))
+    domain_of = {n: int(domain[n]) for n in cands.tolist() if int(domain[n]) >= 0}
+    best: tuple[Score, int, list[tuple[int, int]]] | None = None
+    best_partial = 0
+    for d in sorted(set(domain_of.values())):
+        members = sorted(n for n, dom in domain_of.items() if dom == d)
+        placed, score, placement = _place_in_domain(members, state, tasks, policy, shapes)
+        best_partial = max(best_partial, placed)
+        if placed == len(tasks) and (best is None or score < best[0]):
+            best = (score, d, placement)
+    if best is None:
+        return NO_DOMAIN, best_partial
+    for t, (n, mask) in enumerate(best[2]):
+        out_node[t] = n
+        out_mask[t] = mask
+    return best[1], len(tasks)

@@ -1,0 +1,76 @@
+"""Builders for core tests: nodes, jobs, quotas, and a driver that folds, decides and checks."""
+
+from __future__ import annotations
+
+from fleetlog.core.decide import decide
+from fleetlog.core.digest import digest
+from fleetlog.core.fold import fold
+from fleetlog.core.invariants import check
+from fleetlog.core.policy import Policy
+from fleetlog.core.state import CoreConfig, State
+from fleetlog.events import (
+    DecisionBatch,
+    Event,
+    JobPending,
+    JobPlaced,
+    JobSubmitted,
+    NodeHeartbeat,
+    QuotaSet,
+    Resources,
+    TaskGroup,
+)
+from fleetlog.events.model import Decision, TopologyLevel
+
+
+def node(name: str, gpus: int = 8, model: str = "A100", cell: str = "c1", rack: str = "r1", block: str = "b1",
+         cpu: int = 96_000, mem: int = 786_432, healthy: bool = True) -> NodeHeartbeat:
+    return NodeHeartbeat(cell=cell, node=name, cpu_milli=cpu, mem_mib=mem, gpu_count=gpus,
+                         gpu_model=model if gpus else "", topology=(block, rack, name), healthy=healthy)
+
+
+def job(job_id: str, tenant: str = "t1", tasks: int = 1, gpus: int = 1, milli: int = 1000, cpu: int = 1000,
+        mem: int = 1024, priority: int = 0, topology: TopologyLevel | None = None, models: tuple[str, ...] = (),
+        cells: tuple[str, ...] = (), expected_ms: int | None = None) -> JobSubmitted:
+    return JobSubmitted(job_id=job_id, tenant=tenant, priority=priority, required_topology=topology,
+                        allowed_cells=cells, expected_duration_ms=expected_ms,
+                        task_groups=(TaskGroup(count=tasks, cpu_milli=cpu, mem_mib=mem, gpu_count=gpus,
+                                               gpu_milli=milli if gpus else 0, gpu_models=models),))
+
+
+def quota(tenant: str, gpus: int, cohort: str = "", borrow: int | None = None, weight: int = 1000) -> QuotaSet:
+    big = 1 << 39
+    return QuotaSet(tenant=tenant, cohort=cohort, weight_milli=weight,
+                    nominal=Resources(cpu_milli=big, mem_mib=big, gpu_milli=gpus * 1000),
+                    borrowing_limit=None if borrow is None else Resources(cpu_milli=big, mem_mib=big,
+                                                                          gpu_milli=borrow * 1000))
+
+
+class Driver:
+    """Folds inputs at 1 ms steps of log time, decides, folds the batch, checks invariants."""
+
+    def __init__(self, policy: Policy | None = None, config: CoreConfig | None = None) -> None:
+        self.state = State(config)
+        self.policy = policy or Policy()
+        self.now_ms = 1_000
+        self.batches: list[DecisionBatch] = []
+
+    def feed(self, *events: Event, step_ms: int = 1) -> None:
+        for event in events:
+            self.now_ms += step_ms
+            fold(self.state, event, self.now_ms)
+            check(self.state)
+
+    def decide(self) -> list[Decision]:
+        decisions = decide(self.state, self.policy)
+        batch = DecisionBatch(as_of=self.state.offset, digest=digest(self.state), decisions=tuple(decisions),
+                              policy=self.policy.name)
+        self.batches.append(batch)
+        fold(self.state, batch, self.now_ms)
+        check(self.state)
+        return decisions
+
+    def placed(self, decisions: list[Decision]) -> dict[str, JobPlaced]:
+        return {d.job_id: d for d in decisions if isinstance(d, JobPlaced)}
+
+    def reasons(self, decisions: list[Decision]) -> dict[str, str]:
+        return {d.job_id: d.reason for d in decisions if isinstance(d, JobPending)}
