@@ -71,7 +71,7 @@ def fits(
         return True
     if not _model_ok(int(models), int(node_model[n])):
         return False
-    return pick_gpus(gpu_free[n], int(gpu_count[n]), int(gpus), int(milli)) != 0
+    return bool(pick_gpus(gpu_free[n], int(gpu_count[n]), int(gpus), int(milli)) != 0)
 
 
 def _shape_frag(frees: list[int], cpu_avail: int, gpus: int, milli: int, cpu: int) -> int:

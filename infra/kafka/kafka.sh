@@ -163,7 +163,12 @@ start() {
   port_open "$PORT" && die "port $PORT is already in use by another process"
   port_open "$CONTROLLER_PORT" && die "controller port $CONTROLLER_PORT is already in use"
   fetch
-  ((fresh)) && rm -rf "$DIR"
+  if ((fresh)) && [[ -d "$DIR" ]]; then
+    # Wipe only a directory this script made (or an empty one), never an arbitrary path.
+    [[ -f "$DIR/server.properties" || -z "$(ls -A "$DIR")" ]] \
+      || die "--fresh refuses to wipe $DIR: it holds no server.properties written by kafka.sh"
+    rm -rf "$DIR"
+  fi
   mkdir -p "$DIR"
   : >"$LOG_FILE"
   write_log_config

@@ -1,0 +1,134 @@
+"""Core speed: fold and decide, against the pure-Python kernel reference in the same run.
+
+    python -m benchmarks.core --json [--quick]
+
+- ``fold_heartbeat_mix_events_per_s``: fold of a heartbeat-heavy stream (90% heartbeats of
+  known nodes, 10% job submissions) on a 10,000-node fleet;
+- ``decide_single_per_s``: single-task placements per second (1-GPU tasks) at N nodes, for
+  N in 1k / 10k / 100k (10k / 1k for --quick), with best-fit and FGD scoring;
+- ``decide_gang_per_s``: gangs of 8 tasks x 8 GPUs in one rack, placed per second at 10k nodes;
+- ``decide_pending_100k_s``: one decide over 100,000 pending jobs on a full 1k-node fleet
+  (the failed-shape cache at work);
+- ``bytes_per_node``, ``bytes_per_pending_job``: state memory (numpy columns; interned names
+  and Python-side dicts are counted separately as ``python_bytes_per_job``);
+- ``reference_single_per_s``: the same single-task decide with the pure-Python kernels
+  (``fleetlog.core.kernels_ref``) at 1k nodes, and the numba speed-up over it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from benchmarks.common import emit, machine, parse
+from fleetlog.core import decide as decide_mod
+from fleetlog.core import kernels, kernels_ref
+from fleetlog.core.decide import decide
+from fleetlog.core.fold import fold
+from fleetlog.core.policy import Policy
+from fleetlog.core.state import State
+from fleetlog.events import Event, JobSubmitted, NodeHeartbeat, TaskGroup
+
+
+def fleet(n: int) -> Iterator[NodeHeartbeat]:
+    for i in range(n):
+        yield NodeHeartbeat(cell="c1", node=f"n{i:06d}", cpu_milli=96_000, mem_mib=786_432, gpu_count=8,
+                            gpu_model="A100", topology=(f"b{i // 512}", f"r{i // 16}", f"n{i:06d}"))
+
+
+def jobs(count: int, tasks: int, gpus: int, topology: bool, prefix: str = "j") -> Iterator[JobSubmitted]:
+    for i in range(count):
+        yield JobSubmitted(job_id=f"{prefix}{i}", tenant=f"t{i % 4}", required_topology="rack" if topology else None,
+                           task_groups=(TaskGroup(count=tasks, cpu_milli=4000 * gpus, mem_mib=8192 * gpus,
+                                                  gpu_count=gpus, gpu_milli=1000),))
+
+
+def state_with(nodes: int, events: Iterator[Event]) -> State:
+    state = State()
+    t = 1
+    for e in (*fleet(nodes), *events):
+        fold(state, e, t)
+    return state
+
+
+def time_decide(state: State, policy: Policy) -> tuple[float, int]:
+    start = time.perf_counter()
+    decisions = decide(state, policy)
+    return time.perf_counter() - start, len(decisions)
+
+
+def bench_fold(quick: bool) -> dict[str, Any]:
+    state = state_with(10_000, iter(()))
+    n = 200_000 if quick else 1_000_000
+    beats = list(fleet(10_000))
+    stream: list[Event] = [beats[i % 10_000] if i % 10 else
+                           JobSubmitted(job_id=f"f{i}", tenant="t", task_groups=(TaskGroup(count=1, cpu_milli=1,
+                                                                                            mem_mib=1),))
+                           for i in range(n)]
+    start = time.perf_counter()
+    for i, e in enumerate(stream):
+        fold(state, e, 10 + i // 100)
+    return {"fold_heartbeat_mix_events_per_s": n / (time.perf_counter() - start)}
+
+
+def bench_single(nodes: int, scoring: str) -> float:
+    count = min(nodes * 8, 20_000)
+    state = state_with(nodes, jobs(count, 1, 1, False))
+    elapsed, made = time_decide(state, Policy(scoring=scoring))  # type: ignore[arg-type]
+    assert made >= count, (made, count)
+    return count / elapsed
+
+
+def bench_gang(nodes: int) -> float:
+    count = nodes // 8 // 2
+    state = state_with(nodes, jobs(count, 8, 8, True))
+    elapsed, made = time_decide(state, Policy(scoring="best-fit"))
+    assert made == count
+    return count / elapsed
+
+
+def bench_pending(quick: bool) -> dict[str, Any]:
+    count = 20_000 if quick else 100_000
+    state = state_with(1_000, jobs(count, 1, 8, False))
+    first, _ = time_decide(state, Policy())
+    nodes_b = state.nodes.nbytes() / max(1, state.nodes.size)
+    job_b = (state.jobs.nbytes() + state.tasks.nbytes()) / max(1, state.jobs.size)
+    names = sum(sys.getsizeof(n) for n in state.names["job"].names) + sys.getsizeof(state.names["job"].ids)
+    return {f"decide_pending_{count // 1000}k_s": first, "bytes_per_node": nodes_b,
+            "bytes_per_pending_job": job_b, "python_bytes_per_job": names / max(1, state.jobs.size)}
+
+
+def bench_reference() -> dict[str, Any]:
+    fast = bench_single(1_000, "best-fit")
+    saved = decide_mod.kernels
+    decide_mod.kernels = kernels_ref  # type: ignore[assignment]
+    try:
+        state = state_with(1_000, jobs(2_000, 1, 1, False))
+        elapsed, _ = time_decide(state, Policy(scoring="best-fit"))
+    finally:
+        decide_mod.kernels = saved
+    slow = 2_000 / elapsed
+    return {"numba_single_1k_per_s": fast, "reference_single_1k_per_s": slow, "numba_speedup": fast / slow}
+
+
+def main() -> None:
+    args = parse(__doc__ or "")
+    bench_single(1_000, "fgd")  # warm the JIT caches
+    bench_gang(1_024)
+    result: dict[str, Any] = {"benchmark": "core", "quick": args.quick, **machine(), "kernels": kernels.__name__}
+    result |= bench_fold(args.quick)
+    sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    for n in sizes:
+        for scoring in ("best-fit", "fgd"):
+            result[f"decide_single_{scoring}_{n // 1000}k_nodes_per_s"] = bench_single(n, scoring)
+    for n in sizes:
+        result[f"decide_gang_8x8_rack_{n // 1000}k_nodes_per_s"] = bench_gang(n)
+    result |= bench_pending(args.quick)
+    result |= bench_reference()
+    emit(result, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""Placement kernels: numba == plain-Python reference on random clusters, plus clear cases.
+
+Run also with ``NUMBA_DISABLE_JIT=1`` (the numba kernels then run as Python).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleetlog.core import kernels as nb
+from fleetlog.core import kernels_ref as ref
+from fleetlog.core.kernels import BEST_FIT, FGD, FULL_GPU, MAX_GPUS
+
+Array = npt.NDArray[Any]
+POLICIES = (BEST_FIT, FGD)
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# ---------------------------------------------------------------- builders
+
+
+@dataclass
+class Cluster:
+    """The node arrays of the state, built node by node."""
+
+    cpu_free: list[int] = field(default_factory=list)
+    mem_free: list[int] = field(default_factory=list)
+    gpus: list[list[int]] = field(default_factory=list)
+    model: list[int] = field(default_factory=list)
+    domain: list[int] = field(default_factory=list)
+
+    def node(self, cpu: int = 64_000, mem: int = 256_000, gpus: tuple[int, ...] | int = (), model: int = 0,
+             domain: int = 0) -> Cluster:
+        """Add a node; ``gpus`` is the free milli per GPU, or a count of fully free GPUs."""
+        free = [FULL_GPU] * gpus if isinstance(gpus, int) else list(gpus)
+        self.cpu_free.append(cpu)
+        self.mem_free.append(mem)
+        self.gpus.append(free)
+        self.model.append(model if free else -1)
+        self.domain.append(domain)
+        return self
+
+    def arrays(self) -> tuple[Array, Array, Array, Array, Array]:
+        """(cpu_free, mem_free, gpu_free, gpu_count, node_model)."""
+        gpu_free = np.zeros((len(self.gpus), MAX_GPUS), dtype=np.int16)
+        for n, free in enumerate(self.gpus):
+            gpu_free[n, : len(free)] = free
+        return (np.array(self.cpu_free, dtype=np.int64), np.array(self.mem_free, dtype=np.int64), gpu_free,
+                np.array([len(g) for g in self.gpus], dtype=np.int32), np.array(self.model, dtype=np.int32))
+
+    def domains(self) -> Array:
+        return np.array(self.domain, dtype=np.int32)
+
+    def all(self) -> Array:
+        return np.arange(len(self.gpus), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Task:
+    cpu: int = 1000
+    mem: int = 1024
+    gpus: int = 0
+    milli: int = 0
+    models: int = 0
+
+    def args(self) -> tuple[int, int, int, int, np.uint64]:
+        return self.cpu, self.mem, self.gpus, self.milli, np.uint64(self.models)
+
+
+def gpu_task(gpus: int = 1, milli: int = FULL_GPU, cpu: int = 1000, mem: int = 1024, models: int = 0) -> Task:
+    return Task(cpu, mem, gpus, milli, models)
+
+
+def gang_arrays(tasks: list[Task]) -> tuple[Array, Array, Array, Array, Array]:
+    return (np.array([t.cpu for t in tasks], dtype=np.int64), np.array([t.mem for t in tasks], dtype=np.int64),
+            np.array([t.gpus for t in tasks], dtype=np.int32), np.array([t.milli for t in tasks], dtype=np.int32),
+            np.array([t.models for t in tasks], dtype=np.uint64))
+
+
+def shape_matrix(rows: list[tuple[int, int, int, int]]) -> Array:
+    return np.array(rows, dtype=np.int64).reshape(-1, 4)
+
+
+NO_SHAPES = shape_matrix([])
+
+
+def best(kernels: Any, cluster: Cluster, task: Task, policy: int = BEST_FIT, shapes: Array = NO_SHAPES,
+         cands: Array | None = None) -> int:
+    cands = cluster.all() if cands is None else cands
+    return int(kernels.best_node(cands, *cluster.arrays(), *task.args(), policy, shapes))
+
+
+def gang(kernels: Any, cluster: Cluster, tasks: list[Task], policy: int = BEST_FIT, shapes: Array = NO_SHAPES,
+         domains: Array | None = None) -> tuple[tuple[int, int], list[int], list[int]]:
+    """((domain, count), out_node, out_mask) of ``place_gang`` over every node of the cluster."""
+    out_node = np.zeros(len(tasks), dtype=np.int32)
+    out_mask = np.zeros(len(tasks), dtype=np.uint64)
+    domains = cluster.domains() if domains is None else domains
+    result = kernels.place_gang(cluster.all(), domains, *cluster.arrays(), *gang_arrays(tasks), policy, shapes,
+                                out_node, out_mask)
+    return (int(result[0]), int(result[1])), out_node.tolist(), [int(m) for m in out_mask.tolist()]
+
+
+def bits(*indices: int) -> int:
+    return sum(1 << i for i in indices)
+
+
+# ---------------------------------------------------------------- clear cases
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+@pytest.mark.parametrize(("free", "gpus", "milli", "expected"), [
+    ([1000, 600, 300], 1, 250, bits(2)),          # fractional: the tightest GPU that still fits
+    ([1000, 600, 300], 1, 400, bits(1)),
+    ([1000, 600, 600], 1, 500, bits(1)),          # tie: lowest index
+    ([1000, 600, 300], 1, 1000, bits(0)),
+    ([200, 100], 1, 300, 0),                      # no GPU has the share
+    ([900, 1000, 0, 1000], 2, 1000, bits(1, 3)),  # whole GPUs: only fully free ones, lowest index first
+    ([900, 1000, 0, 1000], 3, 1000, 0),
+    ([1000, 1000, 1000], 2, 1000, bits(0, 1)),
+    ([1000] * 64, 64, 1000, (1 << 64) - 1),
+    ([1000, 1000], 0, 0, 0),                      # CPU-only: no GPU taken
+    ([], 1, 500, 0),
+])
+def test_pick_gpus(kernels: Any, free: list[int], gpus: int, milli: int, expected: int) -> None:
+    row = np.zeros(MAX_GPUS, dtype=np.int16)
+    row[: len(free)] = free
+    assert int(kernels.pick_gpus(row, len(free), gpus, milli)) == expected
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_fractional_task_goes_to_the_tightest_gpu(kernels: Any) -> None:
+    cluster = Cluster().node(gpus=(1000, 1000, 1000)).node(gpus=(1000, 600, 300, 0))
+    assert gang(kernels, cluster, [gpu_task(milli=250)])[1:] == ([1], [bits(2)])   # least GPU left: node 1
+    assert gang(kernels, cluster, [gpu_task(milli=400)])[1:] == ([1], [bits(1)])
+    assert gang(kernels, cluster, [gpu_task(milli=700)])[1:] == ([1], [bits(0)])
+    twins = Cluster().node(gpus=(1000, 600, 300)).node(gpus=(1000, 600, 300))
+    assert best(kernels, twins, gpu_task(milli=250)) == 0                        # equal scores: lowest index
+    assert best(kernels, twins, gpu_task(milli=250), cands=np.array([1, 0], dtype=np.int64)) == 0
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_whole_gpu_task_takes_fully_free_gpus_only(kernels: Any) -> None:
+    cluster = Cluster().node(gpus=(999, 999, 999, 999)).node(gpus=(1000, 1000, 0, 0, 0, 0, 0, 500))
+    assert best(kernels, cluster, gpu_task(gpus=2)) == 1
+    assert best(kernels, cluster, gpu_task(gpus=3)) == -1
+    assert best(kernels, cluster, gpu_task(gpus=1, cpu=70_000)) == -1  # not enough cpu
+    assert best(kernels, cluster, gpu_task(gpus=1, mem=300_000)) == -1  # not enough memory
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_model_restriction(kernels: Any) -> None:
+    cluster = Cluster().node(gpus=1, model=1).node(gpus=2, model=2).node(gpus=4, model=-1).node(model=3)
+    assert best(kernels, cluster, gpu_task(models=bits(2))) == 1
+    assert best(kernels, cluster, gpu_task(models=bits(1, 2))) == 0          # tighter: 0 GPUs left on node 0
+    assert best(kernels, cluster, gpu_task(models=bits(3))) == -1            # node 3 has no GPUs
+    assert best(kernels, cluster, gpu_task(models=bits(63))) == -1
+    assert best(kernels, cluster, gpu_task(gpus=4)) == 2                     # any model, unknown included
+    assert best(kernels, cluster, gpu_task(gpus=4, models=bits(0, 1, 2))) == -1
+    arrays = cluster.arrays()
+    assert kernels.fits(2, *arrays, *gpu_task(gpus=4).args())
+    assert not kernels.fits(2, *arrays, *gpu_task(gpus=4, models=bits(0)).args())
+    assert kernels.fits(3, *arrays, *Task(models=bits(5)).args())            # CPU-only ignores models
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_cpu_only_task_prefers_nodes_without_free_gpus(kernels: Any) -> None:
+    cluster = (Cluster().node(cpu=2_000, gpus=8).node(cpu=64_000).node(cpu=32_000)
+               .node(cpu=16_000, gpus=(0, 0)).node(cpu=1_000))
+    assert best(kernels, cluster, Task(cpu=2_000)) == 3     # not node 0 (exact fit, but free GPUs)
+    assert best(kernels, cluster, Task(cpu=20_000)) == 2
+    assert best(kernels, cluster, Task(cpu=16_000)) == 3    # fully used GPUs: no penalty, exact fit
+    assert best(kernels, cluster, Task(cpu=40_000)) == 1
+    gpu_only = Cluster().node(cpu=64_000, gpus=2).node(cpu=8_000, gpus=8)
+    assert best(kernels, gpu_only, Task(cpu=4_000)) == 1    # then least cpu left
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_fgd_keeps_fully_free_gpus_whole(kernels: Any) -> None:
+    # node 0: one fully free GPU; node 1: a partly used GPU and two free ones.
+    cluster = Cluster().node(gpus=(1000,)).node(gpus=(400, 1000, 1000))
+    small = gpu_task(milli=300)
+    shapes = shape_matrix([(1, FULL_GPU, 1000, 10), (1, 300, 1000, 1)])
+    assert best(kernels, cluster, small, BEST_FIT, shapes) == 0    # best fit: least GPU left, breaks a GPU
+    assert best(kernels, cluster, small, FGD, shapes) == 1         # FGD: uses the partly used GPU
+    assert int(kernels.pick_gpus(cluster.arrays()[2][1], 3, 1, 300)) == bits(0)
+    arrays = cluster.arrays()
+    # node 0: F goes 0 -> 10 * 700 (+ 1 * 0): whole-GPU shapes no longer fit
+    assert tuple(kernels.node_score(0, arrays[0], arrays[2], arrays[3], 1000, 1, 300, FGD, shapes))[0] == 7000
+    # node 1: frag of whole shapes 400 -> 100, the 300-shape's 0 -> 100
+    assert tuple(kernels.node_score(1, arrays[0], arrays[2], arrays[3], 1000, 1, 300, FGD, shapes))[0] == -2900
+    assert best(kernels, cluster, small, FGD, NO_SHAPES) == 0     # no shapes: falls back to best fit
+    zero = shape_matrix([(1, FULL_GPU, 1000, 0)])
+    assert best(kernels, cluster, small, FGD, zero) == 0
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_fragmentation_report(kernels: Any) -> None:
+    cluster = Cluster().node(cpu=8_000, gpus=(1000, 500, 0)).node(cpu=500, gpus=(1000,)).node()
+    cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
+    shapes = shape_matrix([(1, FULL_GPU, 1000, 2), (1, 600, 0, 3), (0, 0, 1000, 1)])
+    # node 0: whole 1-GPU fits, 500 stranded (x2); 600-share fits, 500 stranded (x3); cpu-only fits: 0
+    # node 1: cpu 500 < 1000: whole and cpu-only shapes don't fit -> 1000 (x2); 600-share fits -> 0
+    #         and the cpu-only shape doesn't fit either -> 1000 (x1)
+    expected = 2 * 500 + 3 * 500 + 2 * 1000 + 1 * 1000
+    assert int(kernels.fragmentation(cluster.all(), cpu_free, gpu_free, gpu_count, shapes)) == expected
+
+
+def racks(*full_nodes: int, per_rack: int = 8, cpu: int = 64_000) -> Cluster:
+    """Racks of ``per_rack`` 8-GPU nodes, of which the first ``full_nodes[r]`` are fully free
+    (the others have one GPU partly used)."""
+    cluster = Cluster()
+    for rack, full in enumerate(full_nodes):
+        for i in range(per_rack):
+            cluster.node(cpu=cpu, gpus=8 if i < full else (1000,) * 7 + (500,), domain=rack)
+    return cluster
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_gang_of_eight_full_nodes_picks_the_rack_that_holds_it(kernels: Any) -> None:
+    cluster = racks(7, 8, 6)
+    (chosen, count), nodes, masks = gang(kernels, cluster, [gpu_task(gpus=8)] * 8)
+    assert (chosen, count) == (1, 8)
+    assert sorted(nodes) == list(range(8, 16))
+    assert masks == [0xFF] * 8
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_gang_prefers_the_tighter_rack_then_the_lowest_id(kernels: Any) -> None:
+    roomy = racks(8, 8, 8)
+    for n in range(16, 24):
+        roomy.cpu_free[n] = 10_000                                   # rack 2: least cpu left
+    assert gang(kernels, roomy, [gpu_task(gpus=8)] * 8)[0] == (2, 8)
+    assert gang(kernels, racks(8, 8), [gpu_task(gpus=8)] * 8)[0] == (0, 8)
+    excluded = racks(8, 8)
+    excluded.domain[:8] = [-1] * 8                                    # rack 0 is in no domain
+    assert gang(kernels, excluded, [gpu_task(gpus=8)] * 8)[0] == (1, 8)
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_infeasible_gang_reports_the_best_partial_fit(kernels: Any) -> None:
+    cluster = racks(3, 5, 2)
+    (chosen, count), nodes, masks = gang(kernels, cluster, [gpu_task(gpus=8)] * 8)
+    assert (chosen, count) == (-1, 5)
+    assert nodes == [-1] * 8
+    assert masks == [0] * 8
+    flat = np.zeros(len(cluster.domain), dtype=np.int32)             # no topology: one domain, 10 full nodes
+    assert gang(kernels, cluster, [gpu_task(gpus=8)] * 12, domains=flat)[0] == (-1, 10)
+    assert gang(kernels, cluster, [gpu_task(gpus=8)] * 10, domains=flat)[0] == (0, 10)
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_gang_tasks_may_share_a_node(kernels: Any) -> None:
+    cluster = Cluster().node(gpus=(1000, 1000, 1000, 1000)).node(gpus=(1000, 1000))
+    tasks = [gpu_task(gpus=2), gpu_task(gpus=1), gpu_task(milli=500), gpu_task(milli=500)]
+    (chosen, count), nodes, masks = gang(kernels, cluster, tasks)
+    assert (chosen, count) == (0, 4)
+    assert nodes == [1, 0, 0, 0]
+    assert masks == [bits(0, 1), bits(0), bits(1), bits(1)]
+
+
+# ---------------------------------------------------------------- random clusters
+
+SHARES = st.sampled_from([0, 0, 100, 250, 300, 500, 700, 1000, 1000, 1000])
+CPUS = st.sampled_from([0, 500, 1000, 2000, 4000, 8000, 16_000, 32_000, 64_000])
+MEMS = st.sampled_from([0, 1024, 4096, 16_384, 65_536, 262_144])
+MODEL_BITS = st.sampled_from([0, 0, bits(0), bits(1), bits(0, 2), bits(3), bits(63), bits(1, 2, 3)])
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> Cluster:
+    cluster = Cluster()
+    for _ in range(draw(st.integers(1, 30))):
+        free = draw(st.lists(SHARES | st.integers(0, 1000), max_size=8))
+        model = draw(st.integers(-1, 3)) if free else -1
+        cluster.node(draw(CPUS), draw(MEMS), tuple(free), model, draw(st.integers(-1, 3)))
+    if draw(st.booleans()):
+        cluster.domain = [0] * len(cluster.domain)
+    return cluster
+
+
+@st.composite
+def tasks(draw: st.DrawFn) -> Task:
+    cpu, mem = draw(st.sampled_from([0, 500, 1000, 4000, 16_000])), draw(st.sampled_from([0, 1024, 16_384]))
+    kind = draw(st.sampled_from(["cpu", "share", "whole"]))
+    if kind == "cpu":
+        return Task(cpu, mem)
+    if kind == "share":
+        return Task(cpu, mem, 1, draw(st.sampled_from([100, 250, 300, 500, 700, 999]) | st.integers(1, 1000)),
+                    draw(MODEL_BITS))
+    return Task(cpu, mem, draw(st.integers(1, 8)), FULL_GPU, draw(MODEL_BITS))
+
+
+@st.composite
+def shape_mixes(draw: st.DrawFn) -> Array:
+    rows = []
+    for _ in range(draw(st.integers(0, 6))):
+        task = draw(tasks())
+        rows.append((task.gpus, task.milli, task.cpu, draw(st.integers(0, 5))))
+    return shape_matrix(rows)
+
+
+@st.composite
+def gangs(draw: st.DrawFn) -> list[Task]:
+    """Runs of equal tasks (as real gangs are), sometimes mixed."""
+    out: list[Task] = []
+    for _ in range(draw(st.integers(0, 3))):
+        out += [draw(tasks())] * draw(st.integers(1, 4))
+    return out
+
+
+@st.composite
+def candidates(draw: st.DrawFn, size: int) -> Array:
+    """All nodes in some order, or a subset (with repeats)."""
+    if draw(st.booleans()):
+        return np.array(draw(st.permutations(range(size))), dtype=np.int64)
+    return np.array(draw(st.lists(st.integers(0, size - 1), max_size=2 * size)), dtype=np.int64)
+
+
+def snapshot(arrays: tuple[Array, ...]) -> list[Array]:
+    return [a.copy() for a in arrays]
+
+
+@PROPERTY
+@given(row=st.lists(SHARES | st.integers(0, 1000), max_size=MAX_GPUS), task=tasks())
+def test_pick_gpus_matches_reference(row: list[int], task: Task) -> None:
+    free = np.zeros(MAX_GPUS, dtype=np.int16)
+    free[: len(row)] = row
+    got = int(nb.pick_gpus(free, len(row), task.gpus, task.milli))
+    assert got == int(ref.pick_gpus(free, len(row), task.gpus, task.milli))
+    assert bin(got).count("1") in (0, task.gpus)
+    assert all(row[i] >= task.milli for i in range(len(row)) if got >> i & 1)
+
+
+@PROPERTY
+@given(cluster=clusters(), task=tasks(), shapes=shape_mixes(), data=st.data())
+def test_best_node_matches_reference(cluster: Cluster, task: Task, shapes: Array, data: st.DataObject) -> None:
+    arrays = cluster.arrays()
+    cands = data.draw(candidates(len(cluster.gpus)))
+    for n in range(len(cluster.gpus)):
+        feasible = nb.fits(n, *arrays, *task.args())
+        assert feasible == ref.fits(n, *arrays, *task.args())
+        for policy in POLICIES if feasible else ():
+            score = (arrays[0], arrays[2], arrays[3], task.cpu, task.gpus, task.milli, policy, shapes)
+            assert tuple(nb.node_score(n, *score)) == tuple(ref.node_score(n, *score))
+    for policy in POLICIES:
+        got = nb.best_node(cands, *arrays, *task.args(), policy, shapes)
+        assert got == ref.best_node(cands, *arrays, *task.args(), policy, shapes)
+        assert got == nb.best_node(cands[::-1].copy(), *arrays, *task.args(), policy, shapes)  # order-free
+        assert got == -1 or (got in cands.tolist() and nb.fits(got, *arrays, *task.args()))
+
+
+@PROPERTY
+@given(cluster=clusters(), shapes=shape_mixes(), data=st.data())
+def test_fragmentation_matches_reference(cluster: Cluster, shapes: Array, data: st.DataObject) -> None:
+    cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
+    cands = data.draw(candidates(len(cluster.gpus)))
+    got = nb.fragmentation(cands, cpu_free, gpu_free, gpu_count, shapes)
+    assert got == ref.fragmentation(cands, cpu_free, gpu_free, gpu_count, shapes)
+    assert got >= 0
+
+
+@PROPERTY
+@given(cluster=clusters(), gang_tasks=gangs(), shapes=shape_mixes(), policy=st.sampled_from(POLICIES),
+       data=st.data())
+def test_place_gang_matches_reference(cluster: Cluster, gang_tasks: list[Task], shapes: Array, policy: int,
+                                      data: st.DataObject) -> None:
+    cands, domains, arrays = data.draw(candidates(len(cluster.gpus))), cluster.domains(), cluster.arrays()
+    inputs = (cands, domains, *arrays, *gang_arrays(gang_tasks), shapes)
+    before = snapshot(inputs)
+    results = []
+    for kernels in (nb, ref):
+        out_node = np.full(len(gang_tasks), 7, dtype=np.int32)
+        out_mask = np.full(len(gang_tasks), 7, dtype=np.uint64)
+        chosen = kernels.place_gang(*inputs[:12], policy, shapes, out_node, out_mask)
+        results.append(((int(chosen[0]), int(chosen[1])), out_node.tolist(), out_mask.tolist()))
+        assert all(np.array_equal(a, b) for a, b in zip(before, inputs, strict=True))  # inputs untouched
+    assert results[0] == results[1]
+    (chosen, count), nodes, masks = results[0]
+    if chosen < 0:
+        assert count < len(gang_tasks) and nodes == [-1] * len(nodes) and masks == [0] * len(masks)
+        return
+    assert count == len(gang_tasks)
+    assert all(n in cands.tolist() and domains[n] == chosen for n in nodes)     # all in one domain
+    cpu_free, mem_free, gpu_free, gpu_count, _ = snapshot(arrays)
+    for n, mask, task in zip(nodes, masks, gang_tasks, strict=True):
+        assert nb.fits(n, cpu_free, mem_free, gpu_free, gpu_count, arrays[4], *task.args())
+        assert mask == int(nb.pick_gpus(gpu_free[n], int(gpu_count[n]), task.gpus, task.milli))
+        nb.allocate(n, np.uint64(mask), task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
+    assert (cpu_free >= 0).all() and (mem_free >= 0).all() and (gpu_free >= 0).all()   # no over-commit
+
+
+@PROPERTY
+@given(cluster=clusters(), task=tasks(), data=st.data())
+def test_allocate_takes_and_gives_back(cluster: Cluster, task: Task, data: st.DataObject) -> None:
+    arrays = cluster.arrays()
+    n = data.draw(st.integers(0, len(cluster.gpus) - 1))
+    count = int(arrays[3][n])
+    mask = nb.pick_gpus(arrays[2][n], count, task.gpus, task.milli)
+    states = {}
+    for name, kernels in (("numba", nb), ("ref", ref)):
+        cpu_free, mem_free, gpu_free = arrays[0].copy(), arrays[1].copy(), arrays[2].copy()
+        kernels.allocate(n, mask, task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
+        states[name] = snapshot((cpu_free, mem_free, gpu_free))
+        assert int(gpu_free[n].sum()) == int(arrays[2][n].sum()) - bin(int(mask)).count("1") * task.milli
+        kernels.allocate(n, mask, task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, 1)
+        assert all(np.array_equal(a, b) for a, b in zip((cpu_free, mem_free, gpu_free), arrays, strict=False))
+    assert all(np.array_equal(a, b) for a, b in zip(states["numba"], states["ref"], strict=True))
