@@ -73,6 +73,13 @@ class Scratch:
         self.failed: dict[tuple[object, ...], Outcome] = {}
         self.victims: set[int] = set()
         self.decisions: list[Decision] = []
+        self.node_names: dict[int, str] = {}
+
+    def node_name(self, row: int) -> str:
+        name = self.node_names.get(row)
+        if name is None:
+            name = self.node_names[row] = self.state.node_name(row)
+        return name
 
     def candidates(self, cell: int, backfill: bool) -> Array:
         """Up nodes of ``cell``; reserved ones only for a job that may backfill."""
@@ -127,8 +134,7 @@ def job_key(state: State, job: int) -> tuple[object, ...]:
     """Jobs with equal keys succeed or fail alike (until capacity is freed in this call)."""
     jc, tc = state.jobs.cols, state.tasks.cols
     rows = state.job_tasks(job)
-    shape = tuple(zip(*(tc[c][rows.start : rows.stop].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")),
-                      strict=True))
+    shape = tuple(tc[c][rows.start : rows.stop].tobytes() for c in ("cpu", "mem", "gpus", "milli", "models"))
     return (int(jc["tenant"][job]), int(jc["priority"][job]), int(jc["topology"][job]), int(jc["expected_ms"][job]),
             state.job_cells.get(job, ()), shape)
 
@@ -172,8 +178,11 @@ def task_arrays(state: State, job: int) -> tuple[Array, ...]:
     rows = state.job_tasks(job)
     tc = state.tasks.cols
     sl = slice(rows.start, rows.stop)
-    order = np.lexsort((np.arange(len(rows)), -tc["cpu"][sl], -(tc["gpus"][sl] * tc["milli"][sl])))
-    idx = np.arange(rows.start, rows.stop, dtype=np.int64)[order]
+    if len(rows) == 1:
+        idx = np.arange(rows.start, rows.stop, dtype=np.int64)
+    else:
+        order = np.lexsort((np.arange(len(rows)), -tc["cpu"][sl], -(tc["gpus"][sl] * tc["milli"][sl])))
+        idx = np.arange(rows.start, rows.stop, dtype=np.int64)[order]
     return idx, tc["cpu"][idx], tc["mem"][idx], tc["gpus"][idx], tc["milli"][idx], tc["models"][idx]
 
 
@@ -187,10 +196,27 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
     domain = state.nodes.cols[LEVELS[level]][: state.nodes.size] if level else sc.no_domain
     out_node = np.full(idx.size, -1, dtype=np.int32)
     out_mask = np.zeros(idx.size, dtype=np.uint64)
+    if idx.size == 1 and not level:
+        return place_single(sc, cell, cands, (idx, cpu, mem, gpus, milli, models), out_node, out_mask)
     chosen, _ = kernels.place_gang(cands, domain, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model,
                                    cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, out_node, out_mask)
     if chosen < 0:
         return None
+    many = len(sc.cells) > 1 and cell >= 0
+    score = gang_score(sc, out_node, out_mask, (cpu, mem, gpus, milli)) if many else (0, 0)
+    return Placement(cell, idx, out_node, out_mask, score)
+
+
+def place_single(sc: Scratch, cell: int, cands: Array, task: tuple[Array, ...], out_node: Array,
+                 out_mask: Array) -> Placement | None:
+    """The fast path for a one-task job with no topology: the best node, then its GPUs."""
+    idx, cpu, mem, gpus, milli, models = task
+    node = kernels.best_node(cands, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model, int(cpu[0]),
+                             int(mem[0]), int(gpus[0]), int(milli[0]), models[0], sc.policy_id, sc.shapes)
+    if node < 0:
+        return None
+    out_node[0] = node
+    out_mask[0] = kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), int(gpus[0]), int(milli[0]))
     many = len(sc.cells) > 1 and cell >= 0
     score = gang_score(sc, out_node, out_mask, (cpu, mem, gpus, milli)) if many else (0, 0)
     return Placement(cell, idx, out_node, out_mask, score)
@@ -224,7 +250,7 @@ def commit(sc: Scratch, job: int, p: Placement) -> None:
         kernels.allocate(node, np.uint64(mask), int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]),
                          sc.cpu_free, sc.mem_free, sc.gpu_free, -1)
         gpu_idx = tuple(g for g in range(int(sc.gpu_count[node])) if mask >> g & 1)
-        placements.append(TaskPlacement(t - first, state.node_name(node), gpu_idx))
+        placements.append(TaskPlacement(t - first, sc.node_name(node), gpu_idx))
     add_usage(sc, job, p.cell, +1)
     placements.sort(key=lambda tp: tp.task_index)
     sc.decisions.append(JobPlaced(job_id=job_name(state, job), cell=state.names["cell"].names[p.cell],

@@ -8,6 +8,7 @@ node (a stale observation, a duplicate submission) is a counted no-op.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 import numpy as np
@@ -77,6 +78,36 @@ def fold(state: State, event: Event, at_ms: int) -> None:
             raise UnknownEventError(f"fold cannot apply {type(event).__name__}")
 
 
+def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
+    """Fold (event, at_ms) pairs in order: the same state as :func:`fold` one by one, faster.
+
+    The hot path is the steady heartbeat of a known, up node that reports what it reported
+    last time: only its heartbeat time changes, so those are gathered and written at once.
+    """
+    beats: dict[int, int] = {}
+    cache = state.beat_cache
+    for event, at_ms in events:
+        if type(event) is NodeHeartbeat and at_ms < state.next_sweep_ms:
+            hit = cache.get(event.node)
+            if hit is not None and hit[1] == event:
+                state.offset += 1
+                if at_ms > state.now_ms:
+                    state.now_ms = at_ms
+                beats[hit[0]] = state.now_ms
+                continue
+        if beats:
+            _write_beats(state, beats)
+        fold(state, event, at_ms)
+    if beats:
+        _write_beats(state, beats)
+
+
+def _write_beats(state: State, beats: dict[int, int]) -> None:
+    rows = np.fromiter(beats.keys(), dtype=np.int64, count=len(beats))
+    state.nodes.cols["last_heartbeat_ms"][rows] = np.fromiter(beats.values(), dtype=np.int64, count=len(beats))
+    beats.clear()
+
+
 def fold_decision(state: State, decision: object) -> None:
     """Apply one decision of a batch."""
     match decision:
@@ -112,6 +143,7 @@ def advance_time(state: State, at_ms: int) -> None:
 def node_down(state: State, row: int, status: NodeStatus) -> None:
     """Take node ``row`` out of service and requeue every job with a task on it (whole gangs)."""
     state.nodes.cols["status"][row] = status
+    state.beat_cache.pop(state.node_name(row), None)
     on_node = np.flatnonzero(state.tasks.view("node") == row)
     jobs = sorted({int(state.tasks.cols["job"][t]) for t in on_node.tolist()})
     for job in jobs:
@@ -138,6 +170,8 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
         node_down(state, row, NodeStatus.DOWN)
     elif e.healthy and status != NodeStatus.UP:
         nodes.cols["status"][row] = NodeStatus.UP
+    if e.healthy:
+        state.beat_cache[e.node] = (row, e)
 
 
 def set_node_shape(state: State, row: int, e: NodeHeartbeat) -> None:
@@ -181,6 +215,9 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     if e.allowed_cells:
         state.job_cells[job] = tuple(sorted({state.names["cell"].intern(c) for c in e.allowed_cells}))
     add_tasks(state, e, first)
+    jc["req_cpu"][job] = sum(g.count * g.cpu_milli for g in e.task_groups)
+    jc["req_mem"][job] = sum(g.count * g.mem_mib for g in e.task_groups)
+    jc["req_gpu"][job] = sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups)
     state.pending_count += 1
 
 

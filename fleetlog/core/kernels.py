@@ -25,7 +25,7 @@ so keep ``sum(weights)`` below 2**24 (normalise shape counts) for gangs of up to
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import numba
 import numpy as np
@@ -42,8 +42,8 @@ NodeArrays = tuple[I64, I64, I16, I32, I32]
 TaskArrays = tuple[I64, I64, I32, I32, U64]
 # (cpu, mem, gpus, milli, models) of one task
 Task = tuple[int, int, int, int, np.uint64]
-# (feasible, gpu mask, primary score, secondary score)
-Eval = tuple[bool, np.uint64, int, int]
+# (feasible, primary score, secondary score)
+Eval = tuple[bool, int, int]
 
 BEST_FIT = 0
 FGD = 1
@@ -89,20 +89,26 @@ def _jit(fn: _F) -> _F:
     return cast(_F, numba.njit(cache=True)(fn))
 
 
+def _hot(fn: _F) -> _F:
+    """Like ``_jit``, inlined into its callers (numba IR): per-node helpers, so that constant
+    arguments (the policy) fold away and no call is paid per node."""
+    return cast(_F, numba.njit(cache=True, inline="always")(fn))
+
+
 # ---------------------------------------------------------------- GPUs of one node
 
 
-@_jit
+@_hot
 def _bit(i: int) -> np.uint64:
     return _ONE << np.uint64(i)
 
 
-@_jit
+@_hot
 def _has_bit(mask: np.uint64, i: int) -> bool:
     return bool(((mask >> np.uint64(i)) & _ONE) != _ZERO)
 
 
-@_jit
+@_hot
 def _model_ok(models: np.uint64, model: int) -> bool:
     """A GPU task may use a node of ``model`` (``models == 0`` allows any, even unknown)."""
     allowed = np.uint64(models)
@@ -111,32 +117,19 @@ def _model_ok(models: np.uint64, model: int) -> bool:
     return model >= 0 and _has_bit(allowed, model)
 
 
-@_jit
-def _free_total(row: I16, count: int) -> int:
-    total = 0
-    for i in range(count):
-        total += int(row[i])
-    return total
-
-
-@_jit
-def _take_whole(row: I16, count: int, gpus: int) -> tuple[np.uint64, int]:
-    """(mask of the ``gpus`` lowest-indexed fully free GPUs or 0, free milli total)."""
+@_hot
+def _take_whole(row: I16, count: int, gpus: int) -> np.uint64:
+    """Mask of the ``gpus`` lowest-indexed fully free GPUs, or 0."""
     mask = _ZERO
     taken = 0
-    total = 0
     for i in range(count):
-        free = int(row[i])
-        total += free
-        if free == FULL_GPU and taken < gpus:
+        if taken < gpus and int(row[i]) == FULL_GPU:
             mask |= _bit(i)
             taken += 1
-    if taken < gpus:
-        return _ZERO, total
-    return mask, total
+    return mask if taken == gpus else _ZERO
 
 
-@_jit
+@_hot
 def _tightest(row: I16, count: int, milli: int, skip: np.uint64) -> int:
     """The GPU (not in ``skip``) with the least free share still >= milli; -1 if none."""
     best = -1
@@ -149,23 +142,23 @@ def _tightest(row: I16, count: int, milli: int, skip: np.uint64) -> int:
     return best
 
 
-@_jit
-def _take_tightest(row: I16, count: int, gpus: int, milli: int) -> tuple[np.uint64, int]:
-    """(mask of the ``gpus`` tightest GPUs with free >= milli or 0, free milli total)."""
+@_hot
+def _take_tightest(row: I16, count: int, gpus: int, milli: int) -> np.uint64:
+    """Mask of the ``gpus`` tightest GPUs with free >= milli (ties: lowest index), or 0."""
     mask = _ZERO
     for _ in range(gpus):
         i = _tightest(row, count, milli, mask)
         if i < 0:
-            return _ZERO, _free_total(row, count)
+            return _ZERO
         mask |= _bit(i)
-    return mask, _free_total(row, count)
+    return mask
 
 
-@_jit
-def _take(row: I16, count: int, gpus: int, milli: int) -> tuple[np.uint64, int]:
-    """(GPU mask a task takes on the node, 0 when it does not fit; the node's free milli total)."""
+@_hot
+def _take(row: I16, count: int, gpus: int, milli: int) -> np.uint64:
+    """The GPU mask a task takes on the node; 0 when it does not fit (or takes no GPU)."""
     if gpus <= 0 or gpus > count:
-        return _ZERO, _free_total(row, count)
+        return _ZERO
     if milli == FULL_GPU:
         return _take_whole(row, count, gpus)
     return _take_tightest(row, count, gpus, milli)
@@ -178,66 +171,77 @@ def pick_gpus(gpu_free_row: I16, count: int, gpus: int, milli: int) -> np.uint64
     Whole GPUs (milli == 1000): the ``gpus`` lowest-indexed fully free GPUs. A fractional
     share: the GPU with the least free share that is still >= milli (tie: lowest index).
     """
-    return _take(gpu_free_row, int(count), int(gpus), int(milli))[0]
+    return _take(gpu_free_row, int(count), int(gpus), int(milli))
 
 
 # ---------------------------------------------------------------- fragmentation (FGD)
 
 
-@_jit
-def _free_after(row: I16, i: int, mask: np.uint64, taken: int) -> int:
-    """Free share of GPU ``i`` once ``taken`` milli is removed from the GPUs in ``mask``."""
-    free = int(row[i])
-    if _has_bit(mask, i):
-        return free - taken
-    return free
-
-
-@_jit
-def _fractional_frag(row: I16, count: int, mask: np.uint64, taken: int, gpus: int, milli: int) -> int:
-    """Free milli a fitting fractional shape can't use, or -1 when the shape does not fit."""
-    usable = 0
-    stranded = 0
+@_hot
+def _gpu_stats(row: I16, count: int, mask: np.uint64, taken: int) -> tuple[int, int, int, int, int, int]:
+    """(free total, fully free GPUs, partly used milli) before and after ``taken`` milli leave
+    the GPUs in ``mask``."""
+    total_b, full_b, partial_b, total_a, full_a, partial_a = 0, 0, 0, 0, 0, 0
     for i in range(count):
-        free = _free_after(row, i, mask, taken)
-        if free >= milli:
-            usable += 1
-        else:
-            stranded += free
-    return stranded if usable >= gpus else -1
+        free = int(row[i])
+        after = free - taken if _has_bit(mask, i) else free
+        total_b += free
+        total_a += after
+        full_b += free == FULL_GPU
+        full_a += after == FULL_GPU
+        partial_b += free if 0 < free < FULL_GPU else 0
+        partial_a += after if 0 < after < FULL_GPU else 0
+    return total_b, full_b, partial_b, total_a, full_a, partial_a
 
 
-@_jit
-def _node_frag(row: I16, count: int, mask: np.uint64, taken: int, cpu_avail: int, shapes: I64) -> int:
-    """F(node) = sum_k weight_k * frag_k(node), after ``taken`` milli left the GPUs in ``mask``."""
-    total = 0
-    full = 0
-    partial = 0
+@_hot
+def _fractional_pair(
+    row: I16, count: int, mask: np.uint64, taken: int, milli: int
+) -> tuple[int, int, int, int]:
+    """(GPUs with >= milli free, free milli on the others) before and after, for a fractional shape."""
+    usable_b, stranded_b, usable_a, stranded_a = 0, 0, 0, 0
     for i in range(count):
-        free = _free_after(row, i, mask, taken)
-        total += free
-        if free == FULL_GPU:
-            full += 1
-        elif 0 < free < FULL_GPU:
-            partial += free
-    out = 0
+        free = int(row[i])
+        after = free - taken if _has_bit(mask, i) else free
+        usable_b += free >= milli
+        usable_a += after >= milli
+        stranded_b += 0 if free >= milli else free
+        stranded_a += 0 if after >= milli else after
+    return usable_b, stranded_b, usable_a, stranded_a
+
+
+@_hot
+def _plain_frag(total: int, full: int, partial: int, cpu_avail: int, gpus: int, cpu: int) -> int:
+    """frag of a CPU-only or whole-GPU shape: all free milli when it does not fit, else what it can't use."""
+    if cpu > cpu_avail:
+        return total
+    if gpus <= 0:
+        return 0
+    return partial if full >= gpus else total
+
+
+@_hot
+def _frag_pair(
+    row: I16, count: int, mask: np.uint64, taken: int, cpu_before: int, cpu_after: int, shapes: I64
+) -> tuple[int, int]:
+    """(F before, F after) of a node from which a task takes ``taken`` milli on the GPUs in
+    ``mask`` and its cpu; F = sum_k weight_k * frag_k."""
+    total_b, full_b, partial_b, total_a, full_a, partial_a = _gpu_stats(row, count, mask, taken)
+    before = 0
+    after = 0
     for k in range(shapes.shape[0]):
-        weight = int(shapes[k, SHAPE_WEIGHT])
-        gpus = int(shapes[k, SHAPE_GPUS])
-        milli = int(shapes[k, SHAPE_MILLI])
+        gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
+        cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
         if weight == 0:
             continue
-        if int(shapes[k, SHAPE_CPU]) > cpu_avail:
-            frag = total
-        elif gpus <= 0:
-            frag = 0
-        elif milli == FULL_GPU:
-            frag = partial if full >= gpus else total
+        if gpus > 0 and milli != FULL_GPU:
+            usable_b, stranded_b, usable_a, stranded_a = _fractional_pair(row, count, mask, taken, milli)
+            before += weight * (stranded_b if cpu <= cpu_before and usable_b >= gpus else total_b)
+            after += weight * (stranded_a if cpu <= cpu_after and usable_a >= gpus else total_a)
         else:
-            frag = _fractional_frag(row, count, mask, taken, gpus, milli)
-            frag = total if frag < 0 else frag
-        out += weight * frag
-    return out
+            before += weight * _plain_frag(total_b, full_b, partial_b, cpu_before, gpus, cpu)
+            after += weight * _plain_frag(total_a, full_a, partial_a, cpu_after, gpus, cpu)
+    return before, after
 
 
 @_jit
@@ -257,14 +261,28 @@ def fragmentation(cands: I64, cpu_free: I64, gpu_free: I16, gpu_count: I32, shap
     out = 0
     for j in range(cands.shape[0]):
         n = cands[j]
-        out += _node_frag(gpu_free[n], int(gpu_count[n]), _ZERO, 0, int(cpu_free[n]), shapes)
+        cpu = int(cpu_free[n])
+        out += _frag_pair(gpu_free[n], int(gpu_count[n]), _ZERO, 0, cpu, cpu, shapes)[0]
     return out
 
 
 # ---------------------------------------------------------------- one node, one task
 
 
-@_jit
+@_hot
+def _gpu_fit(row: I16, count: int, gpus: int, milli: int) -> tuple[bool, int]:
+    """(the task's GPUs fit, the node's free milli total): what ``_take`` decides, without the mask."""
+    whole = milli == FULL_GPU
+    total = 0
+    usable = 0
+    for i in range(count):
+        free = int(row[i])
+        total += free
+        usable += (free >= milli) & ((not whole) | (free == FULL_GPU))
+    return gpus <= 0 or usable >= gpus, total
+
+
+@_hot
 def _best_fit(count: int, total: int, cpu_left: int, gpus: int, milli: int) -> int:
     cpu_term = min(cpu_left, CPU_TIEBREAK_CAP)
     if gpus > 0:
@@ -274,46 +292,45 @@ def _best_fit(count: int, total: int, cpu_left: int, gpus: int, milli: int) -> i
     return cpu_term
 
 
-@_jit
-def _score(
-    row: I16, count: int, cpu_avail: int, mask: np.uint64, total: int, task: Task, use_fgd: bool, shapes: I64
-) -> tuple[int, int]:
+@_hot
+def _fgd_increase(row: I16, count: int, cpu_avail: int, task: Task, shapes: I64) -> int:
+    """F(after) - F(before) of placing the (fitting) task on the node."""
     cpu, _, gpus, milli, _ = task
-    secondary = _best_fit(count, total, cpu_avail - cpu, gpus, milli)
-    if not use_fgd:
-        return 0, secondary
-    before = _node_frag(row, count, _ZERO, 0, cpu_avail, shapes)
-    after = _node_frag(row, count, mask, milli, cpu_avail - cpu, shapes)
-    return after - before, secondary
+    mask = _take(row, count, gpus, milli)
+    before, after = _frag_pair(row, count, mask, milli, cpu_avail, cpu_avail - cpu, shapes)
+    return after - before
 
 
-@_jit
+@_hot
 def _eval(
     cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, task: Task, use_fgd: bool, shapes: I64
 ) -> Eval:
-    """(fits, GPU mask, primary, secondary) of one task on one node state."""
+    """(fits, primary, secondary) of one task on one node state."""
     cpu, mem, gpus, milli, models = task
-    if cpu_avail < cpu or mem_avail < mem:
-        return False, _ZERO, 0, 0
-    if gpus > 0 and not _model_ok(models, model):
-        return False, _ZERO, 0, 0
-    mask, total = _take(row, count, gpus, milli)
-    if gpus > 0 and mask == _ZERO:
-        return False, _ZERO, 0, 0
-    primary, secondary = _score(row, count, cpu_avail, mask, total, task, use_fgd, shapes)
-    return True, mask, primary, secondary
+    if cpu_avail < cpu or mem_avail < mem or (gpus > 0 and not _model_ok(models, model)):
+        return False, 0, 0
+    fit, total = _gpu_fit(row, count, gpus, milli)
+    if not fit:
+        return False, 0, 0
+    secondary = _best_fit(count, total, cpu_avail - cpu, gpus, milli)
+    if not use_fgd:
+        return True, 0, secondary
+    return True, _fgd_increase(row, count, cpu_avail, task, shapes), secondary
 
 
-@_jit
-def _eval_node(n: int, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I64) -> Eval:
-    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+@_hot
+def _eval_node(
+    n: int, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
+    task: Task, use_fgd: bool, shapes: I64,
+) -> Eval:
+    # (arrays one by one: unpacking a tuple of arrays in a per-node loop costs refcount traffic)
     return _eval(
         int(cpu_free[n]), int(mem_free[n]), gpu_free[n], int(gpu_count[n]), int(node_model[n]),
         task, use_fgd, shapes,
     )
 
 
-@_jit
+@_hot
 def _task(cpu: int, mem: int, gpus: int, milli: int, models: np.uint64) -> Task:
     return int(cpu), int(mem), int(gpus), int(milli), np.uint64(models)
 
@@ -324,9 +341,9 @@ def fits(
     cpu: int, mem: int, gpus: int, milli: int, models: np.uint64,
 ) -> bool:
     """Whether the task fits node ``n`` (cpu, memory, GPUs and GPU model)."""
-    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     empty = np.zeros((0, 4), dtype=np.int64)
-    return _eval_node(n, nodes, _task(cpu, mem, gpus, milli, models), False, empty)[0]
+    task = _task(cpu, mem, gpus, milli, models)
+    return _eval_node(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, False, empty)[0]
 
 
 @_jit
@@ -337,12 +354,16 @@ def node_score(
     """(primary, secondary) score of placing the task on node ``n``, which must be feasible."""
     row = gpu_free[n]
     count = int(gpu_count[n])
+    cpu_avail = int(cpu_free[n])
     task = _task(cpu, 0, gpus, milli, _ZERO)
-    mask, total = _take(row, count, task[2], task[3])
-    return _score(row, count, int(cpu_free[n]), mask, total, task, _uses_fgd(policy, shapes), shapes)
+    total = _gpu_fit(row, count, task[2], task[3])[1]
+    secondary = _best_fit(count, total, cpu_avail - task[0], task[2], task[3])
+    if not _uses_fgd(policy, shapes):
+        return 0, secondary
+    return _fgd_increase(row, count, cpu_avail, task, shapes), secondary
 
 
-@_jit
+@_hot
 def _better(primary: int, secondary: int, node: int, best_p: int, best_s: int, best_node: int) -> bool:
     """(primary, secondary, node) lexicographically below the best so far (-1 = none yet)."""
     if best_node < 0 or primary != best_p:
@@ -360,13 +381,22 @@ def best_node(
     """Node index (not a position in ``cands``) of the best feasible candidate, or -1."""
     nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     task = _task(cpu, mem, gpus, milli, models)
-    use_fgd = _uses_fgd(policy, shapes)
+    if _uses_fgd(policy, shapes):
+        return _best_of(cands, nodes, task, True, shapes)
+    return _best_of(cands, nodes, task, False, shapes)
+
+
+@_hot
+def _best_of(cands: I64, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I64) -> int:
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
     best = NO_NODE
     best_p = 0
     best_s = 0
     for j in range(cands.shape[0]):
         n = int(cands[j])
-        ok, _, primary, secondary = _eval_node(n, nodes, task, use_fgd, shapes)
+        ok, primary, secondary = _eval_node(
+            n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+        )
         if ok and _better(primary, secondary, n, best_p, best_s, best):
             best, best_p, best_s = n, primary, secondary
     return best
@@ -380,25 +410,39 @@ def allocate(
     """Take (sign = -1) or give back (sign = +1) a task's resources on node ``n``, in place."""
     cpu_free[n] += sign * cpu
     mem_free[n] += sign * mem
-    gpus = np.uint64(mask)
+    rest = np.uint64(mask)
     for i in range(MAX_GPUS):
-        if _has_bit(gpus, i):
+        if rest == _ZERO:
+            break
+        if _has_bit(rest, 0):
             gpu_free[n, i] += sign * milli
+        rest >>= _ONE
 
 
 # ---------------------------------------------------------------- gangs: domains
 
-# work arrays of one place_gang call (see _workspace): (slot_of, slot_node, slot_cpu, slot_mem,
-# slot_gpu, top, top_mask, dirty, dirty_mask, run_node, run_mask, meta)
-Work = tuple[I64, I64, I64, I64, I16, I64, U64, I64, U64, I64, U64, I64]
+# work arrays of one place_gang call (see _workspace), by position in the Work tuple
+Work = tuple[I64, I64, I64, I64, I16, I64, I64, I64, U64, I64]
+W_SLOT_OF: Final = 0  # int64[largest domain]: local copy (slot) of the domain's j-th node, -1 = none
+W_SLOT_NODE: Final = 1  # int64[T]: which j each slot copies
+W_SLOT_CPU: Final = 2  # int64[T]
+W_SLOT_MEM: Final = 3  # int64[T]
+W_SLOT_GPU: Final = 4  # int16[T, 64]
+W_TOP: Final = 5  # int64[T, RANK_COLUMNS]: best untouched nodes of the current run of equal tasks
+W_DIRTY: Final = 6  # int64[T, RANK_COLUMNS]: nodes placed on in the current run, scored again
+W_RUN_NODE: Final = 7  # int64[T]: the domain's placement so far
+W_RUN_MASK: Final = 8  # uint64[T]
+W_META: Final = 9  # int64[1]: number of slots in use
+# (slot_of, slot_cpu, slot_mem, slot_gpu) taken out of the Work once, outside per-node loops
+Slots = tuple[I64, I64, I64, I16]
 
-# columns of the ranked candidate lists (top: best untouched nodes of a run; dirty: nodes touched in it)
-RANK_LOCAL = 0
+# columns of the ranked lists
+RANK_LOCAL = 0  # j, the node's position in its domain group
 RANK_PRIMARY = 1
 RANK_SECONDARY = 2
 RANK_FLAG = 3  # top: already taken; dirty: still feasible
 RANK_COLUMNS = 4
-# source of a chosen candidate
+# where a chosen candidate comes from
 FROM_NONE = -1
 FROM_TOP = 0
 FROM_DIRTY = 1
@@ -441,18 +485,24 @@ def _stable_order(keys: I64) -> I64:
 @_jit
 def _group_by_domain(members: I64, domain: I32) -> tuple[I64, I64]:
     """(members regrouped by ascending domain id, start of each group plus the end)."""
-    keys = np.empty(members.shape[0], dtype=np.int64)
-    for j in range(members.shape[0]):
+    size = members.shape[0]
+    keys = np.empty(size, dtype=np.int64)
+    ascending = True
+    for j in range(size):
         keys[j] = domain[members[j]]
-    order = _stable_order(keys)
-    starts = np.empty(members.shape[0] + 1, dtype=np.int64)
+        ascending = ascending and (j == 0 or keys[j] >= keys[j - 1])
+    if not ascending:
+        order = _stable_order(keys)
+        members = members[order]
+        keys = keys[order]
+    starts = np.empty(size + 1, dtype=np.int64)
     n_groups = 0
-    for j in range(order.shape[0]):
-        if j == 0 or keys[order[j]] != keys[order[j - 1]]:
+    for j in range(size):
+        if j == 0 or keys[j] != keys[j - 1]:
             starts[n_groups] = j
             n_groups += 1
-    starts[n_groups] = members.shape[0]
-    return members[order], starts[: n_groups + 1]
+    starts[n_groups] = size
+    return members, starts[: n_groups + 1]
 
 
 @_jit
@@ -488,22 +538,23 @@ def _whole_min(tasks: TaskArrays) -> int:
 def _domain_bound(group: I64, nodes: NodeArrays, demand: I64, whole_min: int) -> int:
     """How many leading tasks the domain's free totals could host at most (a sound bound)."""
     cpu_free, mem_free, gpu_free, gpu_count, _ = nodes
-    have = np.zeros(DEMAND_COLUMNS, dtype=np.int64)
+    cpu, mem, milli, whole_gpus, whole_tasks = 0, 0, 0, 0, 0
     for n in group:
-        have[DEMAND_CPU] += max(int(cpu_free[n]), 0)
-        have[DEMAND_MEM] += max(int(mem_free[n]), 0)
+        cpu += max(int(cpu_free[n]), 0)
+        mem += max(int(mem_free[n]), 0)
         full = 0
         for i in range(int(gpu_count[n])):
             free = int(gpu_free[n, i])
-            have[DEMAND_MILLI] += max(free, 0)
-            full += 1 if free == FULL_GPU else 0
-        have[DEMAND_WHOLE_GPUS] += full
-        have[DEMAND_WHOLE_TASKS] += full // whole_min if whole_min > 0 else 0
+            milli += max(free, 0)
+            full += free == FULL_GPU
+        whole_gpus += full
+        whole_tasks += full // whole_min if whole_min > 0 else 0
     bound = 0
     while bound + 1 < demand.shape[0]:
-        for c in range(DEMAND_COLUMNS):
-            if demand[bound + 1, c] > have[c]:
-                return bound
+        need = demand[bound + 1]
+        if (need[DEMAND_CPU] > cpu or need[DEMAND_MEM] > mem or need[DEMAND_MILLI] > milli
+                or need[DEMAND_WHOLE_GPUS] > whole_gpus or need[DEMAND_WHOLE_TASKS] > whole_tasks):
+            break
         bound += 1
     return bound
 
@@ -520,79 +571,107 @@ def _workspace(starts: I64, n_tasks: int) -> Work:
         np.full(largest, -1, dtype=np.int64), np.empty(n_tasks, dtype=np.int64),
         np.empty(n_tasks, dtype=np.int64), np.empty(n_tasks, dtype=np.int64),
         np.empty((n_tasks, MAX_GPUS), dtype=np.int16),
-        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64), np.empty(n_tasks, dtype=np.uint64),
-        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64), np.empty(n_tasks, dtype=np.uint64),
+        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64), np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64),
         np.full(n_tasks, NO_NODE, dtype=np.int64), np.zeros(n_tasks, dtype=np.uint64),
         np.zeros(1, dtype=np.int64),
     )
 
 
-@_jit
+@_hot
+def _slots(work: Work) -> Slots:
+    return work[W_SLOT_OF], work[W_SLOT_CPU], work[W_SLOT_MEM], work[W_SLOT_GPU]
+
+
+@_hot
 def _eval_local(
-    j: int, group: I64, nodes: NodeArrays, work: Work, task: Task, use_fgd: bool, shapes: I64
+    j: int, group: I64, nodes: NodeArrays, slots: Slots, task: Task, use_fgd: bool, shapes: I64
 ) -> Eval:
     """Evaluate the domain's ``j``-th node on its local copy when it was touched, else in place."""
-    slot = work[0][j]
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    slot_of, slot_cpu, slot_mem, slot_gpu = slots
     n = int(group[j])
+    slot = slot_of[j]
     if slot < 0:
-        return _eval_node(n, nodes, task, use_fgd, shapes)
-    _, _, _, gpu_count, node_model = nodes
+        return _eval_node(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes)
     return _eval(
-        int(work[2][slot]), int(work[3][slot]), work[4][slot], int(gpu_count[n]), int(node_model[n]),
+        int(slot_cpu[slot]), int(slot_mem[slot]), slot_gpu[slot], int(gpu_count[n]), int(node_model[n]),
         task, use_fgd, shapes,
     )
 
 
-@_jit
+@_hot
 def _touch(j: int, group: I64, nodes: NodeArrays, work: Work) -> int:
     """The local copy (slot) of the domain's ``j``-th node, made on first touch."""
-    slot_of, slot_node, slot_cpu, slot_mem, slot_gpu = work[0], work[1], work[2], work[3], work[4]
+    slot_of = work[W_SLOT_OF]
     if slot_of[j] >= 0:
         return int(slot_of[j])
     cpu_free, mem_free, gpu_free, gpu_count, _ = nodes
-    meta = work[11]
+    meta = work[W_META]
     slot = int(meta[0])
     meta[0] = slot + 1
     n = group[j]
     slot_of[j] = slot
-    slot_node[slot] = j
-    slot_cpu[slot] = cpu_free[n]
-    slot_mem[slot] = mem_free[n]
+    work[W_SLOT_NODE][slot] = j
+    work[W_SLOT_CPU][slot] = cpu_free[n]
+    work[W_SLOT_MEM][slot] = mem_free[n]
     for i in range(int(gpu_count[n])):
-        slot_gpu[slot, i] = gpu_free[n, i]
+        work[W_SLOT_GPU][slot, i] = gpu_free[n, i]
     return slot
 
 
 @_jit
 def _forget_touched(work: Work) -> None:
-    slot_of, slot_node, meta = work[0], work[1], work[11]
+    slot_of, slot_node, meta = work[W_SLOT_OF], work[W_SLOT_NODE], work[W_META]
     for slot in range(int(meta[0])):
         slot_of[slot_node[slot]] = -1
     meta[0] = 0
 
 
 @_jit
-def _rank_insert(
-    ranked: I64, masks: U64, size: int, cap: int, row: I64, mask: np.uint64, node_of: I64
-) -> int:
-    """Insert ``row`` (local, primary, secondary, 0) into the sorted list of at most ``cap``; new size."""
-    n = node_of[row[RANK_LOCAL]]
+def _rank_insert(ranked: I64, size: int, cap: int, j: int, primary: int, secondary: int, node_of: I64) -> int:
+    """Insert node ``j`` into the list sorted by (primary, secondary, node), keeping ``cap``; new size."""
+    node = node_of[j]
     pos = size
-    while pos > 0:
-        prev = ranked[pos - 1]
-        if not _better(row[RANK_PRIMARY], row[RANK_SECONDARY], n, prev[RANK_PRIMARY],
-                       prev[RANK_SECONDARY], node_of[prev[RANK_LOCAL]]):
-            break
+    while pos > 0 and _better(primary, secondary, node, ranked[pos - 1, RANK_PRIMARY],
+                              ranked[pos - 1, RANK_SECONDARY], node_of[ranked[pos - 1, RANK_LOCAL]]):
         pos -= 1
     if pos >= cap:
         return size
-    last = min(size, cap - 1)
-    for k in range(last, pos, -1):
+    for k in range(min(size, cap - 1), pos, -1):
         ranked[k] = ranked[k - 1]
-        masks[k] = masks[k - 1]
-    ranked[pos] = row
-    masks[pos] = mask
+    ranked[pos, RANK_LOCAL] = j
+    ranked[pos, RANK_PRIMARY] = primary
+    ranked[pos, RANK_SECONDARY] = secondary
+    ranked[pos, RANK_FLAG] = 0
     return min(size + 1, cap)
+
+
+@_hot
+def _scan_top(
+    group: I64, nodes: NodeArrays, work: Work, task: Task, cap: int, use_fgd: bool, shapes: I64
+) -> int:
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    slot_of, slot_cpu, slot_mem, slot_gpu = _slots(work)
+    top = work[W_TOP]
+    size = 0
+    for j in range(group.shape[0]):
+        # (written out rather than calling _eval_local: that measured 4x slower per node)
+        n = int(group[j])
+        slot = slot_of[j]
+        if slot < 0:
+            ok, primary, secondary = _eval_node(
+                n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+            )
+        else:
+            ok, primary, secondary = _eval(
+                int(slot_cpu[slot]), int(slot_mem[slot]), slot_gpu[slot], int(gpu_count[n]),
+                int(node_model[n]), task, use_fgd, shapes,
+            )
+        last = size - 1
+        if ok and (size < cap or _better(primary, secondary, group[j], top[last, RANK_PRIMARY],
+                                         top[last, RANK_SECONDARY], group[top[last, RANK_LOCAL]])):
+            size = _rank_insert(top, size, cap, j, primary, secondary, group)
+    return size
 
 
 @_jit
@@ -600,27 +679,15 @@ def _collect_top(
     group: I64, nodes: NodeArrays, work: Work, task: Task, cap: int, use_fgd: bool, shapes: I64
 ) -> int:
     """Fill the top list with the ``cap`` best feasible nodes of the domain; its size."""
-    top, top_mask = work[5], work[6]
-    row = np.zeros(RANK_COLUMNS, dtype=np.int64)
-    size = 0
-    for j in range(group.shape[0]):
-        ok, mask, primary, secondary = _eval_local(j, group, nodes, work, task, use_fgd, shapes)
-        if not ok:
-            continue
-        if size == cap and not _better(primary, secondary, group[j], top[size - 1, RANK_PRIMARY],
-                                       top[size - 1, RANK_SECONDARY], group[top[size - 1, RANK_LOCAL]]):
-            continue
-        row[RANK_LOCAL] = j
-        row[RANK_PRIMARY] = primary
-        row[RANK_SECONDARY] = secondary
-        size = _rank_insert(top, top_mask, size, cap, row, mask, group)
-    return size
+    if use_fgd:
+        return _scan_top(group, nodes, work, task, cap, True, shapes)
+    return _scan_top(group, nodes, work, task, cap, False, shapes)
 
 
-@_jit
+@_hot
 def _choose(group: I64, work: Work, n_top: int, n_dirty: int) -> tuple[int, int]:
     """(source, entry) of the best node now: the best untaken top entry or a touched node."""
-    top, dirty = work[5], work[7]
+    top, dirty = work[W_TOP], work[W_DIRTY]
     source, entry, best_p, best_s, best = FROM_NONE, -1, 0, 0, NO_NODE
     for k in range(n_top):
         if top[k, RANK_FLAG] == 0:
@@ -636,7 +703,7 @@ def _choose(group: I64, work: Work, n_top: int, n_dirty: int) -> tuple[int, int]
     return source, entry
 
 
-@_jit
+@_hot
 def _same_task(tasks: TaskArrays, a: int, b: int) -> bool:
     t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
     return bool(
@@ -645,20 +712,23 @@ def _same_task(tasks: TaskArrays, a: int, b: int) -> bool:
     )
 
 
-@_jit
+@_hot
 def _task_at(tasks: TaskArrays, t: int) -> Task:
     t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
     return _task(t_cpu[t], t_mem[t], t_gpus[t], t_milli[t], t_models[t])
 
 
-@_jit
-def _commit(j: int, mask: np.uint64, task: Task, t: int, group: I64, nodes: NodeArrays, work: Work) -> None:
-    """Place task ``t`` on the domain's ``j``-th node: local copy and the run's result."""
-    cpu, mem, _, milli, _ = task
+@_hot
+def _commit(j: int, task: Task, t: int, group: I64, nodes: NodeArrays, work: Work) -> None:
+    """Place task ``t`` on the domain's ``j``-th node: its GPUs, local copy and the run's result."""
+    cpu, mem, gpus, milli, _ = task
     slot = _touch(j, group, nodes, work)
-    allocate(slot, mask, cpu, mem, milli, work[2], work[3], work[4], -1)
-    work[9][t] = group[j]
-    work[10][t] = mask
+    n = group[j]
+    slot_gpu = work[W_SLOT_GPU]
+    mask = _take(slot_gpu[slot], int(nodes[3][n]), gpus, milli)
+    allocate(slot, mask, cpu, mem, milli, work[W_SLOT_CPU], work[W_SLOT_MEM], slot_gpu, -1)
+    work[W_RUN_NODE][t] = n
+    work[W_RUN_MASK][t] = mask
 
 
 @_jit
@@ -671,10 +741,9 @@ def _place_run(
     Scores depend only on a node's own state, so one pass ranks the untouched nodes for the
     whole run; after that only the node just placed on is evaluated again.
     """
-    top, top_mask, dirty, dirty_mask = work[5], work[6], work[7], work[8]
+    top, dirty = work[W_TOP], work[W_DIRTY]
     task = _task_at(tasks, start)
     n_top = _collect_top(group, nodes, work, task, end - start, use_fgd, shapes)
-    top[:n_top, RANK_FLAG] = 0
     n_dirty, total_p, total_s = 0, 0, 0
     for t in range(start, end):
         source, k = _choose(group, work, n_top, n_dirty)
@@ -683,18 +752,16 @@ def _place_run(
         if source == FROM_TOP:
             top[k, RANK_FLAG] = 1
             dirty[n_dirty] = top[k]
-            dirty_mask[n_dirty] = top_mask[k]
             k = n_dirty
             n_dirty += 1
         j = int(dirty[k, RANK_LOCAL])
         total_p += dirty[k, RANK_PRIMARY]
         total_s += dirty[k, RANK_SECONDARY]
-        _commit(j, dirty_mask[k], task, t, group, nodes, work)
-        ok, mask, primary, secondary = _eval_local(j, group, nodes, work, task, use_fgd, shapes)
+        _commit(j, task, t, group, nodes, work)
+        ok, primary, secondary = _eval_local(j, group, nodes, _slots(work), task, use_fgd, shapes)
         dirty[k, RANK_PRIMARY] = primary
         dirty[k, RANK_SECONDARY] = secondary
         dirty[k, RANK_FLAG] = 1 if ok else 0
-        dirty_mask[k] = mask
     return end - start, total_p, total_s
 
 
@@ -744,8 +811,8 @@ def _search_domains(
             best_partial = max(best_partial, placed)
         elif best_dom == NO_DOMAIN or primary < best_p or (primary == best_p and secondary < best_s):
             best_dom, best_p, best_s = int(domain[group[0]]), primary, secondary
-            out_node[:] = work[9]
-            out_mask[:] = work[10]
+            out_node[:] = work[W_RUN_NODE]
+            out_mask[:] = work[W_RUN_MASK]
     if best_dom == NO_DOMAIN:
         return NO_DOMAIN, best_partial
     return best_dom, n_tasks

@@ -41,13 +41,46 @@ POLICIES: Final = {
 
 
 class UnknownPolicyError(KeyError):
-    """No policy of that name."""
+    """No policy of that name, or an override that does not apply."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
-def policy_named(name: str, **overrides: object) -> Policy:
-    """The built-in policy ``name`` with ``overrides`` applied."""
+def policy_named(spec: str, **overrides: object) -> Policy:
+    """The policy a spec names: a built-in name, optionally with overrides after ``?``, e.g.
+    ``fgd?fail_unplaced=true&thrash_window_ms=0``.  The returned policy's ``name`` is its full
+    spec, so a decision batch names exactly the policy that made it."""
+    base_name, _, query = spec.partition("?")
     try:
-        base = POLICIES[name]
+        base = POLICIES[base_name]
     except KeyError:
-        raise UnknownPolicyError(f"unknown policy {name!r}; choose one of {', '.join(sorted(POLICIES))}") from None
-    return msgspec.structs.replace(base, **overrides) if overrides else base
+        raise UnknownPolicyError(
+            f"unknown policy {base_name!r}; choose one of {', '.join(sorted(POLICIES))}") from None
+    fields = dict(_parse_query(query)) | {k: _text(v) for k, v in overrides.items()}
+    if not fields:
+        return base
+    raw = msgspec.to_builtins(base) | {k: msgspec.json.decode(v) if k != "name" else v for k, v in fields.items()}
+    raw["name"] = base_name + "?" + "&".join(f"{k}={fields[k]}" for k in sorted(fields))
+    try:
+        return msgspec.convert(raw, Policy)
+    except msgspec.ValidationError as exc:
+        raise UnknownPolicyError(f"policy {spec!r}: {exc}") from None
+
+
+def _text(value: object) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def _parse_query(query: str) -> list[tuple[str, str]]:
+    out = []
+    for part in filter(None, query.split("&")):
+        key, eq, value = part.partition("=")
+        if not eq or key not in Policy.__struct_fields__ or key == "name":
+            raise UnknownPolicyError(f"policy override {part!r} is not field=value of a Policy field")
+        try:
+            msgspec.json.decode(value)
+        except msgspec.DecodeError:
+            value = _text(value)  # a bare word: a string
+        out.append((key, value))
+    return out

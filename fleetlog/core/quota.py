@@ -31,9 +31,9 @@ def limit_of(state: State, usage: Usage, key: tuple[int, int], quota: Quota) -> 
 
 
 def job_request(state: State, job: int) -> tuple[int, int, int]:
-    rows = state.job_tasks(job)
-    tc, sl = state.tasks.cols, slice(rows.start, rows.stop)
-    return (int(tc["cpu"][sl].sum()), int(tc["mem"][sl].sum()), int((tc["gpus"][sl] * tc["milli"][sl]).sum()))
+    """The job's total request: (cpu milli, MiB, GPU milli) over all its tasks."""
+    jc = state.jobs.cols
+    return (int(jc["req_cpu"][job]), int(jc["req_mem"][job]), int(jc["req_gpu"][job]))
 
 
 def quota_check(state: State, usage: Usage, job: int, cell: int, require_quota: bool = False) -> str:

@@ -84,6 +84,7 @@ def _job_table() -> Table:
         "first_task": (i64, (), 0), "ntasks": (i32, (), 0), "cell": (i32, (), -1), "topology": (np.int8, (), 0),
         "expected_ms": (i64, (), -1), "placed_at_ms": (i64, (), -1), "preempted_at_ms": (i64, (), -1),
         "preempt_cause": (np.int8, (), 0), "reason": (np.int16, (), 0), "tasks_done": (i32, (), 0),
+        "req_cpu": (i64, (), 0), "req_mem": (i64, (), 0), "req_gpu": (i64, (), 0),
     })
 
 
@@ -118,6 +119,8 @@ class State:
         self.pending_count = 0
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
+        self.beat_cache: dict[str, tuple[int, object]] = {}
+        """node name -> (row, its last heartbeat) while up: fold_many's fast path (not state: derived)."""
 
     # --- lookups -------------------------------------------------------------------------
 

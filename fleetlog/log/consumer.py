@@ -7,13 +7,13 @@ reason code, the error message and where it came from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import msgspec
 
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, InvalidEventError, decode_many
-from fleetlog.events.model import INPUT_TYPES, Envelope
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, InvalidEventError, decode, decode_many
+from fleetlog.events.model import INPUT_TYPES, DecisionBatch, Envelope
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, LogStore, Message, Record
 
 REASON_HEADER: Final = "fleetlog-dead-letter-reason"
@@ -60,11 +60,13 @@ class EventConsumer:
         self._source = source
         self._dead_letters = dead_letters
 
-    async def poll(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> Polled:
-        """Read from ``offset``; return the good events and the offset to read next."""
+    async def poll(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0, park: bool = True) -> Polled:
+        """Read from ``offset``; return the good events and the offset to read next.
+
+        ``park=False`` (recovery, replay) skips bad records without parking them again."""
         records = await self._store.log(self._source).read(offset, max_records, timeout_ms)
         events, bad = self.split(records)
-        if bad:
+        if bad and park:
             await self._store.log(self._dead_letters).append(bad)
         next_offset = records[-1].offset + 1 if records else offset
         return Polled(events, len(bad), next_offset)
@@ -82,3 +84,16 @@ class EventConsumer:
             else:
                 events.append(Delivered(record.offset, record.timestamp_ms, env))
         return events, bad
+
+
+class CorruptDecisionsError(RuntimeError):
+    """The decisions log holds something this build cannot read: recovery stops and says where."""
+
+
+def decision_batches(records: list[Record]) -> Iterator[tuple[int, DecisionBatch]]:
+    """Decode the decision batches of ``records`` (the scheduler wrote them: bad bytes are fatal)."""
+    for record in records:
+        env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
+        if not isinstance(env.event, DecisionBatch):
+            raise CorruptDecisionsError(f"decisions@{record.offset} holds {type(env.event).__name__}")
+        yield record.offset, env.event
