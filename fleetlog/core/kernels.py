@@ -19,6 +19,19 @@ fragmentation increase ``F(after) - F(before)``, secondary the best-fit score. A
 the component-wise sum of its tasks' scores. Magnitudes: a secondary is below 2**47, so a sum of
 up to 2**16 tasks cannot overflow; a primary is at most ``sum(weights) * 64000`` in absolute value,
 so keep ``sum(weights)`` below 2**24 (normalise shape counts) for gangs of up to 2**16 tasks.
+
+Preconditions (the state's invariants; results are unspecified otherwise): 0 <= gpu_free <= 1000,
+0 <= gpu_count <= 64, node ids in ``cands`` are valid rows. ``pick_gpus`` also defines the
+unusual shapes: ``gpus > 1`` with ``milli < 1000`` takes the ``gpus`` tightest GPUs with enough
+free share.
+
+place_gang is the plain procedure of its docstring (``kernels_ref.place_gang`` spells it out);
+for speed it (1) ranks a domain's nodes once per run of equal tasks, scoring again only the
+node just placed on (a node's score depends on its own state alone); (2) skips a domain when a
+sound upper bound on the tasks it could host (free totals, or for equal tasks the sum of
+per-node copy counts) can't beat the best result so far; (3) under BEST_FIT, for equal tasks,
+skips a domain when T times a floor under any task's score there (a node's best-fit score only
+falls as copies land on it) can't beat the best domain found. None of these changes a result.
 """
 
 # ruff: noqa: PLR0917  (kernels take flat arrays and scalars positionally: numba has no keyword-only args)
@@ -34,7 +47,6 @@ import numpy.typing as npt
 I16 = npt.NDArray[np.int16]
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
-U8 = npt.NDArray[np.uint8]
 U64 = npt.NDArray[np.uint64]
 # (cpu_free, mem_free, gpu_free, gpu_count, node_model)
 NodeArrays = tuple[I64, I64, I16, I32, I32]
@@ -48,7 +60,8 @@ Eval = tuple[bool, int, int]
 BEST_FIT = 0
 FGD = 1
 
-MAX_GPUS = 64
+MAX_GPUS = 64  # GPUs per node (gpu_free row length)
+MAX_MODELS = 64  # GPU model ids 0..63 (bits of a task's models mask)
 FULL_GPU = 1000
 NO_NODE = -1
 NO_DOMAIN = -1
@@ -74,12 +87,17 @@ DEMAND_WHOLE_GPUS = 3
 DEMAND_WHOLE_TASKS = 4
 DEMAND_COLUMNS = 5
 
+# "no limit" for copy counts and score floors (place_gang pruning), far above any real value
+UNBOUNDED = 1 << 62
+NO_FLOOR = 1 << 62
+
 # domain ids are bucketed directly (counting sort) when they are below this bound
 DENSE_DOMAIN_FACTOR = 4
 DENSE_DOMAIN_SLACK = 1024
 
 _ZERO = np.uint64(0)
 _ONE = np.uint64(1)
+_NO_SHAPES = np.zeros((0, 4), dtype=np.int64)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -114,7 +132,7 @@ def _model_ok(models: np.uint64, model: int) -> bool:
     allowed = np.uint64(models)
     if allowed == _ZERO:
         return True
-    return model >= 0 and _has_bit(allowed, model)
+    return 0 <= model < MAX_MODELS and _has_bit(allowed, model)
 
 
 @_hot
@@ -292,7 +310,7 @@ def _best_fit(count: int, total: int, cpu_left: int, gpus: int, milli: int) -> i
     return cpu_term
 
 
-@_hot
+@_jit
 def _fgd_increase(row: I16, count: int, cpu_avail: int, task: Task, shapes: I64) -> int:
     """F(after) - F(before) of placing the (fitting) task on the node."""
     cpu, _, gpus, milli, _ = task
@@ -341,9 +359,8 @@ def fits(
     cpu: int, mem: int, gpus: int, milli: int, models: np.uint64,
 ) -> bool:
     """Whether the task fits node ``n`` (cpu, memory, GPUs and GPU model)."""
-    empty = np.zeros((0, 4), dtype=np.int64)
     task = _task(cpu, mem, gpus, milli, models)
-    return _eval_node(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, False, empty)[0]
+    return _eval_node(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, False, _NO_SHAPES)[0]
 
 
 @_jit
@@ -408,9 +425,17 @@ def allocate(
     cpu_free: I64, mem_free: I64, gpu_free: I16, sign: int,
 ) -> None:
     """Take (sign = -1) or give back (sign = +1) a task's resources on node ``n``, in place."""
+    _allocate(n, np.uint64(mask), int(cpu), int(mem), int(milli), cpu_free, mem_free, gpu_free, int(sign))
+
+
+@_hot
+def _allocate(
+    n: int, mask: np.uint64, cpu: int, mem: int, milli: int,
+    cpu_free: I64, mem_free: I64, gpu_free: I16, sign: int,
+) -> None:
     cpu_free[n] += sign * cpu
     mem_free[n] += sign * mem
-    rest = np.uint64(mask)
+    rest = mask
     for i in range(MAX_GPUS):
         if rest == _ZERO:
             break
@@ -559,6 +584,48 @@ def _domain_bound(group: I64, nodes: NodeArrays, demand: I64, whole_min: int) ->
     return bound
 
 
+@_hot
+def _copies(cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, task: Task) -> tuple[int, int]:
+    """(an upper bound on how many copies of the task fit on the node at once, its free GPU milli)."""
+    cpu, mem, gpus, milli, models = task
+    total = 0
+    units = 0
+    for i in range(count):
+        free = int(row[i])
+        total += free
+        if milli == FULL_GPU:
+            units += free == FULL_GPU
+        elif milli > 0:
+            units += max(free, 0) // milli
+    if cpu_avail < cpu or mem_avail < mem or (gpus > 0 and not _model_ok(models, model)):
+        return 0, total
+    most = UNBOUNDED
+    most = min(most, cpu_avail // cpu) if cpu > 0 else most
+    most = min(most, mem_avail // mem) if mem > 0 else most
+    most = min(most, units // gpus) if gpus > 0 and milli > 0 else most
+    return most, total
+
+
+@_jit
+def _run_bound(group: I64, nodes: NodeArrays, task: Task) -> tuple[int, int]:
+    """For a gang of equal tasks under BEST_FIT: (how many could fit in the domain at most, a
+    floor under any one task's score there). A node's score only falls as copies land on it,
+    so its floor is the score of the last copy that could fit."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    task_cpu, _, gpus, milli, _ = task
+    fit, floor = 0, NO_FLOOR
+    for n in group:
+        count = int(gpu_count[n])
+        cpu = int(cpu_free[n])
+        most, total = _copies(cpu, int(mem_free[n]), gpu_free[n], count, int(node_model[n]), task)
+        if most <= 0:
+            continue
+        fit = fit + most if most < UNBOUNDED - fit else UNBOUNDED
+        cpu_left = cpu - (most * task_cpu if task_cpu > 0 else 0)
+        floor = min(floor, _best_fit(count, total, cpu_left, most * gpus, milli))
+    return fit, floor
+
+
 # ---------------------------------------------------------------- gangs: one domain
 
 
@@ -577,12 +644,12 @@ def _workspace(starts: I64, n_tasks: int) -> Work:
     )
 
 
-@_hot
+@_jit
 def _slots(work: Work) -> Slots:
     return work[W_SLOT_OF], work[W_SLOT_CPU], work[W_SLOT_MEM], work[W_SLOT_GPU]
 
 
-@_hot
+@_jit
 def _eval_local(
     j: int, group: I64, nodes: NodeArrays, slots: Slots, task: Task, use_fgd: bool, shapes: I64
 ) -> Eval:
@@ -599,7 +666,7 @@ def _eval_local(
     )
 
 
-@_hot
+@_jit
 def _touch(j: int, group: I64, nodes: NodeArrays, work: Work) -> int:
     """The local copy (slot) of the domain's ``j``-th node, made on first touch."""
     slot_of = work[W_SLOT_OF]
@@ -684,7 +751,7 @@ def _collect_top(
     return _scan_top(group, nodes, work, task, cap, False, shapes)
 
 
-@_hot
+@_jit
 def _choose(group: I64, work: Work, n_top: int, n_dirty: int) -> tuple[int, int]:
     """(source, entry) of the best node now: the best untaken top entry or a touched node."""
     top, dirty = work[W_TOP], work[W_DIRTY]
@@ -703,7 +770,7 @@ def _choose(group: I64, work: Work, n_top: int, n_dirty: int) -> tuple[int, int]
     return source, entry
 
 
-@_hot
+@_jit
 def _same_task(tasks: TaskArrays, a: int, b: int) -> bool:
     t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
     return bool(
@@ -712,13 +779,13 @@ def _same_task(tasks: TaskArrays, a: int, b: int) -> bool:
     )
 
 
-@_hot
+@_jit
 def _task_at(tasks: TaskArrays, t: int) -> Task:
     t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
     return _task(t_cpu[t], t_mem[t], t_gpus[t], t_milli[t], t_models[t])
 
 
-@_hot
+@_jit
 def _commit(j: int, task: Task, t: int, group: I64, nodes: NodeArrays, work: Work) -> None:
     """Place task ``t`` on the domain's ``j``-th node: its GPUs, local copy and the run's result."""
     cpu, mem, gpus, milli, _ = task
@@ -726,7 +793,7 @@ def _commit(j: int, task: Task, t: int, group: I64, nodes: NodeArrays, work: Wor
     n = group[j]
     slot_gpu = work[W_SLOT_GPU]
     mask = _take(slot_gpu[slot], int(nodes[3][n]), gpus, milli)
-    allocate(slot, mask, cpu, mem, milli, work[W_SLOT_CPU], work[W_SLOT_MEM], slot_gpu, -1)
+    _allocate(slot, mask, cpu, mem, milli, work[W_SLOT_CPU], work[W_SLOT_MEM], slot_gpu, -1)
     work[W_RUN_NODE][t] = n
     work[W_RUN_MASK][t] = mask
 
@@ -751,7 +818,8 @@ def _place_run(
             return t - start, total_p, total_s
         if source == FROM_TOP:
             top[k, RANK_FLAG] = 1
-            dirty[n_dirty] = top[k]
+            for c in range(RANK_COLUMNS):
+                dirty[n_dirty, c] = top[k, c]
             k = n_dirty
             n_dirty += 1
         j = int(dirty[k, RANK_LOCAL])
@@ -790,6 +858,19 @@ def _place_in_domain(
 
 
 @_jit
+def _equal_tasks(tasks: TaskArrays) -> bool:
+    """All tasks alike, with a well-formed shape (gpus == 0, or 1 <= milli <= 1000)."""
+    t_gpus, t_milli = tasks[2], tasks[3]
+    n_tasks = t_gpus.shape[0]
+    if n_tasks == 0 or (t_gpus[0] > 0 and not 0 < t_milli[0] <= FULL_GPU):
+        return False
+    same = 1
+    while same < n_tasks and _same_task(tasks, 0, same):
+        same += 1
+    return bool(same == n_tasks)
+
+
+@_jit
 def _search_domains(
     grouped: I64, starts: I64, domain: I32, nodes: NodeArrays, tasks: TaskArrays, use_fgd: bool,
     shapes: I64, out_node: I32, out_mask: U64,
@@ -799,13 +880,20 @@ def _search_domains(
     work = _workspace(starts, n_tasks)
     demand = _demand(tasks)
     whole_min = _whole_min(tasks)
+    equal = _equal_tasks(tasks)
     best_dom, best_p, best_s, best_partial = NO_DOMAIN, 0, 0, 0
     for d in range(n_dom):
         group = grouped[starts[d] : starts[d + 1]]
         if n_dom > 1:
-            bound = _domain_bound(group, nodes, demand, whole_min)
+            floor = 0
+            if equal:
+                bound, floor = _run_bound(group, nodes, _task_at(tasks, 0))
+            else:
+                bound = _domain_bound(group, nodes, demand, whole_min)
             if bound < n_tasks and (best_dom != NO_DOMAIN or bound <= best_partial):
                 continue
+            if equal and not use_fgd and best_dom != NO_DOMAIN and n_tasks * floor >= best_s:
+                continue  # can't beat the best domain so far (BEST_FIT: primaries are all 0)
         placed, primary, secondary = _place_in_domain(group, nodes, tasks, use_fgd, shapes, work)
         if placed < n_tasks:
             best_partial = max(best_partial, placed)

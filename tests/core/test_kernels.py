@@ -408,6 +408,27 @@ def test_place_gang_matches_reference(cluster: Cluster, gang_tasks: list[Task], 
 
 
 @PROPERTY
+@given(cluster=clusters(), task=tasks(), size=st.integers(1, 12), shapes=shape_mixes(), data=st.data())
+def test_equal_task_gang_matches_reference(cluster: Cluster, task: Task, size: int, shapes: Array,
+                                           data: st.DataObject) -> None:
+    """Gangs of equal tasks over several domains (where place_gang prunes domains)."""
+    cluster.domain = data.draw(st.lists(st.integers(-1, 5), min_size=len(cluster.gpus),
+                                        max_size=len(cluster.gpus)))
+    policy = data.draw(st.sampled_from(POLICIES))
+    results = [gang(kernels, cluster, [task] * size, policy, shapes=shapes) for kernels in (nb, ref)]
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_gang_of_empty_tasks(kernels: Any) -> None:
+    cluster = (Cluster().node(cpu=0, mem=0, domain=1).node(gpus=2, domain=0).node(cpu=0, domain=2)
+               .node(domain=0))
+    assert gang(kernels, cluster, [Task(0, 0)] * 5) == ((1, 5), [0] * 5, [0] * 5)
+    assert gang(kernels, cluster, []) == ((0, 0), [], [])
+    assert gang(kernels, Cluster().node(domain=-1), []) == ((-1, 0), [], [])
+
+
+@PROPERTY
 @given(cluster=clusters(), task=tasks(), data=st.data())
 def test_allocate_takes_and_gives_back(cluster: Cluster, task: Task, data: st.DataObject) -> None:
     arrays = cluster.arrays()
