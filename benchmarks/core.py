@@ -35,15 +35,29 @@ from fleetlog.events import Event, JobSubmitted, NodeHeartbeat, TaskGroup
 
 def fleet(n: int) -> Iterator[NodeHeartbeat]:
     for i in range(n):
-        yield NodeHeartbeat(cell="c1", node=f"n{i:06d}", cpu_milli=96_000, mem_mib=786_432, gpu_count=8,
-                            gpu_model="A100", topology=(f"b{i // 512}", f"r{i // 16}", f"n{i:06d}"))
+        yield NodeHeartbeat(
+            cell="c1",
+            node=f"n{i:06d}",
+            cpu_milli=96_000,
+            mem_mib=786_432,
+            gpu_count=8,
+            gpu_model="A100",
+            topology=(f"b{i // 512}", f"r{i // 16}", f"n{i:06d}"),
+        )
 
 
 def jobs(count: int, tasks: int, gpus: int, topology: bool, prefix: str = "j") -> Iterator[JobSubmitted]:
     for i in range(count):
-        yield JobSubmitted(job_id=f"{prefix}{i}", tenant=f"t{i % 4}", required_topology="rack" if topology else None,
-                           task_groups=(TaskGroup(count=tasks, cpu_milli=4000 * gpus, mem_mib=8192 * gpus,
-                                                  gpu_count=gpus, gpu_milli=1000),))
+        yield JobSubmitted(
+            job_id=f"{prefix}{i}",
+            tenant=f"t{i % 4}",
+            required_topology="rack" if topology else None,
+            task_groups=(
+                TaskGroup(
+                    count=tasks, cpu_milli=4000 * gpus, mem_mib=8192 * gpus, gpu_count=gpus, gpu_milli=1000
+                ),
+            ),
+        )
 
 
 def state_with(nodes: int, events: Iterator[Event]) -> State:
@@ -66,13 +80,19 @@ def bench_fold(quick: bool) -> dict[str, Any]:
     are measured too, as is fold one event at a time (the baseline)."""
     n = 200_000 if quick else 1_000_000
     beats = list(fleet(10_000))
-    stream: list[Event] = [beats[i % 10_000] if i % 50 else
-                           JobSubmitted(job_id=f"f{i}", tenant="t", task_groups=(TaskGroup(count=1, cpu_milli=1,
-                                                                                            mem_mib=1),))
-                           for i in range(n)]
+    stream: list[Event] = [
+        beats[i % 10_000]
+        if i % 50
+        else JobSubmitted(
+            job_id=f"f{i}", tenant="t", task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),)
+        )
+        for i in range(n)
+    ]
     pairs = [(e, 10 + i // 100) for i, e in enumerate(stream)]
-    out = {"fold_heartbeat_mix_events_per_s": _fold_rate(pairs, True),
-           "fold_one_by_one_events_per_s": _fold_rate(pairs, False)}
+    out = {
+        "fold_heartbeat_mix_events_per_s": _fold_rate(pairs, True),
+        "fold_one_by_one_events_per_s": _fold_rate(pairs, False),
+    }
     subs = [(e, t) for e, t in pairs if isinstance(e, JobSubmitted)]
     out["fold_submissions_only_events_per_s"] = _fold_rate(subs, True)
     return out
@@ -112,8 +132,12 @@ def bench_pending(quick: bool) -> dict[str, Any]:
     nodes_b = state.nodes.nbytes() / max(1, state.nodes.size)
     job_b = (state.jobs.nbytes() + state.tasks.nbytes()) / max(1, state.jobs.size)
     names = sum(sys.getsizeof(n) for n in state.names["job"].names) + sys.getsizeof(state.names["job"].ids)
-    return {f"decide_pending_{count // 1000}k_s": first, "bytes_per_node": nodes_b,
-            "bytes_per_pending_job": job_b, "python_bytes_per_job": names / max(1, state.jobs.size)}
+    return {
+        f"decide_pending_{count // 1000}k_s": first,
+        "bytes_per_node": nodes_b,
+        "bytes_per_pending_job": job_b,
+        "python_bytes_per_job": names / max(1, state.jobs.size),
+    }
 
 
 def bench_reference() -> dict[str, Any]:
@@ -133,7 +157,12 @@ def main() -> None:
     args = parse(__doc__ or "")
     bench_single(1_000, "fgd")  # warm the JIT caches
     bench_gang(1_024)
-    result: dict[str, Any] = {"benchmark": "core", "quick": args.quick, **machine(), "kernels": kernels.__name__}
+    result: dict[str, Any] = {
+        "benchmark": "core",
+        "quick": args.quick,
+        **machine(),
+        "kernels": kernels.__name__,
+    }
     result |= bench_fold(args.quick)
     sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
     for n in sizes:

@@ -61,7 +61,9 @@ def fleet(rng: random.Random, nodes: int) -> Iterator[Event]:
             topology=(f"block-{i // 256}", f"rack-{i // 16}", f"node-{i:05d}"),
         )
     for t in range(3):
-        yield QuotaSet(tenant=f"tenant-{t}", nominal=Resources(gpu_milli=nodes * 8000 // 3), weight_milli=1000)
+        yield QuotaSet(
+            tenant=f"tenant-{t}", nominal=Resources(gpu_milli=nodes * 8000 // 3), weight_milli=1000
+        )
 
 
 def jobs(rng: random.Random, count: int) -> Iterator[Event]:
@@ -74,8 +76,11 @@ def jobs(rng: random.Random, count: int) -> Iterator[Event]:
             job_id=f"job-{j:06d}",
             tenant=f"tenant-{j % 3}",
             priority=rng.choice((0, 100)),
-            task_groups=(TaskGroup(count=tasks, cpu_milli=4000 * gpus, mem_mib=16_384 * gpus, gpu_count=gpus,
-                                   gpu_milli=milli),),
+            task_groups=(
+                TaskGroup(
+                    count=tasks, cpu_milli=4000 * gpus, mem_mib=16_384 * gpus, gpu_count=gpus, gpu_milli=milli
+                ),
+            ),
             required_topology="rack" if tasks > 1 else None,
         )
 
@@ -84,10 +89,18 @@ def malformed(rng: random.Random, count: int) -> Iterator[Message]:
     """Records a buggy producer might send: garbage, unknown types, negative sizes, wrong versions."""
     samples = (
         Message(b"\xc1\xc1 not msgpack"),
-        Message(b'{"schema_version":1,"producer_id":"go","event":{"type":"JobTeleported"}}', headers=((CONTENT_TYPE_HEADER, JSON),)),
-        Message(b'{"schema_version":1,"producer_id":"go","event":{"type":"NodeHeartbeat","cell":"c","node":"n",'
-                b'"cpu_milli":-4,"mem_mib":1}}', headers=((CONTENT_TYPE_HEADER, JSON),)),
-        Message(b'{"schema_version":7,"producer_id":"rs","event":{}}', headers=((CONTENT_TYPE_HEADER, JSON),)),
+        Message(
+            b'{"schema_version":1,"producer_id":"go","event":{"type":"JobTeleported"}}',
+            headers=((CONTENT_TYPE_HEADER, JSON),),
+        ),
+        Message(
+            b'{"schema_version":1,"producer_id":"go","event":{"type":"NodeHeartbeat","cell":"c","node":"n",'
+            b'"cpu_milli":-4,"mem_mib":1}}',
+            headers=((CONTENT_TYPE_HEADER, JSON),),
+        ),
+        Message(
+            b'{"schema_version":7,"producer_id":"rs","event":{}}', headers=((CONTENT_TYPE_HEADER, JSON),)
+        ),
     )
     for _ in range(count):
         yield rng.choice(samples)
@@ -99,8 +112,11 @@ def messages(seed: int, nodes: int, job_count: int) -> list[Message]:
     out = [Message(encode(envelope(e, "demo"))) for e in fleet(rng, nodes)]
     bad = malformed(rng, job_count // 50)
     for i, event in enumerate(jobs(rng, job_count)):
-        out.append(Message(encode(envelope(event, "demo"), "json"), headers=((CONTENT_TYPE_HEADER, JSON),))
-                   if i % 10 == 0 else Message(encode(envelope(event, "demo"))))
+        out.append(
+            Message(encode(envelope(event, "demo"), "json"), headers=((CONTENT_TYPE_HEADER, JSON),))
+            if i % 10 == 0
+            else Message(encode(envelope(event, "demo")))
+        )
         if i % 50 == 49:
             out.append(next(bad))
     return out

@@ -14,8 +14,20 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fleetlog"
 PURE = ("core", "events")
-BANNED_MODULES = {"time", "datetime", "random", "secrets", "uuid", "os", "asyncio", "logging", "threading",
-                  "socket", "subprocess", "sys"}
+BANNED_MODULES = {
+    "time",
+    "datetime",
+    "random",
+    "secrets",
+    "uuid",
+    "os",
+    "asyncio",
+    "logging",
+    "threading",
+    "socket",
+    "subprocess",
+    "sys",
+}
 BANNED_CALLS = {"hash", "id", "input", "open", "print"}
 
 

@@ -57,7 +57,8 @@ class Table:
         self.size = 0
         self.capacity = capacity
         self.cols: dict[str, Array] = {
-            name: np.full((capacity, *dims), fill, dtype=dtype) for name, (dtype, dims, fill) in columns.items()
+            name: np.full((capacity, *dims), fill, dtype=dtype)
+            for name, (dtype, dims, fill) in columns.items()
         }
 
     def add(self, count: int = 1) -> int:

@@ -35,11 +35,11 @@ from fleetlog.core.explain import Outcome, explain_failure
 from fleetlog.core.order import drf_order
 from fleetlog.core.policy import Policy
 from fleetlog.core.quota import borrowing_tenants, job_request, quota_check
+from fleetlog.core.shapes import LEVELS, task_arrays
 from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
 from fleetlog.events.model import Decision, JobPending, JobPlaced, JobRejected, TaskPlacement, TaskPreempted
 
 MAX_SHAPES: Final = 32
-LEVELS: Final = {1: "block", 2: "rack", 3: "host"}
 
 
 class Placement:
@@ -122,7 +122,9 @@ def schedule_job(sc: Scratch, job: int) -> bool:
     if preempt_for(sc, job, outcome):
         return True
     if sc.policy.fail_unplaced:
-        sc.decisions.append(JobRejected(job_id=job_name(sc.state, job), reason="unplaceable", message=outcome.message))
+        sc.decisions.append(
+            JobRejected(job_id=job_name(sc.state, job), reason="unplaceable", message=outcome.message)
+        )
         return False
     outcome = reserve_for(sc, job, outcome)
     if outcome.cacheable:
@@ -135,8 +137,14 @@ def job_key(state: State, job: int) -> tuple[object, ...]:
     jc, tc = state.jobs.cols, state.tasks.cols
     rows = state.job_tasks(job)
     shape = tuple(tc[c][rows.start : rows.stop].tobytes() for c in ("cpu", "mem", "gpus", "milli", "models"))
-    return (int(jc["tenant"][job]), int(jc["priority"][job]), int(jc["topology"][job]), int(jc["expected_ms"][job]),
-            state.job_cells.get(job, ()), shape)
+    return (
+        int(jc["tenant"][job]),
+        int(jc["priority"][job]),
+        int(jc["topology"][job]),
+        int(jc["expected_ms"][job]),
+        state.job_cells.get(job, ()),
+        shape,
+    )
 
 
 def job_name(state: State, job: int) -> str:
@@ -173,19 +181,6 @@ def try_place(sc: Scratch, job: int) -> Placement | Outcome:
     return best if best is not None else explain_failure(sc, job, tuple(quota_ok), "capacity")
 
 
-def task_arrays(state: State, job: int) -> tuple[Array, ...]:
-    """The job's task rows, largest first, with their shape columns."""
-    rows = state.job_tasks(job)
-    tc = state.tasks.cols
-    sl = slice(rows.start, rows.stop)
-    if len(rows) == 1:
-        idx = np.arange(rows.start, rows.stop, dtype=np.int64)
-    else:
-        order = np.lexsort((np.arange(len(rows)), -tc["cpu"][sl], -(tc["gpus"][sl] * tc["milli"][sl])))
-        idx = np.arange(rows.start, rows.stop, dtype=np.int64)[order]
-    return idx, tc["cpu"][idx], tc["mem"][idx], tc["gpus"][idx], tc["milli"][idx], tc["models"][idx]
-
-
 def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement | None:
     """Run the gang kernel over ``cands``; the placement with its score, or None."""
     state = sc.state
@@ -198,8 +193,24 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
     out_mask = np.zeros(idx.size, dtype=np.uint64)
     if idx.size == 1 and not level:
         return place_single(sc, cell, cands, (idx, cpu, mem, gpus, milli, models), out_node, out_mask)
-    chosen, _ = kernels.place_gang(cands, domain, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model,
-                                   cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, out_node, out_mask)
+    chosen, _ = kernels.place_gang(
+        cands,
+        domain,
+        sc.cpu_free,
+        sc.mem_free,
+        sc.gpu_free,
+        sc.gpu_count,
+        sc.model,
+        cpu,
+        mem,
+        gpus,
+        milli,
+        models,
+        sc.policy_id,
+        sc.shapes,
+        out_node,
+        out_mask,
+    )
     if chosen < 0:
         return None
     many = len(sc.cells) > 1 and cell >= 0
@@ -207,12 +218,26 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
     return Placement(cell, idx, out_node, out_mask, score)
 
 
-def place_single(sc: Scratch, cell: int, cands: Array, task: tuple[Array, ...], out_node: Array,
-                 out_mask: Array) -> Placement | None:
+def place_single(
+    sc: Scratch, cell: int, cands: Array, task: tuple[Array, ...], out_node: Array, out_mask: Array
+) -> Placement | None:
     """The fast path for a one-task job with no topology: the best node, then its GPUs."""
     idx, cpu, mem, gpus, milli, models = task
-    node = kernels.best_node(cands, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model, int(cpu[0]),
-                             int(mem[0]), int(gpus[0]), int(milli[0]), models[0], sc.policy_id, sc.shapes)
+    node = kernels.best_node(
+        cands,
+        sc.cpu_free,
+        sc.mem_free,
+        sc.gpu_free,
+        sc.gpu_count,
+        sc.model,
+        int(cpu[0]),
+        int(mem[0]),
+        int(gpus[0]),
+        int(milli[0]),
+        models[0],
+        sc.policy_id,
+        sc.shapes,
+    )
     if node < 0:
         return None
     out_node[0] = node
@@ -228,14 +253,41 @@ def gang_score(sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Array, ...]
     cpu, mem, gpus, milli = tasks
     primary = secondary = 0
     for i in range(nodes.size):
-        a, b = kernels.node_score(int(nodes[i]), sc.cpu_free, sc.gpu_free, sc.gpu_count, int(cpu[i]),
-                                  int(gpus[i]), int(milli[i]), sc.policy_id, sc.shapes)
+        a, b = kernels.node_score(
+            int(nodes[i]),
+            sc.cpu_free,
+            sc.gpu_free,
+            sc.gpu_count,
+            int(cpu[i]),
+            int(gpus[i]),
+            int(milli[i]),
+            sc.policy_id,
+            sc.shapes,
+        )
         primary, secondary = primary + int(a), secondary + int(b)
-        kernels.allocate(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]),
-                         sc.cpu_free, sc.mem_free, sc.gpu_free, -1)
+        kernels.allocate(
+            int(nodes[i]),
+            masks[i],
+            int(cpu[i]),
+            int(mem[i]),
+            int(milli[i]),
+            sc.cpu_free,
+            sc.mem_free,
+            sc.gpu_free,
+            -1,
+        )
     for i in range(nodes.size):
-        kernels.allocate(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]),
-                         sc.cpu_free, sc.mem_free, sc.gpu_free, 1)
+        kernels.allocate(
+            int(nodes[i]),
+            masks[i],
+            int(cpu[i]),
+            int(mem[i]),
+            int(milli[i]),
+            sc.cpu_free,
+            sc.mem_free,
+            sc.gpu_free,
+            1,
+        )
     return primary, secondary
 
 
@@ -247,14 +299,26 @@ def commit(sc: Scratch, job: int, p: Placement) -> None:
     placements = []
     for i in range(p.tasks.size):
         t, node, mask = int(p.tasks[i]), int(p.nodes[i]), int(p.masks[i])
-        kernels.allocate(node, np.uint64(mask), int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]),
-                         sc.cpu_free, sc.mem_free, sc.gpu_free, -1)
+        kernels.allocate(
+            node,
+            np.uint64(mask),
+            int(tc["cpu"][t]),
+            int(tc["mem"][t]),
+            int(tc["milli"][t]),
+            sc.cpu_free,
+            sc.mem_free,
+            sc.gpu_free,
+            -1,
+        )
         gpu_idx = tuple(g for g in range(int(sc.gpu_count[node])) if mask >> g & 1)
         placements.append(TaskPlacement(t - first, sc.node_name(node), gpu_idx))
     add_usage(sc, job, p.cell, +1)
     placements.sort(key=lambda tp: tp.task_index)
-    sc.decisions.append(JobPlaced(job_id=job_name(state, job), cell=state.names["cell"].names[p.cell],
-                                  tasks=tuple(placements)))
+    sc.decisions.append(
+        JobPlaced(
+            job_id=job_name(state, job), cell=state.names["cell"].names[p.cell], tasks=tuple(placements)
+        )
+    )
 
 
 def add_usage(sc: Scratch, job: int, cell: int, sign: int) -> None:
@@ -272,7 +336,9 @@ def pending(sc: Scratch, job: int, outcome: Outcome) -> bool:
     code = int(state.jobs.cols["reason"][job])
     same = code > 0 and state.reason_codes.names[code - 1] == outcome.reason
     if not (same and state.reason_text.get(job) == outcome.message):
-        sc.decisions.append(JobPending(job_id=job_name(state, job), reason=outcome.reason, message=outcome.message))
+        sc.decisions.append(
+            JobPending(job_id=job_name(state, job), reason=outcome.reason, message=outcome.message)
+        )
     return False
 
 
@@ -308,11 +374,14 @@ def victim_candidates(sc: Scratch, job: int, cause: str) -> list[int]:
         running = running[borrowers_mask(sc, job, running)]
     cells = set(allowed_cells(sc, job))
     recent = (jc["preempted_at_ms"][running] >= 0) & (
-        jc["preempted_at_ms"][running] > state.now_ms - sc.policy.thrash_window_ms)
+        jc["preempted_at_ms"][running] > state.now_ms - sc.policy.thrash_window_ms
+    )
     same_cause = jc["preempt_cause"][running] == (1 if cause == "priority" else 2)
     running = running[~(recent & same_cause)]
     order = np.lexsort((-running, -jc["placed_at_ms"][running], jc["priority"][running]))
-    out = [int(v) for v in running[order].tolist() if int(jc["cell"][v]) in cells and int(v) not in sc.victims]
+    out = [
+        int(v) for v in running[order].tolist() if int(jc["cell"][v]) in cells and int(v) not in sc.victims
+    ]
     return out[: sc.policy.max_victims]
 
 
@@ -360,8 +429,17 @@ def release_in_scratch(sc: Scratch, victim: int) -> None:
     for t in sc.state.job_tasks(victim):
         node = int(tc["node"][t])
         if node >= 0:
-            kernels.allocate(node, tc["gpu_mask"][t], int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]),
-                             sc.cpu_free, sc.mem_free, sc.gpu_free, 1)
+            kernels.allocate(
+                node,
+                tc["gpu_mask"][t],
+                int(tc["cpu"][t]),
+                int(tc["mem"][t]),
+                int(tc["milli"][t]),
+                sc.cpu_free,
+                sc.mem_free,
+                sc.gpu_free,
+                1,
+            )
 
 
 def evict(sc: Scratch, job: int, victims: list[int], cause: str) -> None:
@@ -373,8 +451,15 @@ def evict(sc: Scratch, job: int, victims: list[int], cause: str) -> None:
         sc.victims.add(v)
         first = int(state.jobs.cols["first_task"][v])
         for t in state.job_tasks(v):
-            sc.decisions.append(TaskPreempted(job_id=job_name(state, v), task_index=t - first, by_job_id=by,
-                                              cause=cause, message=f"{cause} preemption for job {by}"))
+            sc.decisions.append(
+                TaskPreempted(
+                    job_id=job_name(state, v),
+                    task_index=t - first,
+                    by_job_id=by,
+                    cause=cause,
+                    message=f"{cause} preemption for job {by}",
+                )
+            )
 
 
 # --- step 5: reservation -----------------------------------------------------------------
@@ -384,24 +469,37 @@ def reserve_for(sc: Scratch, job: int, failure: Outcome) -> Outcome:
     """A blocked gang reserves the domain with the most free GPU share in which it would fit
     once drained (a gang that fits nowhere even on empty nodes reserves nothing)."""
     state, policy = sc.state, sc.policy
-    if (not policy.reserve or len(sc.reservations) >= policy.max_reservations
-            or failure.reason not in ("gang_does_not_fit", "gang_does_not_fit_topology")):
+    if (
+        not policy.reserve
+        or len(sc.reservations) >= policy.max_reservations
+        or failure.reason not in ("gang_does_not_fit", "gang_does_not_fit_topology")
+    ):
         return failure
     cell = allowed_cells(sc, job)[0]
     cands = sc.candidates(cell, False)
     level = int(state.jobs.cols["topology"][job])
-    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands] if level else np.zeros(cands.size, np.int64)
+    domain = (
+        state.nodes.cols[LEVELS[level]][: state.nodes.size][cands]
+        if level
+        else np.zeros(cands.size, np.int64)
+    )
     nodes = drained_fit(sc, job, cands, domain)
     if nodes is None:
         return failure
     sc.reserved[nodes] = True
     start = reservation_start(state, nodes)
     sc.reservations.append((job, cell, start))
-    where = state.names["topo"].names[int(domain[np.searchsorted(cands, nodes[0])])].split("\x00")[-1] \
-        if level else "its cell"
+    where = (
+        state.names["topo"].names[int(domain[np.searchsorted(cands, nodes[0])])].split("\x00")[-1]
+        if level
+        else "its cell"
+    )
     when = "unknown (a job running there has no expected duration)" if start >= NO_LIMIT else f"{start} ms"
-    return Outcome("waiting_for_reservation",
-                   f"{failure.message}; reserved {nodes.size} nodes of {where}; expected free at {when}", False)
+    return Outcome(
+        "waiting_for_reservation",
+        f"{failure.message}; reserved {nodes.size} nodes of {where}; expected free at {when}",
+        False,
+    )
 
 
 def drained_fit(sc: Scratch, job: int, cands: Array, domain: Array) -> Array | None:
@@ -414,7 +512,7 @@ def drained_fit(sc: Scratch, job: int, cands: Array, domain: Array) -> Array | N
     totals = np.bincount(domain[valid], weights=free[valid]).astype(np.int64)
     present = np.unique(domain[valid])
     for d in present[np.lexsort((present, -totals[present]))][:8].tolist():
-        nodes = cands[domain == d]
+        nodes: Array = cands[domain == d]
         if fits_when_drained(sc, job, nodes):
             return nodes
     return None

@@ -27,13 +27,16 @@ class SnapshotError(ValueError):
 def _scalars(state: State) -> dict[str, Any]:
     return {
         "config": msgspec.to_builtins(state.config),
-        "now_ms": state.now_ms, "offset": state.offset, "next_sweep_ms": state.next_sweep_ms,
+        "now_ms": state.now_ms,
+        "offset": state.offset,
+        "next_sweep_ms": state.next_sweep_ms,
         "names": {k: v.state() for k, v in sorted(state.names.items())},
         "reason_codes": state.reason_codes.state(),
         "job_cells": sorted([k, list(v)] for k, v in state.job_cells.items()),
         "usage": sorted([list(k), v] for k, v in state.usage.items()),
         "quotas": sorted([list(k), msgspec.to_builtins(q)] for k, q in state.quotas.items()),
-        "recent_shapes": [list(s) for s in state.recent_shapes], "recent_next": state.recent_next,
+        "recent_shapes": [list(s) for s in state.recent_shapes],
+        "recent_next": state.recent_next,
         "reason_text": sorted([k, v] for k, v in state.reason_text.items()),
         "counters": [state.pending_count, state.duplicates, state.ignored],
     }
@@ -61,8 +64,13 @@ def digest(state: State) -> str:
 
 def snapshot(state: State) -> bytes:
     """The state as bytes; :func:`restore` gives back a state with the same digest."""
-    body = {"format": SNAPSHOT_FORMAT, "scalars": _scalars(state), "columns": _columns(state),
-            "sizes": {t: getattr(state, t).size for t in _TABLES}, "digest": digest(state)}
+    body = {
+        "format": SNAPSHOT_FORMAT,
+        "scalars": _scalars(state),
+        "columns": _columns(state),
+        "sizes": {t: getattr(state, t).size for t in _TABLES},
+        "digest": digest(state),
+    }
     return msgspec.msgpack.encode(body)
 
 
@@ -91,14 +99,14 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.quotas = {(k[0], k[1]): _quota(q) for k, q in s["quotas"]}
     state.recent_shapes = [(a, b, c) for a, b, c in s["recent_shapes"]]
     state.recent_next = s["recent_next"]
-    state.reason_text = {k: v for k, v in s["reason_text"]}
+    state.reason_text = dict(s["reason_text"])
     state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state
 
 
 def _quota(q: dict[str, Any]) -> Quota:
     limit = q["borrowing_limit"]
-    return Quota(tuple(q["nominal"]), None if limit is None else tuple(limit), q["cohort"], q["weight_milli"])  # type: ignore[arg-type]
+    return Quota(tuple(q["nominal"]), None if limit is None else tuple(limit), q["cohort"], q["weight_milli"])
 
 
 def _restore_columns(state: State, sizes: dict[str, int], columns: list[list[Any]]) -> None:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fleetlog.core import kernels
+from fleetlog.core.quota import quota_check
+from fleetlog.core.shapes import LEVELS, task_arrays
 
 if TYPE_CHECKING:
     from fleetlog.core.decide import Scratch
@@ -34,8 +36,6 @@ class Outcome:
 
 def explain_failure(sc: Scratch, job: int, cells: tuple[int, ...], kind: str) -> Outcome:
     """Why ``job`` did not fit in ``cells``: ``kind`` is no_cells, quota or capacity."""
-    from fleetlog.core.quota import quota_check
-
     state = sc.state
     names = ", ".join(state.names["cell"].names[c] for c in cells) or "(none up)"
     if kind == "no_cells":
@@ -43,13 +43,13 @@ def explain_failure(sc: Scratch, job: int, cells: tuple[int, ...], kind: str) ->
         wanted = ", ".join(state.names["cell"].names[c] for c in allowed) or "any cell"
         return Outcome("no_eligible_nodes", f"no node is up in the allowed cells ({wanted})")
     if kind == "quota":
-        return Outcome("quota_exhausted", quota_check(state, sc.usage, job, cells[0], sc.policy.require_quota))
+        return Outcome(
+            "quota_exhausted", quota_check(state, sc.usage, job, cells[0], sc.policy.require_quota)
+        )
     return capacity_failure(sc, job, cells, names)
 
 
 def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) -> Outcome:
-    from fleetlog.core.decide import LEVELS, task_arrays
-
     state = sc.state
     idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
     level = int(state.jobs.cols["topology"][job])
@@ -64,20 +64,24 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
         return Outcome("no_eligible_nodes", f"no up node with GPU model {wanted or 'any'} in cells {names}")
     where = state.names["cell"].names[best_cell]
     if level:
-        return Outcome("gang_does_not_fit_topology",
-                       f"no {LEVELS[level]} in cell {where} has room for all {idx.size} tasks ({shape} "
-                       f"largest); the best {LEVELS[level]} fits {best}")
+        return Outcome(
+            "gang_does_not_fit_topology",
+            f"no {LEVELS[level]} in cell {where} has room for all {idx.size} tasks ({shape} "
+            f"largest); the best {LEVELS[level]} fits {best}",
+        )
     if idx.size > 1:
-        return Outcome("gang_does_not_fit", f"only {best} of {idx.size} tasks ({shape} largest) fit at once in "
-                                            f"cell {where}")
-    return Outcome("insufficient_capacity", f"no node in cells {names} has room for a task of {shape}; "
-                                            f"{most_free(sc, cells)}")
+        return Outcome(
+            "gang_does_not_fit",
+            f"only {best} of {idx.size} tasks ({shape} largest) fit at once in cell {where}",
+        )
+    return Outcome(
+        "insufficient_capacity",
+        f"no node in cells {names} has room for a task of {shape}; {most_free(sc, cells)}",
+    )
 
 
 def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:
     """How many of ``job``'s tasks fit in its best domain among ``cands``."""
-    from fleetlog.core.decide import LEVELS, task_arrays
-
     if cands.size == 0:
         return 0
     state = sc.state
@@ -86,9 +90,24 @@ def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:
     domain = state.nodes.cols[LEVELS[level]][: state.nodes.size] if level else sc.no_domain
     out_node = np.full(cpu.size, -1, dtype=np.int32)
     out_mask = np.zeros(cpu.size, dtype=np.uint64)
-    chosen, count = kernels.place_gang(cands, domain, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count,
-                                       sc.model, cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes,
-                                       out_node, out_mask)
+    _, count = kernels.place_gang(
+        cands,
+        domain,
+        sc.cpu_free,
+        sc.mem_free,
+        sc.gpu_free,
+        sc.gpu_count,
+        sc.model,
+        cpu,
+        mem,
+        gpus,
+        milli,
+        models,
+        sc.policy_id,
+        sc.shapes,
+        out_node,
+        out_mask,
+    )
     return int(count)
 
 
@@ -99,7 +118,9 @@ def eligible_exists(sc: Scratch, cells: tuple[int, ...], models: int, gpus: int)
     for cell in cells:
         nodes = sc.up_by_cell.get(cell, np.zeros(0, dtype=np.int64))
         m = sc.model[nodes]
-        if ((m >= 0) & ((np.uint64(models) >> np.maximum(m, 0).astype(np.uint64)) & np.uint64(1)).astype(bool)).any():
+        if (
+            (m >= 0) & ((np.uint64(models) >> np.maximum(m, 0).astype(np.uint64)) & np.uint64(1)).astype(bool)
+        ).any():
             return True
     return False
 
@@ -111,5 +132,8 @@ def most_free(sc: Scratch, cells: tuple[int, ...]) -> str:
         return "no node is up"
     whole = (sc.gpu_free[nodes] == 1000).sum(axis=1)
     share = sc.gpu_free[nodes].max(axis=1)
-    return (f"the most free on one node: {int(whole.max())} whole GPUs, a GPU with {int(share.max())} milli free, "
-            f"{int(sc.cpu_free[nodes].max())} mCPU, {int(sc.mem_free[nodes].max())} MiB")
+    return (
+        f"the most free on one node: {int(whole.max())} whole GPUs, "
+        f"a GPU with {int(share.max())} milli free, "
+        f"{int(sc.cpu_free[nodes].max())} mCPU, {int(sc.mem_free[nodes].max())} MiB"
+    )

@@ -91,8 +91,7 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
             hit = cache.get(event.node)
             if hit is not None and hit[1] == event:
                 state.offset += 1
-                if at_ms > state.now_ms:
-                    state.now_ms = at_ms
+                state.now_ms = max(state.now_ms, at_ms)
                 beats[hit[0]] = state.now_ms
                 continue
         if beats:
@@ -104,7 +103,9 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
 
 def _write_beats(state: State, beats: dict[int, int]) -> None:
     rows = np.fromiter(beats.keys(), dtype=np.int64, count=len(beats))
-    state.nodes.cols["last_heartbeat_ms"][rows] = np.fromiter(beats.values(), dtype=np.int64, count=len(beats))
+    state.nodes.cols["last_heartbeat_ms"][rows] = np.fromiter(
+        beats.values(), dtype=np.int64, count=len(beats)
+    )
     beats.clear()
 
 
@@ -128,14 +129,15 @@ def fold_decision(state: State, decision: object) -> None:
 
 def advance_time(state: State, at_ms: int) -> None:
     """Move log time forward (never back) and mark nodes whose heartbeats stopped as down."""
-    if at_ms > state.now_ms:
-        state.now_ms = at_ms
+    state.now_ms = max(state.now_ms, at_ms)
     if state.now_ms < state.next_sweep_ms:
         return
     timeout = state.config.node_timeout_ms
     state.next_sweep_ms = state.now_ms + max(1, timeout // 4)
     nodes = state.nodes
-    stale = (nodes.view("status") == NodeStatus.UP) & (nodes.view("last_heartbeat_ms") < state.now_ms - timeout)
+    stale = (nodes.view("status") == NodeStatus.UP) & (
+        nodes.view("last_heartbeat_ms") < state.now_ms - timeout
+    )
     for row in np.flatnonzero(stale).tolist():
         node_down(state, row, NodeStatus.DOWN)
 
@@ -266,7 +268,11 @@ def on_node_removed(state: State, e: NodeRemoved) -> None:
 def task_row(state: State, job_id: str, index: int) -> int:
     """The task row for (job, index) of a running job, or -1."""
     job = state.job_row(job_id)
-    if job < 0 or index >= int(state.jobs.cols["ntasks"][job]) or state.jobs.cols["state"][job] != JobState.RUNNING:
+    if (
+        job < 0
+        or index >= int(state.jobs.cols["ntasks"][job])
+        or state.jobs.cols["state"][job] != JobState.RUNNING
+    ):
         return -1
     return int(state.jobs.cols["first_task"][job]) + index
 

@@ -13,8 +13,14 @@ class InvariantError(AssertionError):
 
 def check(state: State) -> None:
     """Raise :class:`InvariantError` naming the first broken rule."""
-    for rule in (no_overcommit, free_matches_tasks, running_tasks_on_live_nodes, job_states_consistent,
-                 usage_matches_allocations, pending_count_matches):
+    for rule in (
+        no_overcommit,
+        free_matches_tasks,
+        running_tasks_on_live_nodes,
+        job_states_consistent,
+        usage_matches_allocations,
+        pending_count_matches,
+    ):
         problem = rule(state)
         if problem:
             raise InvariantError(f"{rule.__name__}: {problem}")
@@ -95,4 +101,6 @@ def usage_matches_allocations(state: State) -> str:
 
 def pending_count_matches(state: State) -> str:
     actual = int((state.jobs.view("state") == JobState.PENDING).sum())
-    return "" if actual == state.pending_count else f"pending_count {state.pending_count} but {actual} pending"
+    return (
+        "" if actual == state.pending_count else f"pending_count {state.pending_count} but {actual} pending"
+    )

@@ -34,7 +34,7 @@ skips a domain when T times a floor under any task's score there (a node's best-
 falls as copies land on it) can't beat the best domain found. None of these changes a result.
 """
 
-# ruff: noqa: PLR0917  (kernels take flat arrays and scalars positionally: numba has no keyword-only args)
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -5,7 +5,7 @@ for the data layout and the score format), written for clarity, not speed: no ca
 pruning, full copies of the state per domain.
 """
 
-# ruff: noqa: PLR0917  (the same positional signatures as the numba kernels)
+
 from __future__ import annotations
 
 import numpy as np

@@ -22,12 +22,16 @@ SCALE = 1_000_000_000
 def fleet_capacity(state: State) -> tuple[int, int, int]:
     n, c = state.nodes.size, state.nodes.cols
     up = c["status"][:n] == NodeStatus.UP
-    return (int(c["cpu_alloc"][:n][up].sum()), int(c["mem_alloc"][:n][up].sum()),
-            int(c["gpu_count"][:n][up].sum()) * 1000)
+    return (
+        int(c["cpu_alloc"][:n][up].sum()),
+        int(c["mem_alloc"][:n][up].sum()),
+        int(c["gpu_count"][:n][up].sum()) * 1000,
+    )
 
 
-def dominant_share(state: State, usage: dict[tuple[int, int], list[int]], tenant: int,
-                   fleet: tuple[int, int, int]) -> int:
+def dominant_share(
+    state: State, usage: dict[tuple[int, int], list[int]], tenant: int, fleet: tuple[int, int, int]
+) -> int:
     """The tenant's weighted dominant share, as an integer (parts per billion / weight)."""
     quota = state.quotas.get((tenant, -1))
     base = quota.nominal if quota is not None and any(quota.nominal) else fleet
@@ -52,10 +56,18 @@ def drf_order(state: State, usage: dict[tuple[int, int], list[int]]) -> Iterator
         yield from _one_class(state, usage, block, tenants, fleet)
 
 
-def _one_class(state: State, usage: dict[tuple[int, int], list[int]], jobs: np.ndarray, tenants: np.ndarray,
-               fleet: tuple[int, int, int]) -> Iterator[int]:
+def _one_class(
+    state: State,
+    usage: dict[tuple[int, int], list[int]],
+    jobs: np.ndarray,
+    tenants: np.ndarray,
+    fleet: tuple[int, int, int],
+) -> Iterator[int]:
     cuts = np.flatnonzero(np.diff(tenants)) + 1
-    queues = {int(t[0]): deque(q.tolist()) for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)}
+    queues = {
+        int(t[0]): deque(q.tolist())
+        for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)
+    }
     heap = [(dominant_share(state, usage, t, fleet), t) for t in sorted(queues)]
     heapq.heapify(heap)
     while heap:

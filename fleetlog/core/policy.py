@@ -56,11 +56,14 @@ def policy_named(spec: str, **overrides: object) -> Policy:
         base = POLICIES[base_name]
     except KeyError:
         raise UnknownPolicyError(
-            f"unknown policy {base_name!r}; choose one of {', '.join(sorted(POLICIES))}") from None
+            f"unknown policy {base_name!r}; choose one of {', '.join(sorted(POLICIES))}"
+        ) from None
     fields = dict(_parse_query(query)) | {k: _text(v) for k, v in overrides.items()}
     if not fields:
         return base
-    raw = msgspec.to_builtins(base) | {k: msgspec.json.decode(v) if k != "name" else v for k, v in fields.items()}
+    raw = msgspec.to_builtins(base) | {
+        k: msgspec.json.decode(v) if k != "name" else v for k, v in fields.items()
+    }
     raw["name"] = base_name + "?" + "&".join(f"{k}={fields[k]}" for k in sorted(fields))
     try:
         return msgspec.convert(raw, Policy)

@@ -51,8 +51,10 @@ def quota_check(state: State, usage: Usage, job: int, cell: int, require_quota: 
             if req[i] and used[i] + req[i] > limit[i]:
                 where = "in every cell" if key[1] < 0 else f"in cell {state.names['cell'].names[key[1]]}"
                 lend = limit[i] - quota.nominal[i]
-                return (f"tenant {state.names['tenant'].names[tenant]} uses {used[i]} of {quota.nominal[i]} "
-                        f"{name} nominal {where}, the job needs {req[i]} and the cohort can lend {lend}")
+                return (
+                    f"tenant {state.names['tenant'].names[tenant]} uses {used[i]} of {quota.nominal[i]} "
+                    f"{name} nominal {where}, the job needs {req[i]} and the cohort can lend {lend}"
+                )
     return ""
 
 

@@ -18,7 +18,7 @@ from fleetlog.core.arrays import Interner, Table
 MAX_GPUS: Final = 64
 MAX_GPU_MODELS: Final = 64
 FULL_GPU: Final = 1000
-NO_LIMIT: Final = (1 << 62)
+NO_LIMIT: Final = 1 << 62
 
 
 class NodeStatus(enum.IntEnum):
@@ -68,33 +68,67 @@ class Quota(msgspec.Struct):
 
 def _node_table() -> Table:
     i32, i64 = np.int32, np.int64
-    return Table({
-        "cell": (i32, (), -1), "block": (i32, (), -1), "rack": (i32, (), -1), "host": (i32, (), -1),
-        "model": (i32, (), -1), "gpu_count": (i32, (), 0), "status": (np.int8, (), NodeStatus.UP),
-        "cpu_alloc": (i64, (), 0), "mem_alloc": (i64, (), 0), "cpu_free": (i64, (), 0), "mem_free": (i64, (), 0),
-        "gpu_free": (np.int16, (MAX_GPUS,), 0), "last_heartbeat_ms": (i64, (), 0),
-    })
+    return Table(
+        {
+            "cell": (i32, (), -1),
+            "block": (i32, (), -1),
+            "rack": (i32, (), -1),
+            "host": (i32, (), -1),
+            "model": (i32, (), -1),
+            "gpu_count": (i32, (), 0),
+            "status": (np.int8, (), NodeStatus.UP),
+            "cpu_alloc": (i64, (), 0),
+            "mem_alloc": (i64, (), 0),
+            "cpu_free": (i64, (), 0),
+            "mem_free": (i64, (), 0),
+            "gpu_free": (np.int16, (MAX_GPUS,), 0),
+            "last_heartbeat_ms": (i64, (), 0),
+        }
+    )
 
 
 def _job_table() -> Table:
     i32, i64 = np.int32, np.int64
-    return Table({
-        "tenant": (i32, (), -1), "queue": (i32, (), -1), "priority": (i32, (), 0),
-        "state": (np.int8, (), JobState.PENDING), "submitted_at": (i64, (), 0), "seq": (i64, (), 0),
-        "first_task": (i64, (), 0), "ntasks": (i32, (), 0), "cell": (i32, (), -1), "topology": (np.int8, (), 0),
-        "expected_ms": (i64, (), -1), "placed_at_ms": (i64, (), -1), "preempted_at_ms": (i64, (), -1),
-        "preempt_cause": (np.int8, (), 0), "reason": (np.int16, (), 0), "tasks_done": (i32, (), 0),
-        "req_cpu": (i64, (), 0), "req_mem": (i64, (), 0), "req_gpu": (i64, (), 0),
-    })
+    return Table(
+        {
+            "tenant": (i32, (), -1),
+            "queue": (i32, (), -1),
+            "priority": (i32, (), 0),
+            "state": (np.int8, (), JobState.PENDING),
+            "submitted_at": (i64, (), 0),
+            "seq": (i64, (), 0),
+            "first_task": (i64, (), 0),
+            "ntasks": (i32, (), 0),
+            "cell": (i32, (), -1),
+            "topology": (np.int8, (), 0),
+            "expected_ms": (i64, (), -1),
+            "placed_at_ms": (i64, (), -1),
+            "preempted_at_ms": (i64, (), -1),
+            "preempt_cause": (np.int8, (), 0),
+            "reason": (np.int16, (), 0),
+            "tasks_done": (i32, (), 0),
+            "req_cpu": (i64, (), 0),
+            "req_mem": (i64, (), 0),
+            "req_gpu": (i64, (), 0),
+        }
+    )
 
 
 def _task_table() -> Table:
     i32, i64 = np.int32, np.int64
-    return Table({
-        "job": (i64, (), -1), "cpu": (i64, (), 0), "mem": (i64, (), 0), "gpus": (i32, (), 0),
-        "milli": (i32, (), 0), "models": (np.uint64, (), 0), "node": (i32, (), -1),
-        "gpu_mask": (np.uint64, (), 0), "state": (np.int8, (), TaskState.PENDING),
-    })
+    return Table(
+        {
+            "job": (i64, (), -1),
+            "cpu": (i64, (), 0),
+            "mem": (i64, (), 0),
+            "gpus": (i32, (), 0),
+            "milli": (i32, (), 0),
+            "models": (np.uint64, (), 0),
+            "node": (i32, (), -1),
+            "gpu_mask": (np.uint64, (), 0),
+            "state": (np.int8, (), TaskState.PENDING),
+        }
+    )
 
 
 class State:
@@ -108,7 +142,9 @@ class State:
         self.nodes = _node_table()
         self.jobs = _job_table()
         self.tasks = _task_table()
-        self.names = {k: Interner() for k in ("cell", "node", "topo", "model", "tenant", "queue", "job", "cohort")}
+        self.names = {
+            k: Interner() for k in ("cell", "node", "topo", "model", "tenant", "queue", "job", "cohort")
+        }
         self.job_cells: dict[int, tuple[int, ...]] = {}  # job row -> allowed cell ids (absent = any)
         self.usage: dict[tuple[int, int], list[int]] = {}  # (tenant, cell or -1 = all) -> [cpu, mem, gpu]
         self.quotas: dict[tuple[int, int], Quota] = {}  # (tenant id, cell id or -1) -> quota

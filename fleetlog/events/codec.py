@@ -81,8 +81,14 @@ _MSGPACK_ENCODER: Final = msgspec.msgpack.Encoder()
 _JSON_ENCODER: Final = msgspec.json.Encoder()
 _MSGPACK_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
 _JSON_DECODER: Final = msgspec.json.Decoder(Envelope)
-_HEAD_DECODERS: Final = {"msgpack": msgspec.msgpack.Decoder(_Head), "json": msgspec.json.Decoder(_Head)}
-_TAG_DECODERS: Final = {"msgpack": msgspec.msgpack.Decoder(_Tag), "json": msgspec.json.Decoder(_Tag)}
+_HEAD_DECODERS: Final[dict[str, msgspec.msgpack.Decoder[_Head] | msgspec.json.Decoder[_Head]]] = {
+    "msgpack": msgspec.msgpack.Decoder(_Head),
+    "json": msgspec.json.Decoder(_Head),
+}
+_TAG_DECODERS: Final[dict[str, msgspec.msgpack.Decoder[_Tag] | msgspec.json.Decoder[_Tag]]] = {
+    "msgpack": msgspec.msgpack.Decoder(_Tag),
+    "json": msgspec.json.Decoder(_Tag),
+}
 
 
 def envelope(event: Event, producer_id: str, key: str | None = None) -> Envelope:
@@ -156,7 +162,9 @@ def encode_many(envs: Sequence[Envelope], fmt: Format = "msgpack") -> list[bytes
 
 def _unsupported(version: int) -> UnsupportedSchemaVersionError:
     known = ", ".join(str(v) for v in sorted(SUPPORTED_SCHEMA_VERSIONS))
-    return UnsupportedSchemaVersionError(f"schema_version {version} is not supported (this build reads {known})")
+    return UnsupportedSchemaVersionError(
+        f"schema_version {version} is not supported (this build reads {known})"
+    )
 
 
 def diagnose(data: bytes, fmt: Format, exc: Exception) -> BadEventError:
@@ -174,5 +182,7 @@ def diagnose(data: bytes, fmt: Format, exc: Exception) -> BadEventError:
     except (msgspec.DecodeError, msgspec.ValidationError) as tag_exc:
         return InvalidEventError(f"event has no string `type` field: {tag_exc}")
     if tag not in EVENT_TYPE_NAMES:
-        return UnknownEventTypeError(f"unknown event type {tag[:100]!r}; known: {', '.join(EVENT_TYPE_NAMES)}")
+        return UnknownEventTypeError(
+            f"unknown event type {tag[:100]!r}; known: {', '.join(EVENT_TYPE_NAMES)}"
+        )
     return InvalidEventError(f"invalid {tag}: {exc}")

@@ -169,7 +169,9 @@ class TaskPlacement(_Struct, frozen=True, array_like=True):
 
     task_index: TaskIndex
     node: Name
-    gpu_indices: Annotated[tuple[Annotated[int, Meta(ge=0, lt=MAX_GPUS_PER_NODE)], ...], Meta(max_length=64)] = ()
+    gpu_indices: Annotated[
+        tuple[Annotated[int, Meta(ge=0, lt=MAX_GPUS_PER_NODE)], ...], Meta(max_length=64)
+    ] = ()
 
 
 class JobPlaced(_Event, frozen=True):
@@ -224,7 +226,14 @@ class DecisionBatch(_Event, frozen=True):
 
 
 InputEvent = (
-    JobSubmitted | JobCancelled | NodeHeartbeat | NodeRemoved | TaskStarted | TaskFinished | TaskFailed | QuotaSet
+    JobSubmitted
+    | JobCancelled
+    | NodeHeartbeat
+    | NodeRemoved
+    | TaskStarted
+    | TaskFinished
+    | TaskFailed
+    | QuotaSet
 )
 INPUT_TYPES: Final = (
     JobSubmitted,

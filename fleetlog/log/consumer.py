@@ -60,7 +60,9 @@ class EventConsumer:
         self._source = source
         self._dead_letters = dead_letters
 
-    async def poll(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0, park: bool = True) -> Polled:
+    async def poll(
+        self, offset: int, max_records: int = 10_000, timeout_ms: int = 0, park: bool = True
+    ) -> Polled:
         """Read from ``offset``; return the good events and the offset to read next.
 
         ``park=False`` (recovery, replay) skips bad records without parking them again."""
@@ -75,10 +77,15 @@ class EventConsumer:
         """Decode ``records``: (good events, dead-letter messages for the bad ones)."""
         events: list[Delivered] = []
         bad: list[Message] = []
-        decoded = decode_many([(r.value, r.header(CONTENT_TYPE_HEADER) if r.headers else None) for r in records])
-        for record, env in zip(records, decoded, strict=True):
-            if isinstance(env, Envelope) and not isinstance(env.event, INPUT_TYPES):
-                env = _not_an_input(env)
+        decoded = decode_many(
+            [(r.value, r.header(CONTENT_TYPE_HEADER) if r.headers else None) for r in records]
+        )
+        for record, result in zip(records, decoded, strict=True):
+            env = (
+                _not_an_input(result)
+                if isinstance(result, Envelope) and not isinstance(result.event, INPUT_TYPES)
+                else result
+            )
             if isinstance(env, BadEventError):
                 bad.append(dead_letter(record, self._source, env))
             else:

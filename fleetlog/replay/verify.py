@@ -13,6 +13,7 @@ from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold, fold_many
 from fleetlog.core.policy import policy_named
 from fleetlog.core.state import CoreConfig, State
+from fleetlog.events.model import DecisionBatch
 from fleetlog.log.base import DECISIONS, LogStore
 from fleetlog.log.consumer import EventConsumer, decision_batches
 
@@ -37,7 +38,9 @@ class VerifyReport(msgspec.Struct, frozen=True):
         return self.divergence is None
 
 
-async def verify(store: LogStore, core: CoreConfig | None = None, limit_batches: int | None = None) -> VerifyReport:
+async def verify(
+    store: LogStore, core: CoreConfig | None = None, limit_batches: int | None = None
+) -> VerifyReport:
     """Replay ``store``'s inputs against its decisions log; stop at the first divergence."""
     state, consumer, offset = State(core), EventConsumer(store), 0
     batches = decisions = 0
@@ -68,17 +71,16 @@ async def _fold_until(consumer: EventConsumer, state: State, offset: int, as_of:
     return offset
 
 
-def _compare(state: State, batch: object, record_offset: int) -> Divergence | None:
-    from fleetlog.events.model import DecisionBatch
-
-    assert isinstance(batch, DecisionBatch)
+def _compare(state: State, batch: DecisionBatch, record_offset: int) -> Divergence | None:
     mine = digest(state)
     if mine != batch.digest:
         return Divergence(record_offset, batch.as_of, "state digest", batch.digest, mine)
     replayed = tuple(decide(state, policy_named(batch.policy)))
     if replayed != batch.decisions:
-        index = next((i for i, (a, b) in enumerate(zip(replayed, batch.decisions, strict=False)) if a != b),
-                     min(len(replayed), len(batch.decisions)))
+        index = next(
+            (i for i, (a, b) in enumerate(zip(replayed, batch.decisions, strict=False)) if a != b),
+            min(len(replayed), len(batch.decisions)),
+        )
         got = repr(replayed[index]) if index < len(replayed) else "(nothing)"
         want = repr(batch.decisions[index]) if index < len(batch.decisions) else "(nothing)"
         return Divergence(record_offset, batch.as_of, f"decision #{index}", want, got)

@@ -45,8 +45,13 @@ class StepResult(msgspec.Struct, frozen=True):
 class SchedulerLoop:
     """Owns the state; each :meth:`step` folds what arrived and publishes one decision batch."""
 
-    def __init__(self, store: LogStore, policy: Policy, config: LoopConfig | None = None,
-                 core: CoreConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: LogStore,
+        policy: Policy,
+        config: LoopConfig | None = None,
+        core: CoreConfig | None = None,
+    ) -> None:
         self.store, self.policy = store, policy
         self.config = config or LoopConfig()
         self.state = State(core)
@@ -70,10 +75,13 @@ class SchedulerLoop:
 
     async def _fold_inputs_until(self, as_of: int) -> None:
         while self.offset < as_of:
-            polled = await self.consumer.poll(self.offset, min(self.config.max_batch, as_of - self.offset),
-                                              park=False)
+            polled = await self.consumer.poll(
+                self.offset, min(self.config.max_batch, as_of - self.offset), park=False
+            )
             if polled.next_offset == self.offset:
-                raise CorruptDecisionsError(f"decisions refer to inputs up to {as_of}; the log ends at {self.offset}")
+                raise CorruptDecisionsError(
+                    f"decisions refer to inputs up to {as_of}; the log ends at {self.offset}"
+                )
             fold_many(self.state, ((d.envelope.event, d.timestamp_ms) for d in polled.events))
             self.offset = polled.next_offset
 
@@ -87,10 +95,13 @@ class SchedulerLoop:
         if not polled.events and polled.dead_lettered == 0:
             return StepResult(0, 0, 0, self.offset)
         decisions = decide(self.state, self.policy) if polled.events else []
-        batch = DecisionBatch(as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions),
-                              policy=self.policy.name)
+        batch = DecisionBatch(
+            as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions), policy=self.policy.name
+        )
         messages = [self.batch_message(batch)] if decisions else []
-        await self.store.append_transactional(DECISIONS, messages, group=self.config.group, consumed=self.offset)
+        await self.store.append_transactional(
+            DECISIONS, messages, group=self.config.group, consumed=self.offset
+        )
         fold(self.state, batch, self.state.now_ms)
         if self.config.check_invariants:
             check(self.state)

@@ -22,27 +22,76 @@ from fleetlog.events import (
 from fleetlog.events.model import Decision, TopologyLevel
 
 
-def node(name: str, gpus: int = 8, model: str = "A100", cell: str = "c1", rack: str = "r1", block: str = "b1",
-         cpu: int = 96_000, mem: int = 786_432, healthy: bool = True) -> NodeHeartbeat:
-    return NodeHeartbeat(cell=cell, node=name, cpu_milli=cpu, mem_mib=mem, gpu_count=gpus,
-                         gpu_model=model if gpus else "", topology=(block, rack, name), healthy=healthy)
+def node(
+    name: str,
+    gpus: int = 8,
+    model: str = "A100",
+    cell: str = "c1",
+    rack: str = "r1",
+    block: str = "b1",
+    cpu: int = 96_000,
+    mem: int = 786_432,
+    healthy: bool = True,
+) -> NodeHeartbeat:
+    return NodeHeartbeat(
+        cell=cell,
+        node=name,
+        cpu_milli=cpu,
+        mem_mib=mem,
+        gpu_count=gpus,
+        gpu_model=model if gpus else "",
+        topology=(block, rack, name),
+        healthy=healthy,
+    )
 
 
-def job(job_id: str, tenant: str = "t1", tasks: int = 1, gpus: int = 1, milli: int = 1000, cpu: int = 1000,
-        mem: int = 1024, priority: int = 0, topology: TopologyLevel | None = None, models: tuple[str, ...] = (),
-        cells: tuple[str, ...] = (), expected_ms: int | None = None) -> JobSubmitted:
-    return JobSubmitted(job_id=job_id, tenant=tenant, priority=priority, required_topology=topology,
-                        allowed_cells=cells, expected_duration_ms=expected_ms,
-                        task_groups=(TaskGroup(count=tasks, cpu_milli=cpu, mem_mib=mem, gpu_count=gpus,
-                                               gpu_milli=milli if gpus else 0, gpu_models=models),))
+def job(
+    job_id: str,
+    tenant: str = "t1",
+    tasks: int = 1,
+    gpus: int = 1,
+    milli: int = 1000,
+    cpu: int = 1000,
+    mem: int = 1024,
+    priority: int = 0,
+    topology: TopologyLevel | None = None,
+    models: tuple[str, ...] = (),
+    cells: tuple[str, ...] = (),
+    expected_ms: int | None = None,
+) -> JobSubmitted:
+    return JobSubmitted(
+        job_id=job_id,
+        tenant=tenant,
+        priority=priority,
+        required_topology=topology,
+        allowed_cells=cells,
+        expected_duration_ms=expected_ms,
+        task_groups=(
+            TaskGroup(
+                count=tasks,
+                cpu_milli=cpu,
+                mem_mib=mem,
+                gpu_count=gpus,
+                gpu_milli=milli if gpus else 0,
+                gpu_models=models,
+            ),
+        ),
+    )
 
 
-def quota(tenant: str, gpus: int, cohort: str = "", borrow: int | None = None, weight: int = 1000) -> QuotaSet:
+def quota(
+    tenant: str, gpus: int, cohort: str = "", borrow: int | None = None, weight: int = 1000
+) -> QuotaSet:
     big = 1 << 39
-    return QuotaSet(tenant=tenant, cohort=cohort, weight_milli=weight,
-                    nominal=Resources(cpu_milli=big, mem_mib=big, gpu_milli=gpus * 1000),
-                    borrowing_limit=None if borrow is None else Resources(cpu_milli=big, mem_mib=big,
-                                                                          gpu_milli=borrow * 1000))
+    return QuotaSet(
+        tenant=tenant,
+        cohort=cohort,
+        weight_milli=weight,
+        nominal=Resources(cpu_milli=big, mem_mib=big, gpu_milli=gpus * 1000),
+        borrowing_limit=None
+        if borrow is None
+        else Resources(cpu_milli=big, mem_mib=big, gpu_milli=borrow * 1000),
+    )
 
 
 class Driver:
@@ -62,8 +111,12 @@ class Driver:
 
     def decide(self) -> list[Decision]:
         decisions = decide(self.state, self.policy)
-        batch = DecisionBatch(as_of=self.state.offset, digest=digest(self.state), decisions=tuple(decisions),
-                              policy=self.policy.name)
+        batch = DecisionBatch(
+            as_of=self.state.offset,
+            digest=digest(self.state),
+            decisions=tuple(decisions),
+            policy=self.policy.name,
+        )
         self.batches.append(batch)
         fold(self.state, batch, self.now_ms)
         check(self.state)

@@ -30,8 +30,12 @@ def test_gang_is_all_or_nothing() -> None:
 
 def test_gang_with_rack_topology_lands_in_one_rack() -> None:
     d = Driver()
-    d.feed(node("a1", rack="ra"), node("b1", rack="rb"), node("b2", rack="rb"),
-           job("gang", tasks=2, gpus=8, topology="rack"))
+    d.feed(
+        node("a1", rack="ra"),
+        node("b1", rack="rb"),
+        node("b2", rack="rb"),
+        job("gang", tasks=2, gpus=8, topology="rack"),
+    )
     (placed,) = d.placed(d.decide()).values()
     assert sorted(t.node for t in placed.tasks) == ["b1", "b2"]
 
@@ -55,7 +59,12 @@ def test_pending_reason_is_emitted_only_when_it_changes() -> None:
 
 def test_gpu_model_restriction_and_no_eligible_nodes() -> None:
     d = Driver()
-    d.feed(node("t4", model="T4"), node("a100", model="A100"), job("j1", models=("A100",)), job("j2", models=("H100",)))
+    d.feed(
+        node("t4", model="T4"),
+        node("a100", model="A100"),
+        job("j1", models=("A100",)),
+        job("j2", models=("H100",)),
+    )
     decisions = d.decide()
     assert d.placed(decisions)["j1"].tasks[0].node == "a100"
     assert d.reasons(decisions) == {"j2": "no_eligible_nodes"}
@@ -80,15 +89,23 @@ def test_priority_first_then_fifo() -> None:
 
 def test_drf_alternates_between_tenants() -> None:
     d = Driver()
-    d.feed(node("n1", gpus=4), *[job(f"a{i}", tenant="a") for i in range(4)], *[job(f"b{i}", tenant="b") for i in range(4)])
+    d.feed(
+        node("n1", gpus=4),
+        *[job(f"a{i}", tenant="a") for i in range(4)],
+        *[job(f"b{i}", tenant="b") for i in range(4)],
+    )
     placed = list(d.placed(d.decide()))
     assert sorted(placed) == ["a0", "a1", "b0", "b1"]
 
 
 def test_quota_blocks_and_cohort_lends() -> None:
     d = Driver()
-    d.feed(node("n1", gpus=8), quota("a", gpus=2, cohort="co"), quota("b", gpus=4, cohort="co", borrow=0),
-           *[job(f"a{i}", tenant="a") for i in range(8)])
+    d.feed(
+        node("n1", gpus=8),
+        quota("a", gpus=2, cohort="co"),
+        quota("b", gpus=4, cohort="co", borrow=0),
+        *[job(f"a{i}", tenant="a") for i in range(8)],
+    )
     decisions = d.decide()
     # a has 2 of its own and may borrow b's 4 idle GPUs (a has no borrowing limit)
     assert len(d.placed(decisions)) == 6
@@ -100,8 +117,12 @@ def test_quota_blocks_and_cohort_lends() -> None:
 
 def test_reclaim_preempts_borrowers_when_the_lender_needs_its_quota() -> None:
     d = Driver()
-    d.feed(node("n1", gpus=4), quota("a", gpus=2, cohort="co"), quota("b", gpus=2, cohort="co"),
-           *[job(f"b{i}", tenant="b") for i in range(4)])
+    d.feed(
+        node("n1", gpus=4),
+        quota("a", gpus=2, cohort="co"),
+        quota("b", gpus=2, cohort="co"),
+        *[job(f"b{i}", tenant="b") for i in range(4)],
+    )
     assert len(d.placed(d.decide())) == 4
     d.feed(job("a0", tenant="a"))
     decisions = d.decide()
@@ -152,7 +173,11 @@ def test_reservation_holds_a_rack_and_backfill_uses_it_only_when_short() -> None
     d = Driver()
     d.feed(node("a1", rack="ra"), node("a2", rack="ra"), job("filler", gpus=4, expected_ms=10_000))
     d.decide()
-    d.feed(job("gang", tasks=2, gpus=8, topology="rack"), job("long", gpus=4), job("short", gpus=2, expected_ms=5_000))
+    d.feed(
+        job("gang", tasks=2, gpus=8, topology="rack"),
+        job("long", gpus=4),
+        job("short", gpus=2, expected_ms=5_000),
+    )
     decisions = d.decide()
     reasons = d.reasons(decisions)
     assert reasons["gang"] == "waiting_for_reservation"

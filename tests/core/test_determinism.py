@@ -24,13 +24,27 @@ print(json.dumps([b.digest for b in d.batches] + [len(b.decisions) for b in d.ba
 
 def scenario() -> Driver:
     d = Driver()
-    d.feed(*[node(f"n{i}", gpus=8 if i % 3 else 2, rack=f"r{i % 4}", model=("A100", "T4")[i % 2]) for i in range(24)])
+    d.feed(
+        *[
+            node(f"n{i}", gpus=8 if i % 3 else 2, rack=f"r{i % 4}", model=("A100", "T4")[i % 2])
+            for i in range(24)
+        ]
+    )
     d.feed(quota("alpha", 40, cohort="co"), quota("beta", 20, cohort="co"), quota("gamma", 8))
     for round_ in range(4):
         for i in range(30):
             tenant = ("alpha", "beta", "gamma", "delta")[i % 4]
-            d.feed(job(f"j{round_}-{i}", tenant=tenant, tasks=1 + i % 3, gpus=(1, 2, 8)[i % 3],
-                       milli=(250, 1000, 1000)[i % 3], priority=i % 2, topology="rack" if i % 5 == 0 else None))
+            d.feed(
+                job(
+                    f"j{round_}-{i}",
+                    tenant=tenant,
+                    tasks=1 + i % 3,
+                    gpus=(1, 2, 8)[i % 3],
+                    milli=(250, 1000, 1000)[i % 3],
+                    priority=i % 2,
+                    topology="rack" if i % 5 == 0 else None,
+                )
+            )
         d.decide()
     return d
 
@@ -39,11 +53,16 @@ def test_same_decisions_under_different_hash_seeds() -> None:
     outputs = []
     for seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        )
         outputs.append(json.loads(out.stdout))
     local = scenario()
-    assert outputs[0] == outputs[1] == [b.digest for b in local.batches] + [len(b.decisions) for b in local.batches]
+    assert (
+        outputs[0]
+        == outputs[1]
+        == [b.digest for b in local.batches] + [len(b.decisions) for b in local.batches]
+    )
     assert sum(len(b.decisions) for b in local.batches) > 50
 
 
@@ -88,8 +107,17 @@ def test_fold_many_equals_fold_one_by_one() -> None:
     from fleetlog.events import NodeRemoved
 
     beats = [node(f"n{i}", gpus=8) for i in range(5)]
-    events = [*beats, job("a", gpus=8), *beats, node("n1", gpus=4), *beats, NodeRemoved(cell="c1", node="n2"),
-              *beats, node("n3", healthy=False), *beats * 3]
+    events = [
+        *beats,
+        job("a", gpus=8),
+        *beats,
+        node("n1", gpus=4),
+        *beats,
+        NodeRemoved(cell="c1", node="n2"),
+        *beats,
+        node("n3", healthy=False),
+        *beats * 3,
+    ]
     pairs = [(e, 100 + i * 700) for i, e in enumerate(events)]
     one, many = State(CoreConfig(node_timeout_ms=3_000)), State(CoreConfig(node_timeout_ms=3_000))
     for e, at in pairs:

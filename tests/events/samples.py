@@ -30,8 +30,12 @@ def job(job_id: str = "job-1", gpus: int = 8, tasks: int = 2) -> JobSubmitted:
         queue="training",
         priority=100,
         task_groups=(
-            TaskGroup(count=tasks, cpu_milli=16_000, mem_mib=65_536, gpu_count=gpus, gpu_milli=1000, name="worker"),
-            TaskGroup(count=1, cpu_milli=500, mem_mib=1024, gpu_count=1, gpu_milli=250, gpu_models=("T4", "A10")),
+            TaskGroup(
+                count=tasks, cpu_milli=16_000, mem_mib=65_536, gpu_count=gpus, gpu_milli=1000, name="worker"
+            ),
+            TaskGroup(
+                count=1, cpu_milli=500, mem_mib=1024, gpu_count=1, gpu_milli=250, gpu_models=("T4", "A10")
+            ),
             TaskGroup(count=1, cpu_milli=2000, mem_mib=4096),
         ),
         allowed_cells=("cell-a", "cell-b"),
@@ -75,7 +79,9 @@ ALL_EVENTS: list[Event] = [
             JobPlaced(job_id="job-1", cell="cell-a", tasks=(TaskPlacement(0, "node-0001", (0, 1, 2, 3)),)),
             TaskPreempted(job_id="job-0", task_index=3, by_job_id="job-1", cause="priority"),
             JobRejected(job_id="job-9", reason="no_such_gpu_model", message="no cell has GPU model H200"),
-            JobPending(job_id="job-7", reason="gang_does_not_fit_topology", message="no rack has 8 free GPUs; best 5"),
+            JobPending(
+                job_id="job-7", reason="gang_does_not_fit_topology", message="no rack has 8 free GPUs; best 5"
+            ),
         ),
     ),
 ]

@@ -32,7 +32,11 @@ async def test_bad_records_are_parked_with_reason_and_original_bytes(store: LogS
     assert polled.dead_lettered == 3
     assert polled.next_offset == 6
     parked = await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)
-    assert [r.header(REASON_HEADER) for r in parked] == [b"undecodable", b"unknown_event_type", b"invalid_event"]
+    assert [r.header(REASON_HEADER) for r in parked] == [
+        b"undecodable",
+        b"unknown_event_type",
+        b"invalid_event",
+    ]
     assert [r.header(SOURCE_HEADER) for r in parked] == [b"inputs@1", b"inputs@3", b"inputs@4"]
     assert parked[0].value == b"\xc1garbage"
     assert parked[0].key == b"k1"

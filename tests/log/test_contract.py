@@ -56,7 +56,9 @@ async def test_empty_append_is_a_no_op(store: LogStore) -> None:
 
 async def test_key_headers_and_timestamp_round_trip(store: LogStore) -> None:
     log = store.log(INPUTS)
-    await log.append([Message(value=b"v", key=b"k", headers=(("content-type", b"application/json"), ("x", b"")))])
+    await log.append(
+        [Message(value=b"v", key=b"k", headers=(("content-type", b"application/json"), ("x", b"")))]
+    )
     await log.append([Message(value=b"")])
     first, second = await log.read(0, timeout_ms=2000)
     assert first.key == b"k"

@@ -22,8 +22,10 @@ def msg(event: Event) -> Message:
 
 
 ROUNDS: list[list[Event]] = [
-    [node(f"n{i}", gpus=8, rack=f"r{i % 2}") for i in range(4)] + [quota("a", 16, cohort="c"), quota("b", 16, cohort="c")],
-    [job(f"a{i}", tenant="a", gpus=4) for i in range(6)] + [job("gang", tenant="b", tasks=2, gpus=8, topology="rack")],
+    [node(f"n{i}", gpus=8, rack=f"r{i % 2}") for i in range(4)]
+    + [quota("a", 16, cohort="c"), quota("b", 16, cohort="c")],
+    [job(f"a{i}", tenant="a", gpus=4) for i in range(6)]
+    + [job("gang", tenant="b", tasks=2, gpus=8, topology="rack")],
     [TaskFinished(job_id="a0", task_index=0), job("late", tenant="b", gpus=2, priority=5)],
     [node(f"n{i}", gpus=8, rack=f"r{i % 2}") for i in range(4)],
 ]
@@ -45,7 +47,11 @@ async def test_loop_publishes_batches_with_as_of_and_commits(store: LogStore) ->
     assert all(r.header(CONTENT_TYPE_HEADER) == MSGPACK for r in records)
     placed = [d for b in batches for d in b.decisions if isinstance(d, JobPlaced)]
     assert {p.job_id for p in placed} >= {"a0", "a1", "gang", "late"}
-    assert await store.committed_offset("fleetlog-scheduler") == loop.offset == await store.log(INPUTS).end_offset()
+    assert (
+        await store.committed_offset("fleetlog-scheduler")
+        == loop.offset
+        == await store.log(INPUTS).end_offset()
+    )
     assert len(await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)) == len(ROUNDS)
 
 
@@ -84,13 +90,19 @@ async def test_a_deliberately_divergent_log_is_caught() -> None:
     first = batch.decisions[0]
     assert isinstance(first, JobPlaced)  # move the first placement of the second batch to another node
     moved = msgspec.structs.replace(first.tasks[0], node="n3" if first.tasks[0].node != "n3" else "n2")
-    tampered = msgspec.structs.replace(batch, decisions=(msgspec.structs.replace(first, tasks=(moved, *first.tasks[1:])),
-                                                         *batch.decisions[1:]))
+    tampered = msgspec.structs.replace(
+        batch,
+        decisions=(msgspec.structs.replace(first, tasks=(moved, *first.tasks[1:])), *batch.decisions[1:]),
+    )
     log._records[offset] = msgspec.structs.replace(records[offset], value=encode(envelope(tampered, "x")))
     report = await verify(store)
     assert not report.ok
     assert report.divergence is not None
-    assert (report.divergence.what, report.divergence.decisions_offset, report.batches) == ("decision #0", offset, 1)
+    assert (report.divergence.what, report.divergence.decisions_offset, report.batches) == (
+        "decision #0",
+        offset,
+        1,
+    )
     assert moved.node in report.divergence.recorded
 
 
