@@ -59,6 +59,7 @@ class Scratch:
         self.state, self.policy = state, policy
         self.cpu_free, self.mem_free = c["cpu_free"][:n].copy(), c["mem_free"][:n].copy()
         self.gpu_free = c["gpu_free"][:n].copy()
+        self.gpu_total = self.gpu_free.sum(axis=1, dtype=np.int64)
         self.gpu_count, self.model = c["gpu_count"][:n], c["model"][:n]
         self.usage = {k: list(v) for k, v in state.usage.items()}
         self.policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
@@ -74,6 +75,17 @@ class Scratch:
         self.victims: set[int] = set()
         self.decisions: list[Decision] = []
         self.node_names: dict[int, str] = {}
+
+    def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
+        """Take (sign -1) or give back (+1) a task's resources in the working copy."""
+        kernels.allocate(node, np.uint64(mask), cpu, mem, milli, self.cpu_free, self.mem_free, self.gpu_free, sign)
+        self.gpu_total[node] += sign * milli * int(mask).bit_count()
+
+    def swap_free(self, free: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
+        """Install another working copy of free capacity; return the one it replaces."""
+        old = (self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total)
+        self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total = free
+        return old
 
     def node_name(self, row: int) -> str:
         name = self.node_names.get(row)
@@ -223,21 +235,37 @@ def place_single(
 ) -> Placement | None:
     """The fast path for a one-task job with no topology: the best node, then its GPUs."""
     idx, cpu, mem, gpus, milli, models = task
-    node = kernels.best_node(
-        cands,
-        sc.cpu_free,
-        sc.mem_free,
-        sc.gpu_free,
-        sc.gpu_count,
-        sc.model,
-        int(cpu[0]),
-        int(mem[0]),
-        int(gpus[0]),
-        int(milli[0]),
-        models[0],
-        sc.policy_id,
-        sc.shapes,
-    )
+    if sc.policy_id == kernels.BEST_FIT:
+        node = kernels.best_node_summary(
+            cands,
+            sc.gpu_total,
+            sc.cpu_free,
+            sc.mem_free,
+            sc.gpu_free,
+            sc.gpu_count,
+            sc.model,
+            int(cpu[0]),
+            int(mem[0]),
+            int(gpus[0]),
+            int(milli[0]),
+            models[0],
+        )
+    else:
+        node = kernels.best_node(
+            cands,
+            sc.cpu_free,
+            sc.mem_free,
+            sc.gpu_free,
+            sc.gpu_count,
+            sc.model,
+            int(cpu[0]),
+            int(mem[0]),
+            int(gpus[0]),
+            int(milli[0]),
+            models[0],
+            sc.policy_id,
+            sc.shapes,
+        )
     if node < 0:
         return None
     out_node[0] = node
@@ -265,29 +293,9 @@ def gang_score(sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Array, ...]
             sc.shapes,
         )
         primary, secondary = primary + int(a), secondary + int(b)
-        kernels.allocate(
-            int(nodes[i]),
-            masks[i],
-            int(cpu[i]),
-            int(mem[i]),
-            int(milli[i]),
-            sc.cpu_free,
-            sc.mem_free,
-            sc.gpu_free,
-            -1,
-        )
+        sc.take(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), -1)
     for i in range(nodes.size):
-        kernels.allocate(
-            int(nodes[i]),
-            masks[i],
-            int(cpu[i]),
-            int(mem[i]),
-            int(milli[i]),
-            sc.cpu_free,
-            sc.mem_free,
-            sc.gpu_free,
-            1,
-        )
+        sc.take(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), 1)
     return primary, secondary
 
 
@@ -299,17 +307,7 @@ def commit(sc: Scratch, job: int, p: Placement) -> None:
     placements = []
     for i in range(p.tasks.size):
         t, node, mask = int(p.tasks[i]), int(p.nodes[i]), int(p.masks[i])
-        kernels.allocate(
-            node,
-            np.uint64(mask),
-            int(tc["cpu"][t]),
-            int(tc["mem"][t]),
-            int(tc["milli"][t]),
-            sc.cpu_free,
-            sc.mem_free,
-            sc.gpu_free,
-            -1,
-        )
+        sc.take(node, np.uint64(mask), int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]), -1)
         gpu_idx = tuple(g for g in range(int(sc.gpu_count[node])) if mask >> g & 1)
         placements.append(TaskPlacement(t - first, sc.node_name(node), gpu_idx))
     add_usage(sc, job, p.cell, +1)
@@ -413,14 +411,14 @@ def minimal_victims(sc: Scratch, job: int, victims: list[int]) -> tuple[list[int
 
 def trial_place(sc: Scratch, job: int, victims: list[int]) -> Placement | None:
     """Where ``job`` would go if ``victims`` were evicted (a what-if on a copy)."""
-    saved = (sc.cpu_free, sc.mem_free, sc.gpu_free)
-    sc.cpu_free, sc.mem_free, sc.gpu_free = saved[0].copy(), saved[1].copy(), saved[2].copy()
+    current = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_total)
+    saved = sc.swap_free((current[0].copy(), current[1].copy(), current[2].copy(), current[3].copy()))
     try:
         for v in victims:
             release_in_scratch(sc, v)
         found = try_place(sc, job)
     finally:
-        sc.cpu_free, sc.mem_free, sc.gpu_free = saved
+        sc.swap_free(saved)
     return found if isinstance(found, Placement) else None
 
 
@@ -429,17 +427,7 @@ def release_in_scratch(sc: Scratch, victim: int) -> None:
     for t in sc.state.job_tasks(victim):
         node = int(tc["node"][t])
         if node >= 0:
-            kernels.allocate(
-                node,
-                tc["gpu_mask"][t],
-                int(tc["cpu"][t]),
-                int(tc["mem"][t]),
-                int(tc["milli"][t]),
-                sc.cpu_free,
-                sc.mem_free,
-                sc.gpu_free,
-                1,
-            )
+            sc.take(node, tc["gpu_mask"][t], int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]), 1)
 
 
 def evict(sc: Scratch, job: int, victims: list[int], cause: str) -> None:
@@ -520,13 +508,13 @@ def drained_fit(sc: Scratch, job: int, cands: Array, domain: Array) -> Array | N
 
 def fits_when_drained(sc: Scratch, job: int, nodes: Array) -> bool:
     c, n = sc.state.nodes.cols, sc.state.nodes.size
-    saved = (sc.cpu_free, sc.mem_free, sc.gpu_free)
     full = np.where(np.arange(c["gpu_free"].shape[1]) < c["gpu_count"][:n, None], 1000, 0).astype(np.int16)
-    sc.cpu_free, sc.mem_free, sc.gpu_free = c["cpu_alloc"][:n].copy(), c["mem_alloc"][:n].copy(), full
+    drained = (c["cpu_alloc"][:n].copy(), c["mem_alloc"][:n].copy(), full, full.sum(axis=1, dtype=np.int64))
+    saved = sc.swap_free(drained)
     try:
         return place_in_cell(sc, job, -1, nodes) is not None
     finally:
-        sc.cpu_free, sc.mem_free, sc.gpu_free = saved
+        sc.swap_free(saved)
 
 
 def reservation_start(state: State, nodes: Array) -> int:

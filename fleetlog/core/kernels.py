@@ -34,7 +34,6 @@ skips a domain when T times a floor under any task's score there (a node's best-
 falls as copies land on it) can't beat the best domain found. None of these changes a result.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -338,13 +337,26 @@ def _eval(
 
 @_hot
 def _eval_node(
-    n: int, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
-    task: Task, use_fgd: bool, shapes: I64,
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    task: Task,
+    use_fgd: bool,
+    shapes: I64,
 ) -> Eval:
     # (arrays one by one: unpacking a tuple of arrays in a per-node loop costs refcount traffic)
     return _eval(
-        int(cpu_free[n]), int(mem_free[n]), gpu_free[n], int(gpu_count[n]), int(node_model[n]),
-        task, use_fgd, shapes,
+        int(cpu_free[n]),
+        int(mem_free[n]),
+        gpu_free[n],
+        int(gpu_count[n]),
+        int(node_model[n]),
+        task,
+        use_fgd,
+        shapes,
     )
 
 
@@ -355,8 +367,17 @@ def _task(cpu: int, mem: int, gpus: int, milli: int, models: np.uint64) -> Task:
 
 @_jit
 def fits(
-    n: int, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
-    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64,
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
 ) -> bool:
     """Whether the task fits node ``n`` (cpu, memory, GPUs and GPU model)."""
     task = _task(cpu, mem, gpus, milli, models)
@@ -365,8 +386,15 @@ def fits(
 
 @_jit
 def node_score(
-    n: int, cpu_free: I64, gpu_free: I16, gpu_count: I32,
-    cpu: int, gpus: int, milli: int, policy: int, shapes: I64,
+    n: int,
+    cpu_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    cpu: int,
+    gpus: int,
+    milli: int,
+    policy: int,
+    shapes: I64,
 ) -> tuple[int, int]:
     """(primary, secondary) score of placing the task on node ``n``, which must be feasible."""
     row = gpu_free[n]
@@ -392,8 +420,19 @@ def _better(primary: int, secondary: int, node: int, best_p: int, best_s: int, b
 
 @_jit
 def best_node(
-    cands: I64, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
-    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64, policy: int, shapes: I64,
+    cands: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+    policy: int,
+    shapes: I64,
 ) -> int:
     """Node index (not a position in ``cands``) of the best feasible candidate, or -1."""
     nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
@@ -421,8 +460,15 @@ def _best_of(cands: I64, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I
 
 @_jit
 def allocate(
-    n: int, mask: np.uint64, cpu: int, mem: int, milli: int,
-    cpu_free: I64, mem_free: I64, gpu_free: I16, sign: int,
+    n: int,
+    mask: np.uint64,
+    cpu: int,
+    mem: int,
+    milli: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    sign: int,
 ) -> None:
     """Take (sign = -1) or give back (sign = +1) a task's resources on node ``n``, in place."""
     _allocate(n, np.uint64(mask), int(cpu), int(mem), int(milli), cpu_free, mem_free, gpu_free, int(sign))
@@ -430,8 +476,15 @@ def allocate(
 
 @_hot
 def _allocate(
-    n: int, mask: np.uint64, cpu: int, mem: int, milli: int,
-    cpu_free: I64, mem_free: I64, gpu_free: I16, sign: int,
+    n: int,
+    mask: np.uint64,
+    cpu: int,
+    mem: int,
+    milli: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    sign: int,
 ) -> None:
     cpu_free[n] += sign * cpu
     mem_free[n] += sign * mem
@@ -577,8 +630,13 @@ def _domain_bound(group: I64, nodes: NodeArrays, demand: I64, whole_min: int) ->
     bound = 0
     while bound + 1 < demand.shape[0]:
         need = demand[bound + 1]
-        if (need[DEMAND_CPU] > cpu or need[DEMAND_MEM] > mem or need[DEMAND_MILLI] > milli
-                or need[DEMAND_WHOLE_GPUS] > whole_gpus or need[DEMAND_WHOLE_TASKS] > whole_tasks):
+        if (
+            need[DEMAND_CPU] > cpu
+            or need[DEMAND_MEM] > mem
+            or need[DEMAND_MILLI] > milli
+            or need[DEMAND_WHOLE_GPUS] > whole_gpus
+            or need[DEMAND_WHOLE_TASKS] > whole_tasks
+        ):
             break
         bound += 1
     return bound
@@ -635,11 +693,15 @@ def _workspace(starts: I64, n_tasks: int) -> Work:
     for d in range(starts.shape[0] - 1):
         largest = max(largest, starts[d + 1] - starts[d])
     return (
-        np.full(largest, -1, dtype=np.int64), np.empty(n_tasks, dtype=np.int64),
-        np.empty(n_tasks, dtype=np.int64), np.empty(n_tasks, dtype=np.int64),
+        np.full(largest, -1, dtype=np.int64),
+        np.empty(n_tasks, dtype=np.int64),
+        np.empty(n_tasks, dtype=np.int64),
+        np.empty(n_tasks, dtype=np.int64),
         np.empty((n_tasks, MAX_GPUS), dtype=np.int16),
-        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64), np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64),
-        np.full(n_tasks, NO_NODE, dtype=np.int64), np.zeros(n_tasks, dtype=np.uint64),
+        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64),
+        np.empty((n_tasks, RANK_COLUMNS), dtype=np.int64),
+        np.full(n_tasks, NO_NODE, dtype=np.int64),
+        np.zeros(n_tasks, dtype=np.uint64),
         np.zeros(1, dtype=np.int64),
     )
 
@@ -661,8 +723,14 @@ def _eval_local(
     if slot < 0:
         return _eval_node(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes)
     return _eval(
-        int(slot_cpu[slot]), int(slot_mem[slot]), slot_gpu[slot], int(gpu_count[n]), int(node_model[n]),
-        task, use_fgd, shapes,
+        int(slot_cpu[slot]),
+        int(slot_mem[slot]),
+        slot_gpu[slot],
+        int(gpu_count[n]),
+        int(node_model[n]),
+        task,
+        use_fgd,
+        shapes,
     )
 
 
@@ -699,8 +767,14 @@ def _rank_insert(ranked: I64, size: int, cap: int, j: int, primary: int, seconda
     """Insert node ``j`` into the list sorted by (primary, secondary, node), keeping ``cap``; new size."""
     node = node_of[j]
     pos = size
-    while pos > 0 and _better(primary, secondary, node, ranked[pos - 1, RANK_PRIMARY],
-                              ranked[pos - 1, RANK_SECONDARY], node_of[ranked[pos - 1, RANK_LOCAL]]):
+    while pos > 0 and _better(
+        primary,
+        secondary,
+        node,
+        ranked[pos - 1, RANK_PRIMARY],
+        ranked[pos - 1, RANK_SECONDARY],
+        node_of[ranked[pos - 1, RANK_LOCAL]],
+    ):
         pos -= 1
     if pos >= cap:
         return size
@@ -731,12 +805,27 @@ def _scan_top(
             )
         else:
             ok, primary, secondary = _eval(
-                int(slot_cpu[slot]), int(slot_mem[slot]), slot_gpu[slot], int(gpu_count[n]),
-                int(node_model[n]), task, use_fgd, shapes,
+                int(slot_cpu[slot]),
+                int(slot_mem[slot]),
+                slot_gpu[slot],
+                int(gpu_count[n]),
+                int(node_model[n]),
+                task,
+                use_fgd,
+                shapes,
             )
         last = size - 1
-        if ok and (size < cap or _better(primary, secondary, group[j], top[last, RANK_PRIMARY],
-                                         top[last, RANK_SECONDARY], group[top[last, RANK_LOCAL]])):
+        if ok and (
+            size < cap
+            or _better(
+                primary,
+                secondary,
+                group[j],
+                top[last, RANK_PRIMARY],
+                top[last, RANK_SECONDARY],
+                group[top[last, RANK_LOCAL]],
+            )
+        ):
             size = _rank_insert(top, size, cap, j, primary, secondary, group)
     return size
 
@@ -763,8 +852,9 @@ def _choose(group: I64, work: Work, n_top: int, n_dirty: int) -> tuple[int, int]
             break
     for k in range(n_dirty):
         n = group[dirty[k, RANK_LOCAL]]
-        if dirty[k, RANK_FLAG] != 0 and _better(dirty[k, RANK_PRIMARY], dirty[k, RANK_SECONDARY], n,
-                                                 best_p, best_s, best):
+        if dirty[k, RANK_FLAG] != 0 and _better(
+            dirty[k, RANK_PRIMARY], dirty[k, RANK_SECONDARY], n, best_p, best_s, best
+        ):
             source, entry = FROM_DIRTY, k
             best_p, best_s, best = dirty[k, RANK_PRIMARY], dirty[k, RANK_SECONDARY], n
     return source, entry
@@ -774,8 +864,11 @@ def _choose(group: I64, work: Work, n_top: int, n_dirty: int) -> tuple[int, int]
 def _same_task(tasks: TaskArrays, a: int, b: int) -> bool:
     t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
     return bool(
-        t_cpu[a] == t_cpu[b] and t_mem[a] == t_mem[b] and t_gpus[a] == t_gpus[b]
-        and t_milli[a] == t_milli[b] and t_models[a] == t_models[b]
+        t_cpu[a] == t_cpu[b]
+        and t_mem[a] == t_mem[b]
+        and t_gpus[a] == t_gpus[b]
+        and t_milli[a] == t_milli[b]
+        and t_models[a] == t_models[b]
     )
 
 
@@ -800,7 +893,13 @@ def _commit(j: int, task: Task, t: int, group: I64, nodes: NodeArrays, work: Wor
 
 @_jit
 def _place_run(
-    group: I64, nodes: NodeArrays, tasks: TaskArrays, start: int, end: int, use_fgd: bool, shapes: I64,
+    group: I64,
+    nodes: NodeArrays,
+    tasks: TaskArrays,
+    start: int,
+    end: int,
+    use_fgd: bool,
+    shapes: I64,
     work: Work,
 ) -> tuple[int, int, int]:
     """Place the equal tasks ``start..end-1``; (how many were placed, primary sum, secondary sum).
@@ -872,8 +971,15 @@ def _equal_tasks(tasks: TaskArrays) -> bool:
 
 @_jit
 def _search_domains(
-    grouped: I64, starts: I64, domain: I32, nodes: NodeArrays, tasks: TaskArrays, use_fgd: bool,
-    shapes: I64, out_node: I32, out_mask: U64,
+    grouped: I64,
+    starts: I64,
+    domain: I32,
+    nodes: NodeArrays,
+    tasks: TaskArrays,
+    use_fgd: bool,
+    shapes: I64,
+    out_node: I32,
+    out_mask: U64,
 ) -> tuple[int, int]:
     n_tasks = tasks[0].shape[0]
     n_dom = starts.shape[0] - 1
@@ -908,9 +1014,22 @@ def _search_domains(
 
 @_jit
 def place_gang(
-    cands: I64, domain: I32, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
-    t_cpu: I64, t_mem: I64, t_gpus: I32, t_milli: I32, t_models: U64, policy: int, shapes: I64,
-    out_node: I32, out_mask: U64,
+    cands: I64,
+    domain: I32,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    t_cpu: I64,
+    t_mem: I64,
+    t_gpus: I32,
+    t_milli: I32,
+    t_models: U64,
+    policy: int,
+    shapes: I64,
+    out_node: I32,
+    out_mask: U64,
 ) -> tuple[int, int]:
     """Place all tasks of a gang in one domain, or none; the inputs are not modified.
 
@@ -929,3 +1048,50 @@ def place_gang(
     return _search_domains(
         grouped, starts, domain, nodes, tasks, _uses_fgd(policy, shapes), shapes, out_node, out_mask
     )
+
+
+# ---------------------------------------------------------------- best-fit with a node summary
+
+
+@_jit
+def best_node_summary(
+    cands: I64,
+    gpu_total: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+) -> int:
+    """``best_node`` under BEST_FIT, pruned by ``gpu_total`` (each node's free GPU milli total).
+
+    A node's best-fit score is a function of its free total and free CPU alone, so a node
+    whose score cannot beat the best feasible node found so far is skipped before its GPUs
+    are looked at. Same result as ``best_node(..., BEST_FIT, ...)`` whenever ``gpu_total[n]``
+    equals the sum of node ``n``'s free shares.
+    """
+    task = _task(cpu, mem, gpus, milli, models)
+    best, best_s = NO_NODE, 0
+    for j in range(cands.shape[0]):
+        n = int(cands[j])
+        count = int(gpu_count[n])
+        total = int(gpu_total[n])
+        if gpus > 0 and total < gpus * milli:
+            continue
+        cpu_left = int(cpu_free[n]) - cpu
+        if cpu_left < 0:
+            continue
+        score = _best_fit(count, total, cpu_left, gpus, milli)
+        if best >= 0 and (score > best_s or (score == best_s and n > best)):
+            continue
+        ok, _, secondary = _eval_node(
+            n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, False, _NO_SHAPES
+        )
+        if ok:
+            best, best_s = n, secondary
+    return best

@@ -5,7 +5,6 @@ for the data layout and the score format), written for clarity, not speed: no ca
 pruning, full copies of the state per domain.
 """
 
-
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +26,14 @@ from fleetlog.core.kernels import (
 )
 
 __all__ = [
-    "BEST_FIT", "FGD", "allocate", "best_node", "fits", "fragmentation", "node_score", "pick_gpus",
+    "BEST_FIT",
+    "FGD",
+    "allocate",
+    "best_node",
+    "fits",
+    "fragmentation",
+    "node_score",
+    "pick_gpus",
     "place_gang",
 ]
 
@@ -62,8 +68,17 @@ def _model_ok(models: int, model: int) -> bool:
 
 
 def fits(
-    n: int, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
-    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64,
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
 ) -> bool:
     if int(cpu_free[n]) < int(cpu) or int(mem_free[n]) < int(mem):
         return False
@@ -115,8 +130,15 @@ def _uses_fgd(policy: int, shapes: I64) -> bool:
 
 
 def node_score(
-    n: int, cpu_free: I64, gpu_free: I16, gpu_count: I32,
-    cpu: int, gpus: int, milli: int, policy: int, shapes: I64,
+    n: int,
+    cpu_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    cpu: int,
+    gpus: int,
+    milli: int,
+    policy: int,
+    shapes: I64,
 ) -> Score:
     """(primary, secondary): BEST_FIT is (0, best fit); FGD is (F(after) - F(before), best fit)."""
     cpu, gpus, milli = int(cpu), int(gpus), int(milli)
@@ -132,8 +154,19 @@ def node_score(
 
 
 def best_node(
-    cands: I64, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
-    cpu: int, mem: int, gpus: int, milli: int, models: np.uint64, policy: int, shapes: I64,
+    cands: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+    policy: int,
+    shapes: I64,
 ) -> int:
     """The feasible candidate with the lowest (primary, secondary, node index), or -1."""
     ranked = []
@@ -145,8 +178,15 @@ def best_node(
 
 
 def allocate(
-    n: int, mask: np.uint64, cpu: int, mem: int, milli: int,
-    cpu_free: I64, mem_free: I64, gpu_free: I16, sign: int,
+    n: int,
+    mask: np.uint64,
+    cpu: int,
+    mem: int,
+    milli: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    sign: int,
 ) -> None:
     cpu_free[n] += sign * int(cpu)
     mem_free[n] += sign * int(mem)
@@ -156,8 +196,11 @@ def allocate(
 
 
 def _place_in_domain(
-    members: list[int], state: tuple[I64, I64, I16, I32, I32], tasks: list[tuple[int, int, int, int, int]],
-    policy: int, shapes: I64,
+    members: list[int],
+    state: tuple[I64, I64, I16, I32, I32],
+    tasks: list[tuple[int, int, int, int, int]],
+    policy: int,
+    shapes: I64,
 ) -> tuple[int, Score, list[tuple[int, int]]]:
     """Place tasks in order on copies of the state: (placed, summed score, [(node, mask)])."""
     cpu_free, mem_free, gpu_free = state[0].copy(), state[1].copy(), state[2].copy()
@@ -166,8 +209,21 @@ def _place_in_domain(
     placement: list[tuple[int, int]] = []
     total_p = total_s = 0
     for cpu, mem, gpus, milli, models in tasks:
-        n = best_node(cands, cpu_free, mem_free, gpu_free, gpu_count, node_model,
-                      cpu, mem, gpus, milli, np.uint64(models), policy, shapes)
+        n = best_node(
+            cands,
+            cpu_free,
+            mem_free,
+            gpu_free,
+            gpu_count,
+            node_model,
+            cpu,
+            mem,
+            gpus,
+            milli,
+            np.uint64(models),
+            policy,
+            shapes,
+        )
         if n == NO_NODE:
             break
         primary, secondary = node_score(n, cpu_free, gpu_free, gpu_count, cpu, gpus, milli, policy, shapes)
@@ -179,16 +235,30 @@ def _place_in_domain(
 
 
 def place_gang(
-    cands: I64, domain: I32, cpu_free: I64, mem_free: I64, gpu_free: I16, gpu_count: I32, node_model: I32,
-    t_cpu: I64, t_mem: I64, t_gpus: I32, t_milli: I32, t_models: U64, policy: int, shapes: I64,
-    out_node: I32, out_mask: U64,
+    cands: I64,
+    domain: I32,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    t_cpu: I64,
+    t_mem: I64,
+    t_gpus: I32,
+    t_milli: I32,
+    t_models: U64,
+    policy: int,
+    shapes: I64,
+    out_node: I32,
+    out_mask: U64,
 ) -> tuple[int, int]:
     """All tasks in one domain or none: (domain id, T) or (-1, most leading tasks any domain fits)."""
     out_node[:] = NO_NODE
     out_mask[:] = 0
     state = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
-    tasks = list(zip(t_cpu.tolist(), t_mem.tolist(), t_gpus.tolist(), t_milli.tolist(), t_models.tolist(),
-                     strict=True))
+    tasks = list(
+        zip(t_cpu.tolist(), t_mem.tolist(), t_gpus.tolist(), t_milli.tolist(), t_models.tolist(), strict=True)
+    )
     domain_of = {n: int(domain[n]) for n in cands.tolist() if int(domain[n]) >= 0}
     best: tuple[Score, int, list[tuple[int, int]]] | None = None
     best_partial = 0
@@ -204,3 +274,35 @@ def place_gang(
         out_node[t] = n
         out_mask[t] = mask
     return best[1], len(tasks)
+
+
+def best_node_summary(
+    cands: I64,
+    gpu_total: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+) -> int:
+    """Reference: the summary only prunes, so the answer is plain best-fit ``best_node``."""
+    return best_node(
+        cands,
+        cpu_free,
+        mem_free,
+        gpu_free,
+        gpu_count,
+        node_model,
+        cpu,
+        mem,
+        gpus,
+        milli,
+        models,
+        BEST_FIT,
+        np.zeros((0, 4), dtype=np.int64),
+    )

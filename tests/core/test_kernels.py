@@ -35,8 +35,14 @@ class Cluster:
     model: list[int] = field(default_factory=list)
     domain: list[int] = field(default_factory=list)
 
-    def node(self, cpu: int = 64_000, mem: int = 256_000, gpus: tuple[int, ...] | int = (), model: int = 0,
-             domain: int = 0) -> Cluster:
+    def node(
+        self,
+        cpu: int = 64_000,
+        mem: int = 256_000,
+        gpus: tuple[int, ...] | int = (),
+        model: int = 0,
+        domain: int = 0,
+    ) -> Cluster:
         """Add a node; ``gpus`` is the free milli per GPU, or a count of fully free GPUs."""
         free = [FULL_GPU] * gpus if isinstance(gpus, int) else list(gpus)
         self.cpu_free.append(cpu)
@@ -51,8 +57,13 @@ class Cluster:
         gpu_free = np.zeros((len(self.gpus), MAX_GPUS), dtype=np.int16)
         for n, free in enumerate(self.gpus):
             gpu_free[n, : len(free)] = free
-        return (np.array(self.cpu_free, dtype=np.int64), np.array(self.mem_free, dtype=np.int64), gpu_free,
-                np.array([len(g) for g in self.gpus], dtype=np.int32), np.array(self.model, dtype=np.int32))
+        return (
+            np.array(self.cpu_free, dtype=np.int64),
+            np.array(self.mem_free, dtype=np.int64),
+            gpu_free,
+            np.array([len(g) for g in self.gpus], dtype=np.int32),
+            np.array(self.model, dtype=np.int32),
+        )
 
     def domains(self) -> Array:
         return np.array(self.domain, dtype=np.int32)
@@ -81,8 +92,13 @@ def gang_arrays(tasks: list[Task]) -> tuple[Array, Array, Array, Array, Array]:
     def column(name: str, dtype: type) -> Array:
         return np.array([getattr(t, name) for t in tasks], dtype=dtype)
 
-    return (column("cpu", np.int64), column("mem", np.int64), column("gpus", np.int32),
-            column("milli", np.int32), column("models", np.uint64))
+    return (
+        column("cpu", np.int64),
+        column("mem", np.int64),
+        column("gpus", np.int32),
+        column("milli", np.int32),
+        column("models", np.uint64),
+    )
 
 
 def shape_matrix(rows: list[tuple[int, int, int, int]]) -> Array:
@@ -92,8 +108,15 @@ def shape_matrix(rows: list[tuple[int, int, int, int]]) -> Array:
 NO_SHAPES = shape_matrix([])
 
 
-def best(kernels: Any, cluster: Cluster, task: Task, policy: int = BEST_FIT, shapes: Array = NO_SHAPES,
-         *, cands: Array | None = None) -> int:
+def best(
+    kernels: Any,
+    cluster: Cluster,
+    task: Task,
+    policy: int = BEST_FIT,
+    shapes: Array = NO_SHAPES,
+    *,
+    cands: Array | None = None,
+) -> int:
     cands = cluster.all() if cands is None else cands
     return int(kernels.best_node(cands, *cluster.arrays(), *task.args(), policy, shapes))
 
@@ -101,14 +124,22 @@ def best(kernels: Any, cluster: Cluster, task: Task, policy: int = BEST_FIT, sha
 Gang = tuple[tuple[int, int], list[int], list[int]]
 
 
-def gang(kernels: Any, cluster: Cluster, tasks: list[Task], policy: int = BEST_FIT, *,
-         shapes: Array = NO_SHAPES, domains: Array | None = None) -> Gang:
+def gang(
+    kernels: Any,
+    cluster: Cluster,
+    tasks: list[Task],
+    policy: int = BEST_FIT,
+    *,
+    shapes: Array = NO_SHAPES,
+    domains: Array | None = None,
+) -> Gang:
     """((domain, count), out_node, out_mask) of ``place_gang`` over every node of the cluster."""
     out_node = np.zeros(len(tasks), dtype=np.int32)
     out_mask = np.zeros(len(tasks), dtype=np.uint64)
     domains = cluster.domains() if domains is None else domains
-    result = kernels.place_gang(cluster.all(), domains, *cluster.arrays(), *gang_arrays(tasks), policy,
-                                shapes, out_node, out_mask)
+    result = kernels.place_gang(
+        cluster.all(), domains, *cluster.arrays(), *gang_arrays(tasks), policy, shapes, out_node, out_mask
+    )
     return (int(result[0]), int(result[1])), out_node.tolist(), [int(m) for m in out_mask.tolist()]
 
 
@@ -120,19 +151,22 @@ def bits(*indices: int) -> int:
 
 
 @pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
-@pytest.mark.parametrize(("free", "gpus", "milli", "expected"), [
-    ([1000, 600, 300], 1, 250, bits(2)),          # fractional: the tightest GPU that still fits
-    ([1000, 600, 300], 1, 400, bits(1)),
-    ([1000, 600, 600], 1, 500, bits(1)),          # tie: lowest index
-    ([1000, 600, 300], 1, 1000, bits(0)),
-    ([200, 100], 1, 300, 0),                      # no GPU has the share
-    ([900, 1000, 0, 1000], 2, 1000, bits(1, 3)),  # whole GPUs: only fully free ones, lowest index first
-    ([900, 1000, 0, 1000], 3, 1000, 0),
-    ([1000, 1000, 1000], 2, 1000, bits(0, 1)),
-    ([1000] * 64, 64, 1000, (1 << 64) - 1),
-    ([1000, 1000], 0, 0, 0),                      # CPU-only: no GPU taken
-    ([], 1, 500, 0),
-])
+@pytest.mark.parametrize(
+    ("free", "gpus", "milli", "expected"),
+    [
+        ([1000, 600, 300], 1, 250, bits(2)),  # fractional: the tightest GPU that still fits
+        ([1000, 600, 300], 1, 400, bits(1)),
+        ([1000, 600, 600], 1, 500, bits(1)),  # tie: lowest index
+        ([1000, 600, 300], 1, 1000, bits(0)),
+        ([200, 100], 1, 300, 0),  # no GPU has the share
+        ([900, 1000, 0, 1000], 2, 1000, bits(1, 3)),  # whole GPUs: only fully free ones, lowest index first
+        ([900, 1000, 0, 1000], 3, 1000, 0),
+        ([1000, 1000, 1000], 2, 1000, bits(0, 1)),
+        ([1000] * 64, 64, 1000, (1 << 64) - 1),
+        ([1000, 1000], 0, 0, 0),  # CPU-only: no GPU taken
+        ([], 1, 500, 0),
+    ],
+)
 def test_pick_gpus(kernels: Any, free: list[int], gpus: int, milli: int, expected: int) -> None:
     row = np.zeros(MAX_GPUS, dtype=np.int16)
     row[: len(free)] = free
@@ -142,11 +176,11 @@ def test_pick_gpus(kernels: Any, free: list[int], gpus: int, milli: int, expecte
 @pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
 def test_fractional_task_goes_to_the_tightest_gpu(kernels: Any) -> None:
     cluster = Cluster().node(gpus=(1000, 1000, 1000)).node(gpus=(1000, 600, 300, 0))
-    assert gang(kernels, cluster, [gpu_task(milli=250)])[1:] == ([1], [bits(2)])   # least GPU left: node 1
+    assert gang(kernels, cluster, [gpu_task(milli=250)])[1:] == ([1], [bits(2)])  # least GPU left: node 1
     assert gang(kernels, cluster, [gpu_task(milli=400)])[1:] == ([1], [bits(1)])
     assert gang(kernels, cluster, [gpu_task(milli=700)])[1:] == ([1], [bits(0)])
     twins = Cluster().node(gpus=(1000, 600, 300)).node(gpus=(1000, 600, 300))
-    assert best(kernels, twins, gpu_task(milli=250)) == 0                        # equal scores: lowest index
+    assert best(kernels, twins, gpu_task(milli=250)) == 0  # equal scores: lowest index
     assert best(kernels, twins, gpu_task(milli=250), cands=np.array([1, 0], dtype=np.int64)) == 0
 
 
@@ -163,27 +197,33 @@ def test_whole_gpu_task_takes_fully_free_gpus_only(kernels: Any) -> None:
 def test_model_restriction(kernels: Any) -> None:
     cluster = Cluster().node(gpus=1, model=1).node(gpus=2, model=2).node(gpus=4, model=-1).node(model=3)
     assert best(kernels, cluster, gpu_task(models=bits(2))) == 1
-    assert best(kernels, cluster, gpu_task(models=bits(1, 2))) == 0          # tighter: 0 GPUs left on node 0
-    assert best(kernels, cluster, gpu_task(models=bits(3))) == -1            # node 3 has no GPUs
+    assert best(kernels, cluster, gpu_task(models=bits(1, 2))) == 0  # tighter: 0 GPUs left on node 0
+    assert best(kernels, cluster, gpu_task(models=bits(3))) == -1  # node 3 has no GPUs
     assert best(kernels, cluster, gpu_task(models=bits(63))) == -1
-    assert best(kernels, cluster, gpu_task(gpus=4)) == 2                     # any model, unknown included
+    assert best(kernels, cluster, gpu_task(gpus=4)) == 2  # any model, unknown included
     assert best(kernels, cluster, gpu_task(gpus=4, models=bits(0, 1, 2))) == -1
     arrays = cluster.arrays()
     assert kernels.fits(2, *arrays, *gpu_task(gpus=4).args())
     assert not kernels.fits(2, *arrays, *gpu_task(gpus=4, models=bits(0)).args())
-    assert kernels.fits(3, *arrays, *Task(models=bits(5)).args())            # CPU-only ignores models
+    assert kernels.fits(3, *arrays, *Task(models=bits(5)).args())  # CPU-only ignores models
 
 
 @pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
 def test_cpu_only_task_prefers_nodes_without_free_gpus(kernels: Any) -> None:
-    cluster = (Cluster().node(cpu=2_000, gpus=8).node(cpu=64_000).node(cpu=32_000)
-               .node(cpu=16_000, gpus=(0, 0)).node(cpu=1_000))
-    assert best(kernels, cluster, Task(cpu=2_000)) == 3     # not node 0 (exact fit, but free GPUs)
+    cluster = (
+        Cluster()
+        .node(cpu=2_000, gpus=8)
+        .node(cpu=64_000)
+        .node(cpu=32_000)
+        .node(cpu=16_000, gpus=(0, 0))
+        .node(cpu=1_000)
+    )
+    assert best(kernels, cluster, Task(cpu=2_000)) == 3  # not node 0 (exact fit, but free GPUs)
     assert best(kernels, cluster, Task(cpu=20_000)) == 2
-    assert best(kernels, cluster, Task(cpu=16_000)) == 3    # fully used GPUs: no penalty, exact fit
+    assert best(kernels, cluster, Task(cpu=16_000)) == 3  # fully used GPUs: no penalty, exact fit
     assert best(kernels, cluster, Task(cpu=40_000)) == 1
     gpu_only = Cluster().node(cpu=64_000, gpus=2).node(cpu=8_000, gpus=8)
-    assert best(kernels, gpu_only, Task(cpu=4_000)) == 1    # then least cpu left
+    assert best(kernels, gpu_only, Task(cpu=4_000)) == 1  # then least cpu left
 
 
 @pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
@@ -192,16 +232,17 @@ def test_fgd_keeps_fully_free_gpus_whole(kernels: Any) -> None:
     cluster = Cluster().node(gpus=(1000,)).node(gpus=(400, 1000, 1000))
     small = gpu_task(milli=300)
     shapes = shape_matrix([(1, FULL_GPU, 1000, 10), (1, 300, 1000, 1)])
-    assert best(kernels, cluster, small, BEST_FIT, shapes) == 0    # best fit: least GPU left, breaks a GPU
-    assert best(kernels, cluster, small, FGD, shapes) == 1         # FGD: uses the partly used GPU
+    assert best(kernels, cluster, small, BEST_FIT, shapes) == 0  # best fit: least GPU left, breaks a GPU
+    assert best(kernels, cluster, small, FGD, shapes) == 1  # FGD: uses the partly used GPU
     assert int(kernels.pick_gpus(cluster.arrays()[2][1], 3, 1, 300)) == bits(0)
     cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
-    increase = [kernels.node_score(n, cpu_free, gpu_free, gpu_count, 1000, 1, 300, FGD, shapes)[0]
-                for n in (0, 1)]
+    increase = [
+        kernels.node_score(n, cpu_free, gpu_free, gpu_count, 1000, 1, 300, FGD, shapes)[0] for n in (0, 1)
+    ]
     # node 0: F goes 0 -> 10 * 700 (+ 1 * 0): whole-GPU shapes no longer fit;
     # node 1: whole shapes' frag 400 -> 100 (x10), the 300-share shape's 0 -> 100 (x1)
     assert increase == [7000, -2900]
-    assert best(kernels, cluster, small, FGD, NO_SHAPES) == 0     # no shapes: falls back to best fit
+    assert best(kernels, cluster, small, FGD, NO_SHAPES) == 0  # no shapes: falls back to best fit
     zero = shape_matrix([(1, FULL_GPU, 1000, 0)])
     assert best(kernels, cluster, small, FGD, zero) == 0
 
@@ -241,11 +282,11 @@ def test_gang_of_eight_full_nodes_picks_the_rack_that_holds_it(kernels: Any) -> 
 def test_gang_prefers_the_tighter_rack_then_the_lowest_id(kernels: Any) -> None:
     roomy = racks(8, 8, 8)
     for n in range(16, 24):
-        roomy.cpu_free[n] = 10_000                                   # rack 2: least cpu left
+        roomy.cpu_free[n] = 10_000  # rack 2: least cpu left
     assert gang(kernels, roomy, [gpu_task(gpus=8)] * 8)[0] == (2, 8)
     assert gang(kernels, racks(8, 8), [gpu_task(gpus=8)] * 8)[0] == (0, 8)
     excluded = racks(8, 8)
-    excluded.domain[:8] = [-1] * 8                                    # rack 0 is in no domain
+    excluded.domain[:8] = [-1] * 8  # rack 0 is in no domain
     assert gang(kernels, excluded, [gpu_task(gpus=8)] * 8)[0] == (1, 8)
 
 
@@ -256,7 +297,7 @@ def test_infeasible_gang_reports_the_best_partial_fit(kernels: Any) -> None:
     assert (chosen, count) == (-1, 5)
     assert nodes == [-1] * 8
     assert masks == [0] * 8
-    flat = np.zeros(len(cluster.domain), dtype=np.int32)             # no topology: one domain, 10 full nodes
+    flat = np.zeros(len(cluster.domain), dtype=np.int32)  # no topology: one domain, 10 full nodes
     assert gang(kernels, cluster, [gpu_task(gpus=8)] * 12, domains=flat)[0] == (-1, 10)
     assert gang(kernels, cluster, [gpu_task(gpus=8)] * 10, domains=flat)[0] == (0, 10)
 
@@ -298,8 +339,13 @@ def tasks(draw: st.DrawFn) -> Task:
     if kind == "cpu":
         return Task(cpu, mem)
     if kind == "share":
-        return Task(cpu, mem, 1, draw(st.sampled_from([100, 250, 300, 500, 700, 999]) | st.integers(1, 1000)),
-                    draw(MODEL_BITS))
+        return Task(
+            cpu,
+            mem,
+            1,
+            draw(st.sampled_from([100, 250, 300, 500, 700, 999]) | st.integers(1, 1000)),
+            draw(MODEL_BITS),
+        )
     return Task(cpu, mem, draw(st.integers(1, 8)), FULL_GPU, draw(MODEL_BITS))
 
 
@@ -346,8 +392,9 @@ def test_pick_gpus_matches_reference(row: list[int], task: Task) -> None:
 
 @PROPERTY
 @given(cluster=clusters(), task=tasks(), shapes=shape_mixes(), data=st.data())
-def test_best_node_matches_reference(cluster: Cluster, task: Task, shapes: Array,
-                                     data: st.DataObject) -> None:
+def test_best_node_matches_reference(
+    cluster: Cluster, task: Task, shapes: Array, data: st.DataObject
+) -> None:
     arrays = cluster.arrays()
     cands = data.draw(candidates(len(cluster.gpus)))
     for n in range(len(cluster.gpus)):
@@ -364,6 +411,17 @@ def test_best_node_matches_reference(cluster: Cluster, task: Task, shapes: Array
 
 
 @PROPERTY
+@given(cluster=clusters(), task=tasks(), data=st.data())
+def test_best_node_summary_equals_best_fit(cluster: Cluster, task: Task, data: st.DataObject) -> None:
+    arrays = cluster.arrays()
+    cands = data.draw(candidates(len(cluster.gpus)))
+    total = arrays[2].astype(np.int64).sum(axis=1)
+    want = nb.best_node(cands, *arrays, *task.args(), nb.BEST_FIT, shape_matrix([]))
+    assert nb.best_node_summary(cands, total, *arrays, *task.args()) == want
+    assert ref.best_node_summary(cands, total, *arrays, *task.args()) == want
+
+
+@PROPERTY
 @given(cluster=clusters(), shapes=shape_mixes(), data=st.data())
 def test_fragmentation_matches_reference(cluster: Cluster, shapes: Array, data: st.DataObject) -> None:
     cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
@@ -374,10 +432,16 @@ def test_fragmentation_matches_reference(cluster: Cluster, shapes: Array, data: 
 
 
 @PROPERTY
-@given(cluster=clusters(), gang_tasks=gangs(), shapes=shape_mixes(), policy=st.sampled_from(POLICIES),
-       data=st.data())
-def test_place_gang_matches_reference(cluster: Cluster, gang_tasks: list[Task], shapes: Array, policy: int,
-                                      data: st.DataObject) -> None:
+@given(
+    cluster=clusters(),
+    gang_tasks=gangs(),
+    shapes=shape_mixes(),
+    policy=st.sampled_from(POLICIES),
+    data=st.data(),
+)
+def test_place_gang_matches_reference(
+    cluster: Cluster, gang_tasks: list[Task], shapes: Array, policy: int, data: st.DataObject
+) -> None:
     cands, domains, arrays = data.draw(candidates(len(cluster.gpus))), cluster.domains(), cluster.arrays()
     inputs = (cands, domains, *arrays, *gang_arrays(gang_tasks), shapes)
     before = snapshot(inputs)
@@ -396,7 +460,7 @@ def test_place_gang_matches_reference(cluster: Cluster, gang_tasks: list[Task], 
         assert masks == [0] * len(masks)
         return
     assert count == len(gang_tasks)
-    assert all(n in cands.tolist() and domains[n] == chosen for n in nodes)     # all in one domain
+    assert all(n in cands.tolist() and domains[n] == chosen for n in nodes)  # all in one domain
     cpu_free, mem_free, gpu_free, gpu_count, _ = snapshot(arrays)
     for n, mask, task in zip(nodes, masks, gang_tasks, strict=True):
         assert nb.fits(n, cpu_free, mem_free, gpu_free, gpu_count, arrays[4], *task.args())
@@ -409,11 +473,13 @@ def test_place_gang_matches_reference(cluster: Cluster, gang_tasks: list[Task], 
 
 @PROPERTY
 @given(cluster=clusters(), task=tasks(), size=st.integers(1, 12), shapes=shape_mixes(), data=st.data())
-def test_equal_task_gang_matches_reference(cluster: Cluster, task: Task, size: int, shapes: Array,
-                                           data: st.DataObject) -> None:
+def test_equal_task_gang_matches_reference(
+    cluster: Cluster, task: Task, size: int, shapes: Array, data: st.DataObject
+) -> None:
     """Gangs of equal tasks over several domains (where place_gang prunes domains)."""
-    cluster.domain = data.draw(st.lists(st.integers(-1, 5), min_size=len(cluster.gpus),
-                                        max_size=len(cluster.gpus)))
+    cluster.domain = data.draw(
+        st.lists(st.integers(-1, 5), min_size=len(cluster.gpus), max_size=len(cluster.gpus))
+    )
     policy = data.draw(st.sampled_from(POLICIES))
     results = [gang(kernels, cluster, [task] * size, policy, shapes=shapes) for kernels in (nb, ref)]
     assert results[0] == results[1]
@@ -421,8 +487,9 @@ def test_equal_task_gang_matches_reference(cluster: Cluster, task: Task, size: i
 
 @pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
 def test_gang_of_empty_tasks(kernels: Any) -> None:
-    cluster = (Cluster().node(cpu=0, mem=0, domain=1).node(gpus=2, domain=0).node(cpu=0, domain=2)
-               .node(domain=0))
+    cluster = (
+        Cluster().node(cpu=0, mem=0, domain=1).node(gpus=2, domain=0).node(cpu=0, domain=2).node(domain=0)
+    )
     assert gang(kernels, cluster, [Task(0, 0)] * 5) == ((1, 5), [0] * 5, [0] * 5)
     assert gang(kernels, cluster, []) == ((0, 0), [], [])
     assert gang(kernels, Cluster().node(domain=-1), []) == ((-1, 0), [], [])
