@@ -78,7 +78,9 @@ class Scratch:
 
     def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
         """Take (sign -1) or give back (+1) a task's resources in the working copy."""
-        kernels.allocate(node, np.uint64(mask), cpu, mem, milli, self.cpu_free, self.mem_free, self.gpu_free, sign)
+        kernels.allocate(
+            node, np.uint64(mask), cpu, mem, milli, self.cpu_free, self.mem_free, self.gpu_free, sign
+        )
         self.gpu_total[node] += sign * milli * int(mask).bit_count()
 
     def swap_free(self, free: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
