@@ -1,0 +1,291 @@
+"""The FGD paper's inflate experiment on the openb traces, and placement throughput end to end.
+
+    python -m benchmarks.simulate --json [--quick] [--traces PATH] [--seeds N] [--batch N]
+
+- ``allocation``: for openb ``default`` and each variant of issue 4, the GPU allocation ratio
+  when arrived demand reaches 130% of the 6,212 GPUs of ``openb_node_list_gpu_node.csv``,
+  mean (and stdev) over seeds 1..N, for fleetlog ``best-fit``, ``fgd`` and ``default`` (each
+  with ``fail_unplaced``), next to the published BestFit and FGD figures (Weng et al., USENIX
+  ATC'23, mean of 10 seeds). Jobs arrive one by one in seeded random order; the loop steps
+  every ``--batch`` arrivals (decisions are still taken one by one in arrival order: only
+  FGD's shape window is refreshed per step). These runs use the in-memory log: the decisions
+  do not depend on the store.
+- ``throughput``: placement decisions (placed + rejected) per wall second of a whole inflate
+  run of openb default through the embedded file log (``fsync=never``), for one step per
+  arriving pod (the protocol), 64 per step, and all at once; with the paper's simulator's
+  ~18 pods/s on 2 vCPUs as the baseline ratio.
+- ``step_cost``: where one step of the protocol (one pod per step) spends its time, measured
+  by wrapping the loop's collaborators (read+decode, fold, decide and its parts, digest,
+  publish) and the driver around them.
+
+Traces are read from ``--traces``, ``$FLEETLOG_TRACES`` or
+``/work/shared/traces/alibaba-gpu-v2023-openb/csv`` — never copied into the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import emit, machine
+from fleetlog.backends.simulated import (
+    RunConfig,
+    RunSummary,
+    SchedulerFactory,
+    load_cluster,
+    load_workload,
+    parse_mode,
+    run_simulation,
+)
+from fleetlog.core.policy import policy_named
+from fleetlog.service.loop import LoopConfig, SchedulerLoop
+
+DEFAULT_TRACES = "/work/shared/traces/alibaba-gpu-v2023-openb/csv"
+POLICIES = ("best-fit", "fgd", "default")
+PUBLISHED = {  # workload: (BestFit, FGD) GPU allocation % at 130% arrived, mean of 10 seeds (ATC'23)
+    "default": (93.08, 95.39),
+    "cpu050": (93.79, 95.21),
+    "cpu100": (93.44, 95.35),
+    "cpu200": (92.40, 95.05),
+    "gpushare40": (91.69, 94.15),
+    "gpushare60": (89.36, 91.40),
+    "gpushare80": (87.01, 89.30),
+    "gpuspec10": (93.30, 94.95),
+    "gpuspec20": (93.30, 94.84),
+    "gpuspec25": (93.23, 94.74),
+    "multigpu20": (93.93, 95.65),
+    "multigpu30": (94.72, 96.46),
+    "multigpu40": (95.23, 96.99),
+}
+PUBLISHED_OTHERS = {"Random": 87.47, "DotProd": 90.85, "Clustering": 91.88, "Packing": 92.00}  # on default
+PAPER_PODS_PER_S = 18.0  # the authors' simulator on 2 vCPUs (about 10 minutes per run)
+QUICK_VARIANTS = ("default",)
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--quick", action="store_true", help="default variant, 2 seeds, short protocol run (<60 s)"
+    )
+    parser.add_argument(
+        "--traces", default=os.environ.get("FLEETLOG_TRACES", DEFAULT_TRACES), help="the openb CSV folder"
+    )
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per variant and policy (10; quick: 2)")
+    parser.add_argument(
+        "--batch", type=int, default=64, help="arrivals per scheduling step in the allocation runs"
+    )
+    parser.add_argument("--variants", default=None, help="comma-separated variants (default: all of issue 4)")
+    return parser.parse_args()
+
+
+def scheduler(policy: str) -> SchedulerFactory:
+    chosen = policy_named(policy, fail_unplaced=True)
+    return lambda store: SchedulerLoop(store, chosen, LoopConfig())
+
+
+def inflate_run(
+    traces: Path, variant: str, policy: str, seed: int, mode: str, log_dir: Path | None = None
+) -> RunSummary:
+    cluster = load_cluster(str(traces / "openb_node_list_gpu_node.csv"))
+    workload = load_workload(str(traces / f"openb_pod_list_{variant}.csv"), cluster, seed)
+    config = RunConfig(cluster, workload, parse_mode(mode), seed, policy, log_dir)
+    return asyncio.run(run_simulation(config, scheduler(policy)))
+
+
+def allocation(traces: Path, variants: list[str], seeds: int, batch: int) -> dict[str, Any]:
+    """Mean GPU allocation at 130% per variant and policy, next to the published figures."""
+    out: dict[str, Any] = {}
+    for variant in variants:
+        row: dict[str, Any] = {}
+        for policy in POLICIES:
+            ratios = [
+                inflate_run(traces, variant, policy, seed, f"inflate?batch={batch}").gpu_alloc_ratio * 100
+                for seed in range(1, seeds + 1)
+            ]
+            row[policy] = {
+                "mean": round(statistics.fmean(ratios), 2),
+                "stdev": round(statistics.stdev(ratios), 2) if len(ratios) > 1 else 0.0,
+            }
+        best_fit, fgd = PUBLISHED[variant]
+        row["published"] = {"BestFit": best_fit, "FGD": fgd}
+        row["default_minus_published_fgd"] = round(row["default"]["mean"] - fgd, 2)
+        out[variant] = row
+    return out
+
+
+def throughput(traces: Path, quick: bool) -> dict[str, Any]:
+    """Placement decisions per wall second through the file log, by arrivals per step."""
+    cases = [
+        ("protocol_batch1", "inflate?batch=1&ratio=0.2" if quick else "inflate?batch=1"),
+        ("batch64", "inflate?batch=64"),
+        ("all_at_once", "inflate?batch=1000000"),
+    ]
+    out: dict[str, Any] = {}
+    for name, mode in cases:
+        with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp:
+            run = inflate_run(traces, "default", "fgd", 1, mode, Path(tmp) / "log")
+        out[name] = {
+            "mode": run.mode,
+            "decisions_per_s": run.decisions_per_s,
+            "x_paper": round(run.decisions_per_s / PAPER_PODS_PER_S, 1),
+            "pods": run.jobs,
+            "steps": run.steps,
+            "wall_s": run.wall_s,
+        }
+    return out
+
+
+class Timer:
+    """Accumulated seconds and calls of wrapped functions, by label."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, label: str, seconds: float) -> None:
+        self.seconds[label] = self.seconds.get(label, 0.0) + seconds
+        self.calls[label] = self.calls.get(label, 0) + 1
+
+    def wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(label, time.perf_counter() - start)
+
+        return timed
+
+    def wrap_async(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                self.add(label, time.perf_counter() - start)
+
+        return timed
+
+
+@contextmanager
+def patched(timer: Timer) -> Iterator[None]:
+    """Wrap the loop's collaborators (module attributes, restored afterwards)."""
+    from fleetlog.backends.simulated import backend, driver
+    from fleetlog.core import decide as decide_mod
+    from fleetlog.log import consumer
+    from fleetlog.log.file import FileLogStore
+    from fleetlog.service import loop as loop_mod
+
+    targets = [
+        (loop_mod, "fold_many", "fold inputs"),
+        (loop_mod, "decide", "decide (total)"),
+        (loop_mod, "digest", "state digest"),
+        (loop_mod, "fold", "fold decision batch"),
+        (loop_mod, "encode", "encode decision batch"),
+        (decide_mod, "shape_matrix", "decide: FGD shape matrix"),
+        (decide_mod, "drf_order", "decide: DRF order"),
+        (decide_mod, "Scratch", "decide: scratch copy"),
+        (decide_mod, "schedule_job", "decide: place the job"),
+        (driver, "message_of", "driver: encode arrival"),
+        (backend.SimulatedCell, "apply", "cell: apply decisions"),
+    ]
+    async_targets = [
+        (consumer.EventConsumer, "poll", "read + decode inputs"),
+        (FileLogStore, "append_transactional", "publish batch + commit (file log)"),
+    ]
+    saved = [
+        (obj, name, getattr(obj, name)) for obj, name, _ in targets + async_targets if hasattr(obj, name)
+    ]
+    for obj, name, label in targets:
+        if hasattr(obj, name):
+            setattr(obj, name, timer.wrap(label, getattr(obj, name)))
+    for obj, name, label in async_targets:
+        setattr(obj, name, timer.wrap_async(label, getattr(obj, name)))
+    try:
+        yield
+    finally:
+        for obj, name, original in saved:
+            setattr(obj, name, original)
+
+
+def step_cost(traces: Path, quick: bool) -> dict[str, Any]:
+    """Milliseconds per step of the protocol (one pod per step), by part, and their share of the run."""
+    timer = Timer()
+    mode = "inflate?batch=1&ratio=0.2" if quick else "inflate?batch=1"
+    with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp, patched(timer):
+        run = inflate_run(traces, "default", "fgd", 1, mode, Path(tmp) / "log")
+    per_step = {
+        label: round(s * 1000 / run.steps, 3)
+        for label, s in sorted(timer.seconds.items(), key=lambda kv: -kv[1])
+    }
+    share = {label: round(s / run.wall_s * 100, 1) for label, s in timer.seconds.items()}
+    return {
+        "mode": run.mode,
+        "steps": run.steps,
+        "wall_s": run.wall_s,
+        "ms_per_step_total": round(run.wall_s * 1000 / run.steps, 3),
+        "ms_per_step": per_step,
+        "percent_of_wall": share,
+    }
+
+
+def main() -> None:
+    args = parse()
+    traces = Path(args.traces)
+    if not (traces / "openb_node_list_gpu_node.csv").is_file():
+        raise SystemExit(f"no openb traces in {traces}: pass --traces PATH or set FLEETLOG_TRACES")
+    seeds = args.seeds or (2 if args.quick else 10)
+    variants = (
+        args.variants.split(",") if args.variants else list(QUICK_VARIANTS if args.quick else PUBLISHED)
+    )
+    inflate_run(traces, "default", "fgd", 1, "inflate?batch=1000000&ratio=0.05")  # warm the JIT caches
+    result: dict[str, Any] = {
+        "benchmark": "simulate",
+        "quick": args.quick,
+        **machine(),
+        "traces": str(traces),
+        "seeds": seeds,
+        "batch": args.batch,
+    }
+    result["allocation"] = allocation(traces, variants, seeds, args.batch)
+    result["published_others_on_default"] = PUBLISHED_OTHERS
+    result["throughput"] = throughput(traces, args.quick)
+    result["step_cost"] = step_cost(traces, args.quick)
+    if args.json:
+        emit(result, True)
+    else:
+        show(result)
+
+
+def show(result: dict[str, Any]) -> None:
+    """A readable table for a terminal."""
+    print(f"inflate to 130% on openb ({result['seeds']} seeds, {result['batch']} arrivals per step)")
+    print(f"{'variant':12} {'best-fit':>9} {'fgd':>9} {'default':>9} | {'BestFit*':>9} {'FGD*':>9}")
+    for variant, row in result["allocation"].items():
+        ours = " ".join(f"{row[p]['mean']:9.2f}" for p in POLICIES)
+        print(f"{variant:12} {ours} | {row['published']['BestFit']:9.2f} {row['published']['FGD']:9.2f}")
+    print("* published (Weng et al., ATC'23)")
+    for name, t in result["throughput"].items():
+        print(
+            f"throughput {name:16} {t['decisions_per_s']:>10,.0f} decisions/s  ({t['x_paper']}x the paper's "
+            f"simulator; {t['pods']} pods, {t['steps']} steps, {t['wall_s']:.1f} s)"
+        )
+    cost = result["step_cost"]
+    print(f"one step of the protocol: {cost['ms_per_step_total']:.3f} ms")
+    for label, ms in cost["ms_per_step"].items():
+        print(f"  {label:36} {ms:8.3f} ms  {cost['percent_of_wall'][label]:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
