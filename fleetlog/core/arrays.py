@@ -6,6 +6,7 @@ stable for the life of the state and derives only from the order of the log.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,12 @@ Array = npt.NDArray[Any]
 class Interner:
     """Strings to dense ids in first-seen order (so ids depend on the log, not on hashing)."""
 
-    __slots__ = ("ids", "names")
+    __slots__ = ("_hash", "ids", "names")
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.names: list[str] = []
+        self._hash = hashlib.blake2b(digest_size=16)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -31,7 +33,12 @@ class Interner:
         if found is None:
             found = self.ids[name] = len(self.names)
             self.names.append(name)
+            self._hash.update(name.encode("utf-8", "surrogatepass") + b"\x00")
         return found
+
+    def running_hash(self) -> str:
+        """A hash of every name in order, kept up to date as names are interned."""
+        return self._hash.hexdigest()
 
     def get(self, name: str) -> int:
         """The id of ``name`` or -1 when it was never interned."""

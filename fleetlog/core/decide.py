@@ -24,7 +24,6 @@ The working copy of free capacity and usage lives in :class:`Scratch`.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Final
 
 import numpy as np
@@ -105,13 +104,9 @@ class Scratch:
 
 def shape_matrix(state: State) -> Array:
     """The recent task-shape distribution as rows (gpus, milli, mean cpu, count), most common first."""
-    counts: Counter[tuple[int, int]] = Counter()
-    cpu: Counter[tuple[int, int]] = Counter()
-    for gpus, milli, cpu_milli in state.recent_shapes:
-        counts[(gpus, milli)] += 1
-        cpu[(gpus, milli)] += cpu_milli
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
-    rows = [(g, m, cpu[(g, m)] // n, n) for (g, m), n in top]
+    live = [(key, n, cpu) for key, (n, cpu) in state.shape_stats.items() if n > 0]
+    top = sorted(live, key=lambda entry: (-entry[1], entry[0]))[:MAX_SHAPES]
+    rows = [(g, m, cpu // n, n) for (g, m), n, cpu in top]
     return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
 
 

@@ -245,8 +245,16 @@ def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> Non
         if len(state.recent_shapes) < window:
             state.recent_shapes.append(shape)
         else:
+            count_shape(state, state.recent_shapes[state.recent_next], -1)
             state.recent_shapes[state.recent_next] = shape
+        count_shape(state, shape, 1)
         state.recent_next = (state.recent_next + 1) % window
+
+
+def count_shape(state: State, shape: tuple[int, int, int], sign: int) -> None:
+    stats = state.shape_stats.setdefault((shape[0], shape[1]), [0, 0])
+    stats[0] += sign
+    stats[1] += sign * shape[2]
 
 
 def on_cancelled(state: State, e: JobCancelled) -> None:

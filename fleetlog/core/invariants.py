@@ -20,6 +20,7 @@ def check(state: State) -> None:
         job_states_consistent,
         usage_matches_allocations,
         pending_count_matches,
+        shape_stats_match_window,
     ):
         problem = rule(state)
         if problem:
@@ -103,4 +104,19 @@ def pending_count_matches(state: State) -> str:
     actual = int((state.jobs.view("state") == JobState.PENDING).sum())
     return (
         "" if actual == state.pending_count else f"pending_count {state.pending_count} but {actual} pending"
+    )
+
+
+def shape_stats_match_window(state: State) -> str:
+    """The shape counts the FGD score reads equal a recount of the shape window."""
+    expect: dict[tuple[int, int], list[int]] = {}
+    for gpus, milli, cpu in state.recent_shapes:
+        row = expect.setdefault((gpus, milli), [0, 0])
+        row[0] += 1
+        row[1] += cpu
+    live = {k: v for k, v in state.shape_stats.items() if v[0] != 0 or v[1] != 0}
+    return (
+        ""
+        if live == expect
+        else f"shape counts {sorted(live.items())[:3]} but the window has {sorted(expect.items())[:3]}"
     )

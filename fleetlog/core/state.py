@@ -150,6 +150,8 @@ class State:
         self.quotas: dict[tuple[int, int], Quota] = {}  # (tenant id, cell id or -1) -> quota
         self.recent_shapes: list[tuple[int, int, int]] = []  # ring of (gpus, milli, cpu) of submitted tasks
         self.recent_next = 0
+        self.shape_stats: dict[tuple[int, int], list[int]] = {}
+        """(gpus, milli) -> [count, cpu sum] over ``recent_shapes`` (derived, kept by fold)."""
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
         self.pending_count = 0
