@@ -1,0 +1,147 @@
+"""The discrete-event driver: virtual time drives the real scheduling loop and the simulated cell.
+
+Each turn jumps the virtual clock to the next timed action (an arrival, a heartbeat round,
+a task start or finish, a node failure or repair), appends what those actions emit to the
+inputs log in one batch (stamped with the virtual time by the log's injected clock), and —
+when something happened that can change a decision — steps the scheduler until it has folded
+every input, then lets the cell consume the decisions it published.  The scheduler is the
+service loop itself (``fleetlog.service.loop.SchedulerLoop``), injected by the caller: the
+backends never import the core.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from fleetlog.backends.simulated.backend import PRODUCER, SimulatedCell
+from fleetlog.backends.simulated.clock import Emitted, Timers, VirtualClock
+from fleetlog.backends.simulated.cluster import Cluster
+from fleetlog.backends.simulated.metrics import JobStatus, Recorder
+from fleetlog.backends.simulated.modes import Mode
+from fleetlog.backends.simulated.workload import JobSpec, Workload
+from fleetlog.events import encode, envelope
+from fleetlog.log.base import INPUTS, LogStore, Message
+from fleetlog.log.file import FileLogStore
+from fleetlog.log.memory import MemoryLogStore
+
+
+class Scheduler(Protocol):
+    """What the driver needs of the scheduling loop: ``step`` and the next inputs offset."""
+
+    offset: int
+
+    async def step(self, timeout_ms: int = 0) -> object: ...
+
+
+SchedulerFactory = Callable[[LogStore], Scheduler]
+Progress = Callable[[int, int, int], None]
+"""Called with (jobs arrived, jobs in the run, virtual time in ms)."""
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """How much work a run did, and how fast (wall-clock, from the first append to the end)."""
+
+    inputs: int
+    decisions: int
+    steps: int
+    virtual_ms: int
+    wall_s: float
+
+
+class Simulation:
+    """One seeded run of ``jobs`` on ``cluster`` through ``store``."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        jobs: tuple[JobSpec, ...],
+        mode: Mode,
+        *,
+        store: LogStore,
+        clock: VirtualClock,
+        seed: int,
+        setup: tuple[Message, ...] = (),
+    ) -> None:
+        self.cluster, self.jobs, self.mode, self.store, self.clock = cluster, jobs, mode, store, clock
+        self.timers = Timers(clock, mode.tick_ms)
+        self.recorder = Recorder(cluster.gpu_milli)
+        self.cell = SimulatedCell(cluster, self.timers, seed, self.recorder)
+        self.setup = setup
+        self.next_job = 0
+        self.steps = 0
+        last_arrival = jobs[-1].arrival_ms if jobs else 0
+        self.deadline_ms = last_arrival + (mode.drain_ms if mode.name == "replay" else 0)
+
+    async def run(self, scheduler: Scheduler, progress: Progress | None = None) -> RunStats:
+        """Run until every job has arrived and been decided (inflate), or every job is done or the
+        drain deadline passed (replay)."""
+        started = time.perf_counter()
+        first = self.cell.start()
+        await self._turn(scheduler, Emitted([*first.messages, *self.setup], True))
+        if self.jobs:
+            self.timers.at(self.jobs[0].arrival_ms, self._arrive)
+        while not self._finished() and self.timers.next_time() is not None:
+            await self._turn(scheduler, self.timers.fire_next())
+            if progress is not None:
+                progress(self.next_job, len(self.jobs), self.clock.now_ms)
+        await self._turn(scheduler, Emitted((), True))  # fold the tail: the log ends fully scheduled
+        inputs = await self.store.log(INPUTS).end_offset()
+        return RunStats(
+            inputs, self.cell.decisions_seen, self.steps, self.clock.now_ms, time.perf_counter() - started
+        )
+
+    async def _turn(self, scheduler: Scheduler, emitted: Emitted) -> None:
+        """Append what happened now; if it may change a decision, schedule and apply the decisions."""
+        if emitted.messages:
+            await self.store.log(INPUTS).append(emitted.messages)
+        if not emitted.trigger:
+            return
+        end = await self.store.log(INPUTS).end_offset()
+        while scheduler.offset < end:
+            await scheduler.step(0)
+            self.steps += 1
+        await self.cell.consume(self.store)
+        self.recorder.sample(self.clock.now_ms, self.cell.allocated_milli)
+
+    def _arrive(self, now: int) -> Emitted:
+        """Submit every job due now; schedule the next arrival."""
+        out: list[Message] = []
+        while self.next_job < len(self.jobs) and self.jobs[self.next_job].arrival_ms <= now:
+            job = self.jobs[self.next_job]
+            self.cell.register(job.event, job.duration_ms)
+            self.recorder.arrived(job.job_id, job.gpu_milli, now)
+            out.append(message_of(job))
+            self.next_job += 1
+        if self.next_job < len(self.jobs):
+            self.timers.at(self.jobs[self.next_job].arrival_ms, self._arrive)
+        return Emitted(out, True)
+
+    def _finished(self) -> bool:
+        if self.next_job < len(self.jobs):
+            return False
+        counts = self.recorder.counts
+        if self.mode.name == "inflate":
+            return counts[JobStatus.PENDING] == 0 or self.clock.now_ms >= self.deadline_ms + 60_000
+        idle = counts[JobStatus.PENDING] == 0 and counts[JobStatus.RUNNING] == 0
+        return idle or self.clock.now_ms >= self.deadline_ms
+
+
+def message_of(job: JobSpec) -> Message:
+    return Message(encode(envelope(job.event, "fleetlog-sim-workload")))
+
+
+def setup_messages(workload: Workload) -> tuple[Message, ...]:
+    return tuple(Message(encode(envelope(e, PRODUCER))) for e in workload.setup)
+
+
+def open_store(log_dir: Path | None, clock: VirtualClock) -> LogStore:
+    """The embedded file log in ``log_dir`` (or memory when ``None``), stamped by the virtual clock.
+    ``fsync="never"``: a simulation is re-run from its seed, not recovered after a power cut."""
+    if log_dir is None:
+        return MemoryLogStore(clock=clock)
+    return FileLogStore(log_dir, clock=clock, fsync="never")

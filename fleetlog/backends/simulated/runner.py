@@ -1,0 +1,126 @@
+"""One seeded simulation, end to end: plan the arrivals, open the log, run, summarise."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from fleetlog.backends.simulated.clock import VirtualClock
+from fleetlog.backends.simulated.cluster import Cluster
+from fleetlog.backends.simulated.driver import (
+    Progress,
+    SchedulerFactory,
+    Simulation,
+    open_store,
+    setup_messages,
+)
+from fleetlog.backends.simulated.modes import Mode, arrivals
+from fleetlog.backends.simulated.report import RunSummary, summarise
+from fleetlog.backends.simulated.spec import SpecError
+from fleetlog.backends.simulated.workload import Workload
+from fleetlog.log.base import LOG_NAMES
+
+LOG_ENTRIES: Final = frozenset({*LOG_NAMES, "LOCK"})
+MAX_HEARTBEATS: Final = 20_000_000
+"""About a minute of appending and folding heartbeats: a replay needing more must be compressed."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one run simulates. ``policy`` is the name of the policy the scheduler runs (its full spec)."""
+
+    cluster: Cluster
+    workload: Workload
+    mode: Mode
+    seed: int
+    policy: str
+    log_dir: Path | None = None
+    """Where the file log goes (emptied first); ``None``: an in-memory log."""
+
+
+async def run_simulation(
+    config: RunConfig, make_scheduler: SchedulerFactory, progress: Progress | None = None
+) -> RunSummary:
+    """Run ``config`` with the scheduler ``make_scheduler`` builds on the run's log store."""
+    jobs = arrivals(config.mode, config.workload, config.cluster, config.seed)
+    check_heartbeats(config, jobs[-1].arrival_ms if jobs else 0)
+    if config.log_dir is not None:
+        clear_log_dir(config.log_dir)
+    clock = VirtualClock()
+    async with open_store(config.log_dir, clock) as store:
+        sim = Simulation(
+            config.cluster,
+            jobs,
+            config.mode,
+            store=store,
+            clock=clock,
+            seed=config.seed,
+            setup=setup_messages(config.workload),
+        )
+        stats = await sim.run(make_scheduler(store), progress)
+    cluster = config.cluster
+    head = {
+        "seed": config.seed,
+        "policy": config.policy,
+        "mode": config.mode.text,
+        "cluster": cluster.source,
+        "workload": config.workload.source,
+        "nodes": len(cluster.nodes),
+        "gpus": cluster.gpu_milli // 1000,
+    }
+    counters = {
+        "inputs": stats.inputs,
+        "decisions": stats.decisions,
+        "steps": stats.steps,
+        "virtual_s": stats.virtual_ms / 1000,
+        "wall_s": round(stats.wall_s, 4),
+    }
+    target = config.mode.ratio if config.mode.name == "inflate" else None
+    return summarise(head, sim.recorder, target, counters)
+
+
+def check_heartbeats(config: RunConfig, last_arrival_ms: int) -> None:
+    """Refuse a replay whose virtual span needs more heartbeats than a simulation should write
+    (every node reports every period, or the scheduler takes it for dead): say how to compress it."""
+    if config.mode.name != "replay":
+        return
+    span_ms = last_arrival_ms + config.mode.drain_ms
+    beats = (span_ms // config.cluster.behaviour.heartbeat_ms + 1) * len(config.cluster.nodes)
+    if beats > MAX_HEARTBEATS:
+        speed = math.ceil(config.mode.speed * beats / MAX_HEARTBEATS)
+        raise SpecError(
+            f"replay of {config.workload.source} spans {span_ms / 86_400_000:,.1f} days of virtual time: "
+            f"{beats:,} heartbeats from {len(config.cluster.nodes):,} nodes (at most {MAX_HEARTBEATS:,}); "
+            f"compress the arrivals with --mode 'replay?speed={speed}' or more"
+        )
+
+
+def clear_log_dir(directory: Path) -> None:
+    """Remove a previous run's logs from ``directory`` (and its ``seed-N`` folders, one per seed);
+    refuse a directory that holds anything else."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise SpecError(f"--log {directory}: not a directory")
+    entries = sorted(directory.iterdir())
+    foreign = [p.name for p in entries if p.name not in LOG_ENTRIES and not is_seed_dir(p)]
+    if foreign:
+        raise SpecError(
+            f"--log {directory}: holds {foreign[0]!r}, which is not a fleetlog log; "
+            "choose an empty or new directory"
+        )
+    for path in entries:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def is_seed_dir(path: Path) -> bool:
+    """A ``seed-N`` folder of an earlier multi-seed run, holding only log entries."""
+    return (
+        path.is_dir() and path.name.startswith("seed-") and all(p.name in LOG_ENTRIES for p in path.iterdir())
+    )

@@ -1,0 +1,73 @@
+"""Builders for simulation tests: trace files in the openb format, schedulers, log readers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from fleetlog.backends.simulated import SchedulerFactory
+from fleetlog.core.policy import policy_named
+from fleetlog.events import Event
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, decode
+from fleetlog.log.base import DECISIONS, INPUTS, LogStore
+from fleetlog.log.consumer import decision_batches
+from fleetlog.service.loop import LoopConfig, SchedulerLoop
+
+NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
+POD_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time"
+)
+
+
+def write_csv(path: Path, header: str, rows: Sequence[str]) -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    return path
+
+
+def nodes_csv(
+    path: Path, rows: Sequence[str] = ("n0,32000,131072,2,T4", "n1,32000,131072,2,T4", "n2,96000,393216,8,G2")
+) -> Path:
+    return write_csv(path, NODE_HEADER, rows)
+
+
+def pod(
+    name: str,
+    cpu: int = 4000,
+    gpus: int = 1,
+    milli: int = 1000,
+    spec: str = "",
+    created: int = 0,
+    deleted: int = 600,
+    scheduled: int | None = 0,
+) -> str:
+    """One openb pod line; ``scheduled=None`` is a pod the trace never scheduled."""
+    started = "" if scheduled is None else str(scheduled)
+    return f"{name},{cpu},8192,{gpus},{milli if gpus else 0},{spec},LS,Running,{created},{deleted},{started}"
+
+
+def scheduler(policy: str = "default", **overrides: object) -> SchedulerFactory:
+    """The real service loop with ``policy`` and every invariant checked after each fold."""
+    chosen = policy_named(policy, **overrides)
+    return lambda store: SchedulerLoop(store, chosen, LoopConfig(check_invariants=True))
+
+
+async def inputs(store: LogStore) -> list[tuple[int, Event]]:
+    """(log timestamp, event) of every record of the inputs log."""
+    records = await store.log(INPUTS).read(0, 10_000_000)
+    return [(r.timestamp_ms, decode(r.value, r.header(CONTENT_TYPE_HEADER)).event) for r in records]
+
+
+async def decisions(store: LogStore) -> list[object]:
+    """Every decision of the decisions log, in order."""
+    records = await store.log(DECISIONS).read(0, 10_000_000)
+    return [d for _, batch in decision_batches(records) for d in batch.decisions]
+
+
+def log_files(directory: Path) -> dict[str, bytes]:
+    """Every file of a file log except its LOCK (which names the writer's PID), by relative path."""
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != "LOCK"
+    }
