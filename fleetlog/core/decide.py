@@ -74,6 +74,7 @@ class Scratch:
         self.victims: set[int] = set()
         self.decisions: list[Decision] = []
         self.node_names: dict[int, str] = {}
+        self._running: Array | None = None
 
     def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
         """Take (sign -1) or give back (+1) a task's resources in the working copy."""
@@ -87,6 +88,16 @@ class Scratch:
         old = (self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total)
         self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total = free
         return old
+
+    def running(self) -> Array:
+        """Rows of running jobs (as of the state; this call's evictions are filtered later)."""
+        if self._running is None:
+            self._running = np.flatnonzero(self.state.jobs.view("state") == JobState.RUNNING)
+        return self._running
+
+    def lowest_running_priority(self) -> int:
+        running = self.running()
+        return int(self.state.jobs.cols["priority"][running].min()) if running.size else NO_LIMIT
 
     def node_name(self, row: int) -> str:
         name = self.node_names.get(row)
@@ -123,7 +134,7 @@ def schedule_job(sc: Scratch, job: int) -> bool:
     key = job_key(sc.state, job)
     known = sc.failed.get(key)
     if known is not None:
-        return pending(sc, job, known)
+        return reject(sc, job, known) if sc.policy.fail_unplaced else pending(sc, job, known)
     outcome = try_place(sc, job)
     if isinstance(outcome, Placement):
         commit(sc, job, outcome)
@@ -131,14 +142,19 @@ def schedule_job(sc: Scratch, job: int) -> bool:
     if preempt_for(sc, job, outcome):
         return True
     if sc.policy.fail_unplaced:
-        sc.decisions.append(
-            JobRejected(job_id=job_name(sc.state, job), reason="unplaceable", message=outcome.message)
-        )
-        return False
+        sc.failed[key] = outcome
+        return reject(sc, job, outcome)
     outcome = reserve_for(sc, job, outcome)
     if outcome.cacheable:
         sc.failed[key] = outcome
     return pending(sc, job, outcome)
+
+
+def reject(sc: Scratch, job: int, outcome: Outcome) -> bool:
+    """``fail_unplaced`` policies: a job that does not fit now is rejected, with the reason."""
+    message = f"{outcome.reason}: {outcome.message}"
+    sc.decisions.append(JobRejected(job_id=job_name(sc.state, job), reason="unplaceable", message=message))
+    return False
 
 
 def job_key(state: State, job: int) -> tuple[object, ...]:
@@ -361,12 +377,17 @@ def victim_candidates(sc: Scratch, job: int, cause: str) -> list[int]:
     """Running jobs ``job`` may evict for ``cause``, in eviction order, at most ``max_victims``."""
     state = sc.state
     jc = state.jobs.cols
-    running = np.flatnonzero(state.jobs.view("state") == JobState.RUNNING)
     prio = int(jc["priority"][job])
+    if cause == "priority" and prio <= sc.lowest_running_priority():
+        return []
+    tenants = borrowing_tenants(state, sc.usage, job) if cause == "reclaim" else set()
+    if cause == "reclaim" and not tenants:
+        return []
+    running = sc.running()
     if cause == "priority":
         running = running[jc["priority"][running] < prio]
     else:
-        running = running[borrowers_mask(sc, job, running)]
+        running = running[np.isin(jc["tenant"][running], np.array(sorted(tenants), dtype=np.int32))]
     cells = set(allowed_cells(sc, job))
     recent = (jc["preempted_at_ms"][running] >= 0) & (
         jc["preempted_at_ms"][running] > state.now_ms - sc.policy.thrash_window_ms
@@ -378,15 +399,6 @@ def victim_candidates(sc: Scratch, job: int, cause: str) -> list[int]:
         int(v) for v in running[order].tolist() if int(jc["cell"][v]) in cells and int(v) not in sc.victims
     ]
     return out[: sc.policy.max_victims]
-
-
-def borrowers_mask(sc: Scratch, job: int, running: Array) -> Array:
-    """Which of ``running`` belong to tenants over their nominal quota in ``job``'s cohort,
-    when ``job``'s tenant is itself within its nominal quota."""
-    tenants = borrowing_tenants(sc.state, sc.usage, job)
-    if not tenants:
-        return np.zeros(running.size, dtype=np.bool_)
-    return np.isin(sc.state.jobs.cols["tenant"][running], np.array(sorted(tenants), dtype=np.int32))
 
 
 def minimal_victims(sc: Scratch, job: int, victims: list[int]) -> tuple[list[int], Placement] | None:
