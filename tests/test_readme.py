@@ -27,6 +27,7 @@ def test_readme_quick_start_has_exactly_the_two_commands_and_ci_runs_the_second(
     commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     assert commands == ["./scripts/demo", "./scripts/test"]
     assert "exec ./scripts/test" in (ROOT / ".ci" / "run").read_text()
+    assert 'fleetlog" simulate "$@"' in (ROOT / "scripts" / "demo").read_text()
 
 
 def test_schema_command_prints_the_json_schema() -> None:
