@@ -30,7 +30,7 @@ import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
-from fleetlog.core.explain import Outcome, explain_failure
+from fleetlog.core.explain import Outcome, explain_failure, run_gang
 from fleetlog.core.order import drf_order
 from fleetlog.core.policy import Policy
 from fleetlog.core.quota import borrowing_tenants, job_request, quota_check
@@ -211,31 +211,12 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
     state = sc.state
     if cands.size == 0:
         return None
-    idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
-    level = int(state.jobs.cols["topology"][job])
-    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size] if level else sc.no_domain
-    out_node = np.full(idx.size, -1, dtype=np.int32)
-    out_mask = np.zeros(idx.size, dtype=np.uint64)
-    if idx.size == 1 and not level:
+    if state.jobs.cols["ntasks"][job] == 1 and not state.jobs.cols["topology"][job]:
+        idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
+        out_node = np.full(1, -1, dtype=np.int32)
+        out_mask = np.zeros(1, dtype=np.uint64)
         return place_single(sc, cell, cands, (idx, cpu, mem, gpus, milli, models), out_node, out_mask)
-    chosen, _ = kernels.place_gang(
-        cands,
-        domain,
-        sc.cpu_free,
-        sc.mem_free,
-        sc.gpu_free,
-        sc.gpu_count,
-        sc.model,
-        cpu,
-        mem,
-        gpus,
-        milli,
-        models,
-        sc.policy_id,
-        sc.shapes,
-        out_node,
-        out_mask,
-    )
+    chosen, _, (idx, out_node, out_mask, cpu, mem, gpus, milli) = run_gang(sc, job, cands)
     if chosen < 0:
         return None
     many = len(sc.cells) > 1 and cell >= 0
@@ -290,12 +271,13 @@ def place_single(
 
 def gang_score(sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Array, ...]) -> tuple[int, int]:
     """How good a placement is, to compare cells: its tasks' node scores summed, each taken
-    as the gang's earlier tasks would leave the node (then the scratch copy is restored)."""
+    as the gang's earlier tasks would leave the node (then the working copy is restored)."""
     cpu, mem, gpus, milli = tasks
     primary = secondary = 0
     for i in range(nodes.size):
+        n = int(nodes[i])
         a, b = kernels.node_score(
-            int(nodes[i]),
+            n,
             sc.cpu_free,
             sc.gpu_free,
             sc.gpu_count,
@@ -306,7 +288,7 @@ def gang_score(sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Array, ...]
             sc.shapes,
         )
         primary, secondary = primary + int(a), secondary + int(b)
-        sc.take(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), -1)
+        sc.take(n, masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), -1)
     for i in range(nodes.size):
         sc.take(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), 1)
     return primary, secondary

@@ -80,35 +80,24 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
     )
 
 
+def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[np.ndarray, ...]]:
+    """The gang kernel on ``job`` over ``cands`` in the working copy: (domain or -1, tasks
+    that fit, (task rows, node per task, GPU mask per task, cpu, mem, gpus, milli))."""
+    idx, cpu, mem, gpus, milli, models = task_arrays(sc.state, job)
+    level = int(sc.state.jobs.cols["topology"][job])
+    domain = sc.state.nodes.cols[LEVELS[level]][: sc.state.nodes.size] if level else sc.no_domain
+    out_node = np.full(idx.size, -1, dtype=np.int32)
+    out_mask = np.zeros(idx.size, dtype=np.uint64)
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    chosen, count = kernels.place_gang(
+        cands, domain, *free, cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, out_node, out_mask
+    )
+    return int(chosen), int(count), (idx, out_node, out_mask, cpu, mem, gpus, milli)
+
+
 def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:
     """How many of ``job``'s tasks fit in its best domain among ``cands``."""
-    if cands.size == 0:
-        return 0
-    state = sc.state
-    _, cpu, mem, gpus, milli, models = task_arrays(state, job)
-    level = int(state.jobs.cols["topology"][job])
-    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size] if level else sc.no_domain
-    out_node = np.full(cpu.size, -1, dtype=np.int32)
-    out_mask = np.zeros(cpu.size, dtype=np.uint64)
-    _, count = kernels.place_gang(
-        cands,
-        domain,
-        sc.cpu_free,
-        sc.mem_free,
-        sc.gpu_free,
-        sc.gpu_count,
-        sc.model,
-        cpu,
-        mem,
-        gpus,
-        milli,
-        models,
-        sc.policy_id,
-        sc.shapes,
-        out_node,
-        out_mask,
-    )
-    return int(count)
+    return run_gang(sc, job, cands)[1] if cands.size else 0
 
 
 def eligible_exists(sc: Scratch, cells: tuple[int, ...], models: int, gpus: int) -> bool:
