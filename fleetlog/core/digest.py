@@ -69,7 +69,8 @@ def _column_hash(col: npt.NDArray[Any]) -> int:
     raw = np.ascontiguousarray(col).view(np.uint8).ravel()
     padded = np.zeros((raw.size + 7) // 8 * 8, dtype=np.uint8)
     padded[: raw.size] = raw
-    return int(_hash_words(padded.view(np.uint64)))
+    with np.errstate(over="ignore"):  # the multiply wraps on purpose (warns only with the JIT off)
+        return int(_hash_words(padded.view(np.uint64)))
 
 
 def digest(state: State) -> str:
