@@ -95,8 +95,9 @@ class SchedulerLoop:
         if not polled.events and polled.dead_lettered == 0:
             return StepResult(0, 0, 0, self.offset)
         decisions = decide(self.state, self.policy) if polled.events else []
+        state_digest = digest(self.state) if decisions else ""  # only published batches carry one
         batch = DecisionBatch(
-            as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions), policy=self.policy.name
+            as_of=self.offset, digest=state_digest, decisions=tuple(decisions), policy=self.policy.name
         )
         messages = [self.batch_message(batch)] if decisions else []
         await self.store.append_transactional(
