@@ -229,37 +229,12 @@ def place_single(
 ) -> Placement | None:
     """The fast path for a one-task job with no topology: the best node, then its GPUs."""
     idx, cpu, mem, gpus, milli, models = task
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    shape = (int(cpu[0]), int(mem[0]), int(gpus[0]), int(milli[0]), models[0])
     if sc.policy_id == kernels.BEST_FIT:
-        node = kernels.best_node_summary(
-            cands,
-            sc.gpu_total,
-            sc.cpu_free,
-            sc.mem_free,
-            sc.gpu_free,
-            sc.gpu_count,
-            sc.model,
-            int(cpu[0]),
-            int(mem[0]),
-            int(gpus[0]),
-            int(milli[0]),
-            models[0],
-        )
+        node = kernels.best_node_summary(cands, sc.gpu_total, *free, *shape)
     else:
-        node = kernels.best_node(
-            cands,
-            sc.cpu_free,
-            sc.mem_free,
-            sc.gpu_free,
-            sc.gpu_count,
-            sc.model,
-            int(cpu[0]),
-            int(mem[0]),
-            int(gpus[0]),
-            int(milli[0]),
-            models[0],
-            sc.policy_id,
-            sc.shapes,
-        )
+        node = kernels.best_node(cands, *free, *shape, sc.policy_id, sc.shapes)
     if node < 0:
         return None
     out_node[0] = node

@@ -18,8 +18,8 @@ crash :meth:`LogStore.committed_offset` says where to resume.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -29,6 +29,7 @@ DEAD_LETTERS: Final = "dead-letters"
 LOG_NAMES: Final = (INPUTS, DECISIONS, DEAD_LETTERS)
 
 Headers = tuple[tuple[str, bytes], ...]
+L = TypeVar("L", bound="Log")
 Clock = Callable[[], int]
 """A clock returns milliseconds since the epoch; injected so simulation can use virtual time."""
 
@@ -69,6 +70,14 @@ class LogClosedError(LogError):
 
 class OffsetOutOfRangeError(LogError):
     """A read asked for an offset before the start of the log."""
+
+
+def pick_log(logs: Mapping[str, L], name: str) -> L:
+    """``logs[name]``, or a :class:`LogError` naming the logs there are."""
+    try:
+        return logs[name]
+    except KeyError:
+        raise LogError(f"unknown log {name!r}; expected one of {', '.join(LOG_NAMES)}") from None
 
 
 class Log(abc.ABC):

@@ -89,6 +89,7 @@ from fleetlog.log.base import (
     Message,
     OffsetOutOfRangeError,
     Record,
+    pick_log,
 )
 from fleetlog.log.memory import wall_clock_ms
 
@@ -898,10 +899,7 @@ class FileLogStore(LogStore):
     def log(self, name: str) -> FileLog:
         if not self._logs:
             raise LogClosedError(f"file log store {self.directory} is not open")
-        try:
-            return self._logs[name]
-        except KeyError:
-            raise LogError(f"unknown log {name!r}; expected one of {', '.join(LOG_NAMES)}") from None
+        return pick_log(self._logs, name)
 
     async def append_transactional(
         self, name: str, messages: Sequence[Message], *, group: str, consumed: int

@@ -50,6 +50,7 @@ from fleetlog.log.base import (
     Message,
     OffsetOutOfRangeError,
     Record,
+    pick_log,
 )
 
 _TIMESTAMP_TYPE: Final = "message.timestamp.type"
@@ -342,10 +343,7 @@ class KafkaLogStore(LogStore):
 
     def log(self, name: str) -> KafkaLog:
         self.check_open()
-        try:
-            return self._logs[name]
-        except KeyError:
-            raise LogError(f"unknown log {name!r}; expected one of {', '.join(LOG_NAMES)}") from None
+        return pick_log(self._logs, name)
 
     async def append_transactional(
         self, name: str, messages: Sequence[Message], *, group: str, consumed: int

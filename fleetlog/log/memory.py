@@ -11,11 +11,11 @@ from fleetlog.log.base import (
     Clock,
     Log,
     LogClosedError,
-    LogError,
     LogStore,
     Message,
     OffsetOutOfRangeError,
     Record,
+    pick_log,
 )
 
 
@@ -77,10 +77,7 @@ class MemoryLogStore(LogStore):
     def log(self, name: str) -> MemoryLog:
         if not self._open:
             raise LogClosedError("memory log store is not open")
-        try:
-            return self._logs[name]
-        except KeyError:
-            raise LogError(f"unknown log {name!r}; expected one of {', '.join(LOG_NAMES)}") from None
+        return pick_log(self._logs, name)
 
     async def append_transactional(
         self, name: str, messages: Sequence[Message], *, group: str, consumed: int
