@@ -1,0 +1,382 @@
+"""The service's configuration: a TOML file plus ``FLEETLOG_<TABLE>_<KEY>`` environment overrides.
+
+```toml
+[log]       # the embedded file log ...
+dir = "var/fleetlog"
+fsync = "batch"
+[kafka]     # ... or Kafka: every field of KafkaConfig, plus sasl_plain_password_file
+bootstrap_servers = "broker:9093"
+[service]
+policy = "default"
+```
+
+Exactly one of ``log.dir`` and the ``[kafka]`` table says where the logs are.  An environment
+variable beats the file (``FLEETLOG_KAFKA_BOOTSTRAP_SERVERS``, ``FLEETLOG_SERVICE_HTTP_PORT``; an
+empty value clears an optional key).  Every error is a :class:`ConfigError` naming the file (and
+line) or the variable, the key and what was expected; unknown keys are errors.  No message, ``repr``
+or :meth:`Config.redacted` ever shows the SASL password.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
+
+import msgspec
+from msgspec import Meta
+
+from fleetlog.core.policy import UnknownPolicyError, policy_named
+from fleetlog.log.base import LogStore
+from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+
+ENV_PREFIX: Final = "FLEETLOG_"
+PASSWORD_FILE_KEY: Final = "sasl_plain_password_file"
+SECRET_KEYS: Final = frozenset({"sasl_plain_password"})
+MASK: Final = "***"
+NOT_SETTINGS: Final = frozenset(
+    {
+        "FLEETLOG_KAFKA_PORT",
+        "FLEETLOG_KAFKA_CONTROLLER_PORT",
+        "FLEETLOG_KAFKA_DIR",
+        "FLEETLOG_KAFKA_HEAP",
+        "FLEETLOG_KAFKA_START_TIMEOUT",
+    }
+)
+"""Variables of ``infra/kafka/kafka.sh`` (the development broker), not settings of the service."""
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
+_PASSWORD_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+FsyncPolicy = Literal["never", "batch", "always"]
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; the message names where and what.  ``key``
+    (``table.key``) lets :func:`load_config` name the file or variable a value came from."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``[log]`` table: the embedded file log's directory (unset when Kafka holds the logs)."""
+
+    dir: str | None = None
+    fsync: FsyncPolicy = "batch"
+
+
+class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``[service]`` table: how the scheduler runs."""
+
+    policy: str = "default"
+    """A policy spec, as :func:`fleetlog.core.policy.policy_named` reads it."""
+    group: str = "fleetlog-scheduler"
+    producer_id: str = "fleetlog-scheduler"
+    max_batch: Positive = 10_000
+    idle_wait_ms: Annotated[int, Meta(ge=0)] = 100
+    snapshot_every_events: Positive = 100_000
+    snapshot_every_s: Annotated[float, Meta(gt=0)] = 60.0
+    http_host: str = "127.0.0.1"
+    http_port: Port = 9464
+    """Metrics, health and ingest; 0 picks any free port."""
+    leader_session_timeout_ms: Positive = 6000
+
+
+class Config(msgspec.Struct, frozen=True):
+    """Where the logs are and how the service runs.  ``repr`` masks the SASL password."""
+
+    log: LogConfig = LogConfig()
+    kafka: KafkaConfig | None = None
+    service: ServiceSettings = ServiceSettings()
+
+    def redacted(self) -> dict[str, Any]:
+        """Plain data for logs and ``--json`` output, with every secret replaced by ``***``."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        for key in SECRET_KEYS:
+            if data.get("kafka") and data["kafka"].get(key) is not None:
+                data["kafka"][key] = MASK
+        return data
+
+    def using_file_log(self, directory: str | Path) -> Config:
+        """This configuration with the logs in the file log at ``directory`` instead."""
+        return msgspec.structs.replace(
+            self, log=msgspec.structs.replace(self.log, dir=str(directory)), kafka=None
+        )
+
+    def using_kafka(self, bootstrap_servers: str) -> Config:
+        """This configuration with the logs on the Kafka cluster at ``bootstrap_servers`` (other
+        Kafka settings, such as security, kept from the ``[kafka]`` table if there is one)."""
+        kafka = (
+            KafkaConfig(bootstrap_servers=bootstrap_servers)
+            if self.kafka is None
+            else msgspec.structs.replace(self.kafka, bootstrap_servers=bootstrap_servers)
+        )
+        return msgspec.structs.replace(self, log=msgspec.structs.replace(self.log, dir=None), kafka=kafka)
+
+
+_TABLES: Final[dict[str, type[msgspec.Struct]]] = {
+    "log": LogConfig,
+    "kafka": KafkaConfig,
+    "service": ServiceSettings,
+}
+
+
+def _field_types(table: str) -> dict[str, Any]:
+    types = {f.name: f.type for f in msgspec.structs.fields(_TABLES[table])}
+    if table == "kafka":
+        types[PASSWORD_FILE_KEY] = str | None
+    return types
+
+
+_FIELD_TYPES: Final = {table: _field_types(table) for table in _TABLES}
+
+
+# -- reading the sources ------------------------------------------------------------------------
+
+Raw = dict[str, dict[str, Any]]
+Origins = dict[str, str]
+"""``table.key`` -> where its value came from (a file and line, or a variable)."""
+
+
+def _shown(key: str, value: object) -> str:
+    return MASK if key in SECRET_KEYS else repr(value)
+
+
+def _check_known(table: str, key: str, where: str) -> None:
+    known = _FIELD_TYPES[table]
+    if key not in known:
+        raise ConfigError(f"{where}: unknown key {table}.{key}; known keys: {', '.join(sorted(known))}")
+
+
+def _typed(table: str, key: str, value: object, where: str, strict: bool) -> Any:
+    """``value`` converted to the type of ``table.key``, or a :class:`ConfigError` naming ``where``."""
+    _check_known(table, key, where)
+    try:
+        return msgspec.convert(value, _FIELD_TYPES[table][key], strict=strict)
+    except msgspec.ValidationError as exc:
+        detail = str(exc).split(" - at ")[0]
+        choices = (
+            get_args(_FIELD_TYPES[table][key]) if get_origin(_FIELD_TYPES[table][key]) is Literal else ()
+        )
+        if choices:
+            detail += f"; expected one of {', '.join(map(str, choices))}"
+        raise ConfigError(f"{where}: {table}.{key} = {_shown(key, value)}: {detail}") from None
+
+
+def _line_of(text: str, table: str, key: str) -> int | None:
+    """The line of ``key = ...`` inside ``[table]`` (a hint for error messages)."""
+    current = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = re.match(r"\s*\[\s*([\w.-]+)\s*\]", line)
+        if header:
+            current = header.group(1)
+        elif current == table and re.match(rf"\s*{re.escape(key)}\s*=", line):
+            return number
+    return None
+
+
+def _read_file(path: Path, origins: Origins) -> Raw:
+    """The file's tables, each key checked against its field's type."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = tomllib.loads(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    raw: Raw = {}
+    for table, values in doc.items():
+        if table not in _TABLES:
+            raise ConfigError(f"{path}: unknown table [{table}]; expected {', '.join(_TABLES)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: {table} must be a table ([{table}]), not a value")
+        raw[table] = {}
+        for key, value in values.items():
+            line = _line_of(text, table, key)
+            where = f"{path}, line {line}" if line else str(path)
+            raw[table][key] = _typed(table, key, value, where, strict=True)
+            origins[f"{table}.{key}"] = where
+    return raw
+
+
+def _optional(table: str, key: str) -> bool:
+    try:
+        msgspec.convert(None, _FIELD_TYPES[table][key])
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _env_value(table: str, key: str, text: str, where: str) -> Any:
+    _check_known(table, key, where)
+    if text == "" and _optional(table, key):
+        return None  # an empty value clears an optional key
+    return _typed(table, key, text, where, strict=False)
+
+
+def _apply_env(raw: Raw, env: Mapping[str, str], origins: Origins) -> None:
+    """Merge ``FLEETLOG_<TABLE>_<KEY>`` variables into ``raw`` (the environment wins)."""
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS:
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        table = next((t for t in _TABLES if rest.startswith(t + "_")), None)
+        if table is None:
+            continue  # not a setting of a table (e.g. FLEETLOG_KAFKA, FLEETLOG_TRACES)
+        key = rest[len(table) + 1 :]
+        where = f"environment variable {name}"
+        raw.setdefault(table, {})[key] = _env_value(table, key, env[name], where)
+        origins[f"{table}.{key}"] = where
+
+
+# -- building the structs -----------------------------------------------------------------------
+
+
+def _password_from_file(kafka: dict[str, Any]) -> None:
+    path = kafka.pop(PASSWORD_FILE_KEY, None)
+    if path is None:
+        return
+    if kafka.get("sasl_plain_password") is not None:
+        raise ConfigError(
+            f"set kafka.sasl_plain_password or kafka.{PASSWORD_FILE_KEY}, not both",
+            f"kafka.{PASSWORD_FILE_KEY}",
+        )
+    try:
+        kafka["sasl_plain_password"] = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"kafka.{PASSWORD_FILE_KEY}: cannot read {path}: {exc}", f"kafka.{PASSWORD_FILE_KEY}"
+        ) from None
+
+
+def _check_security(kafka: KafkaConfig) -> None:
+    """Fail at load, not at the first connection, on settings that cannot work."""
+    if kafka.security_protocol not in SECURITY_PROTOCOLS:
+        raise ConfigError(
+            f"kafka.security_protocol = {kafka.security_protocol!r}: expected one of "
+            f"{', '.join(SECURITY_PROTOCOLS)}",
+            "kafka.security_protocol",
+        )
+    if kafka.security_protocol.startswith("SASL_"):
+        if kafka.sasl_mechanism not in SASL_MECHANISMS:
+            raise ConfigError(
+                f"kafka.sasl_mechanism = {kafka.sasl_mechanism!r}: {kafka.security_protocol} needs one of "
+                f"{', '.join(SASL_MECHANISMS)}",
+                "kafka.sasl_mechanism" if kafka.sasl_mechanism else "kafka.security_protocol",
+            )
+        missing = kafka.sasl_plain_username is None or kafka.sasl_plain_password is None
+        if kafka.sasl_mechanism in _PASSWORD_MECHANISMS and missing:
+            raise ConfigError(
+                f"kafka: {kafka.sasl_mechanism} needs sasl_plain_username and sasl_plain_password "
+                f"(or {PASSWORD_FILE_KEY})",
+                "kafka.sasl_mechanism",
+            )
+    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        path = getattr(kafka, key)
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"kafka.{key} = {path!r}: no such file", f"kafka.{key}")
+    try:
+        kafka.client_options()  # loads the TLS files
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ConfigError(f"kafka: cannot load the TLS files: {exc}", "kafka.ssl_certfile") from None
+
+
+def _kafka(values: dict[str, Any]) -> KafkaConfig:
+    values = dict(values)
+    _password_from_file(values)
+    if values.get("bootstrap_servers") is None:
+        raise ConfigError("kafka.bootstrap_servers is required when [kafka] is set")
+    kafka = msgspec.convert(values, KafkaConfig)
+    _check_security(kafka)
+    return kafka
+
+
+def _check_policy(spec: str) -> None:
+    try:
+        policy_named(spec)
+    except UnknownPolicyError as exc:
+        raise ConfigError(f"service.policy = {spec!r}: {exc}", "service.policy") from None
+
+
+def _check_place(log: LogConfig, kafka: KafkaConfig | None) -> None:
+    if (log.dir is None) == (kafka is None):
+        raise ConfigError(
+            "set exactly one place for the logs: log.dir (the embedded file log) or the [kafka] table "
+            f"(now: {'both' if kafka else 'neither'})"
+        )
+
+
+def _build(raw: Raw) -> Config:
+    log = msgspec.convert(raw.get("log", {}), LogConfig)
+    service = msgspec.convert(raw.get("service", {}), ServiceSettings)
+    _check_policy(service.policy)
+    kafka_values = {k: v for k, v in raw.get("kafka", {}).items() if v is not None}
+    kafka = _kafka(kafka_values) if kafka_values else None
+    _check_place(log, kafka)
+    return Config(log=log, kafka=kafka, service=service)
+
+
+def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
+    """The configuration from ``path`` (``None``: none) with ``env``'s overrides on top."""
+    origins: Origins = {}
+    raw = _read_file(path, origins) if path is not None else {}
+    _apply_env(raw, env, origins)
+    try:
+        return _build(raw)
+    except ConfigError as exc:
+        where = origins.get(exc.key or "", str(path) if path is not None else None)
+        if where is None:
+            raise
+        raise ConfigError(f"{where}: {exc}", exc.key) from None
+
+
+def check_config(config: Config) -> Config:
+    """``config`` (e.g. built in code, or changed by command-line shortcuts) checked like a loaded one."""
+    _check_place(config.log, config.kafka)
+    _check_policy(config.service.policy)
+    if config.kafka is not None:
+        _check_security(config.kafka)
+    return config
+
+
+# -- using it -----------------------------------------------------------------------------------
+
+
+def make_store(config: Config) -> LogStore:
+    """An unopened store for the configured logs."""
+    if config.kafka is not None:
+        return KafkaLogStore(config.kafka)
+    assert config.log.dir is not None
+    return FileLogStore(config.log.dir, fsync=config.log.fsync)
+
+
+async def open_store(config: Config) -> LogStore:
+    """The configured store, opened (a :class:`fleetlog.log.base.LogError` if it cannot be)."""
+    store = make_store(config)
+    await store.open()
+    return store
+
+
+def describe(config: Config) -> str:
+    """One line for logs: where the logs are and how they are reached; never a secret."""
+    kafka = config.kafka
+    if kafka is None:
+        return f"file log at {config.log.dir} (fsync={config.log.fsync})"
+    auth = kafka.security_protocol
+    if kafka.sasl_mechanism is not None:
+        auth += f"/{kafka.sasl_mechanism}"
+        if kafka.sasl_plain_username is not None:
+            auth += f" as {kafka.sasl_plain_username}"
+    return (
+        f"Kafka at {kafka.bootstrap_servers} ({auth}), topics {kafka.topic_prefix}.*, "
+        f"shard {kafka.shard} of {kafka.shards}"
+    )
