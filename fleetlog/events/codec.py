@@ -1,7 +1,9 @@
 """Encode and decode envelopes as msgpack (the default) or JSON.
 
 A log record says which format its value is in through the ``content-type``
-header; a record without the header is msgpack.  Decoding takes the fast path
+header; a record without the header is msgpack, unless its value starts with ``{``
+(JSON from a producer that cannot set headers: no msgpack envelope starts with that
+byte, msgpack maps start with 0x80-0x8f, 0xde or 0xdf).  Decoding takes the fast path
 (one msgspec call) and, only when that fails, a slower diagnosis that names
 what was wrong with a typed :class:`BadEventError`.
 """
@@ -101,9 +103,13 @@ def encode(env: Envelope, fmt: Format = "msgpack") -> bytes:
     return _MSGPACK_ENCODER.encode(env) if fmt == "msgpack" else _JSON_ENCODER.encode(env)
 
 
-def format_of(content_type: bytes | None) -> Format:
-    """The format named by a ``content-type`` header value (``None`` means msgpack)."""
-    if content_type is None or content_type == MSGPACK:
+def format_of(content_type: bytes | None, data: bytes = b"") -> Format:
+    """The format named by a ``content-type`` header value.  Without the header (``None``) it is
+    msgpack, or JSON when ``data`` starts with ``{`` (after JSON whitespace), which can never begin
+    a msgpack envelope: there, ``{`` would be the integer 123."""
+    if content_type is None:
+        return "json" if data[:64].lstrip(b" \t\r\n")[:1] == b"{" else "msgpack"
+    if content_type == MSGPACK:
         return "msgpack"
     if content_type == JSON or content_type.split(b";")[0].strip() == JSON:
         return "json"
@@ -113,7 +119,7 @@ def format_of(content_type: bytes | None) -> Format:
 
 def decode(data: bytes, content_type: bytes | None = None) -> Envelope:
     """Decode one envelope; raise a :class:`BadEventError` subclass saying what is wrong."""
-    fmt = format_of(content_type)
+    fmt = format_of(content_type, data)
     if len(data) > MAX_EVENT_BYTES:
         raise EventTooLargeError(f"event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     try:
@@ -129,29 +135,27 @@ def decode_many(values: Iterable[tuple[bytes, bytes | None]]) -> list[Envelope |
     """Decode (value, content-type) pairs; a bad one yields its error in place.
 
     The hot path of every consumer: msgpack values without a content-type take one
-    msgspec call each, with no Python-level checks but the schema version.
+    msgspec call each, with no Python-level checks but the schema version.  Anything
+    else (JSON, a failure to diagnose) goes through :func:`decode`.
     """
     out: list[Envelope | BadEventError] = []
     append = out.append
     fast = _MSGPACK_DECODER.decode
     for data, content_type in values:
-        try:
-            if content_type is None and len(data) <= MAX_EVENT_BYTES:
+        if content_type is None and len(data) <= MAX_EVENT_BYTES:
+            try:
                 env = fast(data)
-                append(env if env.schema_version == SCHEMA_VERSION else decode(data, content_type))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                pass
             else:
-                append(decode(data, content_type))
-        except (msgspec.DecodeError, msgspec.ValidationError, BadEventError):
-            append(_error_of(data, content_type))
+                if env.schema_version == SCHEMA_VERSION:
+                    append(env)
+                    continue
+        try:
+            append(decode(data, content_type))
+        except BadEventError as exc:
+            append(exc)
     return out
-
-
-def _error_of(data: bytes, content_type: bytes | None) -> BadEventError:
-    try:
-        decode(data, content_type)
-    except BadEventError as exc:
-        return exc
-    raise AssertionError("decode accepted what the fast path refused")  # pragma: no cover
 
 
 def encode_many(envs: Sequence[Envelope], fmt: Format = "msgpack") -> list[bytes]:
