@@ -99,6 +99,59 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """The scheduler service over Kafka or the embedded file log, until SIGTERM/SIGINT."""
+    from fleetlog.service.command import CommandError, configure, configure_logging, run_service
+
+    try:
+        config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port)
+    except CommandError as exc:
+        raise UsageError(str(exc)) from None
+    configure_logging(args.log_level)
+    run_service(config)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """A job's state, read from the logs (newest snapshot + tail)."""
+    from fleetlog.service.command import CommandError, configure, status
+
+    try:
+        found = status(configure(args.config, args.log, args.kafka), args.job)
+    except CommandError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(found))
+    else:
+        for key, value in found.items():
+            print(f"{key:>16}  {value}")
+    return 0
+
+
+def _add_log_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="a TOML configuration file (docs/service.md)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--log", metavar="DIR", help="the embedded file log in DIR")
+    where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers")
+
+
+def _add_service_commands(sub: Any) -> None:
+    run = sub.add_parser("run", help="the scheduler service (Kafka or the embedded file log)",
+                         description="Consume inputs, decide, publish decisions exactly once; snapshots, "
+                         "fail-over, metrics on http://HOST:PORT/metrics. Settings: --config FILE and "
+                         "FLEETLOG_<TABLE>_<KEY> variables (docs/service.md).")
+    _add_log_options(run)
+    run.add_argument("--policy", metavar="NAME", help="a policy spec (default: the config's, or default)")
+    run.add_argument("--http-port", type=int, metavar="PORT", help="metrics/health/ingest port (0: any)")
+    run.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    run.set_defaults(func=cmd_run)
+    status = sub.add_parser("status", help="a job's state, read from the logs")
+    status.add_argument("job", metavar="JOB", help="the job id")
+    _add_log_options(status)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(func=cmd_status)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fleetlog", description="An event-sourced scheduler for ML and batch fleets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -135,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--check-invariants", action="store_true", help="check the invariants after every fold")
     sim.set_defaults(func=cmd_simulate)
+    _add_service_commands(sub)
     return parser
 
 

@@ -810,6 +810,10 @@ def _write_all(fd: int, parts: list[bytes]) -> None:
         rest = rest[os.write(fd, rest) :]
 
 
+class LockedError(LogError):
+    """Another process holds the directory's writer lock."""
+
+
 def _acquire_lock(directory: Path) -> int:
     """Take the directory's exclusive writer lock; a clear error names the holder."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -821,7 +825,7 @@ def _acquire_lock(directory: Path) -> int:
         os.close(fd)
         if holder == str(os.getpid()):
             holder += ", this process"
-        raise LogError(
+        raise LockedError(
             f"file log directory {directory} is already open for writing by another FileLogStore "
             f"(pid {holder}); only one writer may open it"
         ) from None

@@ -20,7 +20,7 @@ from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, encode, envelope
 from fleetlog.events.model import DecisionBatch
-from fleetlog.log.base import DECISIONS, LogStore, Message
+from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
 
 DEFAULT_GROUP: Final = "fleetlog-scheduler"
@@ -33,6 +33,10 @@ class LoopConfig(msgspec.Struct, frozen=True):
     """The most input records folded before one decide (large under load, small when idle)."""
     check_invariants: bool = False
     """Check every invariant after each fold step (tests and simulation)."""
+    commit_every: int = 1
+    """Commit the consumed offset of a step without decisions only once this many inputs are
+    uncommitted (1: every step).  Skipping those commits is safe: nothing was published, and
+    recovery folds the same inputs again.  The service commits the rest on a timer."""
 
 
 class StepResult(msgspec.Struct, frozen=True):
@@ -40,6 +44,14 @@ class StepResult(msgspec.Struct, frozen=True):
     dead_lettered: int
     decisions: int
     as_of: int
+    oldest_ms: int = 0
+    """The log append time of the oldest input folded in this step (0 when none)."""
+    published: bool = False
+    """A decision batch was published in this step."""
+
+
+class SnapshotMismatchError(RuntimeError):
+    """A snapshot does not line up with the decisions log (recovery falls back to an older one)."""
 
 
 class SchedulerLoop:
@@ -56,22 +68,41 @@ class SchedulerLoop:
         self.config = config or LoopConfig()
         self.state = State(core)
         self.offset = 0  # the next inputs offset to read
+        self.committed = 0  # the inputs offset last committed
+        self.decisions_next = 0  # the decisions offset after the last batch folded
         self.consumer = EventConsumer(store)
 
-    async def recover(self) -> None:
-        """Rebuild the state from the logs: every decision batch folded after the inputs it saw."""
+    async def recover(self, state: State | None = None, inputs: int = 0, decisions: int = 0) -> None:
+        """Rebuild the state from the logs: every decision batch folded after the inputs it saw.
+
+        With a snapshot (``state`` covering inputs before ``inputs`` and decisions before
+        ``decisions``) only the tail is read; a snapshot that does not line up with the
+        decisions log raises :class:`SnapshotMismatchError`."""
+        if state is not None:
+            self.state, self.offset, self.decisions_next = state, inputs, decisions
         log = self.store.log(DECISIONS)
-        end, at = await log.end_offset(), 0
+        end, at = await log.end_offset(), self.decisions_next
         while at < end:
             records = await log.read(at, 10_000)
             if not records:
                 break
-            for _, batch in decision_batches(records):
+            for offset, batch in decision_batches(records):
+                if batch.as_of <= self.offset and self.offset:
+                    raise SnapshotMismatchError(
+                        f"decisions@{offset} was computed at inputs offset {batch.as_of}, "
+                        f"not after the {self.offset} already folded"
+                    )
                 await self._fold_inputs_until(batch.as_of)
                 fold(self.state, batch, self.state.now_ms)
+                self.decisions_next = offset + 1
             at = records[-1].offset + 1
         committed = await self.store.committed_offset(self.config.group)
         await self._fold_inputs_until(committed or 0)
+        self.committed = max(committed or 0, self.offset)
+
+    async def catch_up(self) -> None:
+        """Fold every input there is, deciding nothing (read-only views: status, state-at)."""
+        await self._fold_inputs_until(await self.store.log(INPUTS).end_offset())
 
     async def _fold_inputs_until(self, as_of: int) -> None:
         while self.offset < as_of:
@@ -94,19 +125,30 @@ class SchedulerLoop:
         self.offset = polled.next_offset
         if not polled.events and polled.dead_lettered == 0:
             return StepResult(0, 0, 0, self.offset)
+        oldest = polled.events[0].timestamp_ms if polled.events else 0
         decisions = decide(self.state, self.policy) if polled.events else []
-        state_digest = digest(self.state) if decisions else ""  # only published batches carry one
+        if not decisions:
+            if polled.dead_lettered or self.offset - self.committed >= self.config.commit_every:
+                await self.commit()
+            return StepResult(len(polled.events), polled.dead_lettered, 0, self.offset, oldest)
         batch = DecisionBatch(
-            as_of=self.offset, digest=state_digest, decisions=tuple(decisions), policy=self.policy.name
+            as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions), policy=self.policy.name
         )
-        messages = [self.batch_message(batch)] if decisions else []
-        await self.store.append_transactional(
-            DECISIONS, messages, group=self.config.group, consumed=self.offset
+        first = await self.store.append_transactional(
+            DECISIONS, [self.batch_message(batch)], group=self.config.group, consumed=self.offset
         )
+        self.committed, self.decisions_next = self.offset, first + 1
         fold(self.state, batch, self.state.now_ms)
         if self.config.check_invariants:
             check(self.state)
-        return StepResult(len(polled.events), polled.dead_lettered, len(decisions), self.offset)
+        return StepResult(len(polled.events), polled.dead_lettered, len(decisions), self.offset, oldest, True)
+
+    async def commit(self) -> None:
+        """Commit the inputs folded so far (no decisions): where a restart resumes."""
+        if self.committed == self.offset:
+            return
+        await self.store.append_transactional(DECISIONS, [], group=self.config.group, consumed=self.offset)
+        self.committed = self.offset
 
     def batch_message(self, batch: DecisionBatch) -> Message:
         value = encode(envelope(batch, self.config.producer_id))

@@ -1,0 +1,123 @@
+"""One writer per shard: who may publish decisions.
+
+On Kafka two mechanisms work together:
+
+* **Election** — every ``fleetlog run`` process of a shard joins the consumer group
+  ``<prefix>.shard<N>.leader`` subscribed to the one-partition topic ``<prefix>.leader``.
+  The group coordinator assigns that partition to exactly one live member: the leader.
+  Stand-bys stay members; when the leader dies its session times out
+  (``session_timeout_ms``) and the partition moves to a stand-by.
+* **Fencing** — the leader's transactional producer uses the shard's transactional id, so
+  when a new leader starts its producer, Kafka aborts the old leader's open transaction
+  and refuses the old producer from then on (a paused "zombie" cannot publish).
+
+In embedded mode the file log's writer lock is the election: a stand-by retries opening the
+directory until the holder exits.
+
+Take-over time on Kafka is bounded by ``session_timeout_ms`` (the dead leader's session
+expiring) + one rebalance + recovery from the newest snapshot (docs/service.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from fleetlog.log.base import LogError
+from fleetlog.log.kafka import KafkaConfig
+
+LEADER_TOPIC: Final = "leader"
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, election: KafkaElection) -> None:
+        self.election = election
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.election.set_leader(False)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.election.set_leader(bool(assigned))
+
+
+class KafkaElection:
+    """Membership in the shard's leader group; :attr:`leader` is set while this process leads."""
+
+    def __init__(self, config: KafkaConfig, member: str, session_timeout_ms: int = 6000) -> None:
+        self.config, self.member, self.session_timeout_ms = config, member, session_timeout_ms
+        self.leader = asyncio.Event()
+        self.lost = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def group(self) -> str:
+        return f"{self.config.topic_prefix}.shard{self.config.shard}.leader"
+
+    def set_leader(self, leading: bool) -> None:
+        if leading:
+            self.lost.clear()
+            self.leader.set()
+        elif self.leader.is_set():
+            self.leader.clear()
+            self.lost.set()
+
+    async def start(self) -> None:
+        await self._ensure_topic()
+        consumer = AIOKafkaConsumer(
+            **self.config.client_options(),
+            group_id=self.group,
+            client_id=self.member,
+            enable_auto_commit=False,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(100, self.session_timeout_ms // 6),
+            max_poll_interval_ms=max(60_000, self.session_timeout_ms * 10),
+            auto_offset_reset="latest",
+        )
+        try:
+            await consumer.start()
+        except KafkaError as exc:
+            raise LogError(f"join the leader group {self.group}: {exc!r}") from exc
+        consumer.subscribe([self.config.topic(LEADER_TOPIC)], listener=_Listener(self))
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._poll(consumer), name="fleetlog-leader-poll")
+
+    async def _poll(self, consumer: AIOKafkaConsumer) -> None:
+        """Keep the membership alive (aiokafka leaves the group if it is not polled)."""
+        while True:
+            try:
+                await consumer.getmany(timeout_ms=500)
+            except KafkaError:
+                self.set_leader(False)
+                await asyncio.sleep(0.5)
+
+    async def _ensure_topic(self) -> None:
+        admin = AIOKafkaAdminClient(**self.config.client_options())
+        try:
+            await admin.start()
+            if self.config.topic(LEADER_TOPIC) not in set(await admin.list_topics()):
+                topic = NewTopic(self.config.topic(LEADER_TOPIC), 1, self.config.replication_factor)
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics([topic])
+        except KafkaError as exc:
+            raise LogError(f"create the leader topic: {exc!r}") from exc
+        finally:
+            with contextlib.suppress(KafkaError):
+                await admin.close()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(KafkaError):
+                await consumer.stop()
+        self.set_leader(False)
