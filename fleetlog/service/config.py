@@ -104,22 +104,6 @@ class Config(msgspec.Struct, frozen=True):
                 data["kafka"][key] = MASK
         return data
 
-    def using_file_log(self, directory: str | Path) -> Config:
-        """This configuration with the logs in the file log at ``directory`` instead."""
-        return msgspec.structs.replace(
-            self, log=msgspec.structs.replace(self.log, dir=str(directory)), kafka=None
-        )
-
-    def using_kafka(self, bootstrap_servers: str) -> Config:
-        """This configuration with the logs on the Kafka cluster at ``bootstrap_servers`` (other
-        Kafka settings, such as security, kept from the ``[kafka]`` table if there is one)."""
-        kafka = (
-            KafkaConfig(bootstrap_servers=bootstrap_servers)
-            if self.kafka is None
-            else msgspec.structs.replace(self.kafka, bootstrap_servers=bootstrap_servers)
-        )
-        return msgspec.structs.replace(self, log=msgspec.structs.replace(self.log, dir=None), kafka=kafka)
-
 
 _TABLES: Final[dict[str, type[msgspec.Struct]]] = {
     "log": LogConfig,
@@ -325,11 +309,28 @@ def _build(raw: Raw) -> Config:
     return Config(log=log, kafka=kafka, service=service)
 
 
-def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
-    """The configuration from ``path`` (``None``: none) with ``env``'s overrides on top."""
+def _apply_shortcuts(raw: Raw, log_dir: str | None, kafka: str | None, origins: Origins) -> None:
+    """``--log DIR`` / ``--kafka HOST:PORT``: the logs go there, whatever the file and environment say
+    (other ``[kafka]`` settings, such as security, are kept for ``--kafka``)."""
+    if log_dir is not None:
+        raw.pop("kafka", None)
+        raw.setdefault("log", {})["dir"] = _typed("log", "dir", log_dir, "--log", strict=True)
+        origins["log.dir"] = "--log"
+    if kafka is not None:
+        raw.setdefault("log", {})["dir"] = None
+        raw.setdefault("kafka", {})["bootstrap_servers"] = kafka
+        origins["kafka.bootstrap_servers"] = "--kafka"
+
+
+def load_config(
+    path: Path | None, env: Mapping[str, str], *, log_dir: str | None = None, kafka: str | None = None
+) -> Config:
+    """The configuration from ``path`` (``None``: none) with ``env``'s overrides on top, and the
+    command-line shortcuts ``log_dir`` (the file log) or ``kafka`` (bootstrap servers) on top of both."""
     origins: Origins = {}
     raw = _read_file(path, origins) if path is not None else {}
     _apply_env(raw, env, origins)
+    _apply_shortcuts(raw, log_dir, kafka, origins)
     try:
         return _build(raw)
     except ConfigError as exc:
@@ -337,15 +338,6 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         if where is None:
             raise
         raise ConfigError(f"{where}: {exc}", exc.key) from None
-
-
-def check_config(config: Config) -> Config:
-    """``config`` (e.g. built in code, or changed by command-line shortcuts) checked like a loaded one."""
-    _check_place(config.log, config.kafka)
-    _check_policy(config.service.policy)
-    if config.kafka is not None:
-        _check_security(config.kafka)
-    return config
 
 
 # -- using it -----------------------------------------------------------------------------------

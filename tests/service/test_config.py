@@ -16,7 +16,6 @@ from fleetlog.service.config import (
     ConfigError,
     LogConfig,
     ServiceSettings,
-    check_config,
     describe,
     load_config,
     open_store,
@@ -246,21 +245,26 @@ def test_plaintext_has_no_tls_context() -> None:
     assert "ssl_context" not in config.kafka.client_options()
 
 
-def test_shortcuts_switch_the_place_of_the_logs_and_keep_security(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, FULL), {})
-    to_file = config.using_file_log(tmp_path / "log")
+def test_command_line_shortcuts_move_the_logs_and_keep_the_rest(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL)
+    env = {"FLEETLOG_KAFKA_SHARD": "4"}
+    to_file = load_config(path, env, log_dir=str(tmp_path / "log"))
     assert to_file.kafka is None
-    assert to_file.log.dir == str(tmp_path / "log")
-    assert to_file.log.fsync == "always"
-    back = to_file.using_kafka("k2:9092")
-    assert back.kafka == KafkaConfig(bootstrap_servers="k2:9092")
-    assert back.log.dir is None
-    moved = config.using_kafka("k3:9092")
+    assert to_file.log == LogConfig(dir=str(tmp_path / "log"), fsync="always")
+    assert to_file.service.group == "sched-a"
+    moved = load_config(path, env, kafka="k3:9092")
     assert moved.kafka is not None
-    assert (moved.kafka.bootstrap_servers, moved.kafka.shard) == ("k3:9092", 3)
-    assert check_config(moved) is moved
-    with pytest.raises(ConfigError, match="exactly one place"):
-        check_config(Config())
+    assert (moved.kafka.bootstrap_servers, moved.kafka.shard, moved.kafka.topic_prefix) == (
+        "k3:9092",
+        4,
+        "prod",
+    )
+    from_dir = load_config(write(tmp_path, '[log]\ndir = "a"\n', "f.toml"), {}, kafka="k4:9092")
+    assert from_dir.log.dir is None
+    assert from_dir.kafka == KafkaConfig(bootstrap_servers="k4:9092")
+    assert load_config(None, {}, log_dir="x").log.dir == "x"
+    with pytest.raises(ConfigError, match=r"--log: log\.dir"):
+        load_config(None, {}, log_dir=123)  # type: ignore[arg-type]
 
 
 # -- bad configurations: each names where, which key, and what was expected ------------------------
