@@ -1,0 +1,446 @@
+"""The Slurm backend: fleetlog decides placement, Slurm runs the work.  It acts only through the logs.
+
+Each :meth:`SlurmBackend.step`:
+
+1. catches up with the logs in the order the scheduler folds them (the inputs before a decision
+   batch's ``as_of``, then the batch): ``JobSubmitted`` gives the job's shape, ``JobPlaced`` makes a
+   *run* (one placement of a job; its incarnation is the offset of the batch that placed it),
+   ``TaskPreempted``, ``JobCancelled``, a re-placement, a failed task and an unhealthy heartbeat of
+   one of its nodes end a run — exactly when the scheduler's own state would;
+2. observes Slurm (``sinfo --json``, ``squeue --json``) and appends ``NodeHeartbeat``,
+   ``TaskStarted``, ``TaskFinished`` and ``TaskFailed`` to the inputs log for the runs that are live;
+3. reconciles: every live run's task that Slurm does not know by name is submitted with ``sbatch``
+   pinned to its node; every active Slurm job of ours that belongs to no live run is cancelled.
+
+Because the runs are rebuilt from the logs and Slurm is looked up by job name before anything is
+submitted, a backend restarted after a crash submits nothing twice and reports nothing twice
+(its observations carry idempotency keys, read back from the inputs log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+
+from fleetlog.backends.slurm.client import (
+    SlurmClient,
+    SlurmError,
+    SlurmJob,
+    SlurmNode,
+    SlurmRejectedError,
+)
+from fleetlog.backends.slurm.mapping import (
+    ACTIVE_STATES,
+    Kind,
+    SubmitSettings,
+    Workload,
+    event_key,
+    heartbeat,
+    job_name,
+    outcome,
+    parse_name,
+    sleep_for_expected_duration,
+    submission,
+)
+from fleetlog.events import (
+    DecisionBatch,
+    InputEvent,
+    JobCancelled,
+    JobPlaced,
+    JobSubmitted,
+    NodeHeartbeat,
+    TaskFailed,
+    TaskFinished,
+    TaskPlacement,
+    TaskPreempted,
+    TaskStarted,
+    encode,
+    envelope,
+)
+from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message
+from fleetlog.log.consumer import Delivered, EventConsumer, decision_batches
+
+log = logging.getLogger("fleetlog.backends.slurm")
+TaskEvent = TaskStarted | TaskFinished | TaskFailed
+READ_BATCH: Final = 1000
+
+
+class SlurmConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    cell: str = "slurm"
+    """The fleetlog cell this Slurm cluster is: heartbeats name it, placements in it are ours."""
+    prefix: str = "fleetlog"
+    """Slurm job names start with ``<prefix>:``; unique per (logs, Slurm cluster) pair."""
+    producer_id: str = "fleetlog-slurm"
+    slurm_conf: str = ""
+    """``SLURM_CONF`` for the client commands ("" = the environment's)."""
+    gpu_model: str = "gpu"
+    """The GPU model reported for GRES without a type (``gpu:4``)."""
+    submit: SubmitSettings = SubmitSettings()
+    heartbeat_ms: int = 5_000
+    """Every node's heartbeat is resent at least this often (and at once when it changes)."""
+    poll_ms: int = 500
+    command_timeout_s: float = 30.0
+    backoff_initial_ms: int = 250
+    backoff_max_ms: int = 30_000
+    submit_concurrency: int = 4
+
+
+@dataclass
+class Run:
+    """One placement of a job in this cell: which task went where, what Slurm did with it."""
+
+    incarnation: int
+    placement: JobPlaced
+    started: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+
+    def nodes(self) -> set[str]:
+        return {t.node for t in self.placement.tasks}
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    submitted: int = 0
+    cancelled: int = 0
+    events: int = 0
+    failures: int = 0
+    last_error: str = ""
+    delays_s: list[float] = field(default_factory=list)
+    """The backoff delays slept after failed steps (the last 100)."""
+
+
+class Backoff:
+    """Capped exponential backoff: initial, doubled after each failure up to the cap; reset on success."""
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self.initial_s, self.max_s, self.current_s = initial_s, max_s, 0.0
+
+    def next(self) -> float:
+        self.current_s = min(self.max_s, self.current_s * 2 if self.current_s else self.initial_s)
+        return self.current_s
+
+    def reset(self) -> None:
+        self.current_s = 0.0
+
+
+class SlurmBackend:
+    """Decisions in (from the decisions log), Slurm effects out, observations back (to the inputs log)."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        config: SlurmConfig | None = None,
+        workload: Workload = sleep_for_expected_duration,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store, self.config, self.workload, self.clock = store, config or SlurmConfig(), workload, clock
+        self.client = SlurmClient(self.config.slurm_conf or None, self.config.command_timeout_s)
+        self.consumer = EventConsumer(store)
+        self.specs: dict[str, JobSubmitted] = {}
+        self.runs: dict[str, Run] = {}
+        self.emitted: set[str] = set()
+        self.health: dict[str, bool] = {}  # node -> health last reported in the inputs log
+        self.unhealthy_at: dict[str, int] = {}  # node -> inputs offset of its last healthy->unhealthy report
+        self.cancelled_at: dict[str, int] = {}  # job -> inputs offset of its JobCancelled
+        self.inputs_offset = self.decisions_offset = 0
+        self.submitted: dict[str, int] = {}  # name -> Slurm id, until squeue lists it
+        self.cancelling: set[int] = set()
+        self.beats: dict[str, NodeHeartbeat] = {}
+        self.beat_at = -float("inf")
+        self.backoff = Backoff(self.config.backoff_initial_ms / 1000, self.config.backoff_max_ms / 1000)
+        self.stats = Stats()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Step every ``poll_ms`` until ``stop`` is set; Slurm or log trouble is logged and retried
+        with capped exponential backoff, never raised."""
+        while not stop.is_set():
+            try:
+                await self.step()
+                self.backoff.reset()
+                delay = self.config.poll_ms / 1000
+            except (SlurmError, LogError) as e:
+                delay = self.failed(e)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    def failed(self, error: Exception) -> float:
+        delay = self.backoff.next()
+        self.stats.failures += 1
+        self.stats.last_error = str(error)
+        self.stats.delays_s = [*self.stats.delays_s[-99:], delay]
+        log.warning("slurm backend step failed (retry in %.2fs): %s", delay, error)
+        return delay
+
+    async def step(self) -> None:
+        """Catch up with the logs, observe Slurm, report, then submit and cancel what differs."""
+        await self.catch_up()
+        nodes, jobs = await asyncio.gather(self.client.nodes(), self.client.jobs())
+        ours = self.our_jobs(jobs)
+        events = self.observe_nodes(nodes)
+        events += self.observe_jobs(ours)
+        await self.append(events)
+        await self.append(await self.reconcile(ours))
+        self.stats.steps += 1
+
+    # --- 1. the logs, in the scheduler's fold order -------------------------------------
+
+    async def catch_up(self) -> None:
+        decisions = self.store.log(DECISIONS)
+        end = await decisions.end_offset()
+        while self.decisions_offset < end:
+            records = await decisions.read(self.decisions_offset, READ_BATCH)
+            if not records:
+                break
+            for offset, batch in decision_batches(records):
+                await self.read_inputs(batch.as_of)
+                self.apply_batch(offset, batch)
+            self.decisions_offset = records[-1].offset + 1
+        await self.read_inputs(await self.store.log(INPUTS).end_offset())
+
+    async def read_inputs(self, until: int) -> None:
+        while self.inputs_offset < until:
+            polled = await self.consumer.poll(
+                self.inputs_offset, min(READ_BATCH, until - self.inputs_offset), park=False
+            )
+            if polled.next_offset == self.inputs_offset:
+                break
+            for delivered in polled.events:
+                self.apply_input(delivered)
+            self.inputs_offset = polled.next_offset
+
+    def apply_input(self, d: Delivered) -> None:
+        event = d.envelope.event
+        match event:
+            case JobSubmitted():
+                self.specs[event.job_id] = event
+            case JobCancelled():
+                self.cancelled_at[event.job_id] = d.offset
+                self.specs.pop(event.job_id, None)
+                self.end_run(event.job_id, "cancelled")
+            case NodeHeartbeat() if event.cell == self.config.cell:
+                self.apply_health(event, d.offset)
+            case TaskStarted() | TaskFinished() | TaskFailed():
+                if d.envelope.producer_id == self.config.producer_id and d.envelope.key:
+                    self.read_back(event, d.envelope.key)
+            case _:
+                pass
+
+    def apply_health(self, beat: NodeHeartbeat, offset: int) -> None:
+        """A healthy -> unhealthy report makes the scheduler requeue every run on the node: so do we."""
+        if not beat.healthy and self.health.get(beat.node, True):
+            self.unhealthy_at[beat.node] = offset
+            for job_id in sorted(j for j, r in self.runs.items() if beat.node in r.nodes()):
+                self.end_run(job_id, f"node {beat.node} reported unhealthy")
+        self.health[beat.node] = beat.healthy
+
+    def read_back(self, event: TaskEvent, key: str) -> None:
+        """Our own observation, read back from the log (after a restart): remember and apply it once."""
+        if key in self.emitted:
+            return
+        self.emitted.add(key)
+        run = self.runs.get(event.job_id)
+        if run is None:
+            return
+        kind = task_kind(event)
+        if key == event_key(self.name(run, event.task_index), kind):
+            self.apply_task(event.job_id, run, event.task_index, kind, task_exit(event))
+
+    def apply_batch(self, offset: int, batch: DecisionBatch) -> None:
+        for decision in batch.decisions:
+            match decision:
+                case JobPlaced():
+                    self.end_run(decision.job_id, "placed again")
+                    if decision.cell == self.config.cell and self.will_run(decision, batch.as_of):
+                        self.runs[decision.job_id] = Run(offset, decision)
+                case TaskPreempted():
+                    self.end_run(decision.job_id, f"preempted ({decision.cause})")
+                case _:
+                    pass
+
+    def will_run(self, placed: JobPlaced, as_of: int) -> bool:
+        """Whether the scheduler keeps this placement: not undone by a cancellation or an unhealthy
+        node it folds after the placement (inputs at or after ``as_of`` already read)."""
+        if self.cancelled_at.get(placed.job_id, -1) >= as_of:
+            return False
+        return all(self.unhealthy_at.get(t.node, -1) < as_of for t in placed.tasks)
+
+    def end_run(self, job_id: str, why: str) -> None:
+        """Forget the job's live run; reconcile cancels whatever of it Slurm still runs."""
+        if self.runs.pop(job_id, None) is not None:
+            log.info("run of %s ended: %s", job_id, why)
+
+    # --- 2. observations ---------------------------------------------------------------
+
+    def observe_nodes(self, nodes: list[SlurmNode]) -> list[Message]:
+        """Every node's heartbeat when one changed or the heartbeat period passed, else nothing."""
+        beats = {n.name: heartbeat(self.config.cell, n, self.config.gpu_model) for n in nodes}
+        now = self.clock()
+        if beats == self.beats and now - self.beat_at < self.config.heartbeat_ms / 1000:
+            return []
+        self.beats, self.beat_at = beats, now
+        return [self.message(beats[name]) for name in sorted(beats)]
+
+    def our_jobs(self, jobs: list[SlurmJob]) -> dict[str, SlurmJob]:
+        """Slurm's jobs that carry our prefix, by name (the newest when a name repeats)."""
+        ours = {
+            j.name: j for j in sorted(jobs, key=lambda j: j.job_id) if parse_name(self.config.prefix, j.name)
+        }
+        for name in [n for n in self.submitted if n in ours]:
+            del self.submitted[name]
+        return ours
+
+    def observe_jobs(self, ours: dict[str, SlurmJob]) -> list[Message]:
+        events: list[Message] = []
+        for name, job in ours.items():
+            task = parse_name(self.config.prefix, name)
+            run = self.runs.get(task.job_id) if task else None
+            if task is None or run is None or run.incarnation != task.incarnation:
+                continue
+            events += self.observe_task(task.job_id, run, task.task_index, job)
+        return events
+
+    def observe_task(self, job_id: str, run: Run, index: int, job: SlurmJob) -> list[Message]:
+        seen = outcome(job)
+        name = self.name(run, index)
+        events: list[Message] = []
+        if seen.started and index not in run.started:
+            node = job.nodes or placed_node(run, index)
+            started = TaskStarted(job_id=job_id, task_index=index, node=node)
+            events.append(self.report(run, name, "started", started))
+        if seen.ended == "finished":
+            finished = TaskFinished(job_id=job_id, task_index=index, exit_code=seen.exit_code or 0)
+            events.append(self.report(run, name, "finished", finished))
+        elif seen.ended == "failed":
+            failed = TaskFailed(job_id=job_id, task_index=index, reason=seen.reason, exit_code=seen.exit_code)
+            events.append(self.report(run, name, "failed", failed))
+        return events
+
+    def report(self, run: Run, name: str, kind: Kind, event: TaskEvent) -> Message:
+        """The message for an observation of ``run``'s task, keyed for idempotency; applied at once."""
+        key = event_key(name, kind)
+        self.emitted.add(key)
+        self.apply_task(event.job_id, run, event.task_index, kind, task_exit(event))
+        return self.message(event, key)
+
+    def apply_task(self, job_id: str, run: Run, index: int, kind: Kind, exit_code: int) -> None:
+        """What the scheduler does with the observation: a failure ends the gang, the last finish the run."""
+        if kind == "started":
+            run.started.add(index)
+            return
+        run.started.add(index)
+        if kind == "failed" or exit_code != 0:
+            self.end_run(job_id, f"task {index} {kind} (exit code {exit_code})")
+            return
+        run.done.add(index)
+        if len(run.done) == len(run.placement.tasks):
+            self.end_run(job_id, "finished")
+            self.specs.pop(job_id, None)
+
+    # --- 3. reconcile ------------------------------------------------------------------
+
+    async def reconcile(self, ours: dict[str, SlurmJob]) -> list[Message]:
+        await self.cancel_stale(ours)
+        todo = [(job_id, run, t) for job_id, run in self.runs.items() for t in run.placement.tasks]
+        todo = [(j, r, t) for j, r, t in todo if self.needs_submit(r, t.task_index, ours)]
+        events = [self.vanished(j, r, t.task_index) for j, r, t in todo if t.task_index in r.started]
+        todo = [(j, r, t) for j, r, t in todo if t.task_index not in r.started]
+        events += await self.submit_all(todo)
+        return events
+
+    def needs_submit(self, run: Run, index: int, ours: dict[str, SlurmJob]) -> bool:
+        name = self.name(run, index)
+        return index not in run.done and name not in ours and name not in self.submitted
+
+    async def cancel_stale(self, ours: dict[str, SlurmJob]) -> None:
+        """Cancel every active job of ours that belongs to no live run (once per Slurm job id)."""
+        stale = [j.job_id for n, j in ours.items() if j.job_state in ACTIVE_STATES and not self.is_live(n)]
+        stale += [i for n, i in self.submitted.items() if not self.is_live(n)]
+        stale = sorted(set(stale) - self.cancelling)
+        if stale:
+            await self.client.cancel(stale)
+            self.cancelling.update(stale)
+            self.stats.cancelled += len(stale)
+
+    def is_live(self, name: str) -> bool:
+        task = parse_name(self.config.prefix, name)
+        run = self.runs.get(task.job_id) if task else None
+        return task is not None and run is not None and run.incarnation == task.incarnation
+
+    def vanished(self, job_id: str, run: Run, index: int) -> Message:
+        """A task we saw start that Slurm no longer knows (it forgot the job while we were down)."""
+        reason = "the Slurm job vanished (ended while the backend was down, forgotten after MinJobAge)"
+        failed = TaskFailed(job_id=job_id, task_index=index, reason=reason)
+        return self.report(run, self.name(run, index), "failed", failed)
+
+    async def submit_all(self, todo: Iterable[tuple[str, Run, TaskPlacement]]) -> list[Message]:
+        gate = asyncio.Semaphore(self.config.submit_concurrency)
+        results = await asyncio.gather(
+            *(self.submit_one(gate, j, r, t) for j, r, t in todo), return_exceptions=True
+        )
+        unavailable = [r for r in results if isinstance(r, BaseException)]
+        events = [r for r in results if r is not None and not isinstance(r, BaseException)]
+        if unavailable:
+            await self.append(events)
+            raise unavailable[0]
+        return events
+
+    async def submit_one(
+        self, gate: asyncio.Semaphore, job_id: str, run: Run, task: TaskPlacement
+    ) -> Message | None:
+        spec, name = self.specs.get(job_id), self.name(run, task.task_index)
+        if spec is None:
+            reason = "the Slurm backend never read this job's JobSubmitted"
+            failed = TaskFailed(job_id=job_id, task_index=task.task_index, reason=reason)
+            return self.report(run, name, "failed", failed)
+        async with gate:
+            try:
+                slurm_id = await self.client.submit(
+                    submission(name, spec, task, self.workload, self.config.submit)
+                )
+            except SlurmRejectedError as e:
+                failed = TaskFailed(job_id=job_id, task_index=task.task_index, reason=str(e)[:4000])
+                return self.report(run, name, "failed", failed)
+        self.submitted[name] = slurm_id
+        self.stats.submitted += 1
+        return None
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def name(self, run: Run, index: int) -> str:
+        return job_name(self.config.prefix, run.incarnation, index, run.placement.job_id)
+
+    async def append(self, messages: list[Message]) -> None:
+        if messages:
+            await self.store.log(INPUTS).append(messages)
+            self.stats.events += len(messages)
+
+    def message(self, event: InputEvent, key: str | None = None) -> Message:
+        return Message(encode(envelope(event, self.config.producer_id, key=key)))
+
+
+def task_kind(event: TaskEvent) -> Kind:
+    return (
+        "started"
+        if isinstance(event, TaskStarted)
+        else "finished"
+        if isinstance(event, TaskFinished)
+        else "failed"
+    )
+
+
+def task_exit(event: TaskEvent) -> int:
+    return 0 if isinstance(event, TaskStarted) else (event.exit_code or 0)
+
+
+def placed_node(run: Run, index: int) -> str:
+    return next(t.node for t in run.placement.tasks if t.task_index == index)

@@ -1,0 +1,135 @@
+"""The Slurm backend against a real slurmctld and four slurmd, driven by the real scheduling loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from fleetlog.core.state import JobState
+from fleetlog.events import Event, JobPlaced, NodeHeartbeat, TaskFailed, TaskFinished, TaskStarted
+from tests.backends.slurm.harness import Harness, job, of_type
+from tests.slurm_cluster import SlurmCluster
+
+
+def finished(job_id: str, tasks: int) -> Callable[[list[Event]], bool]:
+    """Whether ``tasks`` tasks of ``job_id`` ended (finished or failed)."""
+    return lambda events: (
+        len(of_type(events, TaskFinished, job_id) + of_type(events, TaskFailed, job_id)) >= tasks
+    )
+
+
+async def test_heartbeats_report_every_node_with_its_fake_gpus(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    async with Harness(slurm_cluster, tmp_path) as h:
+        inputs = await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        beats = {b.node: b for b in of_type(inputs, NodeHeartbeat)}
+        assert sorted(beats) == ["n1", "n2", "n3", "n4"]
+        assert all(b.cell == "slurm" and b.healthy for b in beats.values())
+        assert {(b.cpu_milli, b.mem_mib, b.gpu_count, b.gpu_model) for b in beats.values()} == {
+            (8000, 8192, 4, "fake")
+        }
+
+
+async def test_a_gang_across_two_nodes_runs_and_finishes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    async with Harness(slurm_cluster, tmp_path, {"gang": "sleep 1"}) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(job("gang", tasks=2, gpus=4, mem_mib=512))  # 4 GPUs each: one node per task
+        inputs = await h.until(finished("gang", 2))
+        (placed,) = await h.placements()
+        where = {t.task_index: t.node for t in placed.tasks}
+        assert len(set(where.values())) == 2
+        started = {e.task_index: e.node for e in of_type(inputs, TaskStarted, "gang")}
+        assert started == where
+        assert sorted((e.task_index, e.exit_code) for e in of_type(inputs, TaskFinished, "gang")) == [
+            (0, 0),
+            (1, 0),
+        ]
+        slurm = {j.name.rsplit(":", 2)[1]: j for j in h.slurm_jobs()}
+        assert {int(i): j.nodes for i, j in slurm.items()} == where  # pinned to fleetlog's choice
+        assert {j.job_state for j in slurm.values()} == {"COMPLETED"}
+        assert {j.tres_per_node for j in slurm.values()} == {"gres:gpu:4"}
+        await h.loop.step(20)
+        assert h.job_state("gang") == JobState.SUCCEEDED
+
+
+async def test_a_failing_job_reports_its_exit_code(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    scripts = {"exits7": "exit 7", "killed": "kill -9 $$"}
+    async with Harness(slurm_cluster, tmp_path, scripts) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(job("exits7"), job("killed"))
+        inputs = await h.until(lambda events: finished("exits7", 1)(events) and finished("killed", 1)(events))
+        assert [(e.task_index, e.exit_code) for e in of_type(inputs, TaskFinished, "exits7")] == [(0, 7)]
+        (killed,) = of_type(inputs, TaskFailed, "killed")
+        assert killed.exit_code == 128 + 9
+        assert "signal 9" in killed.reason
+        await h.loop.step(20)
+        assert h.job_state("exits7") == h.job_state("killed") == JobState.FAILED
+
+
+async def test_a_drained_node_has_its_work_requeued_and_placed_elsewhere(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    async with Harness(slurm_cluster, tmp_path, {"long": "sleep 120"}) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(job("long", gpus=4))
+        inputs = await h.until(lambda events: len(of_type(events, TaskStarted, "long")) >= 1)
+        first = of_type(inputs, TaskStarted, "long")[0].node
+        slurm_cluster.command(
+            "scontrol", "update", f"nodename={first}", "state=drain", "reason=fleetlog-test"
+        )
+        try:
+            inputs = await h.until(lambda events: len(of_type(events, TaskStarted, "long")) >= 2)
+        finally:
+            slurm_cluster.command("scontrol", "update", f"nodename={first}", "state=resume")
+        second = of_type(inputs, TaskStarted, "long")[1].node
+        assert second != first
+        assert any(isinstance(e, NodeHeartbeat) and e.node == first and not e.healthy for e in inputs)
+        placements = [p for p in await h.placements() if p.job_id == "long"]
+        assert [p.tasks[0].node for p in placements] == [first, second]
+        await h.until(lambda _: {j.job_state for j in h.slurm_jobs()} == {"CANCELLED", "RUNNING"})
+        by_state = {j.job_state: j.nodes for j in h.slurm_jobs()}
+        assert by_state == {
+            "CANCELLED": first,
+            "RUNNING": second,
+        }  # the first run was stopped, not left running
+        assert h.job_state("long") == JobState.RUNNING
+
+
+async def test_a_restarted_backend_does_not_submit_or_report_twice(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    ids = [f"r{i}" for i in range(4)]
+    async with Harness(slurm_cluster, tmp_path, dict.fromkeys(ids, "sleep 3")) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(*(job(i, tasks=2, gpus=1) for i in ids))
+        await h.until(lambda events: len(of_type(events, TaskStarted)) >= 2)  # mid-run: some started
+        assert h.backend.stats.submitted == 8
+        h.backend = h.new_backend()  # a crash: a new process with nothing but the logs and Slurm
+        inputs = await h.until(lambda events: all(finished(i, 2)(events) for i in ids))
+        assert h.backend.stats.submitted == 0  # every placement was found in Slurm by name
+        names = Counter(j.name for j in h.slurm_jobs())
+        assert len(names) == 8
+        assert set(names.values()) == {1}
+        reported = Counter(
+            (type(e).__name__, e.job_id, e.task_index) for e in inputs if hasattr(e, "task_index")
+        )
+        assert set(reported.values()) == {1}
+        assert len(reported) == 16  # one TaskStarted and one TaskFinished per task
+        await h.loop.step(20)
+        assert {h.job_state(i) for i in ids} == {JobState.SUCCEEDED}
+
+
+async def test_a_replayed_placement_after_a_crash_between_sbatch_and_the_next_poll_is_not_resubmitted(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    async with Harness(slurm_cluster, tmp_path, {"once": "sleep 2"}) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(job("once"))
+        await h.until(lambda _: h.backend.stats.submitted == 1)  # sbatch ran; nothing observed yet
+        again = h.new_backend()  # replays the JobPlaced from the decisions log
+        await again.step()
+        assert again.stats.submitted == 0
+        assert len(h.slurm_jobs()) == 1
+        assert isinstance((await h.placements())[0], JobPlaced)
