@@ -1,0 +1,387 @@
+"""The producer API: submit, cancel, heartbeat and quota events into the inputs log.
+
+```python
+async with await Client.connect(load_config(path, os.environ)) as client:
+    offset = await client.submit("train-42", "vision", [TaskGroup(count=4, cpu_milli=16_000, mem_mib=65_536,
+                                                                  gpu_count=8, gpu_milli=1000)])
+    await client.cancel("train-42", "user asked")
+```
+
+Every event is validated before it is sent — encoded and decoded again through the codec, so it
+fails here with the same typed reason the scheduler would give (:class:`ClientError.reason`) — and
+carries an idempotency key derived from its content (``submit/<job_id>``, ``cancel/<job_id>``,
+``heartbeat/<cell>/<node>/<seq>``…): a retry after a timeout resends the same key, and the fold
+counts a duplicate as a no-op.
+
+Where the events go: a :class:`~fleetlog.log.base.LogStore` (Kafka, or the file log) — or, when
+``fleetlog run --log DIR`` holds the file log's writer lock, the running service's ingest endpoint,
+which ``DIR/service.json`` announces (``{"pid": ..., "http": "host:port"}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import msgspec
+
+from fleetlog.events.codec import (
+    CONTENT_TYPE_HEADER,
+    JSON,
+    MSGPACK,
+    BadEventError,
+    InvalidEventError,
+    decode,
+    encode,
+    envelope,
+)
+from fleetlog.events.model import (
+    INPUT_TYPES,
+    SCHEMA_VERSION,
+    Envelope,
+    InputEvent,
+    JobCancelled,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeRemoved,
+    QuotaSet,
+    TaskFailed,
+    TaskFinished,
+    TaskGroup,
+    TaskStarted,
+    TopologyLevel,
+)
+from fleetlog.log.base import INPUTS, LogError, LogStore, Message
+from fleetlog.log.file import FileLogStore
+from fleetlog.service.config import Config, make_store
+
+DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
+SERVICE_FILE: Final = "service.json"
+"""Written by ``fleetlog run --log DIR`` into DIR: where its ingest endpoint listens."""
+INGEST_PATH: Final = "/v1/events"
+HTTP_TIMEOUT_S: Final = 30.0
+MAX_KEY: Final = 253
+
+
+class ClientError(Exception):
+    """An event that cannot be sent, or a log that cannot be reached.  ``reason`` is the codec's
+    (or the service's) stable code when there is one: ``invalid_event``, ``unreachable``…"""
+
+    def __init__(self, message: str, reason: str = "client_error") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# -- idempotency keys ---------------------------------------------------------------------------
+
+
+def _digest(event: InputEvent) -> str:
+    return hashlib.blake2b(encode(envelope(event, "-")), digest_size=8).hexdigest()
+
+
+def _bounded(key: str) -> str:
+    """Keys are at most 253 characters: a long one keeps its start and gains a hash of the whole."""
+    if len(key) <= MAX_KEY:
+        return key
+    return key[: MAX_KEY - 17] + "#" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
+def key_of(event: InputEvent, seq: int | None = None) -> str:
+    """The idempotency key of ``event``: the same event (and ``seq``) always gets the same key."""
+    match event:
+        case JobSubmitted(job_id=job_id):
+            key = f"submit/{job_id}"
+        case JobCancelled(job_id=job_id):
+            key = f"cancel/{job_id}"
+        case NodeHeartbeat(cell=cell, node=node):
+            key = f"heartbeat/{cell}/{node}/{_digest(event) if seq is None else seq}"
+        case NodeRemoved(cell=cell, node=node):
+            key = f"removed/{cell}/{node}/{_digest(event) if seq is None else seq}"
+        case TaskStarted(job_id=job_id, task_index=index):
+            key = f"started/{job_id}/{index}/{_digest(event) if seq is None else seq}"
+        case TaskFinished(job_id=job_id, task_index=index):
+            key = f"finished/{job_id}/{index}"
+        case TaskFailed(job_id=job_id, task_index=index):
+            key = f"failed/{job_id}/{index}/{_digest(event) if seq is None else seq}"
+        case QuotaSet(tenant=tenant, cell=cell):
+            key = f"quota/{tenant}/{cell or '*'}/{_digest(event) if seq is None else seq}"
+        case _:
+            key = f"{type(event).__name__}/{_digest(event)}"
+    return _bounded(key)
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def checked(env: Envelope) -> Envelope:
+    """``env`` after the round trip the scheduler's consumer makes; a :class:`ClientError` naming
+    the field (JSON path) and the codec's reason code if the scheduler would refuse it."""
+    try:
+        data = encode(env)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise ClientError(
+            f"cannot encode {type(env.event).__name__}: {exc}", InvalidEventError.reason
+        ) from None
+    try:
+        decoded = decode(data)
+    except BadEventError as exc:
+        raise ClientError(exc.message, exc.reason) from None
+    if not isinstance(decoded.event, INPUT_TYPES):
+        name = type(decoded.event).__name__
+        raise ClientError(
+            f"{name} is a decision, not an input: only the scheduler writes decisions",
+            InvalidEventError.reason,
+        )
+    return decoded
+
+
+def envelope_from_json(data: bytes, producer_id: str, default_type: str | None = None) -> Envelope:
+    """An envelope from JSON text: a full envelope (it has ``schema_version``) or a bare event,
+    which gets wrapped (and, without a ``type``, typed ``default_type``).  Validated like
+    :func:`checked`; the error names the JSON path, e.g. ``$.event.task_groups[0].cpu_milli``."""
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ClientError(f"not valid JSON: {exc}", "undecodable") from None
+    if not isinstance(doc, dict):
+        raise ClientError(f"expected a JSON object, got {type(doc).__name__}", InvalidEventError.reason)
+    if "schema_version" not in doc:
+        if default_type is not None:
+            doc = {"type": default_type, **doc}
+        doc = {"schema_version": SCHEMA_VERSION, "producer_id": producer_id, "event": doc}
+    try:
+        env = decode(msgspec.json.encode(doc), JSON)
+    except BadEventError as exc:
+        raise ClientError(exc.message, exc.reason) from None
+    if env.key is None and isinstance(env.event, INPUT_TYPES):
+        env = msgspec.structs.replace(env, key=key_of(env.event))
+    return checked(env)
+
+
+# -- transports ---------------------------------------------------------------------------------
+
+
+class Transport(Protocol):
+    """Where checked envelopes go; returns the offset of the first."""
+
+    async def append(self, envelopes: Sequence[Envelope]) -> int: ...
+
+    async def close(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+def message_of(env: Envelope) -> Message:
+    """The inputs-log record of ``env``: msgpack, keyed by its idempotency key."""
+    key = env.key.encode() if env.key is not None else None
+    return Message(encode(env), key=key, headers=((CONTENT_TYPE_HEADER, MSGPACK),))
+
+
+class StoreTransport:
+    """Appends to a log store's inputs log; closes the store only if it owns it."""
+
+    def __init__(self, store: LogStore, owned: bool = False, what: str = "the inputs log") -> None:
+        self.store, self.owned, self.what = store, owned, what
+
+    async def append(self, envelopes: Sequence[Envelope]) -> int:
+        try:
+            return await self.store.log(INPUTS).append([message_of(e) for e in envelopes])
+        except LogError as exc:
+            raise ClientError(f"cannot append to {self.what}: {exc}", "unreachable") from None
+
+    async def close(self) -> None:
+        if self.owned:
+            await self.store.close()
+
+    def describe(self) -> str:
+        return self.what
+
+
+class HttpTransport:
+    """POSTs envelopes (a JSON array) to a running service's ingest endpoint."""
+
+    def __init__(self, host: str, port: int, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+
+    async def append(self, envelopes: Sequence[Envelope]) -> int:
+        body = b"[" + b",".join(encode(e, "json") for e in envelopes) + b"]"
+        try:
+            status, answer = await asyncio.wait_for(self._post(body), self.timeout_s)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:  # TimeoutError is an OSError
+            raise ClientError(f"cannot reach {self.describe()}: {exc!r}", "unreachable") from None
+        if status != 200:
+            raise ClientError(
+                f"{self.describe()} refused the events (HTTP {status}): {answer.get('error', answer)}",
+                str(answer.get("reason", "rejected")),
+            )
+        return int(answer["first_offset"])
+
+    async def _post(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            head = (
+                f"POST {INGEST_PATH} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Content-Type: {JSON.decode()}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode("latin-1") + body)
+            await writer.drain()
+            return _parse_response(await reader.read())
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return f"the running service at http://{self.host}:{self.port}{INGEST_PATH}"
+
+
+def _parse_response(raw: bytes) -> tuple[int, dict[str, Any]]:
+    """Status and JSON body of an HTTP/1.1 response read to the end (``Connection: close``)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        raise ValueError(f"not an HTTP response: {head[:80]!r}")
+    try:
+        answer = json.loads(body) if body.strip() else {}
+    except json.JSONDecodeError:
+        answer = {"error": body[:200].decode("utf-8", "replace")}
+    return int(status_line[1]), answer if isinstance(answer, dict) else {"error": answer}
+
+
+def running_service(directory: Path) -> tuple[str, int] | None:
+    """``(host, port)`` of the service announced in ``directory/service.json`` if its process is
+    alive; ``None`` when there is no such file or it is stale."""
+    try:
+        info = json.loads((directory / SERVICE_FILE).read_text())
+        pid, address = int(info["pid"]), str(info["http"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not _alive(pid):
+        return None
+    host, _, port = address.rpartition(":")
+    return (host or "127.0.0.1", int(port)) if port.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+async def open_transport(config: Config) -> Transport:
+    """The configured inputs log, or the running service that holds the file log."""
+    if config.log.dir is not None:
+        found = running_service(Path(config.log.dir))
+        if found is not None:
+            return HttpTransport(*found)
+        store: LogStore = FileLogStore(config.log.dir, fsync=config.log.fsync)
+        what = f"the file log at {config.log.dir}"
+    else:
+        store = make_store(config)
+        what = f"Kafka at {config.kafka.bootstrap_servers}" if config.kafka else "the log"
+    try:
+        await store.open()
+    except LogError as exc:
+        raise ClientError(f"cannot open {what}: {exc}", "unreachable") from None
+    return StoreTransport(store, owned=True, what=what)
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+class Client:
+    """Sends input events.  ``Client(store)`` appends to an open store (the caller closes it);
+    :meth:`connect` opens what a configuration names (and :meth:`close` closes it)."""
+
+    def __init__(self, target: LogStore | Transport, producer_id: str = DEFAULT_PRODUCER_ID) -> None:
+        self.transport: Transport = StoreTransport(target) if isinstance(target, LogStore) else target
+        self.producer_id = producer_id
+
+    @classmethod
+    async def connect(cls, config: Config, producer_id: str = DEFAULT_PRODUCER_ID) -> Client:
+        return cls(await open_transport(config), producer_id)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def wrap(self, event: InputEvent, key: str | None = None, seq: int | None = None) -> Envelope:
+        """``event`` in a checked envelope from this producer, with its idempotency key."""
+        env = checked(envelope(event, self.producer_id, key))  # checked first: the key hashes valid content
+        return env if key is not None else msgspec.structs.replace(env, key=key_of(env.event, seq))
+
+    async def send(self, events: Iterable[InputEvent | Envelope]) -> int:
+        """Check every event (nothing is sent if one is bad), then append them in order, in one
+        batch; returns the offset of the first."""
+        envelopes = [checked(e) if isinstance(e, Envelope) else self.wrap(e) for e in events]
+        if not envelopes:
+            raise ClientError("nothing to send")
+        return await self.transport.append(envelopes)
+
+    async def submit(
+        self,
+        job: JobSubmitted | str,
+        tenant: str | None = None,
+        task_groups: Iterable[TaskGroup] = (),
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        allowed_cells: Iterable[str] = (),
+        required_topology: TopologyLevel | None = None,
+        expected_duration_ms: int | None = None,
+        key: str | None = None,
+    ) -> int:
+        """Submit a gang job: a :class:`JobSubmitted`, or its fields.  Returns the offset."""
+        if not isinstance(job, JobSubmitted):
+            if tenant is None:
+                raise ClientError("submit needs a tenant", InvalidEventError.reason)
+            job = _built(
+                JobSubmitted,
+                job_id=job,
+                tenant=tenant,
+                task_groups=tuple(task_groups),
+                queue=queue,
+                priority=priority,
+                allowed_cells=tuple(allowed_cells),
+                required_topology=required_topology,
+                expected_duration_ms=expected_duration_ms,
+            )
+        return await self.transport.append([self.wrap(job, key)])
+
+    async def cancel(self, job_id: str, reason: str = "", *, key: str | None = None) -> int:
+        """Cancel a job, pending or running.  Returns the offset."""
+        return await self.transport.append([self.wrap(JobCancelled(job_id=job_id, reason=reason), key)])
+
+    async def heartbeat(self, heartbeat: NodeHeartbeat, *, seq: int | None = None) -> int:
+        """Report a node.  ``seq`` (the node agent's own counter) makes the key; without it the
+        key is a hash of the content.  Returns the offset."""
+        return await self.transport.append([self.wrap(heartbeat, seq=seq)])
+
+    async def quota(self, quota: QuotaSet, *, key: str | None = None) -> int:
+        """Set a tenant's quota.  Returns the offset."""
+        return await self.transport.append([self.wrap(quota, key)])
+
+    def describe(self) -> str:
+        return self.transport.describe()
+
+
+def _built(cls: type[JobSubmitted], **fields: Any) -> JobSubmitted:
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ClientError(f"invalid {cls.__name__}: {exc}", InvalidEventError.reason) from None
