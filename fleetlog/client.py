@@ -323,7 +323,7 @@ class Client:
     def wrap(self, event: InputEvent, key: str | None = None, seq: int | None = None) -> Envelope:
         """``event`` in a checked envelope from this producer, with its idempotency key."""
         env = checked(envelope(event, self.producer_id, key))  # checked first: the key hashes valid content
-        return env if key is not None else msgspec.structs.replace(env, key=key_of(env.event, seq))
+        return env if key is not None else msgspec.structs.replace(env, key=key_of(event, seq))
 
     async def send(self, events: Iterable[InputEvent | Envelope]) -> int:
         """Check every event (nothing is sent if one is bad), then append them in order, in one
