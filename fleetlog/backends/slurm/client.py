@@ -62,12 +62,23 @@ class SlurmJob(msgspec.Struct, frozen=True):
     nodes: str = ""
 
 
+class ApiError(msgspec.Struct, frozen=True):
+    error: str = ""
+    description: str = ""
+    source: str = ""
+
+    def __str__(self) -> str:
+        return ": ".join(p for p in (self.source, self.description, self.error) if p) or "unspecified error"
+
+
 class _Nodes(msgspec.Struct):
     nodes: list[SlurmNode] = []
+    errors: list[ApiError] = []
 
 
 class _Jobs(msgspec.Struct):
     jobs: list[SlurmJob] = []
+    errors: list[ApiError] = []
 
 
 _NODES_DECODER: Final = msgspec.json.Decoder(_Nodes)
@@ -92,12 +103,16 @@ class SlurmClient:
 
     async def nodes(self) -> list[SlurmNode]:
         out = await self.run(["sinfo", "--json"])
-        return decode_json(_NODES_DECODER, out, "sinfo --json").nodes
+        answer = decode_json(_NODES_DECODER, out, "sinfo --json")
+        check_errors("sinfo --json", answer.errors)
+        return answer.nodes
 
     async def jobs(self) -> list[SlurmJob]:
         """Every job slurmctld still knows: pending, running, and finished within ``MinJobAge``."""
         out = await self.run(["squeue", "--json"])
-        return decode_json(_JOBS_DECODER, out, "squeue --json").jobs
+        answer = decode_json(_JOBS_DECODER, out, "squeue --json")
+        check_errors("squeue --json", answer.errors)
+        return answer.jobs
 
     async def submit(self, submission: Submission) -> int:
         """Submit a batch job; its Slurm job id."""
@@ -115,6 +130,9 @@ class SlurmClient:
     async def run(self, argv: list[str], stdin: bytes | None = None) -> str:
         """Run one command; its stdout, or a :class:`SlurmError` quoting its stderr."""
         command = [os.path.join(self.bin_dir, argv[0]) if self.bin_dir else argv[0], *argv[1:]]
+        conf = self.env.get("SLURM_CONF")
+        if conf and not os.path.isfile(conf):
+            raise SlurmUnavailableError(f"SLURM_CONF names {conf}, which is not a file")
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command,
@@ -136,6 +154,14 @@ class SlurmClient:
         if proc.returncode != 0:
             raise failure(argv[0], proc.returncode or 0, err.decode(errors="replace"))
         return out.decode(errors="replace")
+
+
+def check_errors(what: str, errors: list[ApiError]) -> None:
+    """``sinfo``/``squeue --json`` exit 0 with an empty list and ``errors`` when slurmctld cannot be
+    reached: an empty answer must never be taken for an empty cluster."""
+    if errors:
+        detail = "; ".join(str(e) for e in errors)
+        raise SlurmUnavailableError(f"{what} could not reach slurmctld ({detail}): is the controller up?")
 
 
 def decode_json(decoder: msgspec.json.Decoder[T], out: str, what: str) -> T:
