@@ -34,6 +34,7 @@ MUNGE_SOCKET="$DIR/munge/munge.socket"
 PACKAGES=(slurm-wlm slurmrestd munge)
 
 say() { echo "slurm.sh: $*" >&2; }
+trap 'say "failed at line $LINENO: $BASH_COMMAND"' ERR
 die() { say "$*"; exit 1; }
 
 fetch() {
@@ -91,7 +92,9 @@ write_gres() {
   : >"$DIR/gres.conf"
   for ((i = 1; i <= NODES; i++)); do
     for ((g = 0; g < GPUS; g++)); do ln -sfn /dev/null "$DIR/dev/n$i-gpu$g"; done
-    ((GPUS > 0)) && echo "NodeName=n$i Name=gpu Type=fake File=$DIR/dev/n$i-gpu[0-$((GPUS - 1))]" >>"$DIR/gres.conf"
+    if ((GPUS > 0)); then
+      echo "NodeName=n$i Name=gpu Type=fake File=$DIR/dev/n$i-gpu[0-$((GPUS - 1))]" >>"$DIR/gres.conf"
+    fi
   done
 }
 
@@ -99,7 +102,7 @@ write_slurm_conf() {
   local host i gres="" port_list
   host="$(hostname -s)"
   read -r -a port_list <"$DIR/ports"
-  ((GPUS > 0)) && gres="Gres=gpu:fake:$GPUS"
+  if ((GPUS > 0)); then gres="Gres=gpu:fake:$GPUS"; fi
   cat >"$CONF" <<EOF
 # Written by infra/slurm/slurm.sh: an isolated dev/test cluster on one machine.
 ClusterName=fleetlog
@@ -224,7 +227,7 @@ start() {
   fetch
   if ((fresh)) && [[ -d "$DIR" ]]; then
     # Wipe only a directory this script made (or an empty one), never an arbitrary path.
-    [[ -f "$CONF" || -z "$(ls -A "$DIR")" ]] || die "--fresh refuses to wipe $DIR: no slurm.conf written by slurm.sh"
+    [[ -f "$CONF" || -f "$DIR/ports" || -z "$(ls -A "$DIR")" ]] || die "--fresh refuses to wipe $DIR: no slurm.conf written by slurm.sh"
     stop >/dev/null 2>&1
     rm -rf "$DIR"
   fi

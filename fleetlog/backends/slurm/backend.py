@@ -111,6 +111,8 @@ class Stats:
     submitted: int = 0
     cancelled: int = 0
     events: int = 0
+    reported: dict[str, int] = field(default_factory=dict)
+    """Task observations appended, by kind (started, finished, failed)."""
     failures: int = 0
     last_error: str = ""
     delays_s: list[float] = field(default_factory=list)
@@ -329,6 +331,7 @@ class SlurmBackend:
         """The message for an observation of ``run``'s task, keyed for idempotency; applied at once."""
         key = event_key(name, kind)
         self.emitted.add(key)
+        self.stats.reported[kind] = self.stats.reported.get(kind, 0) + 1
         self.apply_task(event.job_id, run, event.task_index, kind, task_exit(event))
         return self.message(event, key)
 
