@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--check-invariants", action="store_true", help="check the invariants after every fold")
     sim.set_defaults(func=cmd_simulate)
     _add_service_commands(sub)
+    from fleetlog.client_cli import add_client_commands
+
+    add_client_commands(sub, UsageError)
     return parser
 
 

@@ -1,0 +1,358 @@
+"""``fleetlog submit`` and ``fleetlog cancel``: what they append, and one line + exit 2 for every
+kind of bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetlog.cli import main
+from fleetlog.events import Envelope, JobCancelled, JobSubmitted, TaskGroup, decode, encode, envelope
+from fleetlog.events.codec import CONTENT_TYPE_HEADER
+from fleetlog.log.base import INPUTS
+from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from tests.kafka_broker import free_port
+from tests.service.ingest_server import SERVICE_FILE, IngestService
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_JSON = {
+    "job_id": "file-1",
+    "tenant": "vision",
+    "queue": "gpu",
+    "task_groups": [{"count": 2, "cpu_milli": 4000, "mem_mib": 8192, "gpu_count": 1, "gpu_milli": 500}],
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FLEETLOG_LOG_DIR", "FLEETLOG_KAFKA_BOOTSTRAP_SERVERS", "FLEETLOG_LOG_FSYNC"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``fleetlog ARGV`` in this process: (exit code, stdout, stderr)."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def logged(directory: Path) -> list[Envelope]:
+    async def read() -> list[Envelope]:
+        async with FileLogStore(directory, read_only=True) as store:
+            records = await store.log(INPUTS).read(0, 100)
+        return [decode(r.value, r.header(CONTENT_TYPE_HEADER)) for r in records]
+
+    return asyncio.run(read()) if directory.exists() else []
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Iterator[Path]:
+    return tmp_path / "log"
+
+
+# -- what the commands append ---------------------------------------------------------------------
+
+
+def test_submit_from_flags(capsys: pytest.CaptureFixture[str], log_dir: Path) -> None:
+    code, out, err = run(
+        capsys,
+        "submit",
+        "train-1",
+        "--tenant",
+        "vision",
+        "--gpus",
+        "8",
+        "--tasks",
+        "4",
+        "--cpu-milli",
+        "16000",
+        "--mem-mib",
+        "65536",
+        "--queue",
+        "gpu",
+        "--priority",
+        "5",
+        "--topology",
+        "rack",
+        "--gpu-model",
+        "A100",
+        "--log",
+        str(log_dir),
+    )
+    assert (code, err) == (0, "")
+    assert out == (
+        f"JobSubmitted train-1 (key submit/train-1) appended at inputs offset 0 (the file log at {log_dir})\n"
+    )
+    group = TaskGroup(
+        count=4, cpu_milli=16000, mem_mib=65536, gpu_count=8, gpu_milli=1000, gpu_models=("A100",)
+    )
+    job = JobSubmitted(
+        job_id="train-1",
+        tenant="vision",
+        task_groups=(group,),
+        queue="gpu",
+        priority=5,
+        required_topology="rack",
+    )
+    assert logged(log_dir) == [envelope(job, "fleetlog-cli", "submit/train-1")]
+
+
+def test_submit_a_bare_job_file_and_cancel_with_json_output(
+    capsys: pytest.CaptureFixture[str], log_dir: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(JOB_JSON))
+    code, out, _ = run(
+        capsys, "submit", "--file", str(path), "--log", str(log_dir), "--json", "--producer-id", "ops"
+    )
+    assert code == 0
+    assert json.loads(out) == {
+        "event": "JobSubmitted",
+        "job_id": "file-1",
+        "key": "submit/file-1",
+        "offset": 0,
+        "log": f"the file log at {log_dir}",
+    }
+    code, out, _ = run(
+        capsys, "cancel", "file-1", "--reason", "no longer needed", "--log", str(log_dir), "--json"
+    )
+    assert code == 0
+    assert json.loads(out)["offset"] == 1
+    got = logged(log_dir)
+    assert got[0].producer_id == "ops"
+    assert isinstance(got[0].event, JobSubmitted)
+    assert got[0].event.task_groups[0].gpu_milli == 500
+    assert got[1] == envelope(
+        JobCancelled(job_id="file-1", reason="no longer needed"), "fleetlog-cli", "cancel/file-1"
+    )
+
+
+def test_submit_a_full_envelope_from_stdin_keeps_its_producer_and_key(log_dir: Path) -> None:
+    env = envelope(
+        JobSubmitted(job_id="stdin-1", tenant="t", task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),)),
+        "go-svc",
+        "k-9",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetlog.cli", "submit", "--file", "-", "--log", str(log_dir)],
+        input=encode(env, "json"),
+        capture_output=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert logged(log_dir) == [env]
+
+
+def test_the_config_file_and_the_environment_name_the_log(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "fleetlog.toml"
+    config.write_text(f'[log]\ndir = "{tmp_path / "from-file"}"\nfsync = "always"\n')
+    assert run(capsys, "cancel", "a", "--config", str(config))[0] == 0
+    monkeypatch.setenv("FLEETLOG_LOG_DIR", str(tmp_path / "from-env"))
+    assert run(capsys, "cancel", "b", "--config", str(config))[0] == 0
+    assert run(capsys, "cancel", "c", "--config", str(config), "--log", str(tmp_path / "from-flag"))[0] == 0
+    assert [e.key for e in logged(tmp_path / "from-file")] == ["cancel/a"]
+    assert [e.key for e in logged(tmp_path / "from-env")] == ["cancel/b"]
+    assert [e.key for e in logged(tmp_path / "from-flag")] == ["cancel/c"]
+
+
+def test_while_the_service_holds_the_log_the_command_posts_to_it(
+    capsys: pytest.CaptureFixture[str], log_dir: Path
+) -> None:
+    with IngestService(log_dir) as service:
+        code, out, err = run(capsys, "submit", "svc-1", "--tenant", "t", "--log", str(log_dir))
+        assert (code, err) == (0, "")
+        assert f"the running service at http://127.0.0.1:{service.port}/v1/events" in out
+        assert service.requests == [200]
+    assert [e.key for e in logged(log_dir)] == ["submit/svc-1"]
+
+
+@pytest.mark.kafka
+def test_submit_and_cancel_on_kafka(
+    capsys: pytest.CaptureFixture[str], kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETLOG_KAFKA_TOPIC_PREFIX", f"cli-{tmp_path.name}")
+    code, out, _ = run(
+        capsys,
+        "submit",
+        "k-1",
+        "--tenant",
+        "t",
+        "--gpus",
+        "1",
+        "--gpu-milli",
+        "250",
+        "--kafka",
+        kafka_bootstrap,
+        "--json",
+    )
+    assert code == 0
+    first = json.loads(out)["offset"]
+    assert run(capsys, "cancel", "k-1", "--kafka", kafka_bootstrap)[0] == 0
+
+    async def read() -> list[str | None]:
+        config = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"cli-{tmp_path.name}")
+        async with KafkaLogStore(config) as store:
+            records = await store.log(INPUTS).read(first, 10, timeout_ms=5000)
+        return [decode(r.value, r.header(CONTENT_TYPE_HEADER)).key for r in records]
+
+    assert asyncio.run(read()) == ["submit/k-1", "cancel/k-1"]
+
+
+# -- bad input: one line, exit 2, no traceback, nothing appended ----------------------------------
+
+BAD_ARGUMENTS = [
+    (["submit", "--tenant", "t"], "submit needs --file JOB.json, or JOB_ID and --tenant"),
+    (["submit", "j"], "submit needs --file JOB.json, or JOB_ID and --tenant"),
+    (["submit", "j", "--file", "x.json"], "give either --file or JOB_ID with flags, not both"),
+    (["submit", "--file", "x.json", "--tenant", "t"], "give either --file or JOB_ID with flags, not both"),
+    (["submit", "j", "--tenant", "t", "--gpus", "-1"], "argument --gpus: '-1' must be at least 0"),
+    (["submit", "j", "--tenant", "t", "--tasks", "0"], "argument --tasks: '0' must be at least 1"),
+    (["submit", "j", "--tenant", "t", "--tasks", "many"], "argument --tasks: 'many' is not an integer"),
+    (["submit", "j", "--tenant", "t", "--topology", "zone"], "argument --topology: invalid choice: 'zone'"),
+    (
+        ["submit", "j", "--tenant", "t", "--gpus", "65"],
+        "Expected `int` <= 64 - at `$.event.task_groups[0].gpu_count`",
+    ),
+    (
+        ["submit", "j", "--tenant", "t", "--gpus", "2", "--gpu-milli", "500"],
+        "a task with several GPUs must take whole GPUs",
+    ),
+    (["submit", "j", "--tenant", "t", "--gpu-milli", "500"], "gpu_milli must be 0 when gpu_count is 0"),
+    (["submit", "j" * 300, "--tenant", "t"], "Expected `str` of length <= 253 - at `$.event.job_id`"),
+    (["submit", "j", "--tenant", "t", "--cpu-milli", str(1 << 41)], "$.event.task_groups[0].cpu_milli"),
+    (
+        ["cancel", ""],
+        "invalid cancel: invalid JobCancelled: Expected `str` of length >= 1 - at `$.event.job_id`",
+    ),
+    (["cancel", "j", "--reason", "x" * 5000], "$.event.reason"),
+    (["cancel", "j", "--kafka", "k:1"], "argument --log: not allowed with argument --kafka"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), BAD_ARGUMENTS)
+def test_bad_arguments(capsys: pytest.CaptureFixture[str], log_dir: Path, argv: list[str], says: str) -> None:
+    code, out, err = run(capsys, *argv, "--log", str(log_dir))
+    assert code == 2
+    assert says in err
+    assert "Traceback" not in err
+    assert out == ""
+    assert logged(log_dir) == []
+
+
+def bad_files(tmp_path: Path) -> list[tuple[Path, str]]:
+    def file(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    bad_cpu = {**JOB_JSON, "task_groups": [{"count": 1, "cpu_milli": -5, "mem_mib": 1}]}
+    return [
+        (tmp_path / "missing.json", "cannot read {path}: No such file or directory"),
+        (file("broken.json", '{"job_id": "x",'), "{path}: not valid JSON"),
+        (file("list.json", "[]"), "{path}: expected a JSON object, got list"),
+        (
+            file("cpu.json", json.dumps(bad_cpu)),
+            "{path}: invalid JobSubmitted: Expected `int` >= 0 - at `$.event.task_groups[0].cpu_milli` "
+            "(reason invalid_event)",
+        ),
+        (file("extra.json", json.dumps({**JOB_JSON, "colour": "red"})), "unknown field `colour`"),
+        (file("type.json", json.dumps({**JOB_JSON, "type": "JobTeleported"})), "(reason unknown_event_type)"),
+        (
+            file("cancel.json", json.dumps({"type": "JobCancelled", "job_id": "x"})),
+            "{path} holds a JobCancelled, not a JobSubmitted",
+        ),
+        (
+            file("version.json", json.dumps({"schema_version": 2, "producer_id": "p", "event": JOB_JSON})),
+            "(reason unsupported_schema_version)",
+        ),
+        (
+            file(
+                "decision.json",
+                json.dumps(
+                    {
+                        "schema_version": 1,
+                        "producer_id": "p",
+                        "event": {"type": "DecisionBatch", "as_of": 0, "digest": ""},
+                    }
+                ),
+            ),
+            "DecisionBatch is a decision, not an input",
+        ),
+    ]
+
+
+def test_bad_job_files(capsys: pytest.CaptureFixture[str], log_dir: Path, tmp_path: Path) -> None:
+    cases = bad_files(tmp_path)
+    for path, says in cases:
+        code, out, err = run(capsys, "submit", "--file", str(path), "--log", str(log_dir))
+        assert (code, out) == (2, ""), path
+        assert says.format(path=path) in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert logged(log_dir) == []
+
+
+def test_bad_configurations(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "cancel", "j")
+    assert code == 2
+    assert "(now: neither) (use --log DIR, --kafka HOST:PORT or --config FILE)" in err
+    config = tmp_path / "bad.toml"
+    config.write_text('[log]\ndir = "d"\ncolour = "red"\n')
+    code, _, err = run(capsys, "cancel", "j", "--config", str(config))
+    assert code == 2
+    assert f"{config}, line 3: unknown key log.colour" in err
+    code, _, err = run(capsys, "cancel", "j", "--config", str(tmp_path / "nope.toml"))
+    assert code == 2
+    assert "cannot read config file" in err
+
+
+def test_unreachable_logs(
+    capsys: pytest.CaptureFixture[str], log_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log_dir.mkdir(parents=True)
+    port = free_port()
+    (log_dir / SERVICE_FILE).write_text(json.dumps({"pid": 1, "http": f"127.0.0.1:{port}"}))
+    code, _, err = run(capsys, "cancel", "j", "--log", str(log_dir))
+    assert code == 2
+    assert f"cannot reach the running service at http://127.0.0.1:{port}/v1/events" in err
+    (log_dir / SERVICE_FILE).unlink()
+
+    async def locked() -> tuple[int, str, str]:
+        async with FileLogStore(log_dir):
+            return await asyncio.to_thread(run, capsys, "cancel", "j", "--log", str(log_dir))
+
+    code, _, err = asyncio.run(locked())
+    assert code == 2
+    assert "already open for writing by another FileLogStore" in err
+    monkeypatch.setenv("FLEETLOG_KAFKA_REQUEST_TIMEOUT_MS", "2000")
+    code, _, err = run(capsys, "cancel", "j", "--kafka", f"127.0.0.1:{free_port()}")
+    assert code == 2
+    assert "cannot open Kafka at 127.0.0.1" in err
+    assert len(err.strip().splitlines()) == 1
+    assert logged(log_dir) == []
+
+
+def test_a_real_invocation_prints_no_traceback(log_dir: Path) -> None:
+    done = subprocess.run(
+        ["fleetlog", "submit", "--file", "/nonexistent.json", "--log", str(log_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": str(Path(sys.executable).parent)},
+    )
+    assert done.returncode == 2
+    assert done.stderr == "fleetlog submit: error: cannot read /nonexistent.json: No such file or directory\n"
