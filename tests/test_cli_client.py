@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from fleetlog.cli import main
@@ -356,3 +357,47 @@ def test_a_real_invocation_prints_no_traceback(log_dir: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr == "fleetlog submit: error: cannot read /nonexistent.json: No such file or directory\n"
+
+
+# -- the examples of docs/service.md run as written ------------------------------------------------
+
+
+def doc_block(heading: str, language: str) -> str:
+    section = (ROOT / "docs" / "service.md").read_text().split(heading, 1)[1]
+    return section.split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_python_example_runs(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", doc_block("### Python", "python")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "submitted at inputs offset 1"
+    assert lines[1].startswith("invalid_event ")
+    assert "$.event.job_id" in lines[1]
+    assert [e.key for e in logged(tmp_path / "var" / "fleetlog")] == ["heartbeat/c1/n1/1", "submit/train-42"]
+
+
+def test_the_docs_shell_example_posts_schema_valid_json_to_the_service(tmp_path: Path) -> None:
+    with IngestService(tmp_path / "var" / "fleetlog") as service:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", doc_block("### JSON from other languages", "sh")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"appended": 1, "first_offset": 0}
+        assert service.requests == [200]
+    schema = json.loads((tmp_path / "fleetlog.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads((tmp_path / "job.json").read_text()))
+    assert [e.key for e in logged(tmp_path / "var" / "fleetlog")] == ["submit/train-7"]
