@@ -91,27 +91,35 @@ def _bounded(key: str) -> str:
     return key[: MAX_KEY - 17] + "#" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 
+def _stem(event: InputEvent) -> str:
+    """The part of a key that names what an event is about (a sequence or hash follows)."""
+    match event:
+        case NodeHeartbeat(cell=cell, node=node):
+            return f"heartbeat/{cell}/{node}"
+        case NodeRemoved(cell=cell, node=node):
+            return f"removed/{cell}/{node}"
+        case TaskStarted(job_id=job_id, task_index=index):
+            return f"started/{job_id}/{index}"
+        case TaskFailed(job_id=job_id, task_index=index):
+            return f"failed/{job_id}/{index}"
+        case QuotaSet(tenant=tenant, cell=cell):
+            return f"quota/{tenant}/{cell or '*'}"
+    return type(event).__name__
+
+
 def key_of(event: InputEvent, seq: int | None = None) -> str:
-    """The idempotency key of ``event``: the same event (and ``seq``) always gets the same key."""
+    """The idempotency key of ``event``: the same event (and ``seq``) always gets the same key.
+    A job is submitted and cancelled once and a task finishes once; other events can repeat, so
+    their key ends in the producer's ``seq`` or else a hash of the content."""
     match event:
         case JobSubmitted(job_id=job_id):
             key = f"submit/{job_id}"
         case JobCancelled(job_id=job_id):
             key = f"cancel/{job_id}"
-        case NodeHeartbeat(cell=cell, node=node):
-            key = f"heartbeat/{cell}/{node}/{_digest(event) if seq is None else seq}"
-        case NodeRemoved(cell=cell, node=node):
-            key = f"removed/{cell}/{node}/{_digest(event) if seq is None else seq}"
-        case TaskStarted(job_id=job_id, task_index=index):
-            key = f"started/{job_id}/{index}/{_digest(event) if seq is None else seq}"
         case TaskFinished(job_id=job_id, task_index=index):
             key = f"finished/{job_id}/{index}"
-        case TaskFailed(job_id=job_id, task_index=index):
-            key = f"failed/{job_id}/{index}/{_digest(event) if seq is None else seq}"
-        case QuotaSet(tenant=tenant, cell=cell):
-            key = f"quota/{tenant}/{cell or '*'}/{_digest(event) if seq is None else seq}"
         case _:
-            key = f"{type(event).__name__}/{_digest(event)}"
+            key = f"{_stem(event)}/{_digest(event) if seq is None else seq}"
     return _bounded(key)
 
 
@@ -138,6 +146,12 @@ def checked(env: Envelope) -> Envelope:
             InvalidEventError.reason,
         )
     return decoded
+
+
+def keyed(event: InputEvent, producer_id: str, key: str | None = None, seq: int | None = None) -> Envelope:
+    """``event`` in a checked envelope with ``key``, or else the key :func:`key_of` derives."""
+    env = checked(envelope(event, producer_id, key))  # checked first: the key hashes valid content
+    return env if key is not None else msgspec.structs.replace(env, key=key_of(event, seq))
 
 
 def envelope_from_json(data: bytes, producer_id: str, default_type: str | None = None) -> Envelope:
@@ -322,8 +336,7 @@ class Client:
 
     def wrap(self, event: InputEvent, key: str | None = None, seq: int | None = None) -> Envelope:
         """``event`` in a checked envelope from this producer, with its idempotency key."""
-        env = checked(envelope(event, self.producer_id, key))  # checked first: the key hashes valid content
-        return env if key is not None else msgspec.structs.replace(env, key=key_of(event, seq))
+        return keyed(event, self.producer_id, key, seq)
 
     async def send(self, events: Iterable[InputEvent | Envelope]) -> int:
         """Check every event (nothing is sent if one is bad), then append them in order, in one

@@ -19,10 +19,13 @@ from fleetlog.events import (
     JobPlaced,
     JobSubmitted,
     NodeHeartbeat,
+    NodeRemoved,
     QuotaSet,
     Resources,
+    TaskFailed,
     TaskFinished,
     TaskGroup,
+    TaskStarted,
     decode,
     encode,
     envelope,
@@ -193,6 +196,10 @@ def test_keys_are_stable_and_bounded() -> None:
     assert key != key_of(JobSubmitted(job_id=long_id[:-1] + "k", tenant="t", task_groups=(GPU8,)))
     assert key_of(NODE) == key_of(NodeHeartbeat(**{f: getattr(NODE, f) for f in NODE.__struct_fields__}))
     assert key_of(NODE) != key_of(NodeHeartbeat(cell="c1", node="n1", cpu_milli=1, mem_mib=1))
+    assert key_of(TaskStarted(job_id="j", task_index=3, node="n1"), seq=2) == "started/j/3/2"
+    assert key_of(TaskFailed(job_id="j", task_index=3), seq=1) == "failed/j/3/1"
+    assert key_of(NodeRemoved(cell="c1", node="n1")).startswith("removed/c1/n1/")
+    assert key_of(TaskFinished(job_id="j", task_index=3)) == "finished/j/3"
 
 
 async def test_a_retried_submission_is_a_counted_no_op_in_the_fold(tmp_path: Path) -> None:
