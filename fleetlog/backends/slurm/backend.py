@@ -206,7 +206,7 @@ class SlurmBackend:
             for offset, batch in decision_batches(records):
                 await self.read_inputs(batch.as_of)
                 self.apply_batch(offset, batch)
-            self.decisions_offset = records[-1].offset + 1
+                self.decisions_offset = offset + 1
         await self.read_inputs(await self.store.log(INPUTS).end_offset())
 
     async def read_inputs(self, until: int) -> None:
@@ -319,6 +319,8 @@ class SlurmBackend:
             node = job.nodes or placed_node(run, index)
             started = TaskStarted(job_id=job_id, task_index=index, node=node)
             events.append(self.report(run, name, "started", started))
+        if index in run.done:
+            return events  # reported when it ended; squeue keeps listing it until MinJobAge
         if seen.ended == "finished":
             finished = TaskFinished(job_id=job_id, task_index=index, exit_code=seen.exit_code or 0)
             events.append(self.report(run, name, "finished", finished))
@@ -368,6 +370,7 @@ class SlurmBackend:
         """Cancel every active job of ours that belongs to no live run (once per Slurm job id)."""
         stale = [j.job_id for n, j in ours.items() if j.job_state in ACTIVE_STATES and not self.is_live(n)]
         stale += [i for n, i in self.submitted.items() if not self.is_live(n)]
+        self.cancelling &= {j.job_id for j in ours.values() if j.job_state in ACTIVE_STATES}
         stale = sorted(set(stale) - self.cancelling)
         if stale:
             await self.client.cancel(stale)

@@ -33,7 +33,7 @@ async def test_heartbeats_report_every_node_with_its_fake_gpus(
 
 
 async def test_a_gang_across_two_nodes_runs_and_finishes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    async with Harness(slurm_cluster, tmp_path, {"gang": "sleep 1"}) as h:
+    async with Harness(slurm_cluster, tmp_path, {"gang": "sleep $((1 + 2 * FLEETLOG_TASK_INDEX))"}) as h:
         await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
         await h.submit(job("gang", tasks=2, gpus=4, mem_mib=512))  # 4 GPUs each: one node per task
         inputs = await h.until(finished("gang", 2))
