@@ -28,17 +28,12 @@ class CommandError(Exception):
 
 
 def configure(config_path: str | None, log_dir: str | None, kafka: str | None, **service: Any) -> Config:
-    """The configuration of ``--config`` and the environment; the command-line shortcuts act as
-    environment overrides (``--log`` is ``FLEETLOG_LOG_DIR``, ``--kafka`` is
-    ``FLEETLOG_KAFKA_BOOTSTRAP_SERVERS``, ``--policy`` is ``FLEETLOG_SERVICE_POLICY``…)."""
+    """The configuration of ``--config`` and the environment with the command-line options on top
+    (``--log``/``--kafka`` say where the logs are; ``--policy`` acts as ``FLEETLOG_SERVICE_POLICY``…)."""
     env = dict(os.environ)
-    if log_dir is not None:
-        env["FLEETLOG_LOG_DIR"] = log_dir
-    if kafka is not None:
-        env["FLEETLOG_KAFKA_BOOTSTRAP_SERVERS"] = kafka
     env.update({f"FLEETLOG_SERVICE_{k.upper()}": str(v) for k, v in service.items() if v is not None})
     try:
-        return load_config(Path(config_path) if config_path else None, env)
+        return load_config(Path(config_path) if config_path else None, env, log_dir=log_dir, kafka=kafka)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
@@ -61,10 +56,11 @@ def run_service(config: Config) -> None:
     """Run until SIGTERM or SIGINT, on uvloop when it is installed."""
 
     async def main() -> None:
-        service = Service(config)
+        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, service.stop)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # first: a signal during start-up still stops cleanly
+            loop.add_signal_handler(sig, stop.set)
+        service = Service(config, stop)
         await service.run()
 
     uvloop.run(main())
@@ -80,7 +76,7 @@ async def read_state(config: Config) -> State:
     await store.open()
     try:
         settings = config.service
-        loop = await recover(store, snapshots, lambda s: SchedulerLoop(s, policy_named(settings.policy),
+        loop, _ = await recover(store, snapshots, lambda s: SchedulerLoop(s, policy_named(settings.policy),
                                                                         LoopConfig(group=settings.group)))
         await loop.catch_up()
         return loop.state

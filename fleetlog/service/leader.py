@@ -70,9 +70,8 @@ class KafkaElection:
     async def start(self) -> None:
         await self._ensure_topic()
         consumer = AIOKafkaConsumer(
-            **self.config.client_options(),
+            **(self.config.client_options() | {"client_id": self.member}),
             group_id=self.group,
-            client_id=self.member,
             enable_auto_commit=False,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 6),

@@ -25,9 +25,13 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from fleetlog.core.digest import SnapshotError, snapshot
-from fleetlog.core.policy import policy_named
+from fleetlog.core.decide import decide
+from fleetlog.core.digest import SnapshotError, digest, snapshot
+from fleetlog.core.fold import fold
+from fleetlog.core.policy import Policy, policy_named
+from fleetlog.core.state import State
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
+from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
 from fleetlog.log.file import LockedError
 from fleetlog.log.kafka import FencedError
@@ -65,9 +69,12 @@ def snapshot_store(config: Config) -> SnapshotStore:
 LoopFactory = Callable[[LogStore], SchedulerLoop]
 
 
-async def recover(store: LogStore, snapshots: SnapshotStore, make_loop: LoopFactory) -> SchedulerLoop:
+async def recover(
+    store: LogStore, snapshots: SnapshotStore, make_loop: LoopFactory
+) -> tuple[SchedulerLoop, SnapshotHeader | None]:
     """The newest snapshot that restores and lines up with the logs, then the tail; a bad one is
-    reported and the previous one tried; with none left, the logs from the start."""
+    reported and the previous one tried; with none left, the logs from the start.  Returns the
+    loop and the header of the snapshot used."""
     for name, load in await snapshots.candidates():
         try:
             found = restored(load(), name)
@@ -77,16 +84,43 @@ async def recover(store: LogStore, snapshots: SnapshotStore, make_loop: LoopFact
             log.warning("snapshot_skipped", snapshot=name, error=str(exc))
             continue
         log.info("snapshot_restored", snapshot=name, inputs_offset=found.header.inputs_offset)
-        return loop
+        return loop, found.header
     loop = make_loop(store)
     await loop.recover()
-    return loop
+    return loop, None
+
+
+def warm_up(policy: Policy) -> None:
+    """Run every hot path once on a toy fleet, so numba compiles (or loads from its cache) the
+    kernels now — a compile takes seconds and must not stall a process that leads a shard."""
+    state, now = State(), 1_000
+    nodes = [NodeHeartbeat(cell="warm", node=f"n{i}", cpu_milli=64_000, mem_mib=262_144, gpu_count=8,
+                           gpu_model="A100", topology=("b", f"r{i % 2}", f"n{i}")) for i in range(4)]
+    jobs = [
+        _warm_job("one", 1, 1, 1000), _warm_job("frac", 1, 1, 500), _warm_job("gang", 2, 8, 1000),
+        _warm_job("cpu", 1, 0, 0), _warm_job("huge", 1, 64, 1000), _warm_job("wait", 4, 8, 1000),
+        _warm_job("urgent", 2, 8, 1000, priority=100),
+    ]
+    events: list[Event] = [*nodes, *jobs]
+    for event in events:
+        now += 1
+        fold(state, event, now)
+        decisions = decide(state, policy)
+        fold(state, DecisionBatch(as_of=now, digest=digest(state), decisions=tuple(decisions),
+                                  policy=policy.name), now)
+    snapshot(state)
+
+
+def _warm_job(name: str, tasks: int, gpus: int, milli: int, priority: int = 0) -> JobSubmitted:
+    group = TaskGroup(count=tasks, cpu_milli=1000, mem_mib=1024, gpu_count=gpus, gpu_milli=milli)
+    return JobSubmitted(job_id=name, tenant="warm", task_groups=(group,), priority=priority,
+                        required_topology="rack" if tasks > 1 else None)
 
 
 class Service:
     """One ``fleetlog run`` process."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, stopping: asyncio.Event | None = None) -> None:
         self.config, self.settings = config, config.service
         self.policy = policy_named(self.settings.policy)
         self.metrics = Metrics()
@@ -97,7 +131,7 @@ class Service:
                           self.settings.leader_session_timeout_ms)
             if config.kafka is not None else None
         )
-        self.stopping = asyncio.Event()
+        self.stopping = stopping or asyncio.Event()
         self.store: LogStore | None = None
         self.loop: SchedulerLoop | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -112,8 +146,11 @@ class Service:
 
     async def run(self) -> None:
         """Serve until :meth:`stop`; leads the shard whenever it can."""
+        started = time.monotonic()
+        warm_up(self.policy)
+        log.info("kernels_ready", seconds=round(time.monotonic() - started, 3))
         await self.http.start()
-        log.info("service_started", http=f"{self.settings.http_host}:{self.http.port}",
+        log.info("service_started", http=f"{self.settings.http_host}:{self.http.port}", pid=os.getpid(),
                  policy=self.policy.name, config=self.config.redacted())
         delay = 0.1
         try:
@@ -153,7 +190,9 @@ class Service:
             self.metrics.leader.set(1)
             self._advertise()
             started = time.monotonic()
-            self.loop = await recover(store, self.snapshots, self.make_loop)
+            self.loop, used = await recover(store, self.snapshots, self.make_loop)
+            self._last_snapshot = (used.inputs_offset if used else 0, time.monotonic(),
+                                   used.taken_ms / 1000 if used else time.time())
             self.metrics.recovery.set(time.monotonic() - started)
             seconds = round(time.monotonic() - started, 3)
             log.info("recovered", inputs_offset=self.loop.offset, seconds=seconds)
@@ -201,7 +240,6 @@ class Service:
 
     async def _serve(self, loop: SchedulerLoop) -> None:
         next_gauges = 0.0
-        self._last_snapshot = (loop.offset, time.monotonic(), time.time())
         while not self._lost():
             started = time.perf_counter()
             result = await loop.step(timeout_ms=self.settings.idle_wait_ms)

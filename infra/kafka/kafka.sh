@@ -111,6 +111,7 @@ transaction.state.log.num.partitions=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 transaction.remove.expired.transaction.cleanup.interval.ms=60000
 transaction.max.timeout.ms=900000
