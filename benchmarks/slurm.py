@@ -15,6 +15,7 @@ jobs are cancelled afterwards and the cluster drains before the next run.
   pinned ``sbatch`` calls made directly (same concurrency), until ``squeue`` lists them all RUNNING;
 - ``ratio``: backend / raw — what fleetlog's loop, logs and reconciliation cost on top of Slurm.
 
+A warm-up of 16 raw jobs runs first (the first jobs after a start launch several times slower).
 The cluster is started for the run (``tests/slurm_cluster.py``): 4 nodes of 64 declared CPUs on
 this machine, under ``var/slurm-bench-<pid>``, stopped by PID at the end.
 """
@@ -115,6 +116,7 @@ async def measure(n: int, repeats: int) -> dict[str, Any]:
     cluster = SlurmCluster(REPO / "var" / "slurm-bench", nodes=NODES, cpus=CPUS, mem_mib=32768, gpus=0)
     cluster.start()
     try:
+        await raw_sbatch(cluster, 16)  # warm-up: the first jobs after a start launch slowly
         backend_s, raw_s = [], []
         for _ in range(repeats):
             raw_s.append(await raw_sbatch(cluster, n))

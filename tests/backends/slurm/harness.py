@@ -15,6 +15,7 @@ from fleetlog.core.policy import policy_named
 from fleetlog.core.state import JobState
 from fleetlog.events import Event, JobPlaced, JobSubmitted, TaskGroup, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, decode
+from fleetlog.events.model import Decision
 from fleetlog.log.base import DECISIONS, INPUTS, Message
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.file import FileLogStore
@@ -37,12 +38,12 @@ class _Jobs(msgspec.Struct):
 
 
 def job(
-    job_id: str, tasks: int = 1, gpus: int = 0, cpu_milli: int = 1000, mem_mib: int = 256
+    job_id: str, tasks: int = 1, gpus: int = 0, cpu_milli: int = 1000, mem_mib: int = 256, priority: int = 0
 ) -> JobSubmitted:
     group = TaskGroup(
         count=tasks, cpu_milli=cpu_milli, mem_mib=mem_mib, gpu_count=gpus, gpu_milli=1000 if gpus else 0
     )
-    return JobSubmitted(job_id=job_id, tenant="t", task_groups=(group,))
+    return JobSubmitted(job_id=job_id, tenant="t", task_groups=(group,), priority=priority)
 
 
 class Harness:
@@ -101,9 +102,12 @@ class Harness:
         records = await self.store.log(name).read(0, 1_000_000)
         return [decode(r.value, r.header(CONTENT_TYPE_HEADER)).event for r in records]
 
-    async def placements(self) -> list[JobPlaced]:
+    async def decisions(self) -> list[Decision]:
         records = await self.store.log(DECISIONS).read(0, 1_000_000)
-        return [d for _, b in decision_batches(records) for d in b.decisions if isinstance(d, JobPlaced)]
+        return [d for _, b in decision_batches(records) for d in b.decisions]
+
+    async def placements(self) -> list[JobPlaced]:
+        return [d for d in await self.decisions() if isinstance(d, JobPlaced)]
 
     def job_state(self, job_id: str) -> JobState:
         return JobState(int(self.loop.state.jobs.cols["state"][self.loop.state.job_row(job_id)]))

@@ -7,7 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleetlog.core.state import JobState
-from fleetlog.events import Event, JobPlaced, NodeHeartbeat, TaskFailed, TaskFinished, TaskStarted
+from fleetlog.events import (
+    Event,
+    JobCancelled,
+    JobPlaced,
+    NodeHeartbeat,
+    TaskFailed,
+    TaskFinished,
+    TaskPreempted,
+    TaskStarted,
+)
 from tests.backends.slurm.harness import Harness, job, of_type
 from tests.slurm_cluster import SlurmCluster
 
@@ -133,3 +142,34 @@ async def test_a_replayed_placement_after_a_crash_between_sbatch_and_the_next_po
         assert again.stats.submitted == 0
         assert len(h.slurm_jobs()) == 1
         assert isinstance((await h.placements())[0], JobPlaced)
+
+
+async def test_preemption_and_cancellation_scancel_the_slurm_jobs(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    low = [f"low{i}" for i in range(4)]
+    async with Harness(
+        slurm_cluster, tmp_path, {**dict.fromkeys(low, "sleep 120"), "high": "sleep 120"}
+    ) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(*(job(i, gpus=4) for i in low))  # every GPU of the cluster
+        await h.until(lambda events: len(of_type(events, TaskStarted)) == 4)
+        await h.submit(job("high", gpus=4, priority=10))
+        inputs = await h.until(lambda events: len(of_type(events, TaskStarted, "high")) == 1)
+        preempted = [d for d in await h.decisions() if isinstance(d, TaskPreempted)]
+        assert [d.by_job_id for d in preempted] == ["high"]
+        victim = preempted[0].job_id
+        victim_node = next(e.node for e in of_type(inputs, TaskStarted, victim))
+        assert of_type(inputs, TaskStarted, "high")[0].node == victim_node
+        await h.until(lambda _: state_of(h, victim) == {"CANCELLED"})
+        assert not of_type(await h.inputs(), TaskFailed, victim)  # our own cancel is not a failure
+        survivor = next(j for j in low if j != victim)
+        await h.submit(JobCancelled(job_id=survivor))
+        await h.until(lambda _: state_of(h, survivor) == {"CANCELLED"})
+        assert h.job_state(survivor) == JobState.CANCELLED
+        assert state_of(h, "high") == {"RUNNING"}
+
+
+def state_of(h: Harness, job_id: str) -> set[str]:
+    """The Slurm states of ``job_id``'s jobs (every incarnation)."""
+    return {j.job_state for j in h.slurm_jobs() if j.name.endswith(":" + job_id)}
