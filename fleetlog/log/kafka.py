@@ -41,6 +41,7 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.structs import OffsetAndMetadata
 
 from fleetlog.log.base import (
+    DECISIONS,
     INPUTS,
     LOG_NAMES,
     Log,
@@ -87,6 +88,10 @@ class KafkaConfig(msgspec.Struct, frozen=True, kw_only=True):
     visibility_timeout_ms: int = 30_000
     """How long a committed transaction may take to become visible to readers."""
     max_batch_bytes: int = 1_000_000
+    max_decision_bytes: int = 64 * 1024 * 1024
+    """The largest decision batch record (the decisions topic's ``max.message.bytes``): a batch
+    holds one decision per job whose state or pending reason changed, so a long queue makes
+    batches of megabytes."""
     fetch_max_bytes: int = 64 * 1024 * 1024
     max_partition_fetch_bytes: int = 16 * 1024 * 1024
     compression_type: str | None = None
@@ -405,7 +410,7 @@ class KafkaLogStore(LogStore):
         async with self._start_lock:
             if self._txn_producer is None:
                 producer = AIOKafkaProducer(
-                    **self._producer_options(),
+                    **(self._producer_options() | {"max_request_size": self.config.max_decision_bytes}),
                     transactional_id=self.config.effective_transactional_id,
                     transaction_timeout_ms=self.config.transaction_timeout_ms,
                 )
@@ -481,12 +486,11 @@ class KafkaLogStore(LogStore):
     # -- topics ------------------------------------------------------------------------------
 
     def _new_topic(self, name: str) -> NewTopic:
-        return NewTopic(
-            self.config.topic(name),
-            self.config.shards,
-            self.config.replication_factor,
-            topic_configs={_TIMESTAMP_TYPE: _LOG_APPEND_TIME},
-        )
+        configs = {_TIMESTAMP_TYPE: _LOG_APPEND_TIME}
+        if name == DECISIONS:
+            configs["max.message.bytes"] = str(self.config.max_decision_bytes)
+        return NewTopic(self.config.topic(name), self.config.shards, self.config.replication_factor,
+                        topic_configs=configs)
 
     async def _ensure_topics(self, admin: AIOKafkaAdminClient) -> None:
         with _translated("create topics"):
