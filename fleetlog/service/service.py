@@ -26,7 +26,7 @@ import msgspec
 import structlog
 
 from fleetlog.core.decide import decide
-from fleetlog.core.digest import SnapshotError, digest, snapshot
+from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy, policy_named
 from fleetlog.core.state import State
@@ -35,20 +35,20 @@ from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartb
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
 from fleetlog.log.file import LockedError
 from fleetlog.log.kafka import FencedError
-from fleetlog.service.config import Config, make_store
-from fleetlog.service.http import HttpServer, Request, Response, json_response
-from fleetlog.service.leader import KafkaElection
-from fleetlog.service.loop import LoopConfig, SchedulerLoop, SnapshotMismatchError, StepResult
-from fleetlog.service.metrics import Metrics
-from fleetlog.service.snapshots import (
+from fleetlog.log.snapshots import (
     DirectorySnapshots,
     KafkaSnapshots,
     Snapshot,
     SnapshotHeader,
     SnapshotStore,
+    decode_snapshot,
     encode_snapshot,
-    restored,
 )
+from fleetlog.service.config import Config, make_store
+from fleetlog.service.http import HttpServer, Request, Response, json_response
+from fleetlog.service.leader import KafkaElection
+from fleetlog.service.loop import LoopConfig, SchedulerLoop, SnapshotMismatchError, StepResult
+from fleetlog.service.metrics import Metrics
 from fleetlog.service.status import job_status, pending_by_reason
 
 SERVICE_FILE: Final = "service.json"
@@ -67,6 +67,18 @@ def snapshot_store(config: Config) -> SnapshotStore:
 
 
 LoopFactory = Callable[[LogStore], SchedulerLoop]
+
+
+class Restored(msgspec.Struct, frozen=True):
+    header: SnapshotHeader
+    state: State
+    source: str
+
+
+def restored(data: bytes, source: str) -> Restored:
+    """Decode and restore one snapshot (restore re-checks the state digest)."""
+    snap = decode_snapshot(data)
+    return Restored(snap.header, restore(snap.state), source)
 
 
 async def recover(

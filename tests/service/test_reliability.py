@@ -23,10 +23,11 @@ from fleetlog.events import JobCancelled, JobPending, JobPlaced, JobRejected, Jo
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogError, LogStore, Message
 from fleetlog.log.consumer import REASON_HEADER, EventConsumer, decision_batches
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.log.snapshots import KafkaSnapshots
 from fleetlog.replay.verify import verify
 from fleetlog.service.loadgen import Load, batches
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
-from fleetlog.service.snapshots import KafkaSnapshots, restored
+from fleetlog.service.service import restored
 from tests.kafka_broker import KafkaBroker
 from tests.service.process import ServiceProcess
 

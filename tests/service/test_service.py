@@ -20,10 +20,10 @@ from fleetlog.events import encode, envelope
 from fleetlog.log.base import INPUTS
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig
+from fleetlog.log.snapshots import DirectorySnapshots
 from fleetlog.service.config import Config, LogConfig, ServiceSettings
 from fleetlog.service.loop import SchedulerLoop
 from fleetlog.service.service import Service, recover
-from fleetlog.service.snapshots import DirectorySnapshots
 from tests.core.builders import job, node
 from tests.service.process import REPO
 

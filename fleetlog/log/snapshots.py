@@ -1,5 +1,8 @@
 """Snapshots: the state plus the log positions it covers, so a restart folds only the tail.
 
+This module stores and frames the bytes; the state inside is :func:`fleetlog.core.digest.snapshot`
+output, which the service (and replay) restore with :func:`fleetlog.core.digest.restore`.
+
 A snapshot is taken right after a step: the state has folded every input before
 ``inputs_offset`` and every decision batch before ``decisions_offset``.  Restart =
 the newest snapshot that decodes, restores (its digest checks its contents) and lines up
@@ -33,8 +36,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from fleetlog.core.digest import SnapshotError, restore
-from fleetlog.core.state import State
 from fleetlog.log.base import LogError
 from fleetlog.log.kafka import KafkaConfig
 
@@ -60,13 +61,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     state: bytes
 
 
-class Restored(msgspec.Struct, frozen=True):
-    header: SnapshotHeader
-    state: State
-    source: str
-
-
-class CorruptSnapshotError(SnapshotError):
+class CorruptSnapshotError(LogError):
     """A snapshot's bytes are damaged or not a snapshot at all."""
 
 
@@ -92,13 +87,6 @@ def decode_snapshot(data: bytes) -> Snapshot:
     except msgspec.DecodeError as exc:
         raise CorruptSnapshotError(f"bad header: {exc}") from None
     return Snapshot(header, data[start + size : -4])
-
-
-def restored(data: bytes, source: str) -> Restored:
-    """Decode and restore one snapshot (restore re-checks the state digest)."""
-    snap = decode_snapshot(data)
-    state = restore(snap.state)
-    return Restored(snap.header, state, source)
 
 
 class SnapshotStore(abc.ABC):
