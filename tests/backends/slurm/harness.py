@@ -16,7 +16,7 @@ from fleetlog.core.state import JobState
 from fleetlog.events import Event, JobPlaced, JobSubmitted, TaskGroup, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, decode
 from fleetlog.events.model import Decision
-from fleetlog.log.base import DECISIONS, INPUTS, Message
+from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message, Record
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.file import FileLogStore
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
@@ -49,11 +49,17 @@ def job(
 class Harness:
     """``scripts`` maps a job id to the shell its tasks run (default ``sleep 1``)."""
 
-    def __init__(self, cluster: SlurmCluster, directory: Path, scripts: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: SlurmCluster,
+        directory: Path,
+        scripts: dict[str, str] | None = None,
+        store: LogStore | None = None,
+    ) -> None:
         self.cluster, self.directory = cluster, directory
         self.scripts = scripts or {}
         self.prefix = f"t{time.time_ns() % 10**9}x{next(_prefixes)}"
-        self.store = FileLogStore(directory / "log")
+        self.store = store or FileLogStore(directory / "log")
         self.loop = SchedulerLoop(self.store, policy_named("default"), LoopConfig(check_invariants=True))
         self.backend = self.new_backend()
 
@@ -99,11 +105,22 @@ class Harness:
         return await self.events(INPUTS)
 
     async def events(self, name: str) -> list[Event]:
-        records = await self.store.log(name).read(0, 1_000_000)
+        records = await self.read_all(name)
         return [decode(r.value, r.header(CONTENT_TYPE_HEADER)).event for r in records]
 
+    async def read_all(self, name: str) -> list[Record]:
+        """Every committed record of log ``name`` (Kafka returns a fetch at a time)."""
+        log, records = self.store.log(name), []
+        end = await log.end_offset()
+        while len(records) < end:
+            batch = await log.read(len(records), 100_000, timeout_ms=2000)
+            if not batch:
+                raise AssertionError(f"{name} log stalled at {len(records)} of {end}")
+            records += batch
+        return records
+
     async def decisions(self) -> list[Decision]:
-        records = await self.store.log(DECISIONS).read(0, 1_000_000)
+        records = await self.read_all(DECISIONS)
         return [d for _, b in decision_batches(records) for d in b.decisions]
 
     async def placements(self) -> list[JobPlaced]:

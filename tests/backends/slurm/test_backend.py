@@ -6,6 +6,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from fleetlog.core.state import JobState
 from fleetlog.events import (
     Event,
@@ -17,6 +19,7 @@ from fleetlog.events import (
     TaskPreempted,
     TaskStarted,
 )
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from tests.backends.slurm.harness import Harness, job, of_type
 from tests.slurm_cluster import SlurmCluster
 
@@ -173,3 +176,23 @@ async def test_preemption_and_cancellation_scancel_the_slurm_jobs(
 def state_of(h: Harness, job_id: str) -> set[str]:
     """The Slurm states of ``job_id``'s jobs (every incarnation)."""
     return {j.job_state for j in h.slurm_jobs() if j.name.endswith(":" + job_id)}
+
+
+@pytest.mark.kafka
+async def test_over_kafka_a_gang_runs_and_a_restarted_backend_submits_nothing_twice(
+    slurm_cluster: SlurmCluster, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    config = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"slurm-{tmp_path.name}")
+    async with Harness(slurm_cluster, tmp_path, {"kgang": "sleep 2"}, KafkaLogStore(config)) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(job("kgang", tasks=2, gpus=4))
+        await h.until(lambda events: len(of_type(events, TaskStarted, "kgang")) >= 1)
+        h.backend = h.new_backend()
+        inputs = await h.until(finished("kgang", 2))
+        assert h.backend.stats.submitted == 0
+        assert sorted((e.task_index, e.exit_code) for e in of_type(inputs, TaskFinished, "kgang")) == [
+            (0, 0),
+            (1, 0),
+        ]
+        names = [j.name for j in h.slurm_jobs()]
+        assert len(names) == len(set(names)) == 2  # one Slurm job per task, none submitted twice
