@@ -153,6 +153,24 @@ def _translated(what: str) -> Iterator[None]:
         raise LogError(f"{what}: {exc!r}") from exc
 
 
+async def ensure_topic(
+    config: KafkaConfig, topic: str, partitions: int, configs: dict[str, str] | None = None
+) -> None:
+    """Create ``topic`` unless it exists; a :class:`LogError` names it if that fails."""
+    admin = AIOKafkaAdminClient(**config.client_options())
+    try:
+        await admin.start()
+        if topic not in set(await admin.list_topics()):
+            new = NewTopic(topic, partitions, config.replication_factor, topic_configs=configs or {})
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics([new])
+    except KafkaError as exc:
+        raise LogError(f"create the topic {topic}: {exc!r}") from exc
+    finally:
+        with contextlib.suppress(KafkaError):
+            await admin.close()
+
+
 def _to_record(r: Any) -> Record:
     headers = r.headers
     value = r.value

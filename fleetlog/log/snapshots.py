@@ -33,11 +33,10 @@ from typing import Final
 import crc32c
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError
 
 from fleetlog.log.base import LogError
-from fleetlog.log.kafka import KafkaConfig
+from fleetlog.log.kafka import KafkaConfig, ensure_topic
 
 MAGIC: Final = b"FLSNAP1\n"
 KEEP: Final = 3
@@ -163,22 +162,9 @@ class KafkaSnapshots(SnapshotStore):
         self._ready = False
 
     async def _ensure_topic(self) -> None:
-        if self._ready:
-            return
-        admin = AIOKafkaAdminClient(**self.config.client_options())
-        try:
-            await admin.start()
-            if self.tp.topic not in set(await admin.list_topics()):
-                topic = NewTopic(self.tp.topic, self.config.shards, self.config.replication_factor,
-                                 topic_configs=dict(self.TOPIC_CONFIG))
-                with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics([topic])
-        except KafkaError as exc:
-            raise LogError(f"create the snapshot topic {self.tp.topic}: {exc!r}") from exc
-        finally:
-            with contextlib.suppress(KafkaError):
-                await admin.close()
-        self._ready = True
+        if not self._ready:
+            await ensure_topic(self.config, self.tp.topic, self.config.shards, dict(self.TOPIC_CONFIG))
+            self._ready = True
 
     async def save(self, data: bytes) -> str:
         await self._ensure_topic()

@@ -25,11 +25,10 @@ import contextlib
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError
 
 from fleetlog.log.base import LogError
-from fleetlog.log.kafka import KafkaConfig
+from fleetlog.log.kafka import KafkaConfig, ensure_topic
 
 LEADER_TOPIC: Final = "leader"
 
@@ -68,7 +67,7 @@ class KafkaElection:
             self.lost.set()
 
     async def start(self) -> None:
-        await self._ensure_topic()
+        await ensure_topic(self.config, self.config.topic(LEADER_TOPIC), 1)
         consumer = AIOKafkaConsumer(
             **(self.config.client_options() | {"client_id": self.member}),
             group_id=self.group,
@@ -94,20 +93,6 @@ class KafkaElection:
             except KafkaError:
                 self.set_leader(False)
                 await asyncio.sleep(0.5)
-
-    async def _ensure_topic(self) -> None:
-        admin = AIOKafkaAdminClient(**self.config.client_options())
-        try:
-            await admin.start()
-            if self.config.topic(LEADER_TOPIC) not in set(await admin.list_topics()):
-                topic = NewTopic(self.config.topic(LEADER_TOPIC), 1, self.config.replication_factor)
-                with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics([topic])
-        except KafkaError as exc:
-            raise LogError(f"create the leader topic: {exc!r}") from exc
-        finally:
-            with contextlib.suppress(KafkaError):
-                await admin.close()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

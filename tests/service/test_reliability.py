@@ -16,18 +16,19 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
-from fleetlog.core.digest import digest
+from fleetlog.core.digest import digest, snapshot
 from fleetlog.core.policy import policy_named
 from fleetlog.events import JobCancelled, JobPending, JobPlaced, JobRejected, JobSubmitted, TaskPreempted
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogError, LogStore, Message
 from fleetlog.log.consumer import REASON_HEADER, EventConsumer, decision_batches
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
-from fleetlog.log.snapshots import KafkaSnapshots
+from fleetlog.log.snapshots import KafkaSnapshots, Snapshot, SnapshotHeader, encode_snapshot
 from fleetlog.replay.verify import verify
 from fleetlog.service.loadgen import Load, batches
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
-from fleetlog.service.service import restored
+from fleetlog.service.service import recover, restored
 from tests.kafka_broker import KafkaBroker
 from tests.service.process import ServiceProcess
 
@@ -258,3 +259,26 @@ async def test_broker_restart_under_load_loses_nothing(tmp_path: Path) -> None:
             await assert_exactly_once(store)
         finally:
             await store.close()
+
+
+async def test_kafka_snapshots_fall_back_past_a_corrupt_one(kafka_store: KafkaLogStore) -> None:
+    loop = SchedulerLoop(kafka_store, policy_named("default"), LoopConfig(group=GROUP))
+    producer = Producer(kafka_store)
+    for _ in range(3):
+        await producer.send(next(batches(LOAD, 50)))
+        await loop.step(timeout_ms=2000)
+    snapshots = KafkaSnapshots(kafka_store.config)
+    header = SnapshotHeader(loop.offset, loop.decisions_next, "default", 0)
+    good = encode_snapshot(Snapshot(header, snapshot(loop.state)))
+    await snapshots.save(good)
+    await snapshots.save(good[:-10] + b"0123456789")  # the newest is damaged
+    try:
+        with structlog.testing.capture_logs() as logs:
+            recovered, used = await recover(kafka_store, snapshots, lambda s: SchedulerLoop(
+                s, policy_named("default"), LoopConfig(group=GROUP)))
+    finally:
+        await snapshots.close()
+    assert used == header
+    events = [e["event"] for e in logs if e["event"].startswith("snapshot")]
+    assert events == ["snapshot_skipped", "snapshot_restored"]
+    assert digest(recovered.state) == digest(loop.state)
