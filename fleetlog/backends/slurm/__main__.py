@@ -1,0 +1,80 @@
+"""``python -m fleetlog.backends.slurm``: run the Slurm backend against one cluster until stopped.
+
+    python -m fleetlog.backends.slurm --log DIR | --kafka HOST:PORT [--topic-prefix PREFIX]
+        [--slurm-conf PATH] [--cell NAME] [--prefix NAME] [--partition NAME] [--gpu-type TYPE]
+        [--output PATTERN] [--command SHELL]
+
+Every task runs ``--command`` (a shell line; ``$FLEETLOG_JOB_ID``, ``$FLEETLOG_TASK_INDEX``,
+``$FLEETLOG_NODE`` and ``$FLEETLOG_GPU_INDICES`` are set), by default a sleep for the job's
+expected duration.  SIGTERM or SIGINT stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from fleetlog.backends.slurm.backend import SlurmBackend, SlurmConfig
+from fleetlog.backends.slurm.mapping import SubmitSettings, Workload, sleep_for_expected_duration
+from fleetlog.events import JobSubmitted
+from fleetlog.log.base import LogStore
+from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fleetlog.backends.slurm", description=__doc__)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--log", help="directory of the embedded file log")
+    where.add_argument("--kafka", help="Kafka bootstrap servers, host:port[,host:port]")
+    parser.add_argument("--topic-prefix", default="fleetlog", help="Kafka topic prefix (default fleetlog)")
+    parser.add_argument("--slurm-conf", default="", help="SLURM_CONF for the client commands")
+    parser.add_argument("--cell", default="slurm", help="the fleetlog cell this cluster is (default slurm)")
+    parser.add_argument(
+        "--prefix", default="fleetlog", help="Slurm job names start with PREFIX: (default fleetlog)"
+    )
+    parser.add_argument("--partition", default="", help="submit to this partition (default: Slurm's default)")
+    parser.add_argument("--gpu-type", default="", help="request GPUs as gpu:TYPE:N (default gpu:N)")
+    parser.add_argument("--output", default="/dev/null", help="sbatch --output pattern (default /dev/null)")
+    parser.add_argument("--command", default="", help="the shell line every task runs")
+    return parser.parse_args(argv)
+
+
+def open_store(args: argparse.Namespace) -> LogStore:
+    if args.log:
+        return FileLogStore(args.log)
+    return KafkaLogStore(KafkaConfig(bootstrap_servers=args.kafka, topic_prefix=args.topic_prefix))
+
+
+def workload(command: str) -> Workload:
+    if not command:
+        return sleep_for_expected_duration
+
+    def run(job: JobSubmitted, task_index: int) -> str:
+        return command
+
+    return run
+
+
+def config(args: argparse.Namespace) -> SlurmConfig:
+    submit = SubmitSettings(partition=args.partition, gpu_type=args.gpu_type, output=args.output)
+    return SlurmConfig(cell=args.cell, prefix=args.prefix, slurm_conf=args.slurm_conf, submit=submit)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    async with open_store(args) as store:
+        await SlurmBackend(store, config(args), workload(args.command)).run(stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(serve(arguments(argv)))
+
+
+if __name__ == "__main__":
+    main()
