@@ -256,8 +256,18 @@ stop_pid() {
   echo "$pid"
 }
 
+# Cancel every job of this cluster and wait for them to end: slurmstepd outlives slurmd otherwise.
+cancel_jobs() {
+  [[ -n "$(live_pid "$DIR/run/slurmctld.pid" "$CONF")" ]] || return 0
+  export SLURM_CONF="$CONF"
+  scancel --partition=fleet >/dev/null 2>&1 || return 0
+  local deadline=$((SECONDS + 15))
+  while [[ -n "$(squeue -h -t PD,R,CG,S -o %i 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.2; done
+}
+
 stop_all() {
   local pid_file marker stopped=()
+  cancel_jobs
   # slurmds first (they drain their steps), then the controller, then munge.
   while read -r pid_file marker; do
     stopped+=("$(stop_pid "$pid_file" "$marker")")
