@@ -56,6 +56,7 @@ from fleetlog.events import (
     JobPlaced,
     JobSubmitted,
     NodeHeartbeat,
+    NodeRemoved,
     TaskFailed,
     TaskFinished,
     TaskPlacement,
@@ -230,20 +231,23 @@ class SlurmBackend:
                 self.specs.pop(event.job_id, None)
                 self.end_run(event.job_id, "cancelled")
             case NodeHeartbeat() if event.cell == self.config.cell:
-                self.apply_health(event, d.offset)
+                self.apply_health(event.node, event.healthy, d.offset)
+            case NodeRemoved() if event.cell == self.config.cell:
+                self.apply_health(event.node, False, d.offset)
             case TaskStarted() | TaskFinished() | TaskFailed():
                 if d.envelope.producer_id == self.config.producer_id and d.envelope.key:
                     self.read_back(event, d.envelope.key)
             case _:
                 pass
 
-    def apply_health(self, beat: NodeHeartbeat, offset: int) -> None:
-        """A healthy -> unhealthy report makes the scheduler requeue every run on the node: so do we."""
-        if not beat.healthy and self.health.get(beat.node, True):
-            self.unhealthy_at[beat.node] = offset
-            for job_id in sorted(j for j, r in self.runs.items() if beat.node in r.nodes()):
-                self.end_run(job_id, f"node {beat.node} reported unhealthy")
-        self.health[beat.node] = beat.healthy
+    def apply_health(self, node: str, healthy: bool, offset: int) -> None:
+        """A healthy -> unhealthy (or removed) report makes the scheduler requeue every run on the
+        node: so do we."""
+        if not healthy and self.health.get(node, True):
+            self.unhealthy_at[node] = offset
+            for job_id in sorted(j for j, r in self.runs.items() if node in r.nodes()):
+                self.end_run(job_id, f"node {node} reported unhealthy or removed")
+        self.health[node] = healthy
 
     def read_back(self, event: TaskEvent, key: str) -> None:
         """Our own observation, read back from the log (after a restart): remember and apply it once."""
@@ -284,13 +288,16 @@ class SlurmBackend:
     # --- 2. observations ---------------------------------------------------------------
 
     def observe_nodes(self, nodes: list[SlurmNode]) -> list[Message]:
-        """Every node's heartbeat when one changed or the heartbeat period passed, else nothing."""
+        """Every node's heartbeat when one changed or the heartbeat period passed, else nothing;
+        ``NodeRemoved`` for a node Slurm no longer lists."""
         beats = {n.name: heartbeat(self.config.cell, n, self.config.gpu_model) for n in nodes}
         now = self.clock()
         if beats == self.beats and now - self.beat_at < self.config.heartbeat_ms / 1000:
             return []
+        gone = sorted(set(self.beats) - set(beats))
         self.beats, self.beat_at = beats, now
-        return [self.message(beats[name]) for name in sorted(beats)]
+        removed = [self.message(NodeRemoved(cell=self.config.cell, node=name)) for name in gone]
+        return removed + [self.message(beats[name]) for name in sorted(beats)]
 
     def our_jobs(self, jobs: list[SlurmJob]) -> dict[str, SlurmJob]:
         """Slurm's jobs that carry our prefix, by name (the newest when a name repeats)."""

@@ -196,3 +196,20 @@ async def test_over_kafka_a_gang_runs_and_a_restarted_backend_submits_nothing_tw
         ]
         names = [j.name for j in h.slurm_jobs()]
         assert len(names) == len(set(names)) == 2  # one Slurm job per task, none submitted twice
+
+
+async def test_a_placement_read_but_not_submitted_before_a_crash_is_submitted_once(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    async with Harness(slurm_cluster, tmp_path, {"late": "sleep 1"}) as h:
+        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.submit(job("late"))
+        await h.loop.step(1000)  # JobPlaced
+        await h.backend.catch_up()  # read, then the process dies before sbatch
+        assert list(h.backend.runs) == ["late"]
+        assert h.slurm_jobs() == []
+        h.backend = h.new_backend()
+        inputs = await h.until(finished("late", 1))
+        assert h.backend.stats.submitted == 1
+        assert [j.job_state for j in h.slurm_jobs()] == ["COMPLETED"]
+        assert [e.exit_code for e in of_type(inputs, TaskFinished, "late")] == [0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetlog.backends.slurm import Backoff, SubmitSettings
+from fleetlog.backends.slurm import Backoff, SlurmBackend, SlurmConfig, SubmitSettings
 from fleetlog.backends.slurm.client import SlurmJob, SlurmNode
 from fleetlog.backends.slurm.mapping import (
     decode_status,
@@ -14,7 +14,8 @@ from fleetlog.backends.slurm.mapping import (
     parse_name,
     submission,
 )
-from fleetlog.events import TaskPlacement
+from fleetlog.events import NodeRemoved, TaskPlacement, decode
+from fleetlog.log.memory import MemoryLogStore
 from tests.backends.slurm.harness import job
 
 
@@ -92,3 +93,13 @@ def test_backoff_doubles_up_to_the_cap_and_resets() -> None:
     assert [b.next() for _ in range(5)] == [0.25, 0.5, 1.0, 1.0, 1.0]
     b.reset()
     assert b.next() == 0.25
+
+
+def test_a_node_slurm_stops_listing_is_reported_removed() -> None:
+    backend = SlurmBackend(MemoryLogStore(), SlurmConfig(gpu_model="x"))
+    first = backend.observe_nodes([SlurmNode("n1", "idle", cpus=4), SlurmNode("n2", "idle", cpus=4)])
+    assert [decode(m.value).event.node for m in first] == ["n1", "n2"]
+    assert backend.observe_nodes([SlurmNode("n1", "idle", cpus=4), SlurmNode("n2", "idle", cpus=4)]) == []
+    events = [decode(m.value).event for m in backend.observe_nodes([SlurmNode("n1", "idle", cpus=4)])]
+    assert events[0] == NodeRemoved(cell="slurm", node="n2")
+    assert [type(e).__name__ for e in events] == ["NodeRemoved", "NodeHeartbeat"]
