@@ -291,7 +291,7 @@ case "${1:-}" in
   fetch) fetch ;;
   start) shift; start "$@" ;;
   stop) stop ;;
-  status) status ;;
+  status) status || exit "$?" ;;
   env) echo "export SLURM_CONF=$CONF" ;;
   *) echo "usage: $0 fetch|start [--fresh]|stop|status|env" >&2; exit 2 ;;
 esac
