@@ -192,7 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetlog.client_cli import add_client_commands
 
     add_client_commands(sub, UsageError)
+    from fleetlog.replay.command import add_replay_commands
+
+    add_replay_commands(sub, UsageError, _replay_place)
     return parser
+
+
+def _replay_place(args: argparse.Namespace) -> Any:
+    """Where ``fleetlog replay`` reads: a file-log directory or a Kafka configuration."""
+    from fleetlog.service.command import CommandError, configure
+
+    try:
+        config = configure(args.config, args.log, args.kafka)
+    except CommandError as exc:
+        raise UsageError(str(exc)) from None
+    return config.kafka if config.kafka is not None else Path(str(config.log.dir))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

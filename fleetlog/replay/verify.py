@@ -1,29 +1,56 @@
 """Replay verification: fold the inputs, decide again at every recorded ``as_of``, compare.
 
-The first batch whose digest or decisions differ is reported with what differed, so an
-incident responder sees at once where a run stopped being reproducible.
+The first batch whose digest or decisions differ is reported as a structured diff: the decision
+recorded and the one recomputed, how the state after the batch differs (the recorded batch folded
+against the recomputed one), and the inputs folded since the previous batch — so an incident
+responder sees at once where a run stopped being reproducible, and what it had just read.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Final
 
 import msgspec
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_many
-from fleetlog.core.policy import policy_named
+from fleetlog.core.fold import fold
+from fleetlog.core.policy import UnknownPolicyError, policy_named
 from fleetlog.core.state import CoreConfig, State
-from fleetlog.events.model import DecisionBatch
-from fleetlog.log.base import DECISIONS, LogStore
-from fleetlog.log.consumer import EventConsumer, decision_batches
+from fleetlog.events.model import Decision, DecisionBatch
+from fleetlog.log.base import LogStore
+from fleetlog.log.consumer import Delivered
+from fleetlog.replay.diff import Difference, after, diff_states
+from fleetlog.replay.engine import fold_inputs
+from fleetlog.replay.source import InputReader, Progress, ReplayError, Source, batches
+
+SHOWN_INPUTS: Final = 20
+
+
+class InputSeen(msgspec.Struct, frozen=True):
+    offset: int
+    timestamp_ms: int
+    event: dict[str, Any]
 
 
 class Divergence(msgspec.Struct, frozen=True):
     decisions_offset: int
     as_of: int
     what: str
+    """``state digest`` or ``decision #i`` (the index in the batch)."""
     recorded: str
     replayed: str
+    policy: str = ""
+    previous_as_of: int = 0
+    recorded_decision: dict[str, Any] | None = None
+    replayed_decision: dict[str, Any] | None = None
+    state_diff: tuple[Difference, ...] = ()
+    """Rows that differ after folding the recorded batch vs the recomputed one."""
+    inputs_since: tuple[InputSeen, ...] = ()
+    """The last inputs folded since the previous batch (at most 20)."""
+    inputs_since_count: int = 0
 
 
 class VerifyReport(msgspec.Struct, frozen=True):
@@ -38,50 +65,81 @@ class VerifyReport(msgspec.Struct, frozen=True):
         return self.divergence is None
 
 
+class _Recent:
+    """Observer keeping the last inputs folded since the previous batch."""
+
+    def __init__(self) -> None:
+        self.seen: deque[Delivered] = deque(maxlen=SHOWN_INPUTS)
+        self.count = 0
+
+    def inputs(self, state: State, events: Sequence[Delivered]) -> None:
+        self.seen.extend(events)
+        self.count += len(events)
+
+    def decided(self, state: State, batch: DecisionBatch) -> None:
+        self.seen.clear()
+        self.count = 0
+
+    def shown(self) -> tuple[InputSeen, ...]:
+        return tuple(
+            InputSeen(d.offset, d.timestamp_ms, msgspec.to_builtins(d.envelope.event)) for d in self.seen
+        )
+
+
 async def verify(
-    store: LogStore, core: CoreConfig | None = None, limit_batches: int | None = None
+    store: LogStore | Source,
+    core: CoreConfig | None = None,
+    limit_batches: int | None = None,
+    progress: Progress | None = None,
 ) -> VerifyReport:
-    """Replay ``store``'s inputs against its decisions log; stop at the first divergence."""
-    state, consumer, offset = State(core), EventConsumer(store), 0
-    batches = decisions = 0
-    log = store.log(DECISIONS)
-    end, at = await log.end_offset(), 0
-    while at < end and (limit_batches is None or batches < limit_batches):
-        records = await log.read(at, 1000)
-        if not records:
+    """Replay the inputs against the decisions log; stop at the first divergence."""
+    log_store = store.store if isinstance(store, Source) else store
+    state, reader, recent = State(core), InputReader(log_store), _Recent()
+    count = decisions = previous = 0
+    async for record_offset, _, batch in batches(log_store):
+        if limit_batches is not None and count >= limit_batches:
             break
-        for record_offset, batch in decision_batches(records):
-            offset = await _fold_until(consumer, state, offset, batch.as_of)
-            problem = _compare(state, batch, record_offset)
-            if problem is not None:
-                return VerifyReport(batches, decisions, offset, digest(state), problem)
-            fold(state, batch, state.now_ms)
-            batches, decisions = batches + 1, decisions + len(batch.decisions)
-        at = records[-1].offset + 1
-    return VerifyReport(batches, decisions, offset, digest(state))
-
-
-async def _fold_until(consumer: EventConsumer, state: State, offset: int, as_of: int) -> int:
-    while offset < as_of:
-        polled = await consumer.poll(offset, min(10_000, as_of - offset), park=False)
-        if polled.next_offset == offset:
-            break
-        fold_many(state, ((d.envelope.event, d.timestamp_ms) for d in polled.events))
-        offset = polled.next_offset
-    return offset
+        await fold_inputs(reader, state, batch.as_of, (recent,), progress)
+        problem = _compare(state, batch, record_offset)
+        if problem is not None:
+            found = msgspec.structs.replace(
+                problem, previous_as_of=previous, inputs_since=recent.shown(), inputs_since_count=recent.count
+            )
+            return VerifyReport(count, decisions, reader.offset, digest(state), found)
+        fold(state, batch, state.now_ms)
+        recent.decided(state, batch)
+        count, decisions, previous = count + 1, decisions + len(batch.decisions), batch.as_of
+    return VerifyReport(count, decisions, reader.offset, digest(state))
 
 
 def _compare(state: State, batch: DecisionBatch, record_offset: int) -> Divergence | None:
     mine = digest(state)
     if mine != batch.digest:
-        return Divergence(record_offset, batch.as_of, "state digest", batch.digest, mine)
-    replayed = tuple(decide(state, policy_named(batch.policy)))
-    if replayed != batch.decisions:
-        index = next(
-            (i for i, (a, b) in enumerate(zip(replayed, batch.decisions, strict=False)) if a != b),
-            min(len(replayed), len(batch.decisions)),
-        )
-        got = repr(replayed[index]) if index < len(replayed) else "(nothing)"
-        want = repr(batch.decisions[index]) if index < len(batch.decisions) else "(nothing)"
-        return Divergence(record_offset, batch.as_of, f"decision #{index}", want, got)
-    return None
+        return Divergence(record_offset, batch.as_of, "state digest", batch.digest, mine, batch.policy)
+    try:
+        policy = policy_named(batch.policy)
+    except UnknownPolicyError as exc:
+        raise ReplayError(f"decisions@{record_offset} names a policy this build lacks: {exc}") from None
+    replayed = tuple(decide(state, policy))
+    if replayed == batch.decisions:
+        return None
+    index = next(
+        (i for i, (a, b) in enumerate(zip(replayed, batch.decisions, strict=False)) if a != b),
+        min(len(replayed), len(batch.decisions)),
+    )
+    want, got = _at(batch.decisions, index), _at(replayed, index)
+    return Divergence(
+        record_offset,
+        batch.as_of,
+        f"decision #{index}",
+        repr(want) if want is not None else "(nothing)",
+        repr(got) if got is not None else "(nothing)",
+        batch.policy,
+        recorded_decision=None if want is None else msgspec.to_builtins(want),
+        replayed_decision=None if got is None else msgspec.to_builtins(got),
+        state_diff=tuple(diff_states(after(state, batch.decisions), after(state, replayed))),
+    )
+
+
+def _at(decisions: tuple[Decision, ...], index: int) -> Decision | None:
+    return decisions[index] if index < len(decisions) else None

@@ -1,0 +1,173 @@
+"""Read-only views of a state for people and scripts: a job's status, pending jobs by reason,
+and whole tables (nodes, jobs, tenants, queues).  Pure: they only read the state.
+
+The service (``fleetlog status``, metrics) and replay (``fleetlog replay state-at``) share them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fleetlog.core.state import JobState, NodeStatus, State, TaskState
+
+
+def reason_code(state: State, code: int) -> str:
+    """The pending reason recorded in a job's ``reason`` column (0: not explained yet)."""
+    return state.reason_codes.names[code - 1] if code > 0 else "not_decided_yet"
+
+
+def pending_by_reason(state: State) -> dict[str, int]:
+    jobs = state.jobs
+    codes = jobs.view("reason")[jobs.view("state") == JobState.PENDING]
+    counts = np.bincount(codes.astype(np.int64), minlength=1) if codes.size else np.zeros(1, np.int64)
+    return {reason_code(state, int(c)): int(n) for c, n in enumerate(counts) if n}
+
+
+def job_status(state: State, job_id: str) -> dict[str, Any] | None:
+    """What the state knows of ``job_id``, or ``None`` if it was never submitted."""
+    row = state.job_row(job_id)
+    if row < 0:
+        return None
+    cols = state.jobs.cols
+    status = JobState(int(cols["state"][row]))
+    out: dict[str, Any] = {
+        "job_id": job_id,
+        "state": status.name.lower(),
+        "tenant": state.names["tenant"].names[int(cols["tenant"][row])],
+        "queue": state.names["queue"].names[int(cols["queue"][row])],
+        "priority": int(cols["priority"][row]),
+        "submitted_at_ms": int(cols["submitted_at"][row]),
+        "tasks": int(cols["ntasks"][row]),
+        "tasks_done": int(cols["tasks_done"][row]),
+    }
+    if status == JobState.PENDING:
+        out["pending_reason"] = reason_code(state, int(cols["reason"][row]))
+        out["pending_message"] = state.reason_text.get(row, "")
+    if int(cols["placed_at_ms"][row]) >= 0:
+        out["placed_at_ms"] = int(cols["placed_at_ms"][row])
+    out["task_nodes"] = _task_nodes(state, row)
+    return out
+
+
+def _task_nodes(state: State, row: int) -> list[dict[str, Any]]:
+    tasks = state.tasks.cols
+    out = []
+    for t in state.job_tasks(row):
+        node = int(tasks["node"][t])
+        out.append(
+            {
+                "task": t - int(state.jobs.cols["first_task"][row]),
+                "state": TaskState(int(tasks["state"][t])).name.lower(),
+                "node": state.node_name(node) if node >= 0 else None,
+            }
+        )
+    return out
+
+
+# --- whole tables ---------------------------------------------------------------------------
+
+
+def nodes_table(state: State) -> list[dict[str, Any]]:
+    """Every node ever seen, in first-seen order: status, capacity and what is free."""
+    c, names = state.nodes.cols, state.names
+    out = []
+    for row in range(state.nodes.size):
+        count = int(c["gpu_count"][row])
+        model = int(c["model"][row])
+        out.append(
+            {
+                "cell": names["cell"].names[int(c["cell"][row])],
+                "node": state.node_name(row),
+                "status": NodeStatus(int(c["status"][row])).name.lower(),
+                "gpu_model": names["model"].names[model] if model >= 0 else "",
+                "gpus": count,
+                "gpu_free_milli": int(c["gpu_free"][row, :count].sum()),
+                "cpu_milli": int(c["cpu_alloc"][row]),
+                "cpu_free_milli": int(c["cpu_free"][row]),
+                "mem_mib": int(c["mem_alloc"][row]),
+                "mem_free_mib": int(c["mem_free"][row]),
+                "last_heartbeat_ms": int(c["last_heartbeat_ms"][row]),
+            }
+        )
+    return out
+
+
+def jobs_table(state: State, include_finished: bool = True) -> list[dict[str, Any]]:
+    """Every job in submission order with its state, tenant, queue and pending reason."""
+    c, names = state.jobs.cols, state.names
+    out = []
+    for row in range(state.jobs.size):
+        status = JobState(int(c["state"][row]))
+        if not include_finished and status not in (JobState.PENDING, JobState.RUNNING):
+            continue
+        cell = int(c["cell"][row])
+        out.append(
+            {
+                "job_id": names["job"].names[row],
+                "state": status.name.lower(),
+                "tenant": names["tenant"].names[int(c["tenant"][row])],
+                "queue": names["queue"].names[int(c["queue"][row])],
+                "priority": int(c["priority"][row]),
+                "tasks": int(c["ntasks"][row]),
+                "gpu_milli": int(c["req_gpu"][row]),
+                "cell": names["cell"].names[cell] if cell >= 0 else "",
+                "submitted_at_ms": int(c["submitted_at"][row]),
+                "reason": reason_code(state, int(c["reason"][row])) if status == JobState.PENDING else "",
+            }
+        )
+    return out
+
+
+def tenants_table(state: State) -> list[dict[str, Any]]:
+    """Per tenant: running and pending jobs, resources in use (all cells) and nominal quota."""
+    c, names = state.jobs.cols, state.names
+    tenant_col, job_state = c["tenant"][: state.jobs.size], c["state"][: state.jobs.size]
+    out = []
+    for tid, tenant in enumerate(names["tenant"].names):
+        mine = tenant_col == tid
+        use = state.usage.get((tid, -1), [0, 0, 0])
+        quota = state.quotas.get((tid, -1))
+        out.append(
+            {
+                "tenant": tenant,
+                "running": int(np.count_nonzero(mine & (job_state == JobState.RUNNING))),
+                "pending": int(np.count_nonzero(mine & (job_state == JobState.PENDING))),
+                "cpu_milli": int(use[0]),
+                "mem_mib": int(use[1]),
+                "gpu_milli": int(use[2]),
+                "nominal_gpu_milli": None if quota is None else int(quota.nominal[2]),
+                "weight_milli": None if quota is None else int(quota.weight_milli),
+            }
+        )
+    return out
+
+
+def queues_table(state: State) -> list[dict[str, Any]]:
+    """Per queue: pending and running jobs, and the pending jobs' GPU demand."""
+    c = state.jobs.cols
+    queue_col, job_state = c["queue"][: state.jobs.size], c["state"][: state.jobs.size]
+    gpu = c["req_gpu"][: state.jobs.size]
+    out = []
+    for qid, queue in enumerate(state.names["queue"].names):
+        mine = queue_col == qid
+        pending = mine & (job_state == JobState.PENDING)
+        out.append(
+            {
+                "queue": queue,
+                "pending": int(np.count_nonzero(pending)),
+                "running": int(np.count_nonzero(mine & (job_state == JobState.RUNNING))),
+                "pending_gpu_milli": int(gpu[pending].sum()),
+            }
+        )
+    return out
+
+
+def gpu_totals(state: State) -> tuple[int, int]:
+    """(GPU milli on up nodes, GPU milli allocated on them)."""
+    c, n = state.nodes.cols, state.nodes.size
+    up = c["status"][:n] == NodeStatus.UP
+    total = int(c["gpu_count"][:n][up].sum()) * 1000
+    free = int(c["gpu_free"][:n][up].sum())
+    return total, total - free

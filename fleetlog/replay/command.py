@@ -1,0 +1,126 @@
+"""``fleetlog replay …``: verify, state-at, explain, what-if, timeline, report, dump.
+
+The same on the embedded file log and on Kafka: the CLI resolves ``--config``/``--log``/``--kafka``
+(the service's configuration rules) and hands this module a place — a directory or a
+:class:`~fleetlog.log.kafka.KafkaConfig`.  Every bad input is one line and exit code 2; ``verify``
+exits with 1 when the log diverges.  Long work shows a progress bar when stderr is a terminal.
+
+This module only declares the arguments (every ``fleetlog`` command builds the parser, so it stays
+light); :mod:`fleetlog.replay.handlers` does the work and is imported when a replay command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetlog.log.base import INPUTS, LOG_NAMES
+
+if TYPE_CHECKING:
+    from fleetlog.log.kafka import KafkaConfig
+
+    Place = Path | KafkaConfig
+
+Locate = Callable[[argparse.Namespace], "Place"]
+
+
+def add_replay_commands(sub: Any, usage_error: type[Exception], locate: Locate) -> None:
+    """Register ``replay`` and its subcommands; problems are raised as ``usage_error`` and the logs
+    are found with ``locate`` (the CLI's own configuration rules)."""
+    replay = sub.add_parser(
+        "replay",
+        help="verify, explain and re-run a recorded log (file log or Kafka)",
+        description="Replay a recorded log: the incident responder's tools (docs/replay.md).",
+    )
+    cmds = replay.add_subparsers(dest="replay_command", required=True, parser_class=type(replay))
+    for name, help_, extra in _COMMANDS:
+        parser = cmds.add_parser(name, help=help_, description=help_)
+        _add_place(parser)
+        extra(parser)
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+        parser.set_defaults(func=_runner(name, usage_error, locate))
+
+
+def _add_place(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="a TOML configuration file (docs/service.md)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--log", metavar="DIR", help="the embedded file log in DIR")
+    where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers")
+
+
+def _runner(name: str, usage_error: type[Exception], locate: Locate) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        place = locate(args)
+        from fleetlog.replay import handlers  # noqa: PLC0415 - numba, matplotlib: only when replay runs
+        from fleetlog.replay.source import ReplayError  # noqa: PLC0415
+
+        try:
+            return asyncio.run(handlers.run(name, place, args))
+        except ReplayError as exc:
+            raise usage_error(str(exc)) from None
+
+    return run
+
+
+# --- arguments -----------------------------------------------------------------------------
+
+
+def _offset(text: str) -> int:
+    if not re.fullmatch(r"\d+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an offset (a non-negative integer)")
+    return int(text)
+
+
+def _state_at_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "point",
+        metavar="OFFSET|TIME",
+        help="an inputs offset, epoch ms (1700000000000ms) or an ISO 8601 time",
+    )
+    p.add_argument("--show", default="nodes,jobs,tenants,queues", help="sections, comma-separated")
+    p.add_argument("--all-jobs", action="store_true", help="include finished, cancelled and rejected jobs")
+    p.add_argument("--limit", type=_offset, default=50, help="rows per table in the text output")
+    p.add_argument("--no-snapshots", action="store_true", help="fold from the start (a baseline)")
+
+
+def _explain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", metavar="JOB", help="the job id")
+    p.add_argument("--no-why", action="store_true", help="skip ranking the nodes of each placement")
+
+
+def _what_if_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        required=True,
+        metavar="NAME|FILE",
+        help="a policy spec (fgd, best-fit?preemption=false) or a TOML/JSON file of Policy fields",
+    )
+
+
+def _out_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, metavar="PATH", help="where to write")
+
+
+def _dump_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from-log", default=INPUTS, choices=LOG_NAMES, help="which log (default inputs)")
+    p.add_argument("--start", type=_offset, default=0, help="first offset (default 0)")
+    p.add_argument("--stop", type=_offset, default=None, help="offset to stop before (default: the end)")
+
+
+def _none(p: argparse.ArgumentParser) -> None:
+    return None
+
+
+_COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("verify", "re-run every decision and compare; exit 1 at the first divergence", _none),
+    ("state-at", "the state at an inputs offset or a log time", _state_at_args),
+    ("explain", "a job's timeline: pending reasons, placements and why, preemptions", _explain_args),
+    ("what-if", "re-run the inputs under another policy and compare", _what_if_args),
+    ("timeline", "a Chrome/Perfetto trace JSON of the run (ui.perfetto.dev)", _out_args),
+    ("report", "PNG plots and summary.json of the run", _out_args),
+    ("dump", "a range of a log as JSON lines", _dump_args),
+)

@@ -1,0 +1,207 @@
+"""``explain JOB``: a job's life from the logs — submitted, each pending reason as it changed,
+placed where and why that node won, preempted by whom and why, started, finished — each step
+with its log offset and log time.
+
+Finding the job's records is a scan of both logs, but only records whose bytes contain the job
+id are decoded.  For each placement the state the scheduler saw is rebuilt (through snapshots)
+and the winning node is ranked against the other feasible nodes by the policy's own score.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from fleetlog.core import kernels
+from fleetlog.core.decide import shape_matrix
+from fleetlog.core.fold import fold_decision
+from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
+from fleetlog.core.state import NodeStatus, State
+from fleetlog.events.model import (
+    DecisionBatch,
+    JobCancelled,
+    JobPending,
+    JobPlaced,
+    JobRejected,
+    JobSubmitted,
+    TaskFailed,
+    TaskFinished,
+    TaskPreempted,
+    TaskStarted,
+)
+from fleetlog.log.base import DECISIONS, INPUTS
+from fleetlog.log.consumer import EventConsumer
+from fleetlog.replay.source import Progress, ReplayError, Source, batches, end_offset, read
+from fleetlog.replay.state_at import state_before_batch
+
+SHOWN_RIVALS = 3
+_JOB_INPUTS = (JobSubmitted, JobCancelled, TaskStarted, TaskFinished, TaskFailed)
+
+
+class Step(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One line of the timeline."""
+
+    log: str
+    offset: int
+    time_ms: int
+    what: str
+    detail: str = ""
+    why: dict[str, Any] | None = None
+    position: int = 0
+    """Order in the scheduler's history: an input's offset, a batch's ``as_of`` (before that input)."""
+
+
+class Explanation(msgspec.Struct, frozen=True):
+    job_id: str
+    steps: tuple[Step, ...]
+
+
+async def explain(
+    source: Source, job_id: str, why: bool = True, progress: Progress | None = None
+) -> Explanation:
+    """The timeline of ``job_id``; a :class:`ReplayError` when no input ever submitted it."""
+    steps = await _input_steps(source, job_id, progress)
+    if not any(s.what == "submitted" for s in steps):
+        raise ReplayError(f"unknown job {job_id!r}: no JobSubmitted for it in the inputs log")
+    steps += await _decision_steps(source, job_id, why)
+    steps.sort(key=lambda s: (s.position, s.log == INPUTS, s.offset))
+    return Explanation(job_id, tuple(steps))
+
+
+async def _input_steps(source: Source, job_id: str, progress: Progress | None) -> list[Step]:
+    needle, consumer = job_id.encode(), EventConsumer(source.store)
+    end, at, out = await end_offset(source.store, INPUTS), 0, []
+    while at < end:
+        records = await read(source.store, INPUTS, at)
+        if not records:
+            break
+        events, _ = consumer.split([r for r in records if needle in r.value])
+        for d in events:
+            step = _input_step(d.envelope.event, d.offset, d.timestamp_ms, job_id)
+            if step is not None:
+                out.append(msgspec.structs.replace(step, position=d.offset))
+        at = records[-1].offset + 1
+        if progress is not None:
+            progress(len(records))
+    return out
+
+
+def _input_step(event: object, offset: int, at_ms: int, job_id: str) -> Step | None:
+    if not isinstance(event, _JOB_INPUTS) or event.job_id != job_id:
+        return None
+    match event:
+        case JobSubmitted():
+            groups = ", ".join(
+                f"{g.count} x ({g.gpu_count} GPU x {g.gpu_milli} milli, {g.cpu_milli} mCPU)"
+                for g in event.task_groups
+            )
+            detail = f"tenant {event.tenant}, queue {event.queue}, priority {event.priority}: {groups}"
+            return Step(INPUTS, offset, at_ms, "submitted", detail)
+        case JobCancelled():
+            return Step(INPUTS, offset, at_ms, "cancelled", event.reason)
+        case TaskStarted():
+            return Step(INPUTS, offset, at_ms, "task started", f"task {event.task_index} on {event.node}")
+        case TaskFinished():
+            return Step(
+                INPUTS, offset, at_ms, "task finished", f"task {event.task_index}, exit {event.exit_code}"
+            )
+        case TaskFailed():
+            return Step(INPUTS, offset, at_ms, "task failed", f"task {event.task_index}: {event.reason}")
+    return None
+
+
+async def _decision_steps(source: Source, job_id: str, why: bool) -> list[Step]:
+    needle, out = job_id.encode(), []
+    placements: list[tuple[int, int, DecisionBatch, int]] = []
+    async for offset, record, batch in batches(source.store):
+        if needle not in record.value:
+            continue
+        for index, decision in enumerate(batch.decisions):
+            step = _decision_step(decision, job_id, offset, record.timestamp_ms)
+            if step is not None:
+                out.append(msgspec.structs.replace(step, position=batch.as_of))
+                if isinstance(decision, JobPlaced) and why:
+                    placements.append((len(out) - 1, offset, batch, index))
+    for position, offset, batch, index in placements:
+        reasons = await why_placed(source, offset, batch, index)
+        out[position] = msgspec.structs.replace(out[position], why=reasons)
+    return out
+
+
+def _decision_step(decision: object, job_id: str, offset: int, at_ms: int) -> Step | None:
+    match decision:
+        case JobPlaced() if decision.job_id == job_id:
+            nodes = ", ".join(f"{t.task_index}->{t.node}{list(t.gpu_indices) or ''}" for t in decision.tasks)
+            return Step(DECISIONS, offset, at_ms, "placed", f"cell {decision.cell}: {nodes}")
+        case JobPending() if decision.job_id == job_id:
+            return Step(DECISIONS, offset, at_ms, f"pending: {decision.reason}", decision.message)
+        case JobRejected() if decision.job_id == job_id:
+            return Step(DECISIONS, offset, at_ms, f"rejected: {decision.reason}", decision.message)
+        case TaskPreempted() if decision.job_id == job_id:
+            detail = (
+                f"task {decision.task_index} by {decision.by_job_id} ({decision.cause}) {decision.message}"
+            )
+            return Step(DECISIONS, offset, at_ms, "preempted", detail.strip())
+        case TaskPreempted() if decision.by_job_id == job_id:
+            detail = f"{decision.job_id} task {decision.task_index} ({decision.cause})"
+            return Step(DECISIONS, offset, at_ms, "preempted another job", detail)
+    return None
+
+
+async def why_placed(source: Source, offset: int, batch: DecisionBatch, index: int) -> dict[str, Any]:
+    """Rebuild the state the decision saw (inputs to ``as_of``, the batch's earlier decisions) and
+    rank task 0's node against every feasible up node of the cell by the policy's score."""
+    placed = batch.decisions[index]
+    assert isinstance(placed, JobPlaced)
+    state = await state_before_batch(source, offset, batch.as_of)
+    for decision in batch.decisions[:index]:
+        fold_decision(state, decision)
+    try:
+        policy = policy_named(batch.policy)
+    except UnknownPolicyError as exc:
+        return {"error": str(exc)}
+    return rank_nodes(state, policy, placed)
+
+
+def rank_nodes(state: State, policy: Policy, placed: JobPlaced) -> dict[str, Any]:
+    """Task 0's candidates in the placed cell, best first, by (primary, secondary, node) score."""
+    job = state.job_row(placed.job_id)
+    if job < 0:
+        return {"error": "the job is unknown at that point"}
+    t = int(state.jobs.cols["first_task"][job])
+    tc, nc, n = state.tasks.cols, state.nodes.cols, state.nodes.size
+    cell = state.names["cell"].get(placed.cell)
+    task = (int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["gpus"][t]), int(tc["milli"][t]), tc["models"][t])
+    free = (nc["cpu_free"][:n], nc["mem_free"][:n], nc["gpu_free"][:n], nc["gpu_count"][:n], nc["model"][:n])
+    policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
+    shapes = shape_matrix(state)
+    up = np.flatnonzero((nc["status"][:n] == NodeStatus.UP) & (nc["cell"][:n] == cell)).tolist()
+    scored = []
+    for node in up:
+        if kernels.fits(node, *free, *task):
+            a, b = kernels.node_score(
+                node, free[0], free[2], free[3], task[0], task[2], task[3], policy_id, shapes
+            )
+            scored.append((int(a), int(b), node))
+    scored.sort()
+    chosen = next((p.node for p in placed.tasks if p.task_index == 0), placed.tasks[0].node)
+    ranked = [{"node": state.node_name(nd), "score": [a, b]} for a, b, nd in scored]
+    rank = next((i + 1 for i, r in enumerate(ranked) if r["node"] == chosen), None)
+    return {
+        "policy": policy.name,
+        "scoring": policy.scoring,
+        "rule": "lowest (primary, secondary) score wins, then the lowest node row; "
+        + (
+            "primary = fragmentation added (FGD)"
+            if policy_id == kernels.FGD
+            else "secondary = resources left (best fit)"
+        ),
+        "node": chosen,
+        "rank": rank,
+        "feasible_nodes": len(ranked),
+        "up_nodes_in_cell": len(up),
+        "best": ranked[:SHOWN_RIVALS],
+        "chosen_score": next((r["score"] for r in ranked if r["node"] == chosen), None),
+    }

@@ -1,0 +1,337 @@
+"""The handlers of ``fleetlog replay …`` (registered by :mod:`fleetlog.replay.command`).
+
+The same on the embedded file log and on Kafka: the CLI resolves ``--config``/``--log``/``--kafka``
+(the service's configuration rules) and hands this module a place — a directory or a
+:class:`~fleetlog.log.kafka.KafkaConfig`.  Every bad input is one line and exit code 2; ``verify``
+exits with 1 when the log diverges.  Long work shows a progress bar when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+import tomllib
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
+from fleetlog.core.views import jobs_table, nodes_table, queues_table, tenants_table
+from fleetlog.log.base import INPUTS
+from fleetlog.log.kafka import KafkaConfig
+from fleetlog.replay import source as src
+from fleetlog.replay.dump import dump
+from fleetlog.replay.explain import explain
+from fleetlog.replay.source import ReplayError, Source
+from fleetlog.replay.state_at import Point, log_time_of, state_at
+from fleetlog.replay.timeline import record, write_report, write_trace
+from fleetlog.replay.verify import verify
+from fleetlog.replay.whatif import what_if
+
+EXIT_DIVERGED = 1
+Place = Path | KafkaConfig
+Handler = Callable[[argparse.Namespace, Source], Awaitable[int]]
+T = TypeVar("T")
+SECTIONS = ("nodes", "jobs", "tenants", "queues")
+
+
+async def _with_source(place: Place, args: argparse.Namespace, handler: Handler) -> int:
+    snapshots = not getattr(args, "no_snapshots", False)
+    if isinstance(place, Path):
+        source = await src.open_file_source(place, snapshots)
+    else:
+        source = await src.open_kafka_source(place, snapshots)
+    try:
+        for note in source.warnings:
+            print(f"warning: {note}", file=sys.stderr)
+        return await handler(args, source)
+    finally:
+        await source.close()
+
+
+# --- progress ------------------------------------------------------------------------------
+
+
+@contextmanager
+def progress_bar(what: str, total: int | None) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+async def _inputs_total(source: Source) -> int:
+    return await src.end_offset(source.store, INPUTS)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(msgspec.to_builtins(data), indent=None))
+
+
+# --- verify --------------------------------------------------------------------------------
+
+
+async def cmd_verify(args: argparse.Namespace, source: Source) -> int:
+    with progress_bar("verify", await _inputs_total(source)) as bar:
+        report = await verify(source, progress=bar)
+    if args.json:
+        _print_json({"ok": report.ok, **msgspec.to_builtins(report)})
+    else:
+        _print_verify(report)
+    return 0 if report.ok else EXIT_DIVERGED
+
+
+def _print_verify(report: Any) -> None:
+    summary = f"{report.batches:,} batches, {report.decisions:,} decisions, {report.inputs:,} inputs"
+    if report.ok:
+        print(f"OK: {summary} replayed bit-exactly; final digest {report.final_digest}")
+        return
+    d = report.divergence
+    print(
+        f"DIVERGED at decisions@{d.decisions_offset} (as_of {d.as_of}, policy {d.policy or 'default'}) "
+        f"after {summary} matched"
+    )
+    print(f"  what:      {d.what}")
+    print(f"  recorded:  {d.recorded}")
+    print(f"  replayed:  {d.replayed}")
+    for row in d.state_diff:
+        print(f"  state {row.kind} {row.key}: recorded {row.recorded} vs replayed {row.replayed}")
+    print(f"  inputs since the previous batch (as_of {d.previous_as_of}): {d.inputs_since_count}")
+    for seen in d.inputs_since:
+        print(f"    inputs@{seen.offset} t={seen.timestamp_ms} {json.dumps(seen.event)}")
+
+
+# --- state-at ------------------------------------------------------------------------------
+
+
+def parse_point(text: str) -> Point:
+    """An inputs offset (digits), epoch milliseconds (``1700000000000ms``) or an ISO 8601 time
+    (``2026-11-30T01:00:00Z``; no zone = UTC)."""
+    if re.fullmatch(r"\d+", text):
+        return Point(offset=int(text))
+    if m := re.fullmatch(r"(\d+)ms", text):
+        return Point(time_ms=int(m.group(1)))
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise ReplayError(
+            f"{text!r} is neither an offset (digits), epoch milliseconds (e.g. 1700000000000ms) "
+            "nor an ISO 8601 time (e.g. 2026-11-30T01:00:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return Point(time_ms=int(when.timestamp() * 1000))
+
+
+async def cmd_state_at(args: argparse.Namespace, source: Source) -> int:
+    point = parse_point(args.point)
+    sections = _sections(args.show)
+    with progress_bar("state-at", None) as bar:
+        found = await state_at(source, point, use_snapshots=not args.no_snapshots, progress=bar)
+    state = found.state
+    tables = {
+        "nodes": lambda: nodes_table(state),
+        "jobs": lambda: jobs_table(state, include_finished=args.all_jobs),
+        "tenants": lambda: tenants_table(state),
+        "queues": lambda: queues_table(state),
+    }
+    out: dict[str, Any] = {
+        "offset": found.offset,
+        "log_time_ms": await log_time_of(source, found.offset),
+        "digest": found.digest,
+        "snapshot": found.snapshot,
+        "inputs_folded": found.inputs_folded,
+        "batches_folded": found.batches_folded,
+        "seconds": round(found.seconds, 4),
+        "notes": found.notes,
+    }
+    out |= {name: tables[name]() for name in sections}
+    if args.json:
+        _print_json(out)
+    else:
+        _print_state(out, sections, args.limit)
+    return 0
+
+
+def _sections(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [n for n in names if n not in SECTIONS]
+    if bad or not names:
+        raise ReplayError(f"--show {text!r}: choose from {', '.join(SECTIONS)} (comma-separated)")
+    return names
+
+
+def _print_state(out: dict[str, Any], sections: tuple[str, ...], limit: int) -> None:
+    console = Console()
+    via = f"snapshot {out['snapshot']}" if out["snapshot"] else "the start of the log"
+    console.print(
+        f"state at inputs offset {out['offset']} (log time {out['log_time_ms']} ms), "
+        f"digest {out['digest'][:16]}…; from {via}: {out['inputs_folded']:,} inputs and "
+        f"{out['batches_folded']:,} batches folded in {out['seconds']} s"
+    )
+    for note in out["notes"]:
+        console.print(f"note: {note}")
+    for name in sections:
+        rows = out[name]
+        table = Table(title=f"{name} ({len(rows):,})")
+        for column in rows[0] if rows else ():
+            table.add_column(column)
+        for row in rows[:limit]:
+            table.add_row(*(str(v) for v in row.values()))
+        console.print(table)
+        if len(rows) > limit:
+            console.print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)")
+
+
+# --- explain -------------------------------------------------------------------------------
+
+
+async def cmd_explain(args: argparse.Namespace, source: Source) -> int:
+    with progress_bar("explain", await _inputs_total(source)) as bar:
+        found = await explain(source, args.job, why=not args.no_why, progress=bar)
+    if args.json:
+        _print_json(found)
+        return 0
+    print(f"job {found.job_id}: {len(found.steps)} steps")
+    for step in found.steps:
+        print(f"  {step.log}@{step.offset:<8} t={step.time_ms}  {step.what}  {step.detail}")
+        if step.why:
+            _print_why(step.why)
+    return 0
+
+
+def _print_why(why: dict[str, Any]) -> None:
+    if "error" in why:
+        print(f"      why: {why['error']}")
+        return
+    print(
+        f"      why {why['node']}: rank {why['rank']} of {why['feasible_nodes']} feasible nodes "
+        f"({why['up_nodes_in_cell']} up in the cell) under policy {why['policy']}; {why['rule']}"
+    )
+    for rival in why["best"]:
+        print(f"        {rival['node']}: score {rival['score']}")
+
+
+# --- what-if -------------------------------------------------------------------------------
+
+
+def load_policy(spec: str) -> Policy:
+    """A policy by name (``fgd``, ``best-fit?preemption=false``…) or from a TOML/JSON file of Policy
+    fields (``base = "fgd"`` picks the built-in it starts from)."""
+    path = Path(spec)
+    try:
+        if path.suffix in (".toml", ".json") or path.is_file():
+            fields = _policy_file(path)
+            base = str(fields.pop("base", "default"))
+            return policy_named(base, **fields)
+        return policy_named(spec)
+    except UnknownPolicyError as exc:
+        raise ReplayError(str(exc)) from None
+
+
+def _policy_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ReplayError(f"cannot read the policy file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ReplayError(f"the policy file {path} must hold a table of Policy fields")
+    return data
+
+
+async def cmd_what_if(args: argparse.Namespace, source: Source) -> int:
+    policy = load_policy(args.policy)
+    with progress_bar("what-if", 2 * await _inputs_total(source)) as bar:
+        result = await what_if(source, policy, progress=bar)
+    if args.json:
+        _print_json(result)
+        return 0
+    table = Table(title=f"what-if: {result.policy} vs recorded {result.recorded_policy or 'default'}")
+    for column in ("measure", "recorded", "what-if"):
+        table.add_column(column)
+    for key in result.recorded:
+        table.add_row(key, _cell(result.recorded[key]), _cell(result.replayed[key]))
+    Console().print(table)
+    first = result.first_divergence
+    print(
+        "no decision differs: the policies agree on this log"
+        if first is None
+        else f"first diverging decision at decisions@{first['decisions_offset']} (as_of {first['as_of']}); "
+        f"{result.moved_jobs} jobs moved (their observations simulated)"
+    )
+    return 0
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    return f"{value:,.4g}" if isinstance(value, float) else str(value)
+
+
+# --- timeline, report, dump ----------------------------------------------------------------
+
+
+async def cmd_timeline(args: argparse.Namespace, source: Source) -> int:
+    with progress_bar("timeline", await _inputs_total(source)) as bar:
+        slices, measures = await record(source, bar)
+    count = _write(lambda: write_trace(Path(args.out), slices, measures), args.out)
+    out = {"out": args.out, "trace_events": count, "task_slices": len(slices.done)}
+    print(
+        json.dumps(out)
+        if args.json
+        else f"wrote {count:,} trace events ({len(slices.done):,} task slices) to {args.out}; "
+        "open it in https://ui.perfetto.dev"
+    )
+    return 0
+
+
+async def cmd_report(args: argparse.Namespace, source: Source) -> int:
+    with progress_bar("report", await _inputs_total(source)) as bar:
+        _, measures = await record(source, bar)
+    files = _write(lambda: write_report(Path(args.out), measures), args.out)
+    out = {"out": args.out, "files": [str(f) for f in files], "summary": measures.summary()}
+    print(json.dumps(out) if args.json else "wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _write(action: Callable[[], T], where: str) -> T:
+    try:
+        return action()
+    except OSError as exc:
+        raise ReplayError(f"cannot write {where}: {exc}") from None
+
+
+async def cmd_dump(args: argparse.Namespace, source: Source) -> int:
+    async for line in dump(source, args.from_log, args.start, args.stop):
+        print(json.dumps(line))
+    return 0
+
+
+async def run(name: str, place: Place, args: argparse.Namespace) -> int:
+    """Open the logs at ``place`` and run the handler of subcommand ``name``."""
+    return await _with_source(place, args, HANDLERS[name])
+
+
+HANDLERS: dict[str, Handler] = {
+    "verify": cmd_verify,
+    "state-at": cmd_state_at,
+    "explain": cmd_explain,
+    "what-if": cmd_what_if,
+    "timeline": cmd_timeline,
+    "report": cmd_report,
+    "dump": cmd_dump,
+}

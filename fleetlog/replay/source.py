@@ -1,0 +1,166 @@
+"""Where replay reads from: a log store (file log or Kafka) and its snapshots, opened read-only.
+
+Every problem a reader can meet — a missing or corrupt log, an undecodable decision batch, an
+offset out of range, a time before the first record — is a :class:`ReplayError` with a one-line
+message; the command prints it and exits with 2.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from fleetlog.events.codec import BadEventError
+from fleetlog.events.model import DecisionBatch
+from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record
+from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
+from fleetlog.log.file import FileLogStore, RecoveryWarning
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.log.snapshots import DirectorySnapshots, KafkaSnapshots, SnapshotStore
+
+READ_CHUNK = 10_000
+Progress = Callable[[int], None]
+"""Called with how many more units of work were done (inputs folded, records read)."""
+
+
+class ReplayError(Exception):
+    """A log, snapshot or argument replay cannot use: one line, exit code 2."""
+
+
+@dataclass
+class Source:
+    """An opened store plus its snapshots (``None``: replay folds from the start)."""
+
+    store: LogStore
+    snapshots: SnapshotStore | None
+    where: str
+    warnings: tuple[str, ...] = ()
+
+    async def close(self) -> None:
+        if self.snapshots is not None:
+            await self.snapshots.close()
+        await self.store.close()
+
+
+async def open_file_source(directory: str | Path, snapshots: bool = True) -> Source:
+    """The file log in ``directory``, read-only (a torn tail is ignored and reported, not cut)."""
+    path = Path(directory)
+    if not path.is_dir() or not any((path / name).is_dir() for name in (INPUTS, DECISIONS)):
+        raise ReplayError(f"no file log at {path} (expected {', '.join(LOG_NAMES)} directories)")
+    store = FileLogStore(path, read_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RecoveryWarning)
+        await _opened(store, str(path))
+    notes = tuple(str(w.message) for w in caught if issubclass(w.category, RecoveryWarning))
+    snaps = DirectorySnapshots(path / "snapshots") if snapshots else None
+    return Source(store, snaps, f"file log {path}", notes)
+
+
+async def open_kafka_source(config: KafkaConfig, snapshots: bool = True) -> Source:
+    """The Kafka topics of ``config`` (producers start lazily: reading never fences the scheduler)."""
+    store = KafkaLogStore(config)
+    await _opened(store, config.bootstrap_servers)
+    snaps = KafkaSnapshots(config) if snapshots else None
+    return Source(store, snaps, f"Kafka {config.bootstrap_servers} topics {config.topic_prefix}.*")
+
+
+async def _opened(store: LogStore, where: str) -> None:
+    try:
+        await store.open()
+    except (LogError, OSError) as exc:
+        raise ReplayError(f"cannot open the log at {where}: {exc}") from None
+
+
+# --- reading -----------------------------------------------------------------------------
+
+
+async def end_offset(store: LogStore, name: str) -> int:
+    try:
+        return await store.log(name).end_offset()
+    except LogError as exc:
+        raise ReplayError(f"cannot read the {name} log: {exc}") from None
+
+
+async def read(store: LogStore, name: str, offset: int, limit: int = READ_CHUNK) -> list[Record]:
+    """Records of log ``name`` from ``offset``; a log error becomes a :class:`ReplayError`."""
+    try:
+        return await store.log(name).read(offset, limit)
+    except LogError as exc:
+        raise ReplayError(f"cannot read the {name} log at offset {offset}: {exc}") from None
+
+
+async def batches(
+    store: LogStore, start: int = 0, stop: int | None = None
+) -> AsyncIterator[tuple[int, Record, DecisionBatch]]:
+    """(offset, record, batch) of every decision batch from ``start`` (to ``stop``, excluded)."""
+    end = await end_offset(store, DECISIONS) if stop is None else stop
+    at = start
+    while at < end:
+        records = await read(store, DECISIONS, at, 1000)
+        if not records:
+            return
+        for record in records:
+            if record.offset >= end:
+                return
+            yield record.offset, record, decode_batch(record)
+        at = records[-1].offset + 1
+
+
+def decode_batch(record: Record) -> DecisionBatch:
+    try:
+        return next(decision_batches([record]))[1]
+    except (BadEventError, CorruptDecisionsError, msgspec.DecodeError) as exc:
+        raise ReplayError(f"the decisions log is corrupt at offset {record.offset}: {exc}") from None
+
+
+class InputReader:
+    """Reads and decodes the inputs log in order; skips what the scheduler skipped (dead letters)."""
+
+    def __init__(self, store: LogStore, offset: int = 0) -> None:
+        self.consumer = EventConsumer(store)
+        self.offset = offset
+        self.skipped = 0
+
+    async def until(self, stop: int) -> AsyncIterator[list[Delivered]]:
+        """Chunks of decoded inputs from the current offset up to ``stop`` (excluded)."""
+        while self.offset < stop:
+            try:
+                polled = await self.consumer.poll(
+                    self.offset, min(READ_CHUNK, stop - self.offset), park=False
+                )
+            except LogError as exc:
+                raise ReplayError(f"cannot read the inputs log at offset {self.offset}: {exc}") from None
+            if polled.next_offset == self.offset:
+                raise ReplayError(
+                    f"the inputs log ends at offset {self.offset}, but offset {stop} is needed "
+                    "(a truncated log?)"
+                )
+            self.skipped += polled.dead_lettered
+            self.offset = polled.next_offset
+            yield polled.events
+
+
+async def time_to_offset(store: LogStore, at_ms: int) -> int:
+    """The first inputs offset whose log time is after ``at_ms`` (so the state "at" that time has
+    folded every input appended at or before it).  Log time is append time: it never goes back."""
+    end = await end_offset(store, INPUTS)
+    first = await read(store, INPUTS, 0, 1)
+    if not first:
+        raise ReplayError("the inputs log is empty: there is no state at any time")
+    if at_ms < first[0].timestamp_ms:
+        raise ReplayError(
+            f"time {at_ms} ms is before the first input (appended at {first[0].timestamp_ms} ms)"
+        )
+    lo, hi = first[0].offset, end  # invariant: record at lo is at or before at_ms; answer in (lo, hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = await read(store, INPUTS, mid, 1)
+        if not found or found[0].timestamp_ms > at_ms:
+            hi = mid
+        else:
+            lo = found[0].offset
+    return hi
