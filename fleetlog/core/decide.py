@@ -159,6 +159,13 @@ def reject(sc: Scratch, job: int, outcome: Outcome) -> bool:
 
 def job_key(state: State, job: int) -> tuple[object, ...]:
     """Jobs with equal keys succeed or fail alike (until capacity is freed in this call)."""
+    key = state.job_keys.get(job)
+    if key is None:
+        key = state.job_keys[job] = _job_key(state, job)
+    return key
+
+
+def _job_key(state: State, job: int) -> tuple[object, ...]:
     jc, tc = state.jobs.cols, state.tasks.cols
     rows = state.job_tasks(job)
     shape = tuple(tc[c][rows.start : rows.stop].tobytes() for c in ("cpu", "mem", "gpus", "milli", "models"))

@@ -35,12 +35,13 @@ def _scalars(state: State, names: bool = True) -> dict[str, Any]:
         "next_sweep_ms": state.next_sweep_ms,
         "names": {k: v.state() for k, v in sorted(state.names.items())} if names else {},
         "reason_codes": state.reason_codes.state() if names else [],
-        "job_cells": sorted([k, list(v)] for k, v in state.job_cells.items()),
-        "usage": sorted([list(k), v] for k, v in state.usage.items()),
+        # msgpack writes tuples and lists alike: sorting the items as they are is the same bytes
+        "job_cells": sorted(state.job_cells.items()),
+        "usage": sorted(state.usage.items()),
         "quotas": sorted([list(k), msgspec.to_builtins(q)] for k, q in state.quotas.items()),
         "recent_shapes": state.recent_shapes,
         "recent_next": state.recent_next,
-        "reason_text": sorted([k, v] for k, v in state.reason_text.items()),
+        "reason_text": sorted(state.reason_text.items()),
         "counters": [state.pending_count, state.duplicates, state.ignored],
     }
 

@@ -73,6 +73,12 @@ def _one_class(
     while heap:
         _, t = heapq.heappop(heap)
         queue = queues[t]
-        yield queue.popleft()
-        if queue:
-            heapq.heappush(heap, (dominant_share(state, usage, t, fleet), t))
+        while queue:
+            before = tuple(usage.get((t, -1), ()))
+            yield queue.popleft()
+            if tuple(usage.get((t, -1), ())) != before:  # placed: the share moved, re-rank
+                if queue:
+                    heapq.heappush(heap, (dominant_share(state, usage, t, fleet), t))
+                break
+            # Not placed: the share is unchanged and was the smallest, so this tenant stays first
+            # (exactly what popping it again would give) — skip the heap round trip.
