@@ -97,6 +97,8 @@ DENSE_DOMAIN_SLACK = 1024
 _ZERO = np.uint64(0)
 _ONE = np.uint64(1)
 _NO_SHAPES = np.zeros((0, 4), dtype=np.int64)
+# cpu above this much milli-CPU feeds any node's GPUs (keeps cpu * mean milli within int64)
+CPU_FEED_CAP = 1 << 40
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -229,12 +231,19 @@ def _fractional_pair(
 
 @_hot
 def _plain_frag(total: int, full: int, partial: int, cpu_avail: int, gpus: int, cpu: int) -> int:
-    """frag of a CPU-only or whole-GPU shape: all free milli when it does not fit, else what it can't use."""
-    if cpu > cpu_avail:
+    """frag of a whole-GPU shape: all free milli when it does not fit, else what it can't use."""
+    if cpu > cpu_avail or full < gpus:
         return total
-    if gpus <= 0:
+    return partial
+
+
+@_hot
+def _starved(total: int, cpu_avail: int, mean_cpu: int, mean_milli: int) -> int:
+    """Free GPU milli that the node's free cpu cannot feed at the shape mix's cpu per GPU milli."""
+    if mean_cpu <= 0:
         return 0
-    return partial if full >= gpus else total
+    fed = min(cpu_avail, CPU_FEED_CAP) * mean_milli // mean_cpu
+    return max(0, total - fed)
 
 
 @_hot
@@ -242,22 +251,31 @@ def _frag_pair(
     row: I16, count: int, mask: np.uint64, taken: int, cpu_before: int, cpu_after: int, shapes: I64
 ) -> tuple[int, int]:
     """(F before, F after) of a node from which a task takes ``taken`` milli on the GPUs in
-    ``mask`` and its cpu; F = sum_k weight_k * frag_k."""
+    ``mask`` and its cpu; F = sum_k weight_k * frag_k + W * starved over the GPU shapes k
+    (W their total weight). CPU-only shapes count for nothing: every free GPU share is a
+    fragment to them whatever happens, so they add the same to every node's increase."""
     total_b, full_b, partial_b, total_a, full_a, partial_a = _gpu_stats(row, count, mask, taken)
-    before = 0
-    after = 0
+    before, after = 0, 0
+    weights, cpu_sum, milli_sum = 0, 0, 0
     for k in range(shapes.shape[0]):
         gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
         cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
-        if weight == 0:
+        if weight == 0 or gpus <= 0:
             continue
-        if gpus > 0 and milli != FULL_GPU:
+        weights += weight
+        cpu_sum += weight * cpu
+        milli_sum += weight * gpus * milli
+        if milli != FULL_GPU:
             usable_b, stranded_b, usable_a, stranded_a = _fractional_pair(row, count, mask, taken, milli)
             before += weight * (stranded_b if cpu <= cpu_before and usable_b >= gpus else total_b)
             after += weight * (stranded_a if cpu <= cpu_after and usable_a >= gpus else total_a)
         else:
             before += weight * _plain_frag(total_b, full_b, partial_b, cpu_before, gpus, cpu)
             after += weight * _plain_frag(total_a, full_a, partial_a, cpu_after, gpus, cpu)
+    if weights > 0:
+        mean_cpu, mean_milli = cpu_sum // weights, milli_sum // weights
+        before += weights * _starved(total_b, cpu_before, mean_cpu, mean_milli)
+        after += weights * _starved(total_a, cpu_after, mean_cpu, mean_milli)
     return before, after
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from fleetlog.core.kernels import (
     BEST_FIT,
+    CPU_FEED_CAP,
     CPU_TIEBREAK_CAP,
     FGD,
     FULL_GPU,
@@ -90,24 +91,36 @@ def fits(
 
 
 def _shape_frag(frees: list[int], cpu_avail: int, gpus: int, milli: int, cpu: int) -> int:
-    """Free GPU milli on the node that a task of this shape could not use."""
-    shape_fits = cpu <= cpu_avail and (gpus <= 0 or _pick(frees, gpus, milli) != 0)
+    """Free GPU milli on the node that a task of this (GPU) shape could not use."""
+    shape_fits = cpu <= cpu_avail and _pick(frees, gpus, milli) != 0
     if not shape_fits:
         return sum(frees)
-    if gpus <= 0:
-        return 0
     if milli == FULL_GPU:
         return sum(free for free in frees if 0 < free < FULL_GPU)
     return sum(free for free in frees if free < milli)
 
 
+def _starved(frees: list[int], cpu_avail: int, gpu_shapes: list[list[int]]) -> int:
+    """Free GPU milli the node's cpu cannot feed at the GPU shapes' mean cpu per mean GPU milli."""
+    weights = sum(weight for _, _, _, weight in gpu_shapes)
+    mean_cpu = sum(weight * cpu for _, _, cpu, weight in gpu_shapes) // weights
+    mean_milli = sum(weight * gpus * milli for gpus, milli, _, weight in gpu_shapes) // weights
+    if mean_cpu <= 0:
+        return 0
+    fed = min(cpu_avail, CPU_FEED_CAP) * mean_milli // mean_cpu
+    return max(0, sum(frees) - fed)
+
+
 def _node_frag(frees: list[int], cpu_avail: int, shapes: I64) -> int:
-    """F(node) = sum over shapes of weight * frag."""
-    total = 0
-    for gpus, milli, cpu, weight in shapes.tolist():
-        if weight != 0:
-            total += weight * _shape_frag(frees, cpu_avail, gpus, milli, cpu)
-    return total
+    """F(node) = sum over GPU shapes of weight * frag, plus their total weight times the GPU
+    milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels._frag_pair``)."""
+    gpu_shapes = [row for row in shapes.tolist() if row[3] != 0 and row[0] > 0]
+    if not gpu_shapes:
+        return 0
+    total = sum(
+        weight * _shape_frag(frees, cpu_avail, gpus, milli, cpu) for gpus, milli, cpu, weight in gpu_shapes
+    )
+    return total + sum(row[3] for row in gpu_shapes) * _starved(frees, cpu_avail, gpu_shapes)
 
 
 def fragmentation(cands: I64, cpu_free: I64, gpu_free: I16, gpu_count: I32, shapes: I64) -> int:

@@ -252,11 +252,33 @@ def test_fragmentation_report(kernels: Any) -> None:
     cluster = Cluster().node(cpu=8_000, gpus=(1000, 500, 0)).node(cpu=500, gpus=(1000,)).node()
     cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
     shapes = shape_matrix([(1, FULL_GPU, 1000, 2), (1, 600, 0, 3), (0, 0, 1000, 1)])
-    # node 0: whole 1-GPU fits, 500 stranded (x2); 600-share fits, 500 stranded (x3); cpu-only fits: 0
-    # node 1: cpu 500 < 1000: whole and cpu-only shapes don't fit -> 1000 (x2); 600-share fits -> 0
-    #         and the cpu-only shape doesn't fit either -> 1000 (x1)
-    expected = 2 * 500 + 3 * 500 + 2 * 1000 + 1 * 1000
+    # GPU shapes: weight 5, mean cpu (2 * 1000 + 3 * 0) // 5 = 400, mean milli 3800 // 5 = 760;
+    # the cpu-only shape counts for nothing.
+    # node 0: whole 1-GPU fits, 500 stranded (x2); 600-share fits, 500 stranded (x3);
+    #         cpu 8000 feeds 8000 * 760 // 400 = 15200 milli >= 1500 free: nothing starved
+    # node 1: cpu 500 < 1000: the whole shape doesn't fit -> 1000 (x2); 600-share fits -> 0;
+    #         cpu 500 feeds 950 of its 1000 free milli: 50 starved (x5)
+    expected = 2 * 500 + 3 * 500 + 2 * 1000 + 5 * 50
     assert int(kernels.fragmentation(cluster.all(), cpu_free, gpu_free, gpu_count, shapes)) == expected
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_fgd_keeps_cpu_where_gpus_need_it(kernels: Any) -> None:
+    # Two 8-GPU nodes, half used: node 0 has 24 cores left, node 1 has 80. The shape mix needs
+    # ~10 cores per GPU, so node 0's cpu feeds only 2.4 of its 4 free GPUs.
+    cluster = Cluster().node(cpu=24_000, gpus=(0,) * 4 + (1000,) * 4)
+    cluster.node(cpu=80_000, gpus=(0,) * 4 + (1000,) * 4)
+    shapes = shape_matrix([(1, FULL_GPU, 10_000, 4), (1, 500, 5_000, 4), (0, 0, 16_000, 8)])
+    cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
+    cpu_only = Task(cpu=8_000)
+    increase = [
+        kernels.node_score(n, cpu_free, gpu_free, gpu_count, 8_000, 0, 0, FGD, shapes)[0] for n in (0, 1)
+    ]
+    # mean cpu 7500 per 750 milli: node 0 feeds 2400 milli before, 1600 after (x8 weight);
+    # node 1 feeds 8000 then 7200: still all of its 4000 free milli
+    assert increase == [8 * (2400 - 1600), 0]
+    assert best(kernels, cluster, cpu_only, FGD, shapes) == 1  # the cpu-only task goes where cpu is spare
+    assert best(kernels, cluster, cpu_only, BEST_FIT, shapes) == 0  # best fit: least cpu left
 
 
 def racks(*full_nodes: int, per_rack: int = 8, cpu: int = 64_000) -> Cluster:
