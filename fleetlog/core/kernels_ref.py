@@ -114,13 +114,14 @@ def _starved(frees: list[int], cpu_avail: int, gpu_shapes: list[list[int]]) -> i
 def _node_frag(frees: list[int], cpu_avail: int, shapes: I64) -> int:
     """F(node) = sum over GPU shapes of weight * frag, plus their total weight times the GPU
     milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels._frag_pair``)."""
-    gpu_shapes = [row for row in shapes.tolist() if row[3] != 0 and row[0] > 0]
+    gpu_shapes: list[list[int]] = [row for row in shapes.tolist() if row[3] != 0 and row[0] > 0]
     if not gpu_shapes:
         return 0
     total = sum(
         weight * _shape_frag(frees, cpu_avail, gpus, milli, cpu) for gpus, milli, cpu, weight in gpu_shapes
     )
-    return total + sum(row[3] for row in gpu_shapes) * _starved(frees, cpu_avail, gpu_shapes)
+    weights = sum(row[3] for row in gpu_shapes)
+    return int(total + weights * _starved(frees, cpu_avail, gpu_shapes))
 
 
 def fragmentation(cands: I64, cpu_free: I64, gpu_free: I16, gpu_count: I32, shapes: I64) -> int:
