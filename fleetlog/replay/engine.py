@@ -15,14 +15,13 @@ from fleetlog.core.fold import fold, fold_many
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import DecisionBatch
 from fleetlog.log.base import INPUTS
-from fleetlog.log.consumer import Delivered
-from fleetlog.replay.source import InputReader, Progress, Source, batches, end_offset
+from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset
 
 
 class Observer(Protocol):
     """Told about every input chunk (after it was folded) and every decision batch (after)."""
 
-    def inputs(self, state: State, events: Sequence[Delivered]) -> None: ...
+    def inputs(self, state: State, events: Sequence[Input]) -> None: ...
 
     def decided(self, state: State, batch: DecisionBatch) -> None: ...
 
@@ -61,7 +60,7 @@ async def fold_inputs(
     """Fold inputs up to ``stop``; how many records were consumed."""
     before = reader.offset
     async for events in reader.until(stop):
-        fold_many(state, ((d.envelope.event, d.timestamp_ms) for d in events))
+        fold_many(state, [(event, at_ms) for _, event, at_ms in events])
         for observer in observers:
             observer.inputs(state, events)
         if progress is not None:

@@ -24,7 +24,7 @@ from fleetlog.events.model import (
     TaskFinished,
     TaskPreempted,
 )
-from fleetlog.log.consumer import Delivered
+from fleetlog.replay.source import Input
 
 PERCENTILES = (50, 90, 99)
 
@@ -50,10 +50,10 @@ class Measures:
     tenant_gpu_ms: dict[str, float] = field(default_factory=dict)
     _last_ms: int | None = None
 
-    def inputs(self, state: State, events: Sequence[Delivered]) -> None:
-        for d in events:
-            if type(d.envelope.event) is JobSubmitted:
-                self.submitted_at.setdefault(d.envelope.event.job_id, d.timestamp_ms)
+    def inputs(self, state: State, events: Sequence[Input]) -> None:
+        for _, e, at_ms in events:
+            if type(e) is JobSubmitted:
+                self.submitted_at.setdefault(e.job_id, at_ms)
 
     def decided(self, state: State, batch: DecisionBatch) -> None:
         self._integrate(state)
@@ -139,15 +139,14 @@ class Slices:
     open: dict[str, dict[int, Slice]] = field(default_factory=dict)
     done: list[Slice] = field(default_factory=list)
 
-    def inputs(self, state: State, events: Sequence[Delivered]) -> None:
-        for d in events:
-            e = d.envelope.event
+    def inputs(self, state: State, events: Sequence[Input]) -> None:
+        for _, e, at_ms in events:
             if isinstance(e, TaskFinished) and not e.exit_code:
-                self._close(e.job_id, e.task_index, d.timestamp_ms, "finished")
+                self._close(e.job_id, e.task_index, at_ms, "finished")
             elif isinstance(e, TaskFinished | TaskFailed):
-                self._close_job(e.job_id, d.timestamp_ms, "failed")
+                self._close_job(e.job_id, at_ms, "failed")
             elif isinstance(e, JobCancelled):
-                self._close_job(e.job_id, d.timestamp_ms, "cancelled")
+                self._close_job(e.job_id, at_ms, "cancelled")
         self._sweep(state)
 
     def decided(self, state: State, batch: DecisionBatch) -> None:

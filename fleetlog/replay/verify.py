@@ -21,10 +21,9 @@ from fleetlog.core.policy import UnknownPolicyError, policy_named
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import Decision, DecisionBatch
 from fleetlog.log.base import LogStore
-from fleetlog.log.consumer import Delivered
 from fleetlog.replay.diff import Difference, after, diff_states
 from fleetlog.replay.engine import fold_inputs
-from fleetlog.replay.source import InputReader, Progress, ReplayError, Source, batches
+from fleetlog.replay.source import Input, InputReader, Progress, ReplayError, Source, batches
 
 SHOWN_INPUTS: Final = 20
 
@@ -69,10 +68,10 @@ class _Recent:
     """Observer keeping the last inputs folded since the previous batch."""
 
     def __init__(self) -> None:
-        self.seen: deque[Delivered] = deque(maxlen=SHOWN_INPUTS)
+        self.seen: deque[Input] = deque(maxlen=SHOWN_INPUTS)
         self.count = 0
 
-    def inputs(self, state: State, events: Sequence[Delivered]) -> None:
+    def inputs(self, state: State, events: Sequence[Input]) -> None:
         self.seen.extend(events)
         self.count += len(events)
 
@@ -82,7 +81,7 @@ class _Recent:
 
     def shown(self) -> tuple[InputSeen, ...]:
         return tuple(
-            InputSeen(d.offset, d.timestamp_ms, msgspec.to_builtins(d.envelope.event)) for d in self.seen
+            InputSeen(offset, at_ms, msgspec.to_builtins(event)) for offset, event, at_ms in self.seen
         )
 
 

@@ -44,10 +44,9 @@ from fleetlog.events.model import (
     TaskStarted,
 )
 from fleetlog.log.base import INPUTS
-from fleetlog.log.consumer import Delivered
 from fleetlog.replay.engine import Start, replay
 from fleetlog.replay.observe import Measures
-from fleetlog.replay.source import InputReader, Progress, Source, batches, end_offset
+from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset
 
 _OBSERVATIONS = (TaskStarted, TaskFinished, TaskFailed)
 
@@ -59,13 +58,12 @@ class Durations:
     started: dict[str, int] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=dict)
 
-    def inputs(self, state: State, events: Sequence[Delivered]) -> None:
-        for d in events:
-            e = d.envelope.event
+    def inputs(self, state: State, events: Sequence[Input]) -> None:
+        for _, e, at_ms in events:
             if type(e) is TaskStarted:
-                self.started.setdefault(e.job_id, d.timestamp_ms)
+                self.started.setdefault(e.job_id, at_ms)
             elif type(e) is TaskFinished and e.job_id in self.started:
-                self.finished[e.job_id] = d.timestamp_ms
+                self.finished[e.job_id] = at_ms
 
     def decided(self, state: State, batch: DecisionBatch) -> None:
         return None
@@ -133,14 +131,14 @@ class _Run:
         self.placed: dict[str, JobPlaced] = {}
         self.first: dict[str, Any] | None = None
 
-    def fold_inputs(self, events: Sequence[Delivered]) -> None:
-        kept = [d for d in events if not self._of_moved(d.envelope.event)]
+    def fold_inputs(self, events: Sequence[Input]) -> None:
+        kept = [i for i in events if not self._of_moved(i[1])]
         pairs: list[tuple[Event, int]] = []
-        for d in kept:
-            pairs += self.cells.due(d.timestamp_ms)
-            pairs.append((d.envelope.event, d.timestamp_ms))
-            if type(d.envelope.event) is JobSubmitted:
-                self.cells.register(d.envelope.event)
+        for _, event, at_ms in kept:
+            pairs += self.cells.due(at_ms)
+            pairs.append((event, at_ms))
+            if type(event) is JobSubmitted:
+                self.cells.register(event)
         fold_many(self.state, pairs)
         self.measures.inputs(self.state, kept)
 
