@@ -58,6 +58,7 @@ class KafkaBroker:
         use_env: bool = True,
         heap: str = "512m",
         start_timeout_s: int = 90,
+        sasl: bool = False,
     ) -> None:
         self.external = (os.environ.get(ENV_BOOTSTRAP) or None) if use_env else None
         self.port = port or free_port()
@@ -67,6 +68,7 @@ class KafkaBroker:
         self.ephemeral = ephemeral
         self.heap = heap
         self.start_timeout_s = start_timeout_s
+        self.sasl_port = free_port() if sasl else None
 
     @property
     def bootstrap(self) -> str:
@@ -88,7 +90,19 @@ class KafkaBroker:
             "FLEETLOG_KAFKA_DIR": str(self.data_dir),
             "FLEETLOG_KAFKA_HEAP": self.heap,
             "FLEETLOG_KAFKA_START_TIMEOUT": str(self.start_timeout_s),
+            **({"FLEETLOG_KAFKA_SASL_PORT": str(self.sasl_port)} if self.sasl_port else {}),
         }
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_SSL (SCRAM-SHA-512) listener; user ``fleetlog``, see :attr:`tls_dir`."""
+        assert self.sasl_port is not None, "start the broker with sasl=True"
+        return f"127.0.0.1:{self.sasl_port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        """``ca.pem`` (the CA to trust) and ``password`` (user ``fleetlog``'s SCRAM password)."""
+        return self.data_dir / "tls"
 
     def start(self) -> str:
         """Start the broker (wiping its directory if ``fresh``) and return the bootstrap address."""

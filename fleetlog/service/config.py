@@ -44,6 +44,7 @@ NOT_SETTINGS: Final = frozenset(
         "FLEETLOG_KAFKA_DIR",
         "FLEETLOG_KAFKA_HEAP",
         "FLEETLOG_KAFKA_START_TIMEOUT",
+        "FLEETLOG_KAFKA_SASL_PORT",
     }
 )
 """Variables of ``infra/kafka/kafka.sh`` (the development broker), not settings of the service."""

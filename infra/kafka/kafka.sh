@@ -12,6 +12,8 @@
 #   FLEETLOG_KAFKA_DIR              data, config, log and pid file      (default <repo>/var/kafka)
 #   FLEETLOG_KAFKA_HEAP             JVM heap                            (default 512m)
 #   FLEETLOG_KAFKA_START_TIMEOUT    seconds to wait for the broker      (default 60)
+#   FLEETLOG_KAFKA_SASL_PORT        also listen with SASL_SSL + SCRAM-SHA-512 on this port (default: off);
+#                                   user "fleetlog", password in <dir>/tls/password, CA in <dir>/tls/ca.pem
 # A second broker only needs another port and directory.  `start --fresh` wipes the directory first.
 set -euo pipefail
 
@@ -23,6 +25,8 @@ CONTROLLER_PORT="${FLEETLOG_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
 DIR="${FLEETLOG_KAFKA_DIR:-$REPO/var/kafka}"
 HEAP="${FLEETLOG_KAFKA_HEAP:-512m}"
 START_TIMEOUT="${FLEETLOG_KAFKA_START_TIMEOUT:-60}"
+SASL_PORT="${FLEETLOG_KAFKA_SASL_PORT:-}"
+TLS="$DIR/tls"
 PID_FILE="$DIR/kafka.pid"
 LOG_FILE="$DIR/kafka.log"
 CONFIG="$DIR/server.properties"
@@ -86,17 +90,54 @@ logger.request.level = WARN
 EOF
 }
 
+# A CA, a server certificate for 127.0.0.1 signed by it (PEM, as Kafka reads it) and a random
+# SCRAM password: what a SASL_SSL listener needs, made once per broker directory.
+write_tls() {
+  [[ -f "$TLS/server.pem" ]] && return 0
+  command -v openssl >/dev/null || die "openssl not found: needed for the SASL_SSL listener"
+  mkdir -p "$TLS"
+  (
+    cd "$TLS"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 30 \
+      -subj "/CN=fleetlog test CA" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=127.0.0.1" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >san.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.crt \
+      -days 30 -extfile san.ext 2>/dev/null
+    openssl pkcs8 -topk8 -nocrypt -in server.key -out server.p8
+    cat server.p8 server.crt >server.pem
+    head -c 18 /dev/urandom | base64 | tr -d '+/=\n' >password
+  ) || die "making the TLS material in $TLS failed"
+}
+
+sasl_config() {
+  [[ -n "$SASL_PORT" ]] || return 0
+  cat <<EOF
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$TLS/server.pem
+EOF
+}
+
 write_server_config() {
+  local listeners="PLAINTEXT://127.0.0.1:$PORT" advertised="PLAINTEXT://127.0.0.1:$PORT"
+  if [[ -n "$SASL_PORT" ]]; then
+    write_tls
+    listeners+=",SASL_SSL://127.0.0.1:$SASL_PORT"
+    advertised+=",SASL_SSL://127.0.0.1:$SASL_PORT"
+  fi
   cat >"$CONFIG" <<EOF
 # Written by infra/kafka/kafka.sh: a single-node KRaft broker + controller for tests.
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+listeners=$listeners,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+$(sasl_config)
 log.dirs=$DIR/data
 num.network.threads=2
 num.io.threads=4
@@ -122,8 +163,10 @@ EOF
 
 format_storage() {
   [[ -f "$DIR/data/meta.properties" ]] && return 0
+  local scram=()
+  [[ -n "$SASL_PORT" ]] && scram=(--add-scram "SCRAM-SHA-512=[name=fleetlog,password=$(cat "$TLS/password")]")
   java -cp "$LIB/*" -Dlog4j2.configurationFile="$DIR/log4j2.properties" kafka.tools.StorageTool \
-    format --cluster-id "$(cluster_id)" --config "$CONFIG" >>"$LOG_FILE" 2>&1 \
+    format --cluster-id "$(cluster_id)" --config "$CONFIG" "${scram[@]}" >>"$LOG_FILE" 2>&1 \
     || { tail -n 30 "$LOG_FILE" >&2; die "formatting KRaft storage in $DIR/data failed"; }
 }
 
