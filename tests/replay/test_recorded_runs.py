@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from fleetlog.log.base import INPUTS
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.service.loadgen import Load, batches
 from tests.service.process import ServiceProcess
-
-GROUP = "fleetlog-scheduler"
+from tests.service.test_reliability import wait_caught_up
 
 
 def test_a_simulated_run_verifies_and_its_state_matches(
@@ -42,18 +40,8 @@ async def _produce(store: KafkaLogStore, events: int) -> None:
     for i in range(events // 200):
         await store.log(INPUTS).append(next(load))
         if i % 5 == 0:  # let the service decide in several steps, as under live load
-            await _caught_up(store)
+            await wait_caught_up(store)
         await asyncio.sleep(0.02)
-
-
-async def _caught_up(store: KafkaLogStore, timeout_s: float = 120) -> int:
-    deadline = time.monotonic() + timeout_s
-    end = await store.log(INPUTS).end_offset()
-    while time.monotonic() < deadline:
-        if await store.committed_offset(GROUP) == end:
-            return end
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"the service committed {await store.committed_offset(GROUP)} of {end} inputs")
 
 
 @pytest.mark.kafka
@@ -73,7 +61,7 @@ async def test_a_kafka_service_log_verifies_and_state_at_uses_its_snapshots(
     try:
         await asyncio.to_thread(service.address)  # leading: each round of load gets its own batches
         await _produce(store, 4000)
-        end = await _caught_up(store)
+        end = await wait_caught_up(store)
         assert service.stop() == 0, service.tail()
     finally:
         service.kill_if_running()
