@@ -53,20 +53,26 @@ _OBSERVATIONS = (TaskStarted, TaskFinished, TaskFailed)
 
 @dataclass
 class Durations:
-    """Observer of the recorded run: each job's first task start and last task finish."""
+    """Observer of the recorded run: how long each job ran — from the first task start after its
+    last placement to the last task finish of that run (a preempted run does not count)."""
 
     started: dict[str, int] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=dict)
+    placed: set[str] = field(default_factory=set)  # placed, no task started since: membership only
 
     def inputs(self, state: State, events: Sequence[Input]) -> None:
         for _, e, at_ms in events:
-            if type(e) is TaskStarted:
-                self.started.setdefault(e.job_id, at_ms)
+            if type(e) is TaskStarted and e.job_id in self.placed:
+                self.placed.discard(e.job_id)
+                self.started[e.job_id] = at_ms
             elif type(e) is TaskFinished and e.job_id in self.started:
                 self.finished[e.job_id] = at_ms
 
     def decided(self, state: State, batch: DecisionBatch) -> None:
-        return None
+        for d in batch.decisions:
+            if isinstance(d, JobPlaced):
+                self.placed.add(d.job_id)
+                self.finished.pop(d.job_id, None)
 
     def of(self, job_id: str) -> int | None:
         end = self.finished.get(job_id)
@@ -82,6 +88,8 @@ class WhatIf:
     first_divergence: dict[str, Any] | None
     moved_jobs: int
     batches: int
+    simulated_observations: int
+    """Task starts and finishes of moved jobs that the simulated cells reported."""
 
 
 class _Cells:
@@ -89,6 +97,7 @@ class _Cells:
 
     def __init__(self, final: State, durations: Durations) -> None:
         self.clock = VirtualClock(0)
+        self.observations = 0
         self.timers = Timers(self.clock)
         self.durations = durations
         by_cell: dict[str, list[NodeSpec]] = {}
@@ -107,8 +116,10 @@ class _Cells:
             cell.register(job, self.durations.of(job.job_id))
 
     def apply(self, now_ms: int, decision: Decision) -> None:
+        """A decision about a moved job: a placement goes to its cell, anything else to every cell."""
         self.clock.advance(max(self.clock.now_ms, now_ms))
-        for cell in self.cells.values():
+        target = self.cells.get(decision.cell) if isinstance(decision, JobPlaced) else None
+        for cell in [target] if target is not None else self.cells.values():
             cell.apply(decision)
 
     def due(self, until_ms: int) -> list[tuple[Event, int]]:
@@ -117,6 +128,7 @@ class _Cells:
         while (at := self.timers.next_time()) is not None and at <= until_ms:
             for message in self.timers.fire_next().messages:
                 out.append((decode(message.value).event, at))
+        self.observations += len(out)
         return out
 
 
@@ -210,4 +222,5 @@ async def what_if(source: Source, policy: Policy, progress: Progress | None = No
         run.first,
         len(run.moved),
         count,
+        run.cells.observations,
     )

@@ -126,6 +126,7 @@ def test_what_if_under_the_recorded_policy_changes_nothing(capsys: pytest.Captur
     result = run_json(capsys, "what-if", "--policy", "default", "--log", CLEAN)
     assert result["first_divergence"] is None
     assert result["moved_jobs"] == 0
+    assert result["simulated_observations"] == 0
     assert result["recorded"] == result["replayed"]
     assert result["recorded"]["preemptions"] >= 1
     assert result["recorded"]["jobs_placed"] > 10
@@ -140,6 +141,7 @@ def test_what_if_under_another_policy_moves_jobs_and_compares(
     assert result["policy"] == "best-fit?preemption=false"
     assert result["first_divergence"] is not None
     assert result["moved_jobs"] > 0
+    assert result["simulated_observations"] > result["moved_jobs"]  # moved jobs started and finished
     assert result["replayed"]["preemptions"] == 0 < result["recorded"]["preemptions"]
     shares = result["replayed"]["tenant_share"]
     assert set(shares) == {"t0", "t1", "t2"}
