@@ -13,7 +13,7 @@ import msgspec
 from fleetlog.backends.slurm import SlurmBackend, SlurmConfig
 from fleetlog.core.policy import policy_named
 from fleetlog.core.state import JobState
-from fleetlog.events import Event, JobPlaced, JobSubmitted, TaskGroup, encode, envelope
+from fleetlog.events import Event, JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, decode
 from fleetlog.events.model import Decision
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message, Record
@@ -83,6 +83,10 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         await self.cancel_ours()
         await self.store.close()
+
+    async def ready(self) -> None:
+        """Step until the scheduler has every node's heartbeat."""
+        await self.until(lambda events: len({e.node for e in events if isinstance(e, NodeHeartbeat)}) >= 4)
 
     async def submit(self, *jobs: JobSubmitted) -> None:
         await self.store.log(INPUTS).append([Message(encode(envelope(j, "test"))) for j in jobs])

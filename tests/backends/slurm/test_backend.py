@@ -35,7 +35,8 @@ async def test_heartbeats_report_every_node_with_its_fake_gpus(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     async with Harness(slurm_cluster, tmp_path) as h:
-        inputs = await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
+        inputs = await h.inputs()
         beats = {b.node: b for b in of_type(inputs, NodeHeartbeat)}
         assert sorted(beats) == ["n1", "n2", "n3", "n4"]
         assert all(b.cell == "slurm" and b.healthy for b in beats.values())
@@ -46,7 +47,7 @@ async def test_heartbeats_report_every_node_with_its_fake_gpus(
 
 async def test_a_gang_across_two_nodes_runs_and_finishes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     async with Harness(slurm_cluster, tmp_path, {"gang": "sleep $((1 + 2 * FLEETLOG_TASK_INDEX))"}) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(job("gang", tasks=2, gpus=4, mem_mib=512))  # 4 GPUs each: one node per task
         inputs = await h.until(finished("gang", 2))
         (placed,) = await h.placements()
@@ -69,7 +70,7 @@ async def test_a_gang_across_two_nodes_runs_and_finishes(slurm_cluster: SlurmClu
 async def test_a_failing_job_reports_its_exit_code(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     scripts = {"exits7": "exit 7", "killed": "kill -9 $$"}
     async with Harness(slurm_cluster, tmp_path, scripts) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(job("exits7"), job("killed"))
         inputs = await h.until(lambda events: finished("exits7", 1)(events) and finished("killed", 1)(events))
         assert [(e.task_index, e.exit_code) for e in of_type(inputs, TaskFinished, "exits7")] == [(0, 7)]
@@ -84,7 +85,7 @@ async def test_a_drained_node_has_its_work_requeued_and_placed_elsewhere(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     async with Harness(slurm_cluster, tmp_path, {"long": "sleep 120"}) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(job("long", gpus=4))
         inputs = await h.until(lambda events: len(of_type(events, TaskStarted, "long")) >= 1)
         first = of_type(inputs, TaskStarted, "long")[0].node
@@ -114,7 +115,7 @@ async def test_a_restarted_backend_does_not_submit_or_report_twice(
 ) -> None:
     ids = [f"r{i}" for i in range(4)]
     async with Harness(slurm_cluster, tmp_path, dict.fromkeys(ids, "sleep 3")) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(*(job(i, tasks=2, gpus=1) for i in ids))
         await h.until(lambda events: len(of_type(events, TaskStarted)) >= 2)  # mid-run: some started
         assert h.backend.stats.submitted == 8
@@ -137,7 +138,7 @@ async def test_a_replayed_placement_after_a_crash_between_sbatch_and_the_next_po
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     async with Harness(slurm_cluster, tmp_path, {"once": "sleep 2"}) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(job("once"))
         await h.until(lambda _: h.backend.stats.submitted == 1)  # sbatch ran; nothing observed yet
         again = h.new_backend()  # replays the JobPlaced from the decisions log
@@ -154,7 +155,7 @@ async def test_preemption_and_cancellation_scancel_the_slurm_jobs(
     async with Harness(
         slurm_cluster, tmp_path, {**dict.fromkeys(low, "sleep 120"), "high": "sleep 120"}
     ) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(*(job(i, gpus=4) for i in low))  # every GPU of the cluster
         await h.until(lambda events: len(of_type(events, TaskStarted)) == 4)
         await h.submit(job("high", gpus=4, priority=10))
@@ -184,7 +185,7 @@ async def test_over_kafka_a_gang_runs_and_a_restarted_backend_submits_nothing_tw
 ) -> None:
     config = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"slurm-{tmp_path.name}")
     async with Harness(slurm_cluster, tmp_path, {"kgang": "sleep 2"}, KafkaLogStore(config)) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(job("kgang", tasks=2, gpus=4))
         await h.until(lambda events: len(of_type(events, TaskStarted, "kgang")) >= 1)
         h.backend = h.new_backend()
@@ -202,7 +203,7 @@ async def test_a_placement_read_but_not_submitted_before_a_crash_is_submitted_on
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     async with Harness(slurm_cluster, tmp_path, {"late": "sleep 1"}) as h:
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(job("late"))
         await h.loop.step(1000)  # JobPlaced
         await h.backend.catch_up()  # read, then the process dies before sbatch

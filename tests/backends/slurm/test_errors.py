@@ -75,7 +75,7 @@ async def test_a_submission_slurm_refuses_fails_the_task_in_the_log(
 ) -> None:
     async with Harness(slurm_cluster, tmp_path) as h:
         h.backend = h.new_backend(submit=SubmitSettings(partition="nosuchpartition"))
-        await h.until(lambda events: len(of_type(events, NodeHeartbeat)) >= 4)
+        await h.ready()
         await h.submit(job("refused"))
         inputs = await h.until(lambda events: len(of_type(events, TaskFailed, "refused")) == 1)
         (failed,) = of_type(inputs, TaskFailed, "refused")
