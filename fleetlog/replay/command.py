@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +64,9 @@ def _runner(name: str, usage_error: type[Exception], locate: Locate) -> Callable
             return asyncio.run(handlers.run(name, place, args))
         except ReplayError as exc:
             raise usage_error(str(exc)) from None
+        except BrokenPipeError:  # piped into head or less that quit: not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
 
     return run
 

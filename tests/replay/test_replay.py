@@ -278,3 +278,47 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "Traceback" not in err
     assert len(errors) == 1
     assert errors[0].startswith("fleetlog replay: error: ")
+
+
+async def _copy_to_memory(tamper_batch: int) -> Any:
+    """The clean fixture copied record by record (same log times) into a memory store, with the
+    recorded digest of batch ``tamper_batch`` changed."""
+    import msgspec
+
+    from fleetlog.events import encode, envelope
+    from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, Message
+    from fleetlog.log.memory import MemoryLogStore
+    from fleetlog.replay.source import decode_batch, open_file_source
+
+    clock = [0]
+    target = MemoryLogStore(clock=lambda: clock[0])
+    await target.open()
+    source = await open_file_source(CLEAN)
+    try:
+        for name in LOG_NAMES:
+            for record in await source.store.log(name).read(0, 100_000):
+                value = record.value
+                if name == DECISIONS and record.offset == tamper_batch:
+                    batch = msgspec.structs.replace(decode_batch(record), digest="0" * 64)
+                    value = encode(envelope(batch, "tamper"))
+                clock[0] = record.timestamp_ms
+                await target.log(name).append([Message(value, record.key, record.headers)])
+        assert await target.log(INPUTS).end_offset() == await source.store.log(INPUTS).end_offset()
+    finally:
+        await source.close()
+    return target
+
+
+async def test_a_wrong_recorded_digest_is_reported_with_the_inputs_before_it() -> None:
+    from fleetlog.replay.verify import verify
+
+    store = await _copy_to_memory(tamper_batch=5)
+    report = await verify(store)
+    d = report.divergence
+    assert d is not None
+    assert (d.what, d.decisions_offset, report.batches) == ("state digest", 5, 5)
+    assert d.recorded == "0" * 64
+    assert d.replayed == report.final_digest  # the state the batch was computed on
+    assert d.state_diff == ()  # the recorded state is known only by its digest
+    assert d.inputs_since[-1].offset < d.as_of  # offset 54, the malformed record, was skipped
+    assert d.inputs_since_count == len(d.inputs_since) > 0
