@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import re
 import sys
 import tomllib
@@ -323,6 +324,7 @@ async def cmd_dump(args: argparse.Namespace, source: Source) -> int:
 
 async def run(name: str, place: Place, args: argparse.Namespace) -> int:
     """Open the logs at ``place`` and run the handler of subcommand ``name``."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its connection errors reach us as one line
     return await _with_source(place, args, HANDLERS[name])
 
 

@@ -7,12 +7,15 @@ message; the command prints it and exits with 2.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
 from fleetlog.events.model import DecisionBatch, InputEvent, NodeHeartbeat
@@ -61,11 +64,32 @@ async def open_file_source(directory: str | Path, snapshots: bool = True) -> Sou
 
 
 async def open_kafka_source(config: KafkaConfig, snapshots: bool = True) -> Source:
-    """The Kafka topics of ``config`` (producers start lazily: reading never fences the scheduler)."""
+    """The Kafka topics of ``config`` (producers start lazily: reading never fences the scheduler).
+    Replay creates nothing: a prefix whose topics do not exist is an error, not an empty log."""
+    topics = await kafka_topics(config)
+    missing = [config.topic(name) for name in (INPUTS, DECISIONS) if config.topic(name) not in topics]
+    if missing:
+        raise ReplayError(
+            f"no topic {', '.join(missing)} on Kafka at {config.bootstrap_servers} "
+            "(is the topic prefix right? --config or FLEETLOG_KAFKA_TOPIC_PREFIX)"
+        )
     store = KafkaLogStore(config)
     await _opened(store, config.bootstrap_servers)
-    snaps = KafkaSnapshots(config) if snapshots else None
+    snaps = KafkaSnapshots(config) if snapshots and config.topic("snapshots") in topics else None
     return Source(store, snaps, f"Kafka {config.bootstrap_servers} topics {config.topic_prefix}.*")
+
+
+async def kafka_topics(config: KafkaConfig) -> set[str]:
+    """The topics the brokers have; an unreachable broker is a :class:`ReplayError`."""
+    admin = AIOKafkaAdminClient(**config.client_options())
+    try:
+        await admin.start()
+        return set(await admin.list_topics())
+    except KafkaError as exc:
+        raise ReplayError(f"cannot reach Kafka at {config.bootstrap_servers}: {exc!r}") from None
+    finally:
+        with contextlib.suppress(KafkaError):
+            await admin.close()
 
 
 async def _opened(store: LogStore, where: str) -> None:

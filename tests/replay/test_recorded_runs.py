@@ -80,3 +80,17 @@ async def test_a_kafka_service_log_verifies_and_state_at_uses_its_snapshots(
     assert fast["snapshot"] is not None
     assert fast["digest"] == slow["digest"]
     assert fast["inputs_folded"] < slow["inputs_folded"] == end
+
+
+@pytest.mark.kafka
+async def test_a_topic_prefix_with_no_topics_is_an_error_and_creates_nothing(
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetlog.replay.source import kafka_topics
+
+    prefix = f"absent{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("FLEETLOG_KAFKA_TOPIC_PREFIX", prefix)
+    assert await asyncio.to_thread(main, ["replay", "verify", "--kafka", kafka_bootstrap]) == 2
+    assert f"no topic {prefix}.inputs, {prefix}.decisions" in capsys.readouterr().err
+    config = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
+    assert not {t for t in await kafka_topics(config) if t.startswith(prefix)}

@@ -251,6 +251,11 @@ BAD = [
         "out of range",
     ),
     ("no log given", lambda t: ["verify"], "set exactly one place for the logs"),
+    (
+        "unreachable Kafka",
+        lambda t: ["verify", "--kafka", "127.0.0.1:1"],
+        "cannot reach Kafka at 127.0.0.1:1",
+    ),
 ]
 
 
