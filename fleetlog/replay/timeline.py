@@ -29,61 +29,52 @@ async def record(source: Source, progress: Progress | None = None) -> tuple[Slic
     return slices, measures
 
 
+Tracks = dict[tuple[str, str], tuple[int, int]]
+"""(cell, node) -> (pid, tid)."""
+
+
 def trace_events(slices: Slices, measures: Measures) -> list[dict[str, Any]]:
-    cells = sorted({s.cell for s in slices.done})
-    pids = {cell: i + 1 for i, cell in enumerate(cells)}
-    nodes = sorted({(s.cell, s.node) for s in slices.done})
-    tids = {key: i + 1 for i, key in enumerate(nodes)}
-    out: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": COUNTERS_PID, "tid": 0, "args": {"name": "scheduler"}}
-    ]
-    out += [
-        {"ph": "M", "name": "process_name", "pid": pids[c], "tid": 0, "args": {"name": f"cell {c}"}}
-        for c in cells
-    ]
-    out += [
-        {"ph": "M", "name": "thread_name", "pid": pids[c], "tid": tids[(c, n)], "args": {"name": n}}
-        for c, n in nodes
-    ]
+    """Metadata naming every track, then the task slices, then the counters."""
+    tracks, out = _tracks(slices)
     for s in sorted(slices.done, key=lambda s: (s.start_ms, s.job_id, s.task)):
+        pid, tid = tracks[(s.cell, s.node)]
         out.append(
             {
                 "ph": "X",
                 "name": s.job_id,
                 "cat": "task",
-                "pid": pids[s.cell],
-                "tid": tids[(s.cell, s.node)],
+                "pid": pid,
+                "tid": tid,
                 "ts": s.start_ms * 1000,
                 "dur": max(0, s.end_ms - s.start_ms) * 1000,
                 "args": {"task": s.task, "end": s.end},
             }
         )
     for p in measures.samples:
-        ts = p.at_ms * 1000
-        out.append(
-            {
-                "ph": "C",
-                "name": "queue depth",
-                "pid": COUNTERS_PID,
-                "tid": 0,
-                "ts": ts,
-                "args": {"pending": p.pending, "running": p.running},
-            }
-        )
-        out.append(
-            {
-                "ph": "C",
-                "name": "GPU allocation",
-                "pid": COUNTERS_PID,
-                "tid": 0,
-                "ts": ts,
-                "args": {
-                    "allocated_gpus": p.gpu_used_milli / 1000,
-                    "available_gpus": p.gpu_total_milli / 1000,
-                },
-            }
-        )
+        out.append(_counter("queue depth", p.at_ms, {"pending": p.pending, "running": p.running}))
+        gpus = {"allocated_gpus": p.gpu_used_milli / 1000, "available_gpus": p.gpu_total_milli / 1000}
+        out.append(_counter("GPU allocation", p.at_ms, gpus))
     return out
+
+
+def _tracks(slices: Slices) -> tuple[Tracks, list[dict[str, Any]]]:
+    """A process per cell and a thread per node, with the metadata events that name them."""
+    cells = sorted({s.cell for s in slices.done})
+    pids = {cell: i + 1 for i, cell in enumerate(cells)}
+    nodes = sorted({(s.cell, s.node) for s in slices.done})
+    tracks = {(c, n): (pids[c], i + 1) for i, (c, n) in enumerate(nodes)}
+    names = [(COUNTERS_PID, 0, "process_name", "scheduler")]
+    names += [(pids[c], 0, "process_name", f"cell {c}") for c in cells]
+    names += [(*tracks[(c, n)], "thread_name", n) for c, n in nodes]
+    meta = [
+        {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
+        for pid, tid, kind, name in names
+    ]
+    return tracks, meta
+
+
+def _counter(name: str, at_ms: int, values: dict[str, float]) -> dict[str, Any]:
+    return {"ph": "C", "name": name, "pid": COUNTERS_PID, "tid": 0, "ts": at_ms * 1000, "args": values}
 
 
 def write_trace(path: Path, slices: Slices, measures: Measures) -> int:
