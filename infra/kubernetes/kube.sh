@@ -19,6 +19,9 @@
 # Authentication is by static tokens (DIR/tokens.csv): "admin" (system:masters, kubeconfig
 # DIR/admin.kubeconfig) and "fleetlog-scheduler" with no rights until the ClusterRole of
 # docs/kubernetes.md is bound (DIR/scheduler.kubeconfig).  Authorization is RBAC.
+# Two admission plugins are off because no controller runs: ServiceAccount (no controller makes
+# the default service account) and TaintNodesByCondition (no node lifecycle controller would
+# ever lift the not-ready taint it puts on every new node).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -174,7 +177,7 @@ start_apiserver() {
     --client-ca-file "$c/ca.crt" --token-auth-file "$DIR/tokens.csv" --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$c/sa.pub" \
     --service-account-signing-key-file "$c/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
-    --disable-admission-plugins ServiceAccount --profiling=false --max-requests-inflight 1000 \
+    --disable-admission-plugins ServiceAccount,TaintNodesByCondition --profiling=false --max-requests-inflight 1000 \
     --max-mutating-requests-inflight 1000 --event-ttl 1h --endpoint-reconciler-type none \
     </dev/null >>"$DIR/apiserver.log" 2>&1 &
   echo $! >"$DIR/apiserver.pid"

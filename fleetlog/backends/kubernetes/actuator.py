@@ -1,0 +1,248 @@
+"""Effects: decision batches from the decisions log → Kubernetes.
+
+- ``JobPlaced`` → one Binding per pod (``pods/binding``); a pod already bound there is skipped,
+  so replaying the decisions log after a restart binds nothing twice.  A pod already bound to
+  another node cannot move (Kubernetes never moves a pod): that task is reported failed.
+- ``TaskPreempted`` → an eviction through the Eviction API.
+- ``JobPending`` / ``JobRejected`` → each waiting pod's ``PodScheduled=False`` condition with
+  fleetlog's reason, and an Event, so ``kubectl describe pod`` shows why it waits.  A pod whose
+  condition already says so is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+
+from fleetlog.backends.kubernetes.api import (
+    STRATEGIC_PATCH,
+    KubeApi,
+    KubeApiError,
+    KubeUnreachableError,
+)
+from fleetlog.backends.kubernetes.config import KubeBackendConfig
+from fleetlog.backends.kubernetes.objects import Pod
+from fleetlog.backends.kubernetes.observer import Observer, waiting
+from fleetlog.events import JobPending, JobPlaced, JobRejected, TaskFailed, TaskPreempted
+from fleetlog.events.model import Decision
+from fleetlog.log.base import DECISIONS, LogStore
+from fleetlog.log.consumer import decision_batches
+
+log = logging.getLogger("fleetlog.backends.kubernetes")
+CONFLICT: Final = 409
+NOT_FOUND: Final = 404
+TOO_MANY: Final = 429
+RETRY_S: Final = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def camel(code: str) -> str:
+    """``gang_does_not_fit`` → ``GangDoesNotFit`` (the form of Kubernetes condition reasons)."""
+    return "".join(part.capitalize() for part in code.split("_"))
+
+
+class Actuator:
+    def __init__(self, api: KubeApi, cfg: KubeBackendConfig, observer: Observer) -> None:
+        self.api, self.cfg, self.observer = api, cfg, observer
+        self.emitter = observer.emitter
+        self.offset = 0
+        self.bound: dict[str, str] = {}
+        """Pod key -> node, for bindings this process made (the watch may not have shown them yet)."""
+        self.gate = asyncio.Semaphore(cfg.bind_concurrency)
+        self.counts = {"bound": 0, "evicted": 0, "explained": 0, "failed": 0}
+        self.running = True  # cleared before the owner cancels (see Watcher.running)
+
+    # --- reading decisions ------------------------------------------------------------------
+
+    async def catch_up(self, store: LogStore) -> int:
+        """Apply the decisions log up to its current end, keeping per job only what still
+        matters (its last placement or preemption, and its last reason); return how many."""
+        end = await store.log(DECISIONS).end_offset()
+        latest: dict[tuple[str, bool], tuple[int, Decision]] = {}
+        position = 0
+        while self.offset < end:
+            before = self.offset
+            decisions = await self._read(store, 0)
+            if self.offset == before:
+                break  # only transaction markers are left (Kafka): nothing more to read
+            for decision in decisions:
+                explains = isinstance(decision, JobPending | JobRejected)
+                latest[(decision.job_id, explains)] = (position, decision)
+                position += 1
+        await self.apply_all(d for _, d in sorted(latest.values(), key=lambda pd: pd[0]))
+        return len(latest)
+
+    async def follow(self, store: LogStore, timeout_ms: int = 200) -> int:
+        """Apply the decisions appended since the last call (waiting up to ``timeout_ms``)."""
+        decisions = await self._read(store, timeout_ms)
+        await self.apply_all(decisions)
+        return len(decisions)
+
+    async def _read(self, store: LogStore, timeout_ms: int) -> list[Decision]:
+        records = await store.log(DECISIONS).read(self.offset, 1000, timeout_ms)
+        if not records:
+            return []
+        self.offset = records[-1].offset + 1
+        return [d for _, batch in decision_batches(records) for d in batch.decisions]
+
+    async def run(self, store: LogStore) -> None:
+        while self.running:
+            await self.follow(store)
+            await self.emitter.flush()
+
+    # --- effects ----------------------------------------------------------------------------
+
+    async def apply_all(self, decisions: Iterable[Decision]) -> None:
+        """Apply in order; consecutive placements go out together (their bindings are independent)."""
+        placements: list[JobPlaced] = []
+        for decision in decisions:
+            if isinstance(decision, JobPlaced):
+                placements.append(decision)
+                continue
+            await self.place(placements)
+            placements = []
+            await self.apply(decision)
+        await self.place(placements)
+
+    async def apply(self, decision: Decision) -> None:
+        match decision:
+            case JobPlaced():
+                await self.place([decision])
+            case TaskPreempted():
+                await self.evict(decision)
+            case JobPending() | JobRejected():
+                await self.explain(decision)
+
+    async def place(self, placements: list[JobPlaced]) -> None:
+        binds = [
+            self.bind(key, pod, d, t.task_index, t.node)
+            for d in placements
+            if d.cell == self.cfg.cell
+            for t in d.tasks
+            for key, pod in self._pod(d.job_id, t.task_index)
+        ]
+        await asyncio.gather(*binds)
+
+    def _pod(self, job_id: str, index: int) -> list[tuple[str, Pod]]:
+        keys = self.observer.keys_of(job_id)
+        key = keys[index] if index < len(keys) else ""
+        pod = self.observer.pods.get(key)
+        return [(key, pod)] if pod is not None else []
+
+    async def bind(self, key: str, pod: Pod, d: JobPlaced, index: int, node: str) -> None:
+        """Bind ``pod`` to ``node`` unless it is bound already."""
+        where = self.bound.get(key) or pod.spec.node_name
+        if where == node or pod.metadata.deletion_timestamp is not None:
+            return
+        if where:
+            self._cannot_move(d.job_id, index, key, where, node)
+            return
+        meta = pod.metadata
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}/binding"
+        if await self._post(path, body, f"bind {key} to {node}"):
+            self.bound[key] = node
+            self.counts["bound"] += 1
+
+    def _cannot_move(self, job_id: str, index: int, key: str, where: str, node: str) -> None:
+        reason = f"node_lost: pod {key} is bound to {where} and cannot move to {node}; recreate it"
+        if self.emitter.emit(TaskFailed(job_id=job_id, task_index=index, reason=reason)):
+            self.counts["failed"] += 1
+
+    async def evict(self, d: TaskPreempted) -> None:
+        for key, pod in self._pod(d.job_id, d.task_index):
+            if pod.metadata.deletion_timestamp is not None:
+                continue
+            body = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace},
+            }
+            path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}/eviction"
+            if await self._post(path, body, f"evict {key} (preempted by {d.by_job_id}: {d.cause})"):
+                self.counts["evicted"] += 1
+
+    async def explain(self, d: JobPending | JobRejected) -> None:
+        verb = "rejected" if isinstance(d, JobRejected) else "pending"
+        reason, message = camel(d.reason), f"fleetlog: {verb}: {d.reason}: {d.message}"[:4096]
+        keys = self.observer.keys_of(d.job_id)
+        pods = [(k, self.observer.pods[k]) for k in keys if k in self.observer.pods]
+        work = [self.condition(k, p, reason, message) for k, p in pods if waiting(p) and k not in self.bound]
+        await asyncio.gather(*work)
+
+    async def condition(self, key: str, pod: Pod, reason: str, message: str) -> None:
+        """Set ``PodScheduled=False`` with ``reason``, and record an Event, unless already said."""
+        said = any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == reason and c.message == message
+            for c in pod.status.conditions
+        )
+        if said:
+            return
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        patch = {"status": {"conditions": [scheduled_false(reason, message)]}}
+        path = f"/api/v1/namespaces/{ns}/pods/{name}/status"
+        send = lambda: self.api.request("PATCH", path, body=patch, content_type=STRATEGIC_PATCH)  # noqa: E731
+        if await self._call(send, key):
+            events = f"/api/v1/namespaces/{ns}/events"
+            await self._post(events, event_body(pod, reason, message), f"event {key}")
+            self.counts["explained"] += 1
+
+    # --- requests ---------------------------------------------------------------------------
+
+    async def _post(self, path: str, body: dict[str, Any], what: str) -> bool:
+        return await self._call(lambda: self.api.request("POST", path, body=body), what)
+
+    async def _call(self, send: Callable[[], Awaitable[bytes]], what: str) -> bool:
+        """Send with the concurrency gate, retrying while the API server is away or throttles.
+        Whether it took effect; a 404 or 409 (gone, or done already) is not retried."""
+        for delay in (*RETRY_S, *([RETRY_S[-1]] * 1000)):
+            if not self.running:
+                break
+            try:
+                async with self.gate:
+                    await send()
+                return True
+            except KubeApiError as e:
+                if e.status in (NOT_FOUND, CONFLICT) or (e.status < 500 and e.status != TOO_MANY):
+                    log.info("%s: %s", what, e)
+                    return False
+                log.warning("%s: %s; retrying in %.1fs", what, e, delay)
+            except KubeUnreachableError as e:
+                log.warning("%s: %s; retrying in %.1fs", what, e, delay)
+            await asyncio.sleep(delay)
+        return False
+
+
+def scheduled_false(reason: str, message: str) -> dict[str, str]:
+    return {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+
+
+def event_body(pod: Pod, reason: str, message: str) -> dict[str, Any]:
+    meta = pod.metadata
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.name}.", "namespace": meta.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "uid": meta.uid,
+        },
+        "reason": "FailedScheduling",
+        "message": f"{reason}: {message}"[:1024],
+        "type": "Warning",
+        "source": {"component": "fleetlog"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

@@ -1,0 +1,90 @@
+"""The Kubernetes backend: observer + actuator over one API server, acting only through the logs.
+
+Start-up order makes restarts safe: fold the inputs log into the ledger (what was already
+said), list nodes and pods (reporting only differences), apply the decisions log as it stands
+(binding only pods not yet bound), then follow the watches and the decisions log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fleetlog.backends.kubernetes.actuator import Actuator
+from fleetlog.backends.kubernetes.api import KubeApi
+from fleetlog.backends.kubernetes.config import KubeBackendConfig
+from fleetlog.backends.kubernetes.emitter import Emitter
+from fleetlog.backends.kubernetes.ledger import read_ledger
+from fleetlog.backends.kubernetes.observer import Observer
+from fleetlog.log.base import LogStore
+
+log = logging.getLogger("fleetlog.backends.kubernetes")
+
+
+class KubernetesBackend:
+    def __init__(self, store: LogStore, api: KubeApi, cfg: KubeBackendConfig | None = None) -> None:
+        self.store, self.api = store, api
+        self.cfg = cfg or KubeBackendConfig()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.observer: Observer | None = None
+        self.actuator: Actuator | None = None
+
+    async def start(self) -> None:
+        """Catch up with the logs and the API server, then follow both in background tasks."""
+        ledger, _ = await read_ledger(self.store, self.cfg.cell)
+        emitter = Emitter(self.store, ledger, self.cfg.producer_id)
+        observer = self.observer = Observer(self.api, self.cfg, emitter)
+        await self._first_lists(observer)
+        await emitter.flush()
+        actuator = self.actuator = Actuator(self.api, self.cfg, observer)
+        await actuator.catch_up(self.store)
+        await emitter.flush()
+        self.tasks = [
+            asyncio.create_task(observer.node_watch.run(), name="fleetlog-kube-nodes"),
+            asyncio.create_task(observer.pod_watch.run(), name="fleetlog-kube-pods"),
+            asyncio.create_task(self._rounds(observer), name="fleetlog-kube-heartbeats"),
+            asyncio.create_task(emitter.run(self.cfg.flush_ms), name="fleetlog-kube-emitter"),
+            asyncio.create_task(actuator.run(self.store), name="fleetlog-kube-actuator"),
+        ]
+
+    async def _first_lists(self, observer: Observer) -> None:
+        """List nodes, then pods, retrying while the API server is not there yet."""
+        for watcher in (observer.node_watch, observer.pod_watch):
+            delay = 0.1
+            while True:
+                try:
+                    await watcher.relist()
+                    break
+                except Exception as e:  # any failure here is retried: the server may be starting
+                    log.warning("first list of %s failed (%s); retrying", watcher.kind.path, e)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+
+    async def _rounds(self, observer: Observer) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_ms / 1000)
+            observer.heartbeat_round()
+            await observer.retry_incomplete_groups()
+
+    async def stop(self) -> None:
+        """Cancel the background tasks and append what is still queued."""
+        if self.observer is not None:
+            self.observer.node_watch.running = self.observer.pod_watch.running = False
+        if self.actuator is not None:
+            self.actuator.running = False
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.tasks = []
+        if self.observer is not None:
+            await self.observer.emitter.flush()
+
+    def failed(self) -> BaseException | None:
+        """The exception of a background task that died, if one did (tests check this)."""
+        for task in self.tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return task.exception()
+        return None

@@ -1,0 +1,239 @@
+"""Observations: nodes and fleetlog's pods, as the API server lists and watches them → input events.
+
+- a node → ``NodeHeartbeat`` when what it says changes, and again every ``heartbeat_ms``;
+  a deleted node → ``NodeRemoved``;
+- an unbound pod → ``JobSubmitted`` (a lone pod at once; a pod group once its ``minMember``
+  pods exist); a bound pod's phase → ``TaskStarted`` / ``TaskFinished`` / ``TaskFailed``;
+  a deleted pod → ``JobCancelled``.
+
+Everything goes through the :class:`Emitter`, which drops what the inputs log already says.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fleetlog.backends.kubernetes.api import KubeApi, KubeApiError, KubeUnreachableError
+from fleetlog.backends.kubernetes.config import KubeBackendConfig
+from fleetlog.backends.kubernetes.emitter import Emitter
+from fleetlog.backends.kubernetes.objects import (
+    NODE,
+    NODE_LIST,
+    POD,
+    POD_LIST,
+    ListMeta,
+    Node,
+    ObjectMeta,
+    Pod,
+)
+from fleetlog.backends.kubernetes.podgroups import group_size
+from fleetlog.backends.kubernetes.translate import (
+    group_of,
+    job_id_of,
+    job_submitted,
+    node_heartbeat,
+    observation,
+    pod_key,
+)
+from fleetlog.backends.kubernetes.watch import Handlers, Kind, Watcher
+from fleetlog.events import JobCancelled, NodeRemoved
+
+log = logging.getLogger("fleetlog.backends.kubernetes")
+
+
+def node_list(data: bytes) -> tuple[list[Node], ListMeta]:
+    decoded = NODE_LIST.decode(data)
+    return decoded.items, decoded.metadata
+
+
+def pod_list(data: bytes) -> tuple[list[Pod], ListMeta]:
+    decoded = POD_LIST.decode(data)
+    return decoded.items, decoded.metadata
+
+
+NODES: Kind[Node] = Kind("/api/v1/nodes", node_list, NODE.decode, lambda n: n.metadata.resource_version)
+
+
+def pods_kind(scheduler_name: str) -> Kind[Pod]:
+    return Kind(
+        "/api/v1/pods",
+        pod_list,
+        POD.decode,
+        lambda p: p.metadata.resource_version,
+        field_selector=f"spec.schedulerName={scheduler_name}",
+    )
+
+
+class Observer:
+    """The cluster as last seen, and the mapping of pods to fleetlog jobs and tasks."""
+
+    def __init__(self, api: KubeApi, cfg: KubeBackendConfig, emitter: Emitter) -> None:
+        self.api, self.cfg, self.emitter = api, cfg, emitter
+        self.nodes: dict[str, Node] = {}
+        self.pods: dict[str, Pod] = {}
+        self.members: dict[str, list[str]] = {}
+        """Submitted job id -> its pods' keys, in task order."""
+        self.task_of: dict[str, tuple[str, int]] = {}
+        """Pod key -> (job id, task index), for pods of submitted jobs."""
+        self.groups: dict[str, set[str]] = {}
+        """``namespace/group`` -> the keys of the pods labelled with it."""
+        timeout = cfg.watch_timeout_s
+        self.node_watch = Watcher(api, NODES, Handlers(self.nodes_relisted, self.node_changed), timeout)
+        pods = pods_kind(cfg.scheduler_name)
+        self.pod_watch = Watcher(api, pods, Handlers(self.pods_relisted, self.pod_changed), timeout)
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    async def nodes_relisted(self, nodes: list[Node]) -> None:
+        now = {n.metadata.name: n for n in nodes}
+        for name in sorted(set(self.nodes) | set(self.emitter.ledger.nodes)):
+            if name not in now:
+                await self.node_changed("DELETED", self.nodes.get(name) or gone_node(name))
+        for node in nodes:
+            await self.node_changed("MODIFIED", node)
+
+    async def node_changed(self, kind: str, node: Node) -> None:
+        name = node.metadata.name
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+            self.emitter.emit(NodeRemoved(cell=self.cfg.cell, node=name))
+            return
+        self.nodes[name] = node
+        try:
+            self.emitter.emit(node_heartbeat(node, self.cfg))
+        except ValueError as e:
+            log.warning("node %s cannot be reported: %s", name, e)
+
+    def heartbeat_round(self) -> None:
+        """Report every node again (the core takes a silent node for a dead one)."""
+        for name in sorted(self.nodes):
+            try:
+                self.emitter.repeat(node_heartbeat(self.nodes[name], self.cfg))
+            except ValueError as e:
+                log.warning("node %s cannot be reported: %s", name, e)
+
+    # --- pods -------------------------------------------------------------------------------
+
+    async def pods_relisted(self, pods: list[Pod]) -> None:
+        now = {pod_key(p) for p in pods}
+        for key in sorted(set(self.pods) - now):
+            await self.pod_changed("DELETED", self.pods[key])
+        for pod in pods:
+            self.remember(pod_key(pod), pod)
+        for pod in sorted(pods, key=pod_key):
+            await self.pod_changed("MODIFIED", pod)
+
+    async def pod_changed(self, kind: str, pod: Pod) -> None:
+        key = pod_key(pod)
+        if kind == "DELETED":
+            self.forget(key, pod)
+            self.pod_gone(key, pod)
+            return
+        self.remember(key, pod)
+        job_id = job_id_of(pod, self.cfg)
+        if job_id in self.emitter.ledger.jobs:
+            self.report_phase(job_id, key, pod)
+        elif waiting(pod):
+            await self.submit(job_id, pod)
+
+    def remember(self, key: str, pod: Pod) -> None:
+        self.pods[key] = pod
+        group = group_of(pod, self.cfg)
+        if group:
+            self.groups.setdefault(f"{pod.metadata.namespace}/{group}", set()).add(key)
+
+    def forget(self, key: str, pod: Pod) -> None:
+        self.pods.pop(key, None)
+        group = f"{pod.metadata.namespace}/{group_of(pod, self.cfg)}"
+        members = self.groups.get(group)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self.groups[group]
+
+    def report_phase(self, job_id: str, key: str, pod: Pod) -> None:
+        task = self.task(job_id, key)
+        if task is not None and pod.spec.node_name:
+            event = observation(job_id, task, pod)
+            if event is not None:
+                self.emitter.emit(event)
+
+    def pod_gone(self, key: str, pod: Pod) -> None:
+        job_id = job_id_of(pod, self.cfg)
+        ledger = self.emitter.ledger
+        if job_id in ledger.jobs and self.task(job_id, key) is not None and not ledger.finished(job_id):
+            self.emitter.emit(JobCancelled(job_id=job_id, reason=f"pod {key} was deleted"))
+
+    def task(self, job_id: str, key: str) -> int | None:
+        """The task index of pod ``key`` in submitted job ``job_id``, or None if not a member."""
+        if job_id not in self.members:
+            self.members[job_id] = self.member_keys(job_id, key)
+            for index, member in enumerate(self.members[job_id]):
+                self.task_of[member] = (job_id, index)
+        found = self.task_of.get(key)
+        return found[1] if found is not None and found[0] == job_id else None
+
+    def member_keys(self, job_id: str, key: str) -> list[str]:
+        """A submitted job's pods in task order: its group's pods by name, as many as it has tasks."""
+        pod = self.pods.get(key)
+        if pod is None or not group_of(pod, self.cfg):
+            return [key]
+        return [pod_key(p) for p in self.group_pods(pod)][: self.emitter.ledger.jobs[job_id]]
+
+    def group_pods(self, pod: Pod) -> list[Pod]:
+        keys = self.groups.get(f"{pod.metadata.namespace}/{group_of(pod, self.cfg)}", set())
+        return [self.pods[k] for k in sorted(keys)]
+
+    async def submit(self, job_id: str, pod: Pod) -> None:
+        """Submit the job ``pod`` belongs to, if all of it is there."""
+        if not group_of(pod, self.cfg):
+            self.submit_members(job_id, [pod])
+            return
+        size = await self.size(pod)
+        if size is None:
+            return
+        members = [p for p in self.group_pods(pod) if waiting(p)]
+        if len(members) >= size:
+            self.submit_members(job_id, members[:size])
+
+    def submit_members(self, job_id: str, pods: list[Pod]) -> None:
+        try:
+            event = job_submitted(job_id, pods, self.cfg)
+        except ValueError as e:
+            log.warning("job %s cannot be submitted: %s", job_id, e)
+            return
+        if self.emitter.emit(event):
+            self.members[job_id] = [pod_key(p) for p in pods]
+            for index, p in enumerate(pods):
+                self.task_of[pod_key(p)] = (job_id, index)
+
+    async def size(self, pod: Pod) -> int | None:
+        try:
+            return await group_size(self.api, pod, self.cfg)
+        except (KubeApiError, KubeUnreachableError) as e:
+            log.warning("size of pod group of %s unknown for now: %s", pod_key(pod), e)
+            return None
+
+    async def retry_incomplete_groups(self) -> None:
+        """Look again at pod groups still waiting for their size or members."""
+        for group in sorted(self.groups):
+            pod = self.pods[min(self.groups[group])]
+            job_id = job_id_of(pod, self.cfg)
+            if job_id not in self.emitter.ledger.jobs and waiting(pod):
+                await self.submit(job_id, pod)
+
+    def keys_of(self, job_id: str) -> list[str]:
+        return self.members.get(job_id, [])
+
+
+def waiting(pod: Pod) -> bool:
+    """An unbound, live pod that has not ended."""
+    return (
+        not pod.spec.node_name
+        and pod.metadata.deletion_timestamp is None
+        and pod.status.phase not in ("Succeeded", "Failed")
+    )
+
+
+def gone_node(name: str) -> Node:
+    return Node(metadata=ObjectMeta(name=name))

@@ -1,0 +1,265 @@
+"""The Kubernetes backend against a real kube-apiserver (+ etcd), with kubectl applying manifests.
+
+Each test runs the real scheduler loop and the backend over a log store (the file log; some also
+over a real Kafka broker), a fake kubelet moving bound pods along, and asserts what the API
+server and the logs say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from fleetlog.backends.kubernetes import KubeApi, KubeApiError
+from fleetlog.backends.kubernetes.watch import GoneError
+from fleetlog.events import (
+    JobCancelled,
+    JobPending,
+    JobPlaced,
+    JobRejected,
+    JobSubmitted,
+    NodeHeartbeat,
+    TaskFailed,
+    TaskFinished,
+    TaskPreempted,
+    TaskStarted,
+)
+from tests.backends.kubernetes.conftest import BOTH_LOGS, Rig
+from tests.backends.kubernetes.manifests import items, node, pod, pod_group, pod_group_crd, priority_class
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def pods(rig: Rig) -> dict[str, dict[str, Any]]:
+    """Pod name -> pod object, as the API server had them at the last refresh (each ``until`` step)."""
+    return rig.snapshot
+
+
+def bound(rig: Rig, names: list[str]) -> dict[str, str]:
+    """Pod name -> node, for those of ``names`` that are bound."""
+    now = pods(rig)
+    return {n: now[n]["spec"]["nodeName"] for n in names if n in now and now[n]["spec"].get("nodeName")}
+
+
+def gpu_rack_nodes() -> list[dict[str, Any]]:
+    """Two racks of two 4-GPU nodes: 8 GPUs per rack."""
+    return [node(f"{rack}-n{i}", gpus=4, rack=rack) for rack in ("rack-a", "rack-b") for i in range(2)]
+
+
+@BOTH_LOGS
+async def test_pod_group_binds_all_or_nothing_within_one_rack(rig: Rig) -> None:
+    rig.apply(items(*gpu_rack_nodes(), pod_group_crd()))
+    rig.apply(items(pod_group("train", 8)))
+    names = [f"train-{i}" for i in range(8)]
+    rig.apply(items(*(pod(n, gpus=1, group="train", topology="rack") for n in names[:7])))
+    await rig.until("7 pods seen", lambda: len(rig.backend.observer.pods) == 7)  # type: ignore[union-attr]
+    await rig.until("heartbeats of 4 nodes", lambda: len(rig.backend.observer.emitter.ledger.nodes) == 4)  # type: ignore[union-attr]
+    await asyncio.sleep(1)  # time enough for a wrong binding
+    await rig.refresh()
+    assert bound(rig, names) == {}, "an incomplete gang must not bind"
+    assert not [e for e in await rig.events() if isinstance(e, JobSubmitted)]
+
+    rig.apply(items(pod(names[7], gpus=1, group="train", topology="rack")))
+    await rig.until("all 8 bound", lambda: len(bound(rig, names)) == 8)
+    where = bound(rig, names)
+    racks = {n.split("-n")[0] for n in where.values()}
+    assert len(racks) == 1, f"the gang spans racks: {where}"
+    assert Counter(where.values()) == Counter({f"{next(iter(racks))}-n0": 4, f"{next(iter(racks))}-n1": 4})
+    await rig.until(
+        "8 tasks started", lambda: all(p["status"]["phase"] == "Running" for p in pods(rig).values())
+    )
+    events = await rig.events()
+    submitted = [e for e in events if isinstance(e, JobSubmitted)]
+    assert [s.job_id for s in submitted] == ["group/default/train"]
+    assert submitted[0].required_topology == "rack"
+    assert sum(g.count for g in submitted[0].task_groups) == 8
+    await rig.until_async("8 TaskStarted", lambda: has(rig, TaskStarted, 8))
+
+
+async def has(rig: Rig, kind: type, n: int) -> bool:
+    return await rig.count(kind) == n
+
+
+async def test_gang_too_big_for_a_rack_waits_and_says_why(rig: Rig) -> None:
+    rig.apply(items(*gpu_rack_nodes()))
+    names = [f"big-{i}" for i in range(8)]
+    rig.apply(items(*(pod(n, gpus=2, group="big", group_size=8, topology="rack") for n in names)))
+
+    def explained() -> bool:
+        conditions = [
+            c
+            for p in pods(rig).values()
+            for c in p["status"].get("conditions", [])
+            if c["type"] == "PodScheduled"
+        ]
+        return len(conditions) == 8 and all(c["status"] == "False" for c in conditions)
+
+    await rig.until("every pod carries PodScheduled=False", explained, timeout_s=60)
+    assert bound(rig, names) == {}
+    why = [d for d in await rig.decisions() if isinstance(d, JobPending | JobRejected)]
+    assert why, "the scheduler explained nothing"
+    described = rig.kube.kubectl("describe", "pod", "big-3")
+    reason = why[-1].reason
+    assert "FailedScheduling" in described
+    assert "".join(p.capitalize() for p in reason.split("_")) in described
+    assert "fleetlog" in described
+
+
+@BOTH_LOGS
+async def test_single_pods_run_finish_and_fail(rig: Rig) -> None:
+    rig.apply(items(node("cpu-1", cpu="8", mem="32Gi"), node("cpu-2", cpu="8", mem="32Gi")))
+    rig.apply(items(pod("ok", run_ms=300), pod("bad", run_ms=300, exit_code=3), pod("long")))
+    await rig.until("3 bound", lambda: len(bound(rig, ["ok", "bad", "long"])) == 3)
+
+    def ended() -> bool:
+        now = pods(rig)
+        return now["ok"]["status"]["phase"] == "Succeeded" and now["bad"]["status"]["phase"] == "Failed"
+
+    await rig.until("ok succeeded and bad failed", ended)
+    await rig.backend.observer.emitter.flush()  # type: ignore[union-attr]
+    events = await rig.events()
+    ok_id = next(
+        e.job_id for e in events if isinstance(e, JobSubmitted) and e.job_id.startswith("pod/default/ok/")
+    )
+    bad_id = next(e.job_id for e in events if isinstance(e, JobSubmitted) and "/bad/" in e.job_id)
+    await rig.until_async("two ends reported", lambda: has_ends(rig, 2))
+    finished = [e for e in await rig.events() if isinstance(e, TaskFinished | TaskFailed)]
+    assert any(isinstance(e, TaskFinished) and e.job_id == ok_id and e.exit_code == 0 for e in finished)
+    assert any(isinstance(e, TaskFailed) and e.job_id == bad_id and e.exit_code == 3 for e in finished)
+    started = [e for e in events if isinstance(e, TaskStarted)]
+    assert Counter(e.job_id for e in started).most_common(1)[0][1] == 1, "a task was reported started twice"
+
+
+async def has_ends(rig: Rig, n: int) -> bool:
+    return await rig.count(TaskFinished) + await rig.count(TaskFailed) == n
+
+
+async def test_higher_priority_pod_preempts(rig: Rig) -> None:
+    rig.apply(items(priority_class("low", 10), priority_class("high", 1000), node("g1", gpus=4)))
+    low = [f"low-{i}" for i in range(4)]
+    rig.apply(items(*(pod(n, gpus=1, priority_class="low") for n in low)))
+    await rig.until(
+        "low pods running", lambda: sum(p["status"]["phase"] == "Running" for p in pods(rig).values()) == 4
+    )
+    rig.apply(items(pod("urgent", gpus=2, priority_class="high")))
+    await rig.until("urgent bound", lambda: "urgent" in bound(rig, ["urgent"]), timeout_s=90)
+    await rig.until("two low pods evicted", lambda: len([n for n in low if n in pods(rig)]) == 2)
+    decisions = await rig.decisions()
+    preempted = [d for d in decisions if isinstance(d, TaskPreempted)]
+    assert {d.cause for d in preempted} == {"priority"}
+    assert {d.by_job_id.split("/")[2] for d in preempted} == {"urgent"}
+    await rig.backend.observer.emitter.flush()  # type: ignore[union-attr]
+    cancelled = {e.job_id for e in await rig.events() if isinstance(e, JobCancelled)}
+    assert {d.job_id for d in preempted} == cancelled
+
+
+async def test_node_not_ready_requeues_its_jobs(rig: Rig) -> None:
+    rig.apply(items(node("n1", gpus=2), node("n2", gpus=2)))
+    rig.apply(items(pod("victim", gpus=2)))
+    await rig.until("victim running", lambda: pods(rig)["victim"]["status"]["phase"] == "Running")
+    first = bound(rig, ["victim"])["victim"]
+    rig.kubelet.kill_node(first)  # type: ignore[union-attr]
+    patch = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "NodeStatusUnknown"}]}}
+    rig.kube.kubectl(
+        "patch", "node", first, "--subresource=status", "--type=strategic", "-p", json.dumps(patch)
+    )
+
+    async def placements() -> list[JobPlaced]:
+        return [d for d in await rig.decisions() if isinstance(d, JobPlaced)]
+
+    placed: list[JobPlaced] = []
+
+    async def requeued() -> bool:
+        placed[:] = await placements()
+        return len(placed) == 2
+
+    await rig.until_async("the job placed again", requeued)
+    assert placed[0].job_id == placed[1].job_id
+    assert placed[1].tasks[0].node != first
+    beats = [e for e in await rig.events() if isinstance(e, NodeHeartbeat) and e.node == first]
+    assert beats[-1].healthy is False
+    await rig.backend.observer.emitter.flush()  # type: ignore[union-attr]
+    await rig.until_async("the lost task reported", lambda: has(rig, TaskFailed, 1))
+    failed = [e for e in await rig.events() if isinstance(e, TaskFailed)]
+    assert [f.reason.split(":")[0] for f in failed] == ["node_lost"]
+    await rig.refresh()
+    assert bound(rig, ["victim"])["victim"] == first, "a pod never moves"
+
+
+@BOTH_LOGS
+async def test_backend_restarted_mid_run_binds_nothing_twice(rig: Rig) -> None:
+    rig.apply(items(*(node(f"w{i}", cpu="16", mem="64Gi") for i in range(4))))
+    first = [f"a-{i}" for i in range(20)]
+    rig.apply(items(*(pod(n, run_ms=200) for n in first)))
+    await rig.until("first pods bound", lambda: len(bound(rig, first)) == 20)
+    actuator = rig.backend.actuator  # type: ignore[union-attr]
+    await rig.until("the backend saw its 20 bindings answered", lambda: actuator.counts["bound"] == 20)  # type: ignore[union-attr]
+    before = actuator.counts["bound"]  # type: ignore[union-attr]
+    await rig.stop_backend()
+    second = [f"b-{i}" for i in range(20)]
+    rig.apply(items(*(pod(n, run_ms=200) for n in second)))
+    rig.kube.kubectl("delete", "pod", "a-0", "--grace-period=0", "--force")
+    backend = await rig.start_backend()
+    await rig.until("second pods bound", lambda: len(bound(rig, second)) == 20)
+    await rig.until(
+        "all finished", lambda: all(p["status"]["phase"] == "Succeeded" for p in pods(rig).values())
+    )
+    await backend.observer.emitter.flush()  # type: ignore[union-attr]
+    assert before + backend.actuator.counts["bound"] == 40  # type: ignore[union-attr]
+    events = await rig.events()
+    submitted = Counter(e.job_id for e in events if isinstance(e, JobSubmitted))
+    assert len(submitted) == 40
+    assert set(submitted.values()) == {1}
+    started = Counter(e.job_id for e in events if isinstance(e, TaskStarted))
+    assert set(started.values()) == {1}
+    placed = Counter(d.job_id for d in await rig.decisions() if isinstance(d, JobPlaced))
+    assert set(placed.values()) == {1}
+
+
+async def test_api_server_away_and_back_loses_nothing(rig: Rig) -> None:
+    rig.apply(items(node("s1", cpu="16", mem="64Gi")))
+    rig.apply(items(*(pod(f"x-{i}") for i in range(5))))
+    await rig.until("x bound", lambda: len(bound(rig, [f"x-{i}" for i in range(5)])) == 5)
+    rig.kube.stop_apiserver()
+    await asyncio.sleep(2)
+    rig.kube.start()
+    rig.apply(items(*(pod(f"y-{i}") for i in range(5))))
+    names = [f"{p}-{i}" for p in "xy" for i in range(5)]
+    await rig.until("x and y bound", lambda: len(bound(rig, names)) == 10, timeout_s=90)
+    await rig.until("all running", lambda: all(p["status"]["phase"] == "Running" for p in pods(rig).values()))
+    await rig.backend.observer.emitter.flush()  # type: ignore[union-attr]
+    events = await rig.events()
+    assert Counter(type(e).__name__ for e in events if not isinstance(e, NodeHeartbeat)) == Counter(
+        {"JobSubmitted": 10, "TaskStarted": 10}
+    )
+
+
+async def test_watch_from_a_compacted_version_is_gone_and_relist_adds_nothing(rig: Rig) -> None:
+    rig.apply(items(node("c1", cpu="16", mem="64Gi")))
+    rig.apply(items(*(pod(f"z-{i}") for i in range(3))))
+    await rig.until("z bound", lambda: len(bound(rig, [f"z-{i}" for i in range(3)])) == 3)
+    observer = rig.backend.observer  # type: ignore[union-attr]
+    await rig.until("z running", lambda: all(p["status"]["phase"] == "Running" for p in pods(rig).values()))
+    await observer.emitter.flush()
+    watcher = observer.pod_watch.__class__(observer.api, observer.pod_watch.kind, observer.pod_watch.handlers)
+    watcher.resource_version = "1"
+    with pytest.raises(GoneError):
+        await watcher.watch_once()
+    appended = observer.emitter.appended
+    await watcher.relist()
+    await observer.emitter.flush()
+    assert observer.emitter.appended == appended, "a relist of an unchanged cluster reported something"
+
+
+async def test_backend_user_has_only_the_documented_rights(rig: Rig) -> None:
+    api = await KubeApi.connect(str(rig.kube.scheduler_kubeconfig))
+    try:
+        with pytest.raises(KubeApiError) as refused:
+            await api.request("DELETE", "/api/v1/namespaces/default/pods/anything")
+        assert refused.value.status == 403
+    finally:
+        await api.close()

@@ -1,0 +1,130 @@
+"""Kubernetes objects → events, and the ledger's deduplication: pure functions, no server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from fleetlog.backends.kubernetes.config import KubeBackendConfig
+from fleetlog.backends.kubernetes.ledger import Ledger
+from fleetlog.backends.kubernetes.objects import NODE as NODE_DECODER
+from fleetlog.backends.kubernetes.objects import POD, BadQuantityError, Node, Pod, mib, milli
+from fleetlog.backends.kubernetes.translate import (
+    job_id_of,
+    job_submitted,
+    node_heartbeat,
+    observation,
+    pod_shape,
+)
+from fleetlog.events import JobCancelled, JobSubmitted, TaskFailed, TaskFinished, TaskGroup, TaskStarted
+from tests.backends.kubernetes.manifests import node, pod
+
+CFG = KubeBackendConfig()
+
+
+def as_node(manifest: dict[str, Any]) -> Node:
+    return NODE_DECODER.decode(json.dumps(manifest))
+
+
+def as_pod(manifest: dict[str, Any], **status: Any) -> Pod:
+    manifest = {**manifest, "metadata": {**manifest["metadata"], "uid": "0123456789abcdef"}, "status": status}
+    return POD.decode(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("text", "want_milli", "want_mib"),
+    [("250m", 250, 1), ("2", 2000, 1), ("1.5", 1500, 1), ("1Gi", 2**30 * 1000, 1024), ("1e9", 10**12, 954)],
+)
+def test_quantities(text: str, want_milli: int, want_mib: int) -> None:
+    assert milli(text) == want_milli
+    assert mib(text) == want_mib
+
+
+def test_a_bad_quantity_is_named() -> None:
+    with pytest.raises(BadQuantityError, match="12Zi"):
+        milli("12Zi")
+
+
+def test_node_heartbeat_reads_capacity_model_topology_and_health() -> None:
+    beat = node_heartbeat(as_node(node("n1", gpus=8, rack="r7", block="b2", cpu="96", mem="1Ti")), CFG)
+    assert (beat.cell, beat.node, beat.cpu_milli, beat.mem_mib) == ("kubernetes", "n1", 96_000, 2**20)
+    assert (beat.gpu_count, beat.gpu_model, beat.topology, beat.healthy) == (
+        8,
+        "H100",
+        ("b2", "r7", "n1"),
+        True,
+    )
+    assert beat.labels["fleetlog.dev/rack"] == "r7"
+
+
+def test_not_ready_or_tainted_nodes_are_unhealthy() -> None:
+    assert node_heartbeat(as_node(node("n1", ready=False)), CFG).healthy is False
+    tainted = node("n2")
+    tainted["spec"] = {"taints": [{"key": "maintenance", "effect": "NoExecute"}]}
+    assert node_heartbeat(as_node(tainted), CFG).healthy is False
+    soft = node("n3")
+    soft["spec"] = {"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}
+    assert node_heartbeat(as_node(soft), CFG).healthy is True
+
+
+def test_pod_shape_sums_containers_and_takes_the_largest_init_container() -> None:
+    manifest = pod("p", cpu="500m", mem="1Gi", gpus=2)
+    manifest["spec"]["containers"].append({"name": "side", "resources": {"requests": {"cpu": "250m"}}})
+    manifest["spec"]["initContainers"] = [
+        {"name": "init", "resources": {"requests": {"cpu": "2", "memory": "1Mi"}}}
+    ]
+    assert pod_shape(as_pod(manifest), CFG) == (2000, 1024, 2)
+
+
+def test_a_gang_becomes_one_job_with_runs_of_equal_shapes() -> None:
+    members = [
+        as_pod(pod(f"t-{i}", gpus=1 if i < 3 else 2, group="t", topology="rack", tenant="vision"))
+        for i in range(4)
+    ]
+    job = job_submitted(job_id_of(members[0], CFG), members, CFG)
+    assert job.job_id == "group/default/t"
+    assert job.tenant == "vision"
+    assert job.required_topology == "rack"
+    assert [(g.count, g.gpu_count, g.name) for g in job.task_groups] == [(3, 1, "t-0"), (1, 2, "t-3")]
+
+
+def test_a_lone_pod_is_a_job_named_by_its_uid() -> None:
+    lone = as_pod(pod("solo"))
+    assert job_id_of(lone, CFG) == "pod/default/solo/01234567"
+    assert job_submitted("j", [lone], CFG).task_groups == (
+        TaskGroup(count=1, cpu_milli=1000, mem_mib=1024, name="solo"),
+    )
+
+
+def test_phases_become_task_events() -> None:
+    manifest = pod("p")
+    manifest["spec"]["nodeName"] = "n1"
+    assert observation("j", 0, as_pod(manifest)) is None
+    assert observation("j", 0, as_pod(manifest, phase="Running")) == TaskStarted(
+        job_id="j", task_index=0, node="n1"
+    )
+    ended = {"containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": 0}}}]}
+    assert observation("j", 0, as_pod(manifest, phase="Succeeded", **ended)) == TaskFinished(
+        job_id="j", task_index=0
+    )
+    crashed = {"containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": 137}}}]}
+    failed = observation("j", 0, as_pod(manifest, phase="Failed", reason="OOMKilled", **crashed))
+    assert failed == TaskFailed(job_id="j", task_index=0, reason="OOMKilled", exit_code=137)
+
+
+def test_the_ledger_drops_what_the_log_already_says() -> None:
+    ledger = Ledger("kubernetes")
+    job = JobSubmitted(job_id="j", tenant="t", task_groups=(TaskGroup(count=2, cpu_milli=1, mem_mib=1),))
+    assert ledger.novel(job)
+    assert not ledger.novel(job)
+    assert ledger.novel(TaskStarted(job_id="j", task_index=0, node="n"))
+    assert not ledger.novel(TaskStarted(job_id="j", task_index=0, node="n"))
+    assert ledger.novel(TaskFinished(job_id="j", task_index=0))
+    assert ledger.novel(TaskFinished(job_id="j", task_index=1))
+    assert not ledger.novel(JobCancelled(job_id="j")), "a job whose tasks all ended is not cancelled"
+    assert not ledger.novel(JobCancelled(job_id="never-submitted"))
+    beat = node_heartbeat(as_node(node("n1")), CFG)
+    assert ledger.novel(beat)
+    assert not ledger.novel(beat)
