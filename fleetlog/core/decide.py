@@ -31,7 +31,7 @@ import numpy as np
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.explain import Outcome, explain_failure, run_gang
-from fleetlog.core.order import drf_order
+from fleetlog.core.order import drf_runs
 from fleetlog.core.policy import Policy
 from fleetlog.core.quota import borrowing_tenants, job_request, quota_check
 from fleetlog.core.shapes import LEVELS, task_arrays
@@ -70,11 +70,14 @@ class Scratch:
         self.reserved = np.zeros(n, dtype=np.bool_)
         self.reservations: list[tuple[int, int, int]] = []  # (job, cell, start_ms)
         self.no_domain = np.zeros(n, dtype=np.int32)
-        self.failed: dict[tuple[object, ...], Outcome] = {}
+        self.failed: dict[int, Outcome] = {}  # job key id -> the outcome every such job gets
+        self.key_of = np.zeros(0, dtype=np.int64)  # job row -> key id, for this call's pending jobs
         self.victims: set[int] = set()
         self.decisions: list[Decision] = []
         self.node_names: dict[int, str] = {}
         self._running: Array | None = None
+        self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
+        self.memos: dict[tuple[int, int, int, int, int], Array] = {}  # task shape -> best_node_memo rows
 
     def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
         """Take (sign -1) or give back (+1) a task's resources in the working copy."""
@@ -82,11 +85,20 @@ class Scratch:
             node, np.uint64(mask), cpu, mem, milli, self.cpu_free, self.mem_free, self.gpu_free, sign
         )
         self.gpu_total[node] += sign * milli * int(mask).bit_count()
+        self.node_version[node] += 1
+
+    def memo(self, shape: tuple[int, int, int, int, int]) -> Array:
+        """The remembered node evaluations of one task shape (see ``kernels.best_node_memo``)."""
+        rows = self.memos.get(shape)
+        if rows is None:
+            rows = self.memos[shape] = np.full((self.node_version.size, kernels.MEMO_COLUMNS), -1, np.int64)
+        return rows
 
     def swap_free(self, free: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
         """Install another working copy of free capacity; return the one it replaces."""
         old = (self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total)
         self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total = free
+        self.memos.clear()
         return old
 
     def running(self) -> Array:
@@ -124,9 +136,69 @@ def shape_matrix(state: State) -> Array:
 def decide(state: State, policy: Policy) -> list[Decision]:
     """The decisions for every pending job, in the order they were taken."""
     sc = Scratch(state, policy)
-    for job in drf_order(state, sc.usage):
-        schedule_job(sc, job)
+    pending_rows = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
+    sc.key_of = np.full(state.jobs.size, -1, dtype=np.int64)
+    sc.key_of[pending_rows] = [job_key(state, j) for j in pending_rows.tolist()]
+    runs = drf_runs(state, sc.usage)
+    try:
+        run = next(runs)
+        while True:
+            run = runs.send(consider(sc, run))
+    except StopIteration:
+        pass
     return sc.decisions
+
+
+def consider(sc: Scratch, run: Array) -> tuple[int, bool]:
+    """Schedule the jobs of a tenant's run in order until one is placed: (how many, placed).
+
+    Jobs whose key already failed in this call are settled in bulk (:func:`settle_known`):
+    the same outcome, in the same order, without the per-job Python path."""
+    at = 0
+    while at < run.size:
+        at = settle_known(sc, run, at)
+        if at == run.size:
+            break
+        placed = schedule_job(sc, int(run[at]))
+        at += 1
+        if placed:
+            return at, True
+    return at, False
+
+
+def settle_known(sc: Scratch, run: Array, at: int) -> int:
+    """Settle the jobs from ``at`` on whose key already failed in this call — exactly as
+    :func:`pending` would, one after another — and return the index of the first job that
+    needs scheduling."""
+    if sc.policy.fail_unplaced or not sc.failed:
+        return at
+    failed = np.fromiter(sc.failed, dtype=np.int64, count=len(sc.failed))
+    end, size = at, 16
+    while end < run.size:  # find the first job of an untried key, looking further each round
+        known = np.isin(sc.key_of[run[end : end + size]], failed)
+        if not known.all():
+            end += int(np.argmin(known))
+            break
+        end, size = end + known.size, size * 4
+    if end > at:
+        emit_changed_pending(sc, run[at:end], sc.key_of[run[at:end]])
+    return end
+
+
+def emit_changed_pending(sc: Scratch, jobs: Array, keys: Array) -> None:
+    """:func:`pending` for each of ``jobs`` (all of known failed keys), in order."""
+    reasons, texts = sc.state.jobs.cols["reason"][jobs], sc.state.reason_text
+    changed = np.zeros(jobs.size, dtype=np.bool_)
+    for key in np.unique(keys).tolist():
+        outcome, mine = sc.failed[key], keys == key
+        same = mine & (reasons == sc.state.reason_codes.get(outcome.reason) + 1)
+        changed |= mine & ~same
+        where = np.flatnonzero(same)
+        changed[where] = [texts.get(j) != outcome.message for j in jobs[where].tolist()]
+    for i in np.flatnonzero(changed).tolist():
+        outcome = sc.failed[int(keys[i])]
+        job_id = job_name(sc.state, int(jobs[i]))
+        sc.decisions.append(JobPending(job_id=job_id, reason=outcome.reason, message=outcome.message))
 
 
 def schedule_job(sc: Scratch, job: int) -> bool:
@@ -157,11 +229,13 @@ def reject(sc: Scratch, job: int, outcome: Outcome) -> bool:
     return False
 
 
-def job_key(state: State, job: int) -> tuple[object, ...]:
-    """Jobs with equal keys succeed or fail alike (until capacity is freed in this call)."""
+def job_key(state: State, job: int) -> int:
+    """Jobs with equal keys succeed or fail alike (until capacity is freed in this call).
+    The key is interned to a small integer, memoized per job (a job's shape never changes)."""
     key = state.job_keys.get(job)
     if key is None:
-        key = state.job_keys[job] = _job_key(state, job)
+        shape = _job_key(state, job)
+        key = state.job_keys[job] = state.key_ids.setdefault(shape, len(state.key_ids))
     return key
 
 
@@ -241,7 +315,8 @@ def place_single(
     if sc.policy_id == kernels.BEST_FIT:
         node = kernels.best_node_summary(cands, sc.gpu_total, *free, *shape)
     else:
-        node = kernels.best_node(cands, *free, *shape, sc.policy_id, sc.shapes)
+        memo = sc.memo((*shape[:4], int(shape[4])))
+        node = kernels.best_node_memo(cands, *free, *shape, sc.policy_id, sc.shapes, sc.node_version, memo)
     if node < 0:
         return None
     out_node[0] = node

@@ -460,6 +460,56 @@ def best_node(
     return _best_of(cands, nodes, task, False, shapes)
 
 
+# columns of a best_node_memo row
+MEMO_VERSION = 0  # the node's version the row was computed at (-1: never)
+MEMO_FITS = 1
+MEMO_PRIMARY = 2
+MEMO_SECONDARY = 3
+MEMO_COLUMNS = 4
+
+
+@_jit
+def best_node_memo(
+    cands: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+    policy: int,
+    shapes: I64,
+    node_version: I64,
+    memo: I64,
+) -> int:
+    """``best_node``, remembering each node's evaluation of this one task in ``memo`` (int64[N,
+    MEMO_COLUMNS], rows of -1 at first): a node is evaluated again only when its entry in
+    ``node_version`` differs from the row's. The caller keeps one memo per task and shape mix
+    and bumps a node's version whenever its free resources change."""
+    task = _task(cpu, mem, gpus, milli, models)
+    use_fgd = _uses_fgd(policy, shapes)
+    best, best_p, best_s = NO_NODE, 0, 0
+    for j in range(cands.shape[0]):
+        n = int(cands[j])
+        if memo[n, MEMO_VERSION] != node_version[n]:
+            ok, primary, secondary = _eval_node(
+                n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+            )
+            memo[n, MEMO_VERSION] = node_version[n]
+            memo[n, MEMO_FITS] = 1 if ok else 0
+            memo[n, MEMO_PRIMARY] = primary
+            memo[n, MEMO_SECONDARY] = secondary
+        if memo[n, MEMO_FITS] == 1:
+            primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
+            if _better(primary, secondary, n, best_p, best_s, best):
+                best, best_p, best_s = n, primary, secondary
+    return best
+
+
 @_hot
 def _best_of(cands: I64, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I64) -> int:
     cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes

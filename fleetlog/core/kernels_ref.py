@@ -31,6 +31,7 @@ __all__ = [
     "FGD",
     "allocate",
     "best_node",
+    "best_node_memo",
     "fits",
     "fragmentation",
     "node_score",
@@ -189,6 +190,30 @@ def best_node(
             score = node_score(n, cpu_free, gpu_free, gpu_count, cpu, gpus, milli, policy, shapes)
             ranked.append((*score, n))
     return min(ranked)[2] if ranked else NO_NODE
+
+
+def best_node_memo(
+    cands: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+    policy: int,
+    shapes: I64,
+    node_version: I64,
+    memo: I64,
+) -> int:
+    """``best_node``: the memo only saves work (the kernel re-evaluates a node whose version
+    changed), so the reference ignores it."""
+    del node_version, memo
+    free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    return best_node(cands, *free, cpu, mem, gpus, milli, models, policy, shapes)
 
 
 def allocate(

@@ -444,6 +444,34 @@ def test_best_node_summary_equals_best_fit(cluster: Cluster, task: Task, data: s
 
 
 @PROPERTY
+@given(
+    cluster=clusters(),
+    arrivals=st.lists(tasks(), min_size=1, max_size=12),
+    shapes=shape_mixes(),
+    policy=st.sampled_from(POLICIES),
+)
+def test_best_node_memo_equals_reference_as_tasks_land(
+    cluster: Cluster, arrivals: list[Task], shapes: Array, policy: int
+) -> None:
+    """Tasks arrive one by one and land where chosen: the memoized kernel, reusing each task
+    shape's evaluations of the nodes nothing landed on since, chooses what ``best_node`` does."""
+    arrays = cluster.arrays()
+    cpu_free, mem_free, gpu_free, gpu_count, _ = arrays
+    cands = cluster.all()
+    version = np.zeros(len(cluster.gpus), dtype=np.int64)
+    memos: dict[tuple[object, ...], Array] = {}
+    for task in arrivals:
+        memo = memos.setdefault(task.args(), np.full((version.size, nb.MEMO_COLUMNS), -1, np.int64))
+        got = nb.best_node_memo(cands, *arrays, *task.args(), policy, shapes, version, memo)
+        assert got == ref.best_node(cands, *arrays, *task.args(), policy, shapes)
+        assert got == ref.best_node_memo(cands, *arrays, *task.args(), policy, shapes, version, memo)
+        if got >= 0:
+            mask = nb.pick_gpus(gpu_free[got], int(gpu_count[got]), task.gpus, task.milli)
+            nb.allocate(got, mask, task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
+            version[got] += 1
+
+
+@PROPERTY
 @given(cluster=clusters(), shapes=shape_mixes(), data=st.data())
 def test_fragmentation_matches_reference(cluster: Cluster, shapes: Array, data: st.DataObject) -> None:
     cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
