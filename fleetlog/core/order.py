@@ -9,11 +9,11 @@ each of its jobs is considered.  FIFO (log order) within a tenant.
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import numpy as np
 
+from fleetlog.core.arrays import Array
 from fleetlog.core.state import JobState, NodeStatus, State
 
 SCALE = 1_000_000_000
@@ -41,8 +41,14 @@ def dominant_share(
     return share * 1000 // weight
 
 
-def drf_order(state: State, usage: dict[tuple[int, int], list[int]]) -> Iterator[int]:
-    """Yield pending job rows in decide order; ``usage`` is read afresh after each yield."""
+Runs = Generator[Array, tuple[int, bool], None]
+"""Yields the rest of the front tenant's queue (job rows in order); the caller sends back how
+many of them it considered and whether the last one was placed (its tenant's share moved)."""
+
+
+def drf_runs(state: State, usage: dict[tuple[int, int], list[int]]) -> Runs:
+    """Pending job rows in decide order, a tenant's run at a time; ``usage`` is read afresh
+    after each placement."""
     jc = state.jobs.cols
     pending = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
     if pending.size == 0:
@@ -59,26 +65,23 @@ def drf_order(state: State, usage: dict[tuple[int, int], list[int]]) -> Iterator
 def _one_class(
     state: State,
     usage: dict[tuple[int, int], list[int]],
-    jobs: np.ndarray,
-    tenants: np.ndarray,
+    jobs: Array,
+    tenants: Array,
     fleet: tuple[int, int, int],
-) -> Iterator[int]:
+) -> Runs:
     cuts = np.flatnonzero(np.diff(tenants)) + 1
-    queues = {
-        int(t[0]): deque(q.tolist())
-        for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)
-    }
+    queues = {int(t[0]): q for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)}
     heap = [(dominant_share(state, usage, t, fleet), t) for t in sorted(queues)]
     heapq.heapify(heap)
     while heap:
         _, t = heapq.heappop(heap)
         queue = queues[t]
-        while queue:
-            before = tuple(usage.get((t, -1), ()))
-            yield queue.popleft()
-            if tuple(usage.get((t, -1), ())) != before:  # placed: the share moved, re-rank
-                if queue:
+        while queue.size:
+            used, placed = yield queue
+            queue = queues[t] = queue[used:]
+            if placed:  # the share moved: re-rank
+                if queue.size:
                     heapq.heappush(heap, (dominant_share(state, usage, t, fleet), t))
                 break
-            # Not placed: the share is unchanged and was the smallest, so this tenant stays first
-            # (exactly what popping it again would give) — skip the heap round trip.
+            # Not placed (the run ended without a placement): the share is unchanged and was the
+            # smallest, so this tenant stays in front — exactly what popping it again would give.

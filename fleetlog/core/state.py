@@ -157,8 +157,10 @@ class State:
         self.pending_count = 0
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
-        self.job_keys: dict[int, tuple[object, ...]] = {}
-        """job row -> its decide key (derived: a job's shape never changes; not state)."""
+        self.job_keys: dict[int, int] = {}
+        """job row -> its decide key id (derived: a job's shape never changes; not state)."""
+        self.key_ids: dict[tuple[object, ...], int] = {}
+        """decide key -> its id (derived, like ``job_keys``)."""
         self.beat_cache: dict[str, tuple[int, object]] = {}
         """node name -> (row, its last heartbeat) while up: fold_many's fast path (not state: derived)."""
 
