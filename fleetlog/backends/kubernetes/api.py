@@ -8,7 +8,6 @@ so responses are read as bytes and decoded by :mod:`fleetlog.backends.kubernetes
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final
@@ -126,8 +125,3 @@ class KubeApi:
                         yield line
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
                 raise KubeUnreachableError(f"watch {path}: {e!r}") from e
-
-
-def dumps(body: Mapping[str, Any]) -> str:
-    """Compact JSON for logs and tests."""
-    return json.dumps(body, separators=(",", ":"), sort_keys=True)

@@ -65,7 +65,7 @@ class Rig:
 
     def __init__(self, kube: KubeControlPlane, store: LogStore, cfg: KubeBackendConfig) -> None:
         self.kube, self.store, self.cfg = kube, store, cfg
-        self.loop = SchedulerLoop(store, policy_named("default"), LoopConfig(check_invariants=False))
+        self.loop = SchedulerLoop(store, policy_named("default"), LoopConfig(check_invariants=True))
         self.backend: KubernetesBackend | None = None
         self.apis: list[KubeApi] = []
         self.kubelet: FakeKubelet | None = None
