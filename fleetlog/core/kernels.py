@@ -32,6 +32,11 @@ sound upper bound on the tasks it could host (free totals, or for equal tasks th
 per-node copy counts) can't beat the best result so far; (3) under BEST_FIT, for equal tasks,
 skips a domain when T times a floor under any task's score there (a node's best-fit score only
 falls as copies land on it) can't beat the best domain found. None of these changes a result.
+
+best_node_memo is best_node for a caller that places many tasks in a row on one working copy
+(decide): it keeps each node's evaluation of one task shape, stamped with the node's version,
+and evaluates a node again only when the caller has bumped that version (the node's free
+resources changed). The reference is plain best_node.
 """
 
 from __future__ import annotations
