@@ -57,7 +57,8 @@ class Scratch:
         n, c = state.nodes.size, state.nodes.cols
         self.state, self.policy = state, policy
         self.cpu_free, self.mem_free = c["cpu_free"][:n].copy(), c["mem_free"][:n].copy()
-        self.gpu_free = c["gpu_free"][:n].copy()
+        width = max(1, int(c["gpu_count"][:n].max(initial=0)))  # GPU columns any node uses
+        self.gpu_free = c["gpu_free"][:n, :width].copy()
         self.gpu_total = self.gpu_free.sum(axis=1, dtype=np.int64)
         self.gpu_count, self.model = c["gpu_count"][:n], c["model"][:n]
         self.usage = {k: list(v) for k, v in state.usage.items()}
