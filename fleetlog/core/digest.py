@@ -56,10 +56,13 @@ def _columns(state: State) -> list[tuple[str, str, bytes]]:
     return out
 
 
+_HASH_SEED: Final = np.uint64(0x9E3779B97F4A7C15)
+
+
 @numba.njit(cache=True)
-def _hash_words(words: npt.NDArray[np.uint64]) -> np.uint64:
-    """A 64-bit multiply-xorshift hash of a column's words (integer only, order-sensitive)."""
-    h = np.uint64(0x9E3779B97F4A7C15)
+def _hash_words(h: np.uint64, words: npt.NDArray[np.uint64]) -> np.uint64:
+    """A 64-bit multiply-xorshift hash of a column's words, continued from ``h`` (integer only,
+    order-sensitive)."""
     for i in range(words.shape[0]):
         h = (h ^ words[i]) * np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(31)
@@ -67,11 +70,17 @@ def _hash_words(words: npt.NDArray[np.uint64]) -> np.uint64:
 
 
 def _column_hash(col: npt.NDArray[Any]) -> int:
+    """The hash of the column's bytes as little-endian words, the last one zero-padded: whole
+    words are hashed in place, only a partial last word is copied."""
     raw = np.ascontiguousarray(col).view(np.uint8).ravel()
-    padded = np.zeros((raw.size + 7) // 8 * 8, dtype=np.uint8)
-    padded[: raw.size] = raw
+    whole = raw.size // 8 * 8
     with np.errstate(over="ignore"):  # the multiply wraps on purpose (warns only with the JIT off)
-        return int(_hash_words(padded.view(np.uint64)))
+        h = _hash_words(_HASH_SEED, raw[:whole].view(np.uint64))
+        if whole < raw.size:
+            tail = np.zeros(8, dtype=np.uint8)
+            tail[: raw.size - whole] = raw[whole:]
+            h = _hash_words(np.uint64(h), tail.view(np.uint64))
+    return int(h)
 
 
 def digest(state: State) -> str:
