@@ -51,7 +51,10 @@ class Actuator:
         self.bound: dict[str, str] = {}
         """Pod key -> node, for bindings this process made (the watch may not have shown them yet)."""
         self.gate = asyncio.Semaphore(cfg.bind_concurrency)
-        self.counts = {"bound": 0, "evicted": 0, "explained": 0, "failed": 0}
+        self.counts = {"bound": 0, "evicted": 0, "explained": 0, "failed": 0, "deferred": 0}
+        self.evicting: dict[str, set[str]] = {}
+        """Node -> keys of pods evicted from it that may still be there (terminating)."""
+        self.waiting: set[asyncio.Task[None]] = set()
         self.running = True  # cleared before the owner cancels (see Watcher.running)
 
     # --- reading decisions ------------------------------------------------------------------
@@ -116,10 +119,35 @@ class Actuator:
                 await self.explain(decision)
 
     async def place(self, placements: list[JobPlaced]) -> None:
+        """Bind now, or once the pods evicted to make room have left the target nodes (a kubelet
+        admits a pod only when the node's resources are free)."""
+        ours = [d for d in placements if d.cell == self.cfg.cell]
+        for d in [d for d in ours if self._blocked(d)]:
+            self.counts["deferred"] += 1
+            task = asyncio.create_task(self._bind_when_free(d))
+            self.waiting.add(task)
+            task.add_done_callback(self.waiting.discard)
+        await asyncio.gather(*(self._bind_job(d) for d in ours if not self._blocked(d)))
+
+    def _blocked(self, d: JobPlaced) -> bool:
+        pods = self.observer.pods
+        for t in d.tasks:
+            leaving = self.evicting.get(t.node)
+            if leaving:
+                leaving.intersection_update(pods)  # forget the pods already gone
+                if leaving:
+                    return True
+        return False
+
+    async def _bind_when_free(self, d: JobPlaced, patience_s: float = 120.0) -> None:
+        deadline = asyncio.get_running_loop().time() + patience_s
+        while self._blocked(d) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await self._bind_job(d)
+
+    async def _bind_job(self, d: JobPlaced) -> None:
         binds = [
             self.bind(key, pod, d, t.task_index, t.node)
-            for d in placements
-            if d.cell == self.cfg.cell
             for t in d.tasks
             for key, pod in self._pod(d.job_id, t.task_index)
         ]
@@ -168,6 +196,7 @@ class Actuator:
             path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}/eviction"
             if await self._post(path, body, f"evict {key} (preempted by {d.by_job_id}: {d.cause})"):
                 self.counts["evicted"] += 1
+                self.evicting.setdefault(pod.spec.node_name, set()).add(key)
 
     async def explain(self, d: JobPending | JobRejected) -> None:
         verb = "rejected" if isinstance(d, JobRejected) else "pending"

@@ -73,6 +73,7 @@ class KubernetesBackend:
             self.observer.node_watch.running = self.observer.pod_watch.running = False
         if self.actuator is not None:
             self.actuator.running = False
+            self.tasks.extend(self.actuator.waiting)
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:

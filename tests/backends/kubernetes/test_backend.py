@@ -86,6 +86,8 @@ async def has(rig: Rig, kind: type, n: int) -> bool:
 
 async def test_gang_too_big_for_a_rack_waits_and_says_why(rig: Rig) -> None:
     rig.apply(items(*gpu_rack_nodes()))
+    ledger = rig.backend.observer.emitter.ledger  # type: ignore[union-attr]
+    await rig.until("heartbeats of 4 nodes", lambda: len(ledger.nodes) == 4)
     names = [f"big-{i}" for i in range(8)]
     rig.apply(items(*(pod(n, gpus=2, group="big", group_size=8, topology="rack") for n in names)))
 
@@ -96,7 +98,8 @@ async def test_gang_too_big_for_a_rack_waits_and_says_why(rig: Rig) -> None:
             for c in p["status"].get("conditions", [])
             if c["type"] == "PodScheduled"
         ]
-        return len(conditions) == 8 and all(c["status"] == "False" for c in conditions)
+        gang = [c for c in conditions if c["status"] == "False" and c["reason"].startswith("Gang")]
+        return len(gang) == 8
 
     await rig.until("every pod carries PodScheduled=False", explained, timeout_s=60)
     assert bound(rig, names) == {}
@@ -148,6 +151,7 @@ async def test_higher_priority_pod_preempts(rig: Rig) -> None:
     rig.apply(items(pod("urgent", gpus=2, priority_class="high")))
     await rig.until("urgent bound", lambda: "urgent" in bound(rig, ["urgent"]), timeout_s=90)
     await rig.until("two low pods evicted", lambda: len([n for n in low if n in pods(rig)]) == 2)
+    assert rig.backend.actuator.counts["deferred"] == 1, "the preemptor must wait for its room"  # type: ignore[union-attr]
     decisions = await rig.decisions()
     preempted = [d for d in decisions if isinstance(d, TaskPreempted)]
     assert {d.cause for d in preempted} == {"priority"}
