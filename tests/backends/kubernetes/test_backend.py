@@ -23,6 +23,7 @@ from fleetlog.events import (
     JobRejected,
     JobSubmitted,
     NodeHeartbeat,
+    NodeRemoved,
     TaskFailed,
     TaskFinished,
     TaskPreempted,
@@ -267,3 +268,15 @@ async def test_backend_user_has_only_the_documented_rights(rig: Rig) -> None:
         assert refused.value.status == 403
     finally:
         await api.close()
+
+
+async def test_a_deleted_node_is_removed_once(rig: Rig) -> None:
+    rig.apply(items(node("gone-1", gpus=4, model="A100"), node("stays-1")))
+    ledger = rig.backend.observer.emitter.ledger  # type: ignore[union-attr]
+    await rig.until("both nodes reported", lambda: len(ledger.nodes) == 2)
+    assert ledger.nodes["gone-1"].gpu_model == "A100"
+    rig.kube.kubectl("delete", "node", "gone-1")
+    await rig.until_async("NodeRemoved", lambda: has(rig, NodeRemoved, 1))
+    await rig.backend.observer.node_watch.relist()  # type: ignore[union-attr]
+    await rig.backend.observer.emitter.flush()  # type: ignore[union-attr]
+    assert await rig.count(NodeRemoved) == 1, "a relist must not remove the node again"
