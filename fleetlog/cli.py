@@ -113,19 +113,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """A job's state, read from the logs (newest snapshot + tail)."""
-    from fleetlog.service.command import CommandError, configure, status
+    """A job's state, read from the logs (newest snapshot + tail) the way replay reads them."""
+    from fleetlog.replay import handlers
+    from fleetlog.replay.source import ReplayError
 
+    place = _replay_place(args)
     try:
-        found = status(configure(args.config, args.log, args.kafka), args.job)
-    except CommandError as exc:
+        return asyncio.run(handlers.run("status", place, args))
+    except ReplayError as exc:
         raise UsageError(str(exc)) from None
-    if args.json:
-        print(json.dumps(found))
-    else:
-        for key, value in found.items():
-            print(f"{key:>16}  {value}")
-    return 0
 
 
 def _add_log_options(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.views import jobs_table, nodes_table, queues_table, tenants_table
+from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.log.base import INPUTS
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.replay import source as src
@@ -164,6 +164,20 @@ async def cmd_state_at(args: argparse.Namespace, source: Source) -> int:
         _print_json(out)
     else:
         _print_state(out, sections, args.limit)
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace, source: Source) -> int:
+    """``fleetlog status JOB``: the job as the state at the end of the logs holds it."""
+    end = await src.end_offset(source.store, INPUTS)
+    found = job_status((await state_at(source, Point(offset=end))).state, args.job)
+    if found is None:
+        raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log")
+    if args.json:
+        _print_json(found)
+    else:
+        for key, value in found.items():
+            print(f"{key:>16}  {value}")
     return 0
 
 
@@ -329,6 +343,7 @@ async def run(name: str, place: Place, args: argparse.Namespace) -> int:
 
 
 HANDLERS: dict[str, Handler] = {
+    "status": cmd_status,
     "verify": cmd_verify,
     "state-at": cmd_state_at,
     "explain": cmd_explain,

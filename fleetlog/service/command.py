@@ -1,4 +1,4 @@
-"""``fleetlog run`` and ``fleetlog status``: the service and a read-only look at a job."""
+"""``fleetlog run``: configuration from the command line, structured logging, the service until a signal."""
 
 from __future__ import annotations
 
@@ -13,14 +13,8 @@ from typing import Any
 import structlog
 import uvloop
 
-from fleetlog.core.policy import policy_named
-from fleetlog.core.state import State
-from fleetlog.log.base import LogError, LogStore
-from fleetlog.log.file import FileLogStore
-from fleetlog.service.config import Config, ConfigError, load_config, make_store
-from fleetlog.service.loop import LoopConfig, SchedulerLoop
-from fleetlog.service.service import Service, recover, snapshot_store
-from fleetlog.service.status import job_status
+from fleetlog.service.config import Config, ConfigError, load_config
+from fleetlog.service.service import Service
 
 
 class CommandError(Exception):
@@ -64,35 +58,3 @@ def run_service(config: Config) -> None:
         await service.run()
 
     uvloop.run(main())
-
-
-async def read_state(config: Config) -> State:
-    """The state at the end of the logs, read-only: the newest snapshot, the decisions after it,
-    then every input after the last decision (folded, nothing decided)."""
-    store: LogStore = (
-        FileLogStore(config.log.dir, read_only=True) if config.log.dir is not None else make_store(config)
-    )
-    snapshots = snapshot_store(config)
-    await store.open()
-    try:
-        settings = config.service
-        loop, _ = await recover(store, snapshots, lambda s: SchedulerLoop(s, policy_named(settings.policy),
-                                                                        LoopConfig(group=settings.group)))
-        await loop.catch_up()
-        return loop.state
-    finally:
-        await snapshots.close()
-        await store.close()
-
-
-def status(config: Config, job_id: str) -> dict[str, Any]:
-    if config.log.dir is not None and not (Path(config.log.dir)).is_dir():
-        raise CommandError(f"no file log at {config.log.dir}")
-    try:
-        state = asyncio.run(read_state(config))
-    except LogError as exc:
-        raise CommandError(f"cannot read the logs: {exc}") from None
-    found = job_status(state, job_id)
-    if found is None:
-        raise CommandError(f"unknown job {job_id!r}: no JobSubmitted for it in the inputs log")
-    return found
