@@ -39,6 +39,7 @@ from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
 from fleetlog.events.model import Decision, JobPending, JobPlaced, JobRejected, TaskPlacement, TaskPreempted
 
 MAX_SHAPES: Final = 32
+MAX_MEMOS: Final = 64  # task shapes whose node scores one decide call remembers at once
 
 
 class Placement:
@@ -92,6 +93,8 @@ class Scratch:
         """The remembered node evaluations of one task shape (see ``kernels.best_node_memo``)."""
         rows = self.memos.get(shape)
         if rows is None:
+            if len(self.memos) >= MAX_MEMOS:
+                self.memos.clear()  # bounded memory: a memo only saves work
             rows = self.memos[shape] = np.full((self.node_version.size, kernels.MEMO_COLUMNS), -1, np.int64)
         return rows
 

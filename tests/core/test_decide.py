@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from fleetlog.core import decide as decide_module
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import JobState
 from fleetlog.events import JobCancelled, JobPending, JobRejected, TaskFinished, TaskPreempted
@@ -200,3 +203,22 @@ def test_node_timeout_requeues_its_gang() -> None:
     d.feed(node("n1", gpus=8), step_ms=61_000)  # n2 missed heartbeats for over a minute
     assert d.state.jobs.cols["state"][d.state.job_row("gang")] == JobState.PENDING
     assert d.reasons(d.decide()) == {"gang": "gang_does_not_fit"}
+
+
+def fractional_fleet() -> Driver:
+    """Six nodes and jobs of many shapes (fractional and whole GPUs, several CPU sizes) pending."""
+    d = Driver()
+    d.feed(*(node(f"n{i}", gpus=(2, 4, 8)[i % 3], cpu=(16_000, 64_000)[i % 2]) for i in range(6)))
+    shapes = [(1, milli, cpu) for milli in (250, 500, 700) for cpu in (2_000, 6_000)] + [(2, 1000, 8_000)]
+    d.feed(*(job(f"j{k}", gpus=g, milli=m, cpu=c) for k, (g, m, c) in enumerate(shapes * 3)))
+    return d
+
+
+def test_remembered_node_scores_do_not_change_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decide remembers node scores per task shape (at most MAX_MEMOS shapes at once): with room
+    for one shape only, the same 21 jobs of 7 shapes land exactly where they land otherwise."""
+    roomy = fractional_fleet().decide()
+    monkeypatch.setattr(decide_module, "MAX_MEMOS", 1)
+    tight = fractional_fleet().decide()
+    assert len(Driver().placed(roomy)) == 21
+    assert tight == roomy
