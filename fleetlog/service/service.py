@@ -172,7 +172,10 @@ class Service:
                     await self._cycle()
                     delay = 0.1
                 except FencedError as exc:
+                    # Another process leads now: give the election a session to tell us so before
+                    # opening a producer again (which would fence the new leader in turn).
                     log.warning("fenced", error=str(exc))
+                    await self._sleep(self.settings.leader_session_timeout_ms / 1000)
                 except (LogError, OSError) as exc:
                     log.warning("loop_interrupted", error=str(exc), retry_s=delay)
                     self.metrics.restarts.inc()
