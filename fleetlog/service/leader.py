@@ -67,6 +67,9 @@ class KafkaElection:
             self.lost.set()
 
     async def start(self) -> None:
+        """Join the election (again after :meth:`stop`); a no-op while already a member."""
+        if self._consumer is not None:
+            return
         await ensure_topic(self.config, self.config.topic(LEADER_TOPIC), 1)
         consumer = AIOKafkaConsumer(
             **(self.config.client_options() | {"client_id": self.member}),

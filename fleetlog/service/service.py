@@ -31,6 +31,7 @@ from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy, policy_named
 from fleetlog.core.state import State
+from fleetlog.core.views import job_status, pending_by_reason
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
@@ -50,7 +51,6 @@ from fleetlog.service.http import HttpServer, Request, Response, json_response
 from fleetlog.service.leader import KafkaElection
 from fleetlog.service.loop import LoopConfig, SchedulerLoop, SnapshotMismatchError, StepResult
 from fleetlog.service.metrics import Metrics
-from fleetlog.service.status import job_status, pending_by_reason
 
 SERVICE_FILE: Final = "service.json"
 RETRY_MAX_S: Final = 5.0
@@ -227,8 +227,7 @@ class Service:
     async def _await_leadership(self) -> bool:
         election = self.election
         assert election is not None
-        if election._consumer is None:
-            await election.start()
+        await election.start()
         if not election.leader.is_set():
             log.info("standing_by", group=election.group)
         waiter = asyncio.create_task(election.leader.wait())

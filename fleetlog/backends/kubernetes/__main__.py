@@ -16,27 +16,16 @@ import signal
 from fleetlog.backends.kubernetes.api import KubeApi
 from fleetlog.backends.kubernetes.backend import KubernetesBackend
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
-from fleetlog.log.base import LogStore
-from fleetlog.log.file import FileLogStore
-from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.backends.store_args import add_store_arguments, open_store
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m fleetlog.backends.kubernetes", description=__doc__)
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--log", help="directory of the embedded file log")
-    where.add_argument("--kafka", help="Kafka bootstrap servers, host:port[,host:port]")
-    parser.add_argument("--topic-prefix", default="fleetlog", help="Kafka topic prefix (default fleetlog)")
+    add_store_arguments(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
     parser.add_argument("--cell", default="kubernetes", help="the fleetlog cell this cluster is")
     parser.add_argument("--scheduler-name", default="fleetlog", help="pods with this schedulerName are ours")
     return parser.parse_args(argv)
-
-
-def open_store(args: argparse.Namespace) -> LogStore:
-    if args.log:
-        return FileLogStore(args.log)
-    return KafkaLogStore(KafkaConfig(bootstrap_servers=args.kafka, topic_prefix=args.topic_prefix))
 
 
 async def serve(args: argparse.Namespace) -> None:

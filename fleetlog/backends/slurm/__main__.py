@@ -18,18 +18,13 @@ import signal
 
 from fleetlog.backends.slurm.backend import SlurmBackend, SlurmConfig
 from fleetlog.backends.slurm.mapping import SubmitSettings, Workload, sleep_for_expected_duration
+from fleetlog.backends.store_args import add_store_arguments, open_store
 from fleetlog.events import JobSubmitted
-from fleetlog.log.base import LogStore
-from fleetlog.log.file import FileLogStore
-from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m fleetlog.backends.slurm", description=__doc__)
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--log", help="directory of the embedded file log")
-    where.add_argument("--kafka", help="Kafka bootstrap servers, host:port[,host:port]")
-    parser.add_argument("--topic-prefix", default="fleetlog", help="Kafka topic prefix (default fleetlog)")
+    add_store_arguments(parser)
     parser.add_argument("--slurm-conf", default="", help="SLURM_CONF for the client commands")
     parser.add_argument("--cell", default="slurm", help="the fleetlog cell this cluster is (default slurm)")
     parser.add_argument(
@@ -40,12 +35,6 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", default="/dev/null", help="sbatch --output pattern (default /dev/null)")
     parser.add_argument("--command", default="", help="the shell line every task runs")
     return parser.parse_args(argv)
-
-
-def open_store(args: argparse.Namespace) -> LogStore:
-    if args.log:
-        return FileLogStore(args.log)
-    return KafkaLogStore(KafkaConfig(bootstrap_servers=args.kafka, topic_prefix=args.topic_prefix))
 
 
 def workload(command: str) -> Workload:
