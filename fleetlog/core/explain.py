@@ -80,6 +80,9 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
     )
 
 
+NO_MEMO = np.zeros((0, kernels.MEMO_COLUMNS), dtype=np.int64)
+
+
 def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[np.ndarray, ...]]:
     """The gang kernel on ``job`` over ``cands`` in the working copy: (domain or -1, tasks
     that fit, (task rows, node per task, GPU mask per task, cpu, mem, gpus, milli))."""
@@ -89,8 +92,23 @@ def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[
     out_node = np.full(idx.size, -1, dtype=np.int32)
     out_mask = np.zeros(idx.size, dtype=np.uint64)
     free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
-    chosen, count = kernels.place_gang(
-        cands, domain, *free, cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, out_node, out_mask
+    first = (int(cpu[0]), int(mem[0]), int(gpus[0]), int(milli[0]), int(models[0])) if idx.size else None
+    memo = sc.memo(first) if first is not None else NO_MEMO
+    chosen, count = kernels.place_gang_memo(
+        cands,
+        domain,
+        *free,
+        cpu,
+        mem,
+        gpus,
+        milli,
+        models,
+        sc.policy_id,
+        sc.shapes,
+        out_node,
+        out_mask,
+        sc.node_version,
+        memo,
     )
     return int(chosen), int(count), (idx, out_node, out_mask, cpu, mem, gpus, milli)
 

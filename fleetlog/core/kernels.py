@@ -903,11 +903,68 @@ def _scan_top(
     return size
 
 
+@_hot
+def _scan_top_memo(
+    group: I64,
+    nodes: NodeArrays,
+    work: Work,
+    task: Task,
+    cap: int,
+    use_fgd: bool,
+    shapes: I64,
+    node_version: I64,
+    memo: I64,
+) -> int:
+    """``_scan_top`` for a domain none of whose nodes is touched yet, reading each node's
+    evaluation of ``task`` from ``memo`` (see ``best_node_memo``) and refreshing stale rows."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    top = work[W_TOP]
+    size = 0
+    for j in range(group.shape[0]):
+        n = int(group[j])
+        if memo[n, MEMO_VERSION] != node_version[n]:
+            ok, primary, secondary = _eval_node(
+                n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+            )
+            memo[n, MEMO_VERSION] = node_version[n]
+            memo[n, MEMO_FITS] = 1 if ok else 0
+            memo[n, MEMO_PRIMARY] = primary
+            memo[n, MEMO_SECONDARY] = secondary
+        if memo[n, MEMO_FITS] != 1:
+            continue
+        primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
+        last = size - 1
+        if size < cap or _better(
+            primary,
+            secondary,
+            n,
+            top[last, RANK_PRIMARY],
+            top[last, RANK_SECONDARY],
+            group[top[last, RANK_LOCAL]],
+        ):
+            size = _rank_insert(top, size, cap, j, primary, secondary, group)
+    return size
+
+
 @_jit
 def _collect_top(
-    group: I64, nodes: NodeArrays, work: Work, task: Task, cap: int, use_fgd: bool, shapes: I64
+    group: I64,
+    nodes: NodeArrays,
+    work: Work,
+    task: Task,
+    cap: int,
+    use_fgd: bool,
+    shapes: I64,
+    node_version: I64,
+    memo: I64,
 ) -> int:
-    """Fill the top list with the ``cap`` best feasible nodes of the domain; its size."""
+    """Fill the top list with the ``cap`` best feasible nodes of the domain; its size. With a
+    memo (rows for every node; an empty one means none), the domain must be untouched and
+    ``task`` the memo's shape."""
+    if memo.shape[0] > 0:
+        if use_fgd:
+            return _scan_top_memo(group, nodes, work, task, cap, True, shapes, node_version, memo)
+        return _scan_top_memo(group, nodes, work, task, cap, False, shapes, node_version, memo)
     if use_fgd:
         return _scan_top(group, nodes, work, task, cap, True, shapes)
     return _scan_top(group, nodes, work, task, cap, False, shapes)
@@ -974,6 +1031,8 @@ def _place_run(
     use_fgd: bool,
     shapes: I64,
     work: Work,
+    node_version: I64,
+    memo: I64,
 ) -> tuple[int, int, int]:
     """Place the equal tasks ``start..end-1``; (how many were placed, primary sum, secondary sum).
 
@@ -982,7 +1041,7 @@ def _place_run(
     """
     top, dirty = work[W_TOP], work[W_DIRTY]
     task = _task_at(tasks, start)
-    n_top = _collect_top(group, nodes, work, task, end - start, use_fgd, shapes)
+    n_top = _collect_top(group, nodes, work, task, end - start, use_fgd, shapes, node_version, memo)
     n_dirty, total_p, total_s = 0, 0, 0
     for t in range(start, end):
         source, k = _choose(group, work, n_top, n_dirty)
@@ -1007,16 +1066,27 @@ def _place_run(
 
 @_jit
 def _place_in_domain(
-    group: I64, nodes: NodeArrays, tasks: TaskArrays, use_fgd: bool, shapes: I64, work: Work
+    group: I64,
+    nodes: NodeArrays,
+    tasks: TaskArrays,
+    use_fgd: bool,
+    shapes: I64,
+    work: Work,
+    node_version: I64,
+    memo: I64,
 ) -> tuple[int, int, int]:
-    """Place the tasks in order, each on its best node of ``group``; (placed, primary, secondary)."""
+    """Place the tasks in order, each on its best node of ``group``; (placed, primary, secondary).
+    ``memo`` (of the first task's shape) serves the first run, while no node is touched."""
     n_tasks = tasks[0].shape[0]
     placed, total_p, total_s = 0, 0, 0
     while placed < n_tasks:
         end = placed + 1
         while end < n_tasks and _same_task(tasks, placed, end):
             end += 1
-        done, primary, secondary = _place_run(group, nodes, tasks, placed, end, use_fgd, shapes, work)
+        run_memo = memo if placed == 0 else memo[:0]
+        done, primary, secondary = _place_run(
+            group, nodes, tasks, placed, end, use_fgd, shapes, work, node_version, run_memo
+        )
         placed += done
         total_p += primary
         total_s += secondary
@@ -1053,6 +1123,8 @@ def _search_domains(
     shapes: I64,
     out_node: I32,
     out_mask: U64,
+    node_version: I64,
+    memo: I64,
 ) -> tuple[int, int]:
     n_tasks = tasks[0].shape[0]
     n_dom = starts.shape[0] - 1
@@ -1073,7 +1145,9 @@ def _search_domains(
                 continue
             if equal and not use_fgd and best_dom != NO_DOMAIN and n_tasks * floor >= best_s:
                 continue  # can't beat the best domain so far (BEST_FIT: primaries are all 0)
-        placed, primary, secondary = _place_in_domain(group, nodes, tasks, use_fgd, shapes, work)
+        placed, primary, secondary = _place_in_domain(
+            group, nodes, tasks, use_fgd, shapes, work, node_version, memo
+        )
         if placed < n_tasks:
             best_partial = max(best_partial, placed)
         elif best_dom == NO_DOMAIN or primary < best_p or (primary == best_p and secondary < best_s):
@@ -1112,6 +1186,52 @@ def place_gang(
     receive its placement and ``(domain id, T)`` is returned. Otherwise ``(-1, best_partial)``:
     the most leading tasks that fit in any one domain, and ``out_node`` = -1, ``out_mask`` = 0.
     """
+    no_memo = np.zeros((0, MEMO_COLUMNS), dtype=np.int64)
+    return place_gang_memo(
+        cands,
+        domain,
+        cpu_free,
+        mem_free,
+        gpu_free,
+        gpu_count,
+        node_model,
+        t_cpu,
+        t_mem,
+        t_gpus,
+        t_milli,
+        t_models,
+        policy,
+        shapes,
+        out_node,
+        out_mask,
+        no_memo[:, 0],
+        no_memo,
+    )
+
+
+@_jit
+def place_gang_memo(
+    cands: I64,
+    domain: I32,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    t_cpu: I64,
+    t_mem: I64,
+    t_gpus: I32,
+    t_milli: I32,
+    t_models: U64,
+    policy: int,
+    shapes: I64,
+    out_node: I32,
+    out_mask: U64,
+    node_version: I64,
+    memo: I64,
+) -> tuple[int, int]:
+    """``place_gang``, reading and refreshing the nodes' evaluations of the *first* task's shape
+    in ``memo`` as ``best_node_memo`` does (an empty memo: none). Same result as ``place_gang``."""
     out_node[:] = NO_NODE
     out_mask[:] = _ZERO
     nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
@@ -1119,7 +1239,17 @@ def place_gang(
     members = _distinct_in_domains(cands, domain, cpu_free.shape[0])
     grouped, starts = _group_by_domain(members, domain)
     return _search_domains(
-        grouped, starts, domain, nodes, tasks, _uses_fgd(policy, shapes), shapes, out_node, out_mask
+        grouped,
+        starts,
+        domain,
+        nodes,
+        tasks,
+        _uses_fgd(policy, shapes),
+        shapes,
+        out_node,
+        out_mask,
+        node_version,
+        memo,
     )
 
 

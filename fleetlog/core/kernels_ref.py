@@ -37,6 +37,7 @@ __all__ = [
     "node_score",
     "pick_gpus",
     "place_gang",
+    "place_gang_memo",
 ]
 
 Score = tuple[int, int]
@@ -345,3 +346,30 @@ def best_node_summary(
         BEST_FIT,
         np.zeros((0, 4), dtype=np.int64),
     )
+
+
+def place_gang_memo(
+    cands: I64,
+    domain: I32,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    t_cpu: I64,
+    t_mem: I64,
+    t_gpus: I32,
+    t_milli: I32,
+    t_models: U64,
+    policy: int,
+    shapes: I64,
+    out_node: I32,
+    out_mask: U64,
+    node_version: I64,
+    memo: I64,
+) -> tuple[int, int]:
+    """``place_gang``: the memo only saves work, so the reference ignores it."""
+    del node_version, memo
+    free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    tasks = (t_cpu, t_mem, t_gpus, t_milli, t_models)
+    return place_gang(cands, domain, *free, *tasks, policy, shapes, out_node, out_mask)

@@ -60,7 +60,7 @@ async def fold_inputs(
     """Fold inputs up to ``stop``; how many records were consumed."""
     before = reader.offset
     async for events in reader.until(stop):
-        fold_many(state, [(event, at_ms) for _, event, at_ms in events])
+        fold_many(state, events.pairs())
         for observer in observers:
             observer.inputs(state, events)
         if progress is not None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
+from typing import cast, overload
 
 import msgspec
 from aiokafka.admin import AIOKafkaAdminClient
@@ -144,6 +146,39 @@ def decode_batch(record: Record) -> DecisionBatch:
 Input = tuple[int, InputEvent, int]
 """(offset, event, log time in ms) of one decoded input."""
 MEMO_LIMIT = 1 << 16
+_TIMESTAMP = attrgetter("timestamp_ms")
+_OFFSET = attrgetter("offset")
+_VALUE = attrgetter("value")
+_HEADERS = attrgetter("headers")
+
+
+class Chunk(Sequence[Input]):
+    """Decoded inputs as three parallel lists; a sequence of :data:`Input` for observers, and
+    :meth:`pairs` for the fold (no tuple per event is kept)."""
+
+    __slots__ = ("events", "offsets", "times")
+
+    def __init__(self, offsets: Sequence[int], events: list[InputEvent], times: list[int]) -> None:
+        self.offsets, self.events, self.times = offsets, events, times
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @overload
+    def __getitem__(self, i: int) -> Input: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Input]: ...
+    def __getitem__(self, i: int | slice) -> Input | list[Input]:
+        if isinstance(i, slice):
+            return list(zip(self.offsets[i], self.events[i], self.times[i], strict=True))
+        return self.offsets[i], self.events[i], self.times[i]
+
+    def __iter__(self) -> Iterator[Input]:
+        return zip(self.offsets, self.events, self.times, strict=True)
+
+    def pairs(self) -> Iterator[tuple[InputEvent, int]]:
+        """(event, log time) in order: what ``fold_many`` takes."""
+        return zip(self.events, self.times, strict=True)
 
 
 class InputReader:
@@ -151,7 +186,8 @@ class InputReader:
     do not decode, decisions in the inputs log: the dead letters).
 
     A fleet's steady heartbeats repeat byte for byte, so decoded heartbeats are kept by their
-    bytes and a repeat costs a dictionary lookup instead of a decode."""
+    bytes and a repeat costs a dictionary lookup instead of a decode (and hands the fold the
+    very object it saw last time, which its steady-heartbeat path recognises by identity)."""
 
     def __init__(self, store: LogStore, offset: int = 0) -> None:
         self.store = store
@@ -159,11 +195,11 @@ class InputReader:
         self.skipped = 0
         self._memo: dict[object, InputEvent] = {}
 
-    async def until(self, stop: int) -> AsyncIterator[list[Input]]:
+    async def until(self, stop: int) -> AsyncIterator[Chunk]:
         """Chunks of decoded inputs from the current offset up to ``stop`` (excluded)."""
         while self.offset < stop:
             found = await read(self.store, INPUTS, self.offset, min(READ_CHUNK, stop - self.offset))
-            records = [r for r in found if r.offset < stop]
+            records = found if not found or found[-1].offset < stop else [r for r in found if r.offset < stop]
             if found and not records:  # a gap in the offsets (Kafka) reaches past ``stop``
                 self.offset = stop
                 return
@@ -175,26 +211,48 @@ class InputReader:
             self.offset = records[-1].offset + 1
             yield self.decode(records)
 
-    def decode(self, records: list[Record]) -> list[Input]:
-        memo, out = self._memo, []
+    def decode(self, records: list[Record]) -> Chunk:
+        if any(map(_HEADERS, records)):
+            return self._decode_skipping(records)
+        found = list(map(self._memo.get, map(_VALUE, records)))  # repeats: no Python per record
+        if None in found:
+            for i in [i for i, event in enumerate(found) if event is None]:
+                found[i] = self._decode_one(records[i], records[i].value)
+                if found[i] is None:
+                    return self._decode_skipping(records)
+        events = cast(list[InputEvent], found)
+        times = list(map(_TIMESTAMP, records))
+        first, last = records[0].offset, records[-1].offset
+        offsets: Sequence[int] = (
+            range(first, last + 1) if last - first + 1 == len(records) else list(map(_OFFSET, records))
+        )
+        return Chunk(offsets, events, times)
+
+    def _decode_skipping(self, records: list[Record]) -> Chunk:
+        """``decode`` record by record: for chunks with headers or with records the scheduler
+        skipped (counted here, once)."""
+        offsets, events, times = [], [], []
         for r in records:
             key: object = r.value if not r.headers else (r.header(CONTENT_TYPE_HEADER), r.value)
-            event = memo.get(key)
+            event = self._memo.get(key)
             if event is None:
                 event = self._decode_one(r, key)
                 if event is None:
                     continue
-            out.append((r.offset, event, r.timestamp_ms))
-        return out
+            offsets.append(r.offset)
+            events.append(event)
+            times.append(r.timestamp_ms)
+        self.skipped += len(records) - len(events)
+        return Chunk(offsets, events, times)
 
     def _decode_one(self, record: Record, key: object) -> InputEvent | None:
+        """Decode a record the memo does not hold; ``None`` if the scheduler skipped it
+        (``_decode_skipping`` counts those)."""
         try:
             event = decode(record.value, record.header(CONTENT_TYPE_HEADER)).event
         except BadEventError:
-            self.skipped += 1
             return None
         if isinstance(event, DecisionBatch):
-            self.skipped += 1
             return None
         if type(event) is NodeHeartbeat:
             if len(self._memo) >= MEMO_LIMIT:

@@ -472,6 +472,50 @@ def test_best_node_memo_equals_reference_as_tasks_land(
 
 
 @PROPERTY
+@given(
+    cluster=clusters(),
+    arrivals=st.lists(gangs().filter(bool), min_size=1, max_size=8),
+    shapes=shape_mixes(),
+    policy=st.sampled_from(POLICIES),
+    data=st.data(),
+)
+def test_place_gang_memo_equals_reference_as_gangs_land(
+    cluster: Cluster, arrivals: list[list[Task]], shapes: Array, policy: int, data: st.DataObject
+) -> None:
+    """Gangs arrive one by one and land where chosen, with single tasks in between: the gang
+    kernel reading and refreshing the memo of its first task's shape (shared with
+    ``best_node_memo``) places each gang as ``place_gang`` does."""
+    if data.draw(st.booleans()):
+        cluster.domain = data.draw(
+            st.lists(st.integers(-1, 3), min_size=len(cluster.gpus), max_size=len(cluster.gpus))
+        )
+    arrays, domains, cands = cluster.arrays(), cluster.domains(), cluster.all()
+    cpu_free, mem_free, gpu_free, _, _ = arrays
+    version = np.zeros(len(cluster.gpus), dtype=np.int64)
+    memos: dict[tuple[object, ...], Array] = {}
+
+    def memo(task: Task) -> Array:
+        return memos.setdefault(task.args(), np.full((version.size, nb.MEMO_COLUMNS), -1, np.int64))
+
+    for tasks in arrivals:
+        if data.draw(st.booleans()):  # a single task first, through the same memos
+            single = tasks[-1]
+            nb.best_node_memo(cands, *arrays, *single.args(), policy, shapes, version, memo(single))
+        outs = [(np.zeros(len(tasks), np.int32), np.zeros(len(tasks), np.uint64)) for _ in range(2)]
+        inputs = (cands, domains, *arrays, *gang_arrays(tasks), policy, shapes)
+        got = nb.place_gang_memo(*inputs, *outs[0], version, memo(tasks[0]))
+        want = ref.place_gang(*inputs, *outs[1])
+        assert (int(got[0]), int(got[1])) == (int(want[0]), int(want[1]))
+        assert outs[0][0].tolist() == outs[1][0].tolist()
+        assert outs[0][1].tolist() == outs[1][1].tolist()
+        if got[0] < 0:
+            continue
+        for n, mask, task in zip(outs[0][0].tolist(), outs[0][1].tolist(), tasks, strict=True):
+            nb.allocate(n, np.uint64(mask), task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
+            version[n] += 1
+
+
+@PROPERTY
 @given(cluster=clusters(), shapes=shape_mixes(), data=st.data())
 def test_fragmentation_matches_reference(cluster: Cluster, shapes: Array, data: st.DataObject) -> None:
     cpu_free, _, gpu_free, gpu_count, _ = cluster.arrays()
