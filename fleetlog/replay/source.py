@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -44,6 +44,8 @@ class Source:
     snapshots: SnapshotStore | None
     where: str
     warnings: tuple[str, ...] = ()
+    reopen: Callable[[], Awaitable[Source]] | None = None
+    """Open the same logs again (another process's own handles: parallel verify)."""
 
     async def close(self) -> None:
         if self.snapshots is not None:
@@ -62,7 +64,7 @@ async def open_file_source(directory: str | Path, snapshots: bool = True) -> Sou
         await _opened(store, str(path))
     notes = tuple(str(w.message) for w in caught if issubclass(w.category, RecoveryWarning))
     snaps = DirectorySnapshots(path / "snapshots") if snapshots else None
-    return Source(store, snaps, f"file log {path}", notes)
+    return Source(store, snaps, f"file log {path}", notes, lambda: open_file_source(path, snapshots))
 
 
 async def open_kafka_source(config: KafkaConfig, snapshots: bool = True) -> Source:
