@@ -11,7 +11,8 @@ import contextlib
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, count, repeat
+from operator import attrgetter, is_
 from pathlib import Path
 from typing import cast, overload
 
@@ -218,7 +219,7 @@ class InputReader:
             return self._decode_skipping(records)
         found = list(map(self._memo.get, map(_VALUE, records)))  # repeats: no Python per record
         if None in found:
-            for i in [i for i, event in enumerate(found) if event is None]:
+            for i in list(compress(count(), map(is_, found, repeat(None)))):  # the misses, at C speed
                 found[i] = self._decode_one(records[i], records[i].value)
                 if found[i] is None:
                     return self._decode_skipping(records)
