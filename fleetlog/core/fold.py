@@ -324,7 +324,12 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     job = state.names["job"].intern(e.job_id)
     jobs, tasks = state.jobs, state.tasks
     jobs.add()
-    ntasks = sum(g.count for g in e.task_groups)
+    ntasks = cpu = mem = gpu = 0
+    for g in e.task_groups:
+        ntasks += g.count
+        cpu += g.count * g.cpu_milli
+        mem += g.count * g.mem_mib
+        gpu += g.count * g.gpu_count * g.gpu_milli
     first = tasks.add(ntasks)
     jc = jobs.cols
     jc["tenant"][job] = state.tenant_id(e.tenant)
@@ -340,9 +345,7 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
         state.job_cells[job] = cells
         add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
     add_tasks(state, e, first)
-    jc["req_cpu"][job] = sum(g.count * g.cpu_milli for g in e.task_groups)
-    jc["req_mem"][job] = sum(g.count * g.mem_mib for g in e.task_groups)
-    jc["req_gpu"][job] = sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups)
+    jc["req_cpu"][job], jc["req_mem"][job], jc["req_gpu"][job] = cpu, mem, gpu
     state.pending_count += 1
 
 
@@ -544,7 +547,9 @@ def take_task(state: State, t: int, node: int, mask: int, cell: int) -> None:
     nc["cpu_free"][node] -= cpu
     nc["mem_free"][node] -= mem
     if mask:
-        nc["gpu_free"][node, mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1))] -= milli
+        row = nc["gpu_free"][node]
+        for g in mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1)):
+            row[g] -= milli  # scalar stores: several times cheaper than one fancy-indexed store
     tc["node"][t], tc["gpu_mask"][t], tc["state"][t] = node, mask, _PLACED
     _count_usage(state, int(tc["job"][t]), cell, cpu, mem, milli * int(tc["gpus"][t]))
 
@@ -559,7 +564,9 @@ def free_task(state: State, t: int) -> None:
     nc["cpu_free"][node] += cpu
     nc["mem_free"][node] += mem
     if mask:
-        nc["gpu_free"][node, mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1))] += milli
+        row = nc["gpu_free"][node]
+        for g in mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1)):
+            row[g] += milli
     tc["node"][t], tc["gpu_mask"][t] = -1, 0
     job = int(tc["job"][t])
     _count_usage(state, job, int(state.jobs.cols["cell"][job]), -cpu, -mem, -milli * int(tc["gpus"][t]))
