@@ -31,6 +31,7 @@ import numpy as np
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.explain import Outcome, explain_failure, run_gang
+from fleetlog.core.fold import mask_gpus
 from fleetlog.core.order import drf_runs
 from fleetlog.core.policy import Policy
 from fleetlog.core.quota import borrowing_tenants, job_request, quota_check
@@ -82,11 +83,15 @@ class Scratch:
         self.memos: dict[tuple[int, int, int, int, int], Array] = {}  # task shape -> best_node_memo rows
 
     def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
-        """Take (sign -1) or give back (+1) a task's resources in the working copy."""
-        kernels.allocate(
-            node, np.uint64(mask), cpu, mem, milli, self.cpu_free, self.mem_free, self.gpu_free, sign
-        )
-        self.gpu_total[node] += sign * milli * int(mask).bit_count()
+        """Take (sign -1) or give back (+1) a task's resources in the working copy (what
+        ``kernels.allocate`` does, without a kernel call's argument unboxing)."""
+        self.cpu_free[node] += sign * cpu
+        self.mem_free[node] += sign * mem
+        gpus = mask_gpus(int(mask))
+        row = self.gpu_free[node]
+        for g in gpus:  # scalar stores: several times cheaper than one fancy-indexed store
+            row[g] += sign * milli
+        self.gpu_total[node] += sign * milli * len(gpus)
         self.node_version[node] += 1
 
     def memo(self, shape: tuple[int, int, int, int, int]) -> Array:
@@ -371,7 +376,7 @@ def commit(sc: Scratch, job: int, p: Placement) -> None:
     for i in range(p.tasks.size):
         t, node, mask = int(p.tasks[i]), int(p.nodes[i]), int(p.masks[i])
         sc.take(node, np.uint64(mask), int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]), -1)
-        gpu_idx = tuple(g for g in range(int(sc.gpu_count[node])) if mask >> g & 1)
+        gpu_idx = mask_gpus(mask & ((1 << int(sc.gpu_count[node])) - 1))
         placements.append(TaskPlacement(t - first, sc.node_name(node), gpu_idx))
     add_usage(sc, job, p.cell, +1)
     placements.sort(key=lambda tp: tp.task_index)
