@@ -366,7 +366,7 @@ def add_tasks(state: State, e: JobSubmitted, first: int) -> None:
 
 def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> None:
     """Keep the last ``shape_window`` task shapes: the distribution the FGD score measures against."""
-    window = state.config.shape_window
+    window, change = state.config.shape_window, 0
     for _ in range(min(count, window)):
         at = state.recent_next
         if len(state.recent_shapes) < window:
@@ -374,11 +374,18 @@ def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> Non
         else:
             old = state.recent_shapes[at]
             count_shape(state, old, -1)
-            add_entry(state, SUM_RECENT_SHAPES, (at, old), -1)
+            change -= _window_entry_hash(at, old)
             state.recent_shapes[at] = shape
         count_shape(state, shape, 1)
-        add_entry(state, SUM_RECENT_SHAPES, (at, shape), 1)
+        change += _window_entry_hash(at, shape)
         state.recent_next = (at + 1) % window
+    state.sums[SUM_RECENT_SHAPES] = (state.sums[SUM_RECENT_SHAPES] + change) & HASH_MASK
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _window_entry_hash(at: int, shape: tuple[int, int, int]) -> int:
+    """``entry_hash((at, shape))``, remembered: a window slot sees the same few shapes again."""
+    return entry_hash((at, shape))
 
 
 def count_shape(state: State, shape: tuple[int, int, int], sign: int) -> None:

@@ -1619,3 +1619,21 @@ def best_node_summary(
         if ok:
             best, best_s = n, secondary
     return best
+
+
+@_jit
+def most_free(nodes: I64, cpu_free: I64, mem_free: I64, gpu_free: I16) -> tuple[int, int, int, int]:
+    """Over ``nodes``: the most whole free GPUs on one node, the most free share on one GPU, the
+    most free CPU and the most free memory (for the "insufficient capacity" explanation)."""
+    whole_max, share_max, cpu_max, mem_max = 0, 0, 0, 0
+    for j in range(nodes.shape[0]):
+        n = nodes[j]
+        whole = 0
+        for i in range(gpu_free.shape[1]):
+            free = int(gpu_free[n, i])
+            whole += free == FULL_GPU
+            share_max = max(share_max, free)
+        whole_max = max(whole_max, whole)
+        cpu_max = max(cpu_max, int(cpu_free[n]))
+        mem_max = max(mem_max, int(mem_free[n]))
+    return whole_max, share_max, cpu_max, mem_max
