@@ -696,3 +696,21 @@ def test_best_node_memo_equals_reference_on_alike_nodes(
             mask = nb.pick_gpus(gpu_free[got], int(gpu_count[got]), task.gpus, task.milli)
             nb.allocate(got, mask, task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
             version[got] += 1
+
+
+@PROPERTY
+@given(cluster=clusters(), data=st.data())
+def test_most_free_is_the_column_maxima(cluster: Cluster, data: st.DataObject) -> None:
+    """The capacity-failure summary: most whole free GPUs on a node, most free share on a GPU,
+    most free CPU and memory, over the nodes given."""
+    cpu_free, mem_free, gpu_free, _, _ = cluster.arrays()
+    nodes = np.unique(data.draw(candidates(len(cluster.gpus))))
+    if nodes.size == 0:
+        return
+    want = (
+        int((gpu_free[nodes] == 1000).sum(axis=1).max()),
+        int(gpu_free[nodes].max()),
+        int(cpu_free[nodes].max()),
+        int(mem_free[nodes].max()),
+    )
+    assert tuple(int(x) for x in nb.most_free(nodes, cpu_free, mem_free, gpu_free)) == want
