@@ -65,24 +65,28 @@ class VerifyReport(msgspec.Struct, frozen=True):
 
 
 class _Recent:
-    """Observer keeping the last inputs folded since the previous batch."""
+    """Observer keeping the last inputs folded since the previous batch: the last chunks
+    themselves (only a divergence reads them), enough of them to show ``SHOWN_INPUTS``."""
 
     def __init__(self) -> None:
-        self.seen: deque[Input] = deque(maxlen=SHOWN_INPUTS)
-        self.count = 0
+        self.chunks: deque[Sequence[Input]] = deque()
+        self.kept = 0  # inputs in ``chunks``
+        self.count = 0  # inputs since the previous batch
 
     def inputs(self, state: State, events: Sequence[Input]) -> None:
-        self.seen.extend(events)
+        self.chunks.append(events)
+        self.kept += len(events)
         self.count += len(events)
+        while self.kept - len(self.chunks[0]) >= SHOWN_INPUTS:
+            self.kept -= len(self.chunks.popleft())
 
     def decided(self, state: State, batch: DecisionBatch) -> None:
-        self.seen.clear()
-        self.count = 0
+        self.chunks.clear()
+        self.kept = self.count = 0
 
     def shown(self) -> tuple[InputSeen, ...]:
-        return tuple(
-            InputSeen(offset, at_ms, msgspec.to_builtins(event)) for offset, event, at_ms in self.seen
-        )
+        recent = [i for chunk in self.chunks for i in chunk][-SHOWN_INPUTS:]
+        return tuple(InputSeen(offset, at_ms, msgspec.to_builtins(event)) for offset, event, at_ms in recent)
 
 
 async def verify(
