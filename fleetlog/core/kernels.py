@@ -570,10 +570,11 @@ def best_node(
 
 # columns of a best_node_memo row
 MEMO_VERSION = 0  # the node's version the row was computed at (-1: never)
-MEMO_FITS = 1
+MEMO_FITS = 1  # 0: does not fit; 1: fits, PRIMARY is its score; MEMO_FLOOR: fits, PRIMARY a floor
 MEMO_PRIMARY = 2
 MEMO_SECONDARY = 3
 MEMO_COLUMNS = 4
+MEMO_FLOOR = 2  # a row of FGD's floor only (the node was pruned): readers needing the score redo it
 
 
 @_jit
@@ -601,8 +602,9 @@ def best_node_memo(
 
     Under FGD a stale node is first given a cheap floor under its fragmentation increase
     (``_fgd_floor``); it is scored in full only if the floor could still beat the best node
-    found, starting from the node of the lowest floor. A node skipped that way keeps its stale
-    row (the memo holds full evaluations only)."""
+    found, starting from the node of the lowest floor. A node skipped that way keeps its floor
+    in its row (``MEMO_FLOOR``), so later calls on the same node state do not recompute it;
+    readers that need the score (the gang kernel) score such a row in full."""
     task = _task(cpu, mem, gpus, milli, models)
     nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     if _uses_fgd(policy, shapes):
@@ -610,7 +612,7 @@ def best_node_memo(
     best, best_p, best_s = NO_NODE, 0, 0
     for j in range(cands.shape[0]):
         n = int(cands[j])
-        if memo[n, MEMO_VERSION] != node_version[n]:
+        if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
             _memo_eval(
                 n,
                 cpu_free,
@@ -660,7 +662,8 @@ def _memo_eval(
 def _best_memo_fgd(
     cands: I64, nodes: NodeArrays, task: Task, shapes: I64, node_version: I64, memo: I64
 ) -> int:
-    """``best_node_memo`` under FGD: remembered rows first, then the stale nodes that fit, by floor."""
+    """``best_node_memo`` under FGD: remembered scores first, then the nodes that fit and have
+    only a floor (remembered, or computed now and remembered), lowest floor first."""
     cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
     table = _floor_table(shapes)
     stale = np.empty((cands.shape[0], 3), dtype=np.int64)  # (node, floor, secondary)
@@ -669,24 +672,31 @@ def _best_memo_fgd(
     for j in range(cands.shape[0]):
         n = int(cands[j])
         if memo[n, MEMO_VERSION] == node_version[n]:
-            if memo[n, MEMO_FITS] == 1:
+            fits = memo[n, MEMO_FITS]
+            if fits == 1:
                 primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
                 if _better(primary, secondary, n, best_p, best_s, best):
                     best, best_p, best_s = n, primary, secondary
-            continue
-        cpu_n, mem_n, count_n, model_n = (
-            int(cpu_free[n]),
-            int(mem_free[n]),
-            int(gpu_count[n]),
-            int(node_model[n]),
-        )
-        ok, floor, secondary = _fgd_floor(cpu_n, mem_n, gpu_free[n], count_n, model_n, task, table)
-        if not ok:  # exactly what a full evaluation says: it does not fit
+            if fits != MEMO_FLOOR:
+                continue
+            floor, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
+        else:
+            cpu_n, mem_n, count_n, model_n = (
+                int(cpu_free[n]),
+                int(mem_free[n]),
+                int(gpu_count[n]),
+                int(node_model[n]),
+            )
+            ok, floor, secondary = _fgd_floor(cpu_n, mem_n, gpu_free[n], count_n, model_n, task, table)
             memo[n, MEMO_VERSION] = node_version[n]
-            memo[n, MEMO_FITS] = 0
-            memo[n, MEMO_PRIMARY] = 0
-            memo[n, MEMO_SECONDARY] = 0
-            continue
+            if not ok:  # exactly what a full evaluation says: it does not fit
+                memo[n, MEMO_FITS] = 0
+                memo[n, MEMO_PRIMARY] = 0
+                memo[n, MEMO_SECONDARY] = 0
+                continue
+            memo[n, MEMO_FITS] = MEMO_FLOOR  # until scored in full below
+            memo[n, MEMO_PRIMARY] = floor
+            memo[n, MEMO_SECONDARY] = secondary
         stale[n_stale, 0], stale[n_stale, 1], stale[n_stale, 2] = n, floor, secondary
         if first < 0 or _better(floor, secondary, n, stale[first, 1], stale[first, 2], stale[first, 0]):
             first = n_stale
@@ -1243,7 +1253,7 @@ def _scan_top_memo(
     size = 0
     for j in range(group.shape[0]):
         n = int(group[j])
-        if memo[n, MEMO_VERSION] != node_version[n]:
+        if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
             ok, primary, secondary = _eval_node(
                 n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
             )

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
+from fleetlog.backends.simulated.driver import long_lived_frozen
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold
@@ -102,15 +103,16 @@ async def verify(
     ``jobs`` stretches verified at once by forked processes (:mod:`fleetlog.replay.parallel`);
     any divergence, or a snapshot that differs from the replayed state, is then reported by
     the plain serial run, so the report is the same either way."""
-    if jobs > 1 and isinstance(store, Source) and limit_batches is None:
-        from fleetlog.replay.parallel import verify_in_parallel  # noqa: PLC0415 - it imports this module
+    with long_lived_frozen():  # what exists is not re-scanned by the GC (nor copied by a fork)
+        if jobs > 1 and isinstance(store, Source) and limit_batches is None:
+            from fleetlog.replay.parallel import verify_in_parallel  # noqa: PLC0415 - it imports this module
 
-        report = await verify_in_parallel(store, core, progress, jobs)
-        if report is not None:
-            return report
-    log_store = store.store if isinstance(store, Source) else store
-    found = await verify_stretch(log_store, Start(State(core)), None, limit_batches, progress)
-    return found.report
+            report = await verify_in_parallel(store, core, progress, jobs)
+            if report is not None:
+                return report
+        log_store = store.store if isinstance(store, Source) else store
+        found = await verify_stretch(log_store, Start(State(core)), None, limit_batches, progress)
+        return found.report
 
 
 class Stretch(msgspec.Struct, frozen=True):

@@ -675,7 +675,8 @@ def test_best_node_memo_equals_reference_on_alike_nodes(
 ) -> None:
     """Many alike nodes and long runs of arrivals (where the floor prunes most): the memoized
     FGD kernel chooses what the reference ``best_node`` does, and every row it wrote for the
-    current node state is that node's full evaluation."""
+    current node state is that node's full evaluation, or for a pruned node a floor under its
+    score with the exact secondary."""
     arrays = cluster.arrays()
     cpu_free, mem_free, gpu_free, gpu_count, _ = arrays
     cands = cluster.all()
@@ -687,11 +688,16 @@ def test_best_node_memo_equals_reference_on_alike_nodes(
         assert got == ref.best_node(cands, *arrays, *task.args(), FGD, shapes)
         for n in np.flatnonzero(memo[:, nb.MEMO_VERSION] == version).tolist():
             fits = ref.fits(n, *arrays, *task.args())
-            assert memo[n, nb.MEMO_FITS] == int(fits)
+            floor_only = memo[n, nb.MEMO_FITS] == nb.MEMO_FLOOR
+            assert (1 if floor_only else memo[n, nb.MEMO_FITS]) == int(fits)
             if fits:
                 want = (cpu_free, gpu_free, gpu_count, task.cpu, task.gpus, task.milli, FGD, shapes)
-                score = ref.node_score(n, *want)
-                assert (memo[n, nb.MEMO_PRIMARY], memo[n, nb.MEMO_SECONDARY]) == tuple(score)
+                primary, secondary = ref.node_score(n, *want)
+                assert memo[n, nb.MEMO_SECONDARY] == secondary
+                if floor_only:
+                    assert memo[n, nb.MEMO_PRIMARY] <= primary
+                else:
+                    assert memo[n, nb.MEMO_PRIMARY] == primary
         if got >= 0:
             mask = nb.pick_gpus(gpu_free[got], int(gpu_count[got]), task.gpus, task.milli)
             nb.allocate(got, mask, task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
@@ -714,3 +720,37 @@ def test_most_free_is_the_column_maxima(cluster: Cluster, data: st.DataObject) -
         int(mem_free[nodes].max()),
     )
     assert tuple(int(x) for x in nb.most_free(nodes, cpu_free, mem_free, gpu_free)) == want
+
+
+@PROPERTY
+@given(
+    cluster=alike_clusters(),
+    arrivals=st.lists(st.tuples(any_tasks(), st.integers(1, 4)), min_size=1, max_size=16),
+    shapes=wide_shape_mixes(),
+)
+def test_gangs_read_pruned_rows_of_single_tasks_of_their_shape(
+    cluster: Cluster, arrivals: list[tuple[Task, int]], shapes: Array
+) -> None:
+    """Single tasks (whose FGD kernel leaves pruned nodes a floor-only row) and gangs of the
+    same shape share one memo, as in decide: each still lands where the reference puts it."""
+    arrays = cluster.arrays()
+    cpu_free, mem_free, gpu_free, _, _ = arrays
+    cands, domains = cluster.all(), np.zeros(len(cluster.gpus), dtype=np.int32)
+    version = np.zeros(len(cluster.gpus), dtype=np.int64)
+    memos: dict[tuple[object, ...], Array] = {}
+    for task, size in arrivals:
+        memo = memos.setdefault(task.args(), np.full((version.size, nb.MEMO_COLUMNS), -1, np.int64))
+        got = nb.best_node_memo(cands, *arrays, *task.args(), FGD, shapes, version, memo)
+        assert got == ref.best_node(cands, *arrays, *task.args(), FGD, shapes)
+        tasks = [task] * size
+        outs = [(np.zeros(size, np.int32), np.zeros(size, np.uint64)) for _ in range(2)]
+        inputs = (cands, domains, *arrays, *gang_arrays(tasks), FGD, shapes)
+        chosen = nb.place_gang_memo(*inputs, *outs[0], version, memo)
+        want = ref.place_gang(*inputs, *outs[1])
+        assert (int(chosen[0]), int(chosen[1])) == (int(want[0]), int(want[1]))
+        assert outs[0][0].tolist() == outs[1][0].tolist()
+        if chosen[0] < 0:
+            continue
+        for n, mask in zip(outs[0][0].tolist(), outs[0][1].tolist(), strict=True):
+            nb.allocate(n, np.uint64(mask), task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
+            version[n] += 1
