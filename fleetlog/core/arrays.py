@@ -9,10 +9,24 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 Array = npt.NDArray[Any]
+HASH_MASK = (1 << 64) - 1
+
+
+def entry_hash(entry: tuple[Any, ...]) -> int:
+    """A 64-bit BLAKE2b of one entry's msgpack bytes: same entry, same hash, in any process."""
+    return int.from_bytes(hashlib.blake2b(msgspec.msgpack.encode(entry), digest_size=8).digest(), "little")
+
+
+def entries_sum(entries: Any) -> int:
+    """The order-free hash of a collection of entries (tuples): the sum of their entry hashes
+    mod 2**64. Fold keeps such sums up to date entry by entry (add the new entry's hash,
+    subtract the old one's), so the digest need not read the whole collection."""
+    return sum(map(entry_hash, entries)) & HASH_MASK
 
 
 class Interner:

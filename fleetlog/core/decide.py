@@ -142,7 +142,7 @@ def decide(state: State, policy: Policy) -> list[Decision]:
     sc = Scratch(state, policy)
     pending_rows = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
     sc.key_of = np.full(state.jobs.size, -1, dtype=np.int64)
-    sc.key_of[pending_rows] = [job_key(state, j) for j in pending_rows.tolist()]
+    sc.key_of[pending_rows] = job_keys(state, pending_rows)
     runs = drf_runs(state, sc.usage)
     try:
         run = next(runs)
@@ -191,14 +191,15 @@ def settle_known(sc: Scratch, run: Array, at: int) -> int:
 
 def emit_changed_pending(sc: Scratch, jobs: Array, keys: Array) -> None:
     """:func:`pending` for each of ``jobs`` (all of known failed keys), in order."""
-    reasons, texts = sc.state.jobs.cols["reason"][jobs], sc.state.reason_text
+    state = sc.state
+    reasons, texts = state.jobs.cols["reason"][jobs], state.text_ids.of(jobs)
     changed = np.zeros(jobs.size, dtype=np.bool_)
     for key in np.unique(keys).tolist():
         outcome, mine = sc.failed[key], keys == key
-        same = mine & (reasons == sc.state.reason_codes.get(outcome.reason) + 1)
+        same = (reasons == state.reason_codes.get(outcome.reason) + 1) & (
+            texts == state.text_index.get(outcome.message, -2)
+        )
         changed |= mine & ~same
-        where = np.flatnonzero(same)
-        changed[where] = [texts.get(j) != outcome.message for j in jobs[where].tolist()]
     for i in np.flatnonzero(changed).tolist():
         outcome = sc.failed[int(keys[i])]
         job_id = job_name(sc.state, int(jobs[i]))
@@ -207,7 +208,7 @@ def emit_changed_pending(sc: Scratch, jobs: Array, keys: Array) -> None:
 
 def schedule_job(sc: Scratch, job: int) -> bool:
     """Steps 2-6 for one job. True when it was placed (so its tenant's share changed)."""
-    key = job_key(sc.state, job)
+    key = int(sc.key_of[job]) if job < sc.key_of.size and sc.key_of[job] >= 0 else job_key(sc.state, job)
     known = sc.failed.get(key)
     if known is not None:
         return reject(sc, job, known) if sc.policy.fail_unplaced else pending(sc, job, known)
@@ -236,11 +237,17 @@ def reject(sc: Scratch, job: int, outcome: Outcome) -> bool:
 def job_key(state: State, job: int) -> int:
     """Jobs with equal keys succeed or fail alike (until capacity is freed in this call).
     The key is interned to a small integer, memoized per job (a job's shape never changes)."""
-    key = state.job_keys.get(job)
-    if key is None:
-        shape = _job_key(state, job)
-        key = state.job_keys[job] = state.key_ids.setdefault(shape, len(state.key_ids))
-    return key
+    return int(job_keys(state, np.array([job], dtype=np.int64))[0])
+
+
+def job_keys(state: State, rows: Array) -> Array:
+    """:func:`job_key` of each of ``rows``: the memoized ones at once, the others computed."""
+    keys: Array = state.job_keys.of(rows)
+    for i in np.flatnonzero(keys < 0).tolist():
+        job = int(rows[i])
+        keys[i] = state.key_ids.setdefault(_job_key(state, job), len(state.key_ids))
+        state.job_keys.put(job, int(keys[i]))
+    return keys
 
 
 def _job_key(state: State, job: int) -> tuple[object, ...]:

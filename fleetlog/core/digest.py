@@ -16,8 +16,16 @@ import numpy as np
 import numpy.typing as npt
 
 from fleetlog.core.arrays import Interner, Table
-from fleetlog.core.fold import count_shape
-from fleetlog.core.state import CoreConfig, Quota, State
+from fleetlog.core.fold import count_shape, set_reason_text
+from fleetlog.core.state import (
+    SUM_JOB_CELLS,
+    SUM_REASON_TEXT,
+    SUM_RECENT_SHAPES,
+    CoreConfig,
+    Quota,
+    State,
+    collection_sums,
+)
 
 SNAPSHOT_FORMAT: Final = 1
 _TABLES: Final = ("nodes", "jobs", "tasks")
@@ -27,22 +35,29 @@ class SnapshotError(ValueError):
     """Bytes that are not a valid snapshot of this format."""
 
 
-def _scalars(state: State, names: bool = True) -> dict[str, Any]:
+def _small_scalars(state: State) -> dict[str, Any]:
     return {
         "config": msgspec.to_builtins(state.config),
         "now_ms": state.now_ms,
         "offset": state.offset,
         "next_sweep_ms": state.next_sweep_ms,
-        "names": {k: v.state() for k, v in sorted(state.names.items())} if names else {},
-        "reason_codes": state.reason_codes.state() if names else [],
-        # msgpack writes tuples and lists alike: sorting the items as they are is the same bytes
-        "job_cells": sorted(state.job_cells.items()),
         "usage": sorted(state.usage.items()),
         "quotas": sorted([list(k), msgspec.to_builtins(q)] for k, q in state.quotas.items()),
-        "recent_shapes": state.recent_shapes,
         "recent_next": state.recent_next,
-        "reason_text": sorted(state.reason_text.items()),
         "counters": [state.pending_count, state.duplicates, state.ignored],
+    }
+
+
+def _scalars(state: State) -> dict[str, Any]:
+    """Everything but the columns, in full (a snapshot's scalars)."""
+    return {
+        **_small_scalars(state),
+        "names": {k: v.state() for k, v in sorted(state.names.items())},
+        "reason_codes": state.reason_codes.state(),
+        # msgpack writes tuples and lists alike: sorting the items as they are is the same bytes
+        "job_cells": sorted(state.job_cells.items()),
+        "recent_shapes": state.recent_shapes,
+        "reason_text": sorted(state.reason_text.items()),
     }
 
 
@@ -57,16 +72,47 @@ def _columns(state: State) -> list[tuple[str, str, bytes]]:
 
 
 _HASH_SEED: Final = np.uint64(0x9E3779B97F4A7C15)
+_LANES: Final = 4
+
+
+@numba.njit(cache=True, inline="always")
+def _mix(h: np.uint64, word: np.uint64) -> np.uint64:
+    h = (h ^ word) * np.uint64(0xBF58476D1CE4E5B9)
+    return h ^ (h >> np.uint64(31))
 
 
 @numba.njit(cache=True)
-def _hash_words(h: np.uint64, words: npt.NDArray[np.uint64]) -> np.uint64:
-    """A 64-bit multiply-xorshift hash of a column's words, continued from ``h`` (integer only,
-    order-sensitive)."""
-    for i in range(words.shape[0]):
-        h = (h ^ words[i]) * np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(31)
-    return h
+def _hash_words(words: npt.NDArray[np.uint64], tail: npt.NDArray[np.uint64]) -> np.uint64:
+    """A 64-bit multiply-xorshift hash of the words of ``words`` then ``tail`` (integer only,
+    order-sensitive). Word ``i`` goes to lane ``i % 4``: four independent chains keep the
+    multiplier busy instead of waiting on one chain; then the lanes and the word count are
+    mixed into one value, in order."""
+    h0, h1 = _HASH_SEED + np.uint64(1), _HASH_SEED + np.uint64(2)
+    h2, h3 = _HASH_SEED + np.uint64(3), _HASH_SEED + np.uint64(4)
+    n = words.shape[0]
+    whole = n - n % _LANES
+    for i in range(0, whole, _LANES):
+        h0 = _mix(h0, words[i])
+        h1 = _mix(h1, words[i + 1])
+        h2 = _mix(h2, words[i + 2])
+        h3 = _mix(h3, words[i + 3])
+    rest = np.empty(n - whole + tail.shape[0], dtype=np.uint64)
+    rest[: n - whole] = words[whole:]
+    rest[n - whole :] = tail
+    for i in range(rest.shape[0]):  # at most 4 words: lanes 0, 1, 2, 3 in turn
+        if i == 0:
+            h0 = _mix(h0, rest[i])
+        elif i == 1:
+            h1 = _mix(h1, rest[i])
+        elif i == 2:
+            h2 = _mix(h2, rest[i])
+        else:
+            h3 = _mix(h3, rest[i])
+    out = _mix(_mix(_mix(_mix(_HASH_SEED, h0), h1), h2), h3)
+    return _mix(out, np.uint64(n + tail.shape[0]))
+
+
+_NO_TAIL: Final = np.zeros(0, dtype=np.uint64)
 
 
 def _column_hash(col: npt.NDArray[Any]) -> int:
@@ -74,36 +120,53 @@ def _column_hash(col: npt.NDArray[Any]) -> int:
     words are hashed in place, only a partial last word is copied."""
     raw = np.ascontiguousarray(col).view(np.uint8).ravel()
     whole = raw.size // 8 * 8
+    tail = _NO_TAIL
+    if whole < raw.size:
+        padded = np.zeros(8, dtype=np.uint8)
+        padded[: raw.size - whole] = raw[whole:]
+        tail = padded.view(np.uint64)
     with np.errstate(over="ignore"):  # the multiply wraps on purpose (warns only with the JIT off)
-        h = _hash_words(_HASH_SEED, raw[:whole].view(np.uint64))
-        if whole < raw.size:
-            tail = np.zeros(8, dtype=np.uint8)
-            tail[: raw.size - whole] = raw[whole:]
-            h = _hash_words(np.uint64(h), tail.view(np.uint64))
-    return int(h)
+        return int(_hash_words(raw[:whole].view(np.uint64), tail))
+
+
+def _hashed_columns(state: State) -> list[tuple[str, npt.NDArray[Any]]]:
+    """The columns the digest covers: every used row of every column, except that GPU shares
+    are taken only up to the most GPUs any node has (the rest of each row is zero: set by
+    fold, never written)."""
+    out = []
+    width = int(state.nodes.view("gpu_count").max(initial=0))
+    for table in _TABLES:
+        t: Table = getattr(state, table)
+        for name in t.spec:
+            col = t.view(name)
+            out.append((f"{table}.{name}", col[:, :width] if name == "gpu_free" else col))
+    return out
 
 
 def digest(state: State) -> str:
     """Hex BLAKE2b-256 over the scalars and a 64-bit hash of every column's used rows.
 
-    Columns are hashed by a numba kernel (a 1,213-node, 10,000-job state digests in well
-    under a millisecond); interned names carry a running hash kept as they are interned.
+    Columns are hashed by a numba kernel; interned names carry a running hash kept as they
+    are interned, and the big collections (pending reasons, allowed cells, the shape window)
+    an order-free sum of entry hashes kept by fold — so a digest costs about what hashing
+    the columns costs, whatever the number of pending jobs.
     """
     h = hashlib.blake2b(digest_size=32)
     h.update(msgspec.msgpack.encode(_digest_scalars(state)))
-    for table in _TABLES:
-        t: Table = getattr(state, table)
-        for name in t.spec:
-            col = t.view(name)
-            h.update(f"{table}.{name}:{col.dtype.str}:{col.shape}:{_column_hash(col)}".encode())
+    for name, col in _hashed_columns(state):
+        h.update(f"{name}:{col.dtype.str}:{col.shape}:{_column_hash(col)}".encode())
     return h.hexdigest()
 
 
 def _digest_scalars(state: State) -> dict[str, Any]:
-    """The scalars as in a snapshot, but names by their running hashes (they only grow)."""
-    out = _scalars(state, names=False)
+    """The scalars as in a snapshot, but names by their running hashes (they only grow) and
+    the big collections by their sizes and running entry sums."""
+    out = _small_scalars(state)
     out["names"] = {k: [len(v), v.running_hash()] for k, v in sorted(state.names.items())}
     out["reason_codes"] = [len(state.reason_codes), state.reason_codes.running_hash()]
+    out["job_cells"] = [len(state.job_cells), state.sums[SUM_JOB_CELLS]]
+    out["recent_shapes"] = [len(state.recent_shapes), state.sums[SUM_RECENT_SHAPES]]
+    out["reason_text"] = [len(state.reason_text), state.sums[SUM_REASON_TEXT]]
     return out
 
 
@@ -146,7 +209,9 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.recent_next = s["recent_next"]
     for shape in state.recent_shapes:
         count_shape(state, shape, 1)
-    state.reason_text = dict(s["reason_text"])
+    for job, text in s["reason_text"]:
+        set_reason_text(state, job, text)
+    state.sums = collection_sums(state)
     state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state
 

@@ -13,10 +13,15 @@ from typing import Final
 
 import numpy as np
 
+from fleetlog.core.arrays import HASH_MASK, entry_hash
 from fleetlog.core.state import (
     FULL_GPU,
     MAX_GPU_MODELS,
+    SUM_JOB_CELLS,
+    SUM_REASON_TEXT,
+    SUM_RECENT_SHAPES,
     TERMINAL,
+    TEXT_IDS,
     TOPOLOGY_CODES,
     JobState,
     NodeStatus,
@@ -225,7 +230,9 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     jc["topology"][job] = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
     jc["expected_ms"][job] = -1 if e.expected_duration_ms is None else e.expected_duration_ms
     if e.allowed_cells:
-        state.job_cells[job] = tuple(sorted({state.names["cell"].intern(c) for c in e.allowed_cells}))
+        cells = tuple(sorted({state.names["cell"].intern(c) for c in e.allowed_cells}))
+        state.job_cells[job] = cells
+        add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
     add_tasks(state, e, first)
     jc["req_cpu"][job] = sum(g.count * g.cpu_milli for g in e.task_groups)
     jc["req_mem"][job] = sum(g.count * g.mem_mib for g in e.task_groups)
@@ -252,13 +259,17 @@ def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> Non
     """Keep the last ``shape_window`` task shapes: the distribution the FGD score measures against."""
     window = state.config.shape_window
     for _ in range(min(count, window)):
+        at = state.recent_next
         if len(state.recent_shapes) < window:
             state.recent_shapes.append(shape)
         else:
-            count_shape(state, state.recent_shapes[state.recent_next], -1)
-            state.recent_shapes[state.recent_next] = shape
+            old = state.recent_shapes[at]
+            count_shape(state, old, -1)
+            add_entry(state, SUM_RECENT_SHAPES, (at, old), -1)
+            state.recent_shapes[at] = shape
         count_shape(state, shape, 1)
-        state.recent_next = (state.recent_next + 1) % window
+        add_entry(state, SUM_RECENT_SHAPES, (at, shape), 1)
+        state.recent_next = (at + 1) % window
 
 
 def count_shape(state: State, shape: tuple[int, int, int], sign: int) -> None:
@@ -356,7 +367,7 @@ def on_placed(state: State, d: JobPlaced) -> None:
     state.jobs.cols["cell"][job] = cell
     state.jobs.cols["placed_at_ms"][job] = state.now_ms
     state.jobs.cols["reason"][job] = 0
-    state.reason_text.pop(job, None)
+    drop_reason_text(state, job)
     state.pending_count -= 1
 
 
@@ -373,7 +384,7 @@ def on_rejected(state: State, d: JobRejected) -> None:
     job = state.job_row(d.job_id)
     if job >= 0 and state.jobs.cols["state"][job] == JobState.PENDING:
         state.jobs.cols["state"][job] = JobState.REJECTED
-        state.reason_text.pop(job, None)
+        drop_reason_text(state, job)
         state.pending_count -= 1
 
 
@@ -381,7 +392,31 @@ def on_pending(state: State, d: JobPending) -> None:
     job = state.job_row(d.job_id)
     if job >= 0:
         state.jobs.cols["reason"][job] = state.reason_codes.intern(d.reason) + 1
-        state.reason_text[job] = d.message
+        set_reason_text(state, job, d.message)
+
+
+def set_reason_text(state: State, job: int, text: str) -> None:
+    """Record why ``job`` waits, keeping the digest's entry sum and the text ids."""
+    drop_reason_text(state, job)
+    state.reason_text[job] = text
+    add_entry(state, SUM_REASON_TEXT, (job, text), 1)
+    if len(state.text_index) >= TEXT_IDS:  # bounded: number the texts in use afresh
+        state.text_index.clear()
+        for row, kept in state.reason_text.items():
+            state.text_ids.put(row, state.text_index.setdefault(kept, len(state.text_index)))
+    state.text_ids.put(job, state.text_index.setdefault(text, len(state.text_index)))
+
+
+def drop_reason_text(state: State, job: int) -> None:
+    old = state.reason_text.pop(job, None)
+    if old is not None:
+        add_entry(state, SUM_REASON_TEXT, (job, old), -1)
+        state.text_ids.put(job, -1)
+
+
+def add_entry(state: State, which: int, entry: tuple[object, ...], sign: int) -> None:
+    """Keep ``state.sums[which]`` (see ``State.sums``) as ``entry`` comes (+1) or goes (-1)."""
+    state.sums[which] = (state.sums[which] + sign * entry_hash(entry)) & HASH_MASK
 
 
 # --- allocation --------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fleetlog.core.state import FULL_GPU, JobState, NodeStatus, State, TaskState
+from fleetlog.core.state import FULL_GPU, JobState, NodeStatus, State, TaskState, collection_sums
 
 
 class InvariantError(AssertionError):
@@ -21,6 +21,7 @@ def check(state: State) -> None:
         usage_matches_allocations,
         pending_count_matches,
         shape_stats_match_window,
+        sums_match_collections,
     ):
         problem = rule(state)
         if problem:
@@ -120,3 +121,9 @@ def shape_stats_match_window(state: State) -> str:
         if live == expect
         else f"shape counts {sorted(live.items())[:3]} but the window has {sorted(expect.items())[:3]}"
     )
+
+
+def sums_match_collections(state: State) -> str:
+    """The running entry sums the digest reads equal sums computed afresh."""
+    fresh = collection_sums(state)
+    return "" if state.sums == fresh else f"running sums {state.sums} != {fresh} computed afresh"

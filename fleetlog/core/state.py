@@ -8,12 +8,12 @@ strings is ever iterated unsorted.
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import numpy as np
 
-from fleetlog.core.arrays import Interner, Table
+from fleetlog.core.arrays import Interner, Table, entries_sum
 
 MAX_GPUS: Final = 64
 MAX_GPU_MODELS: Final = 64
@@ -131,6 +131,39 @@ def _task_table() -> Table:
     )
 
 
+TEXT_IDS = 1 << 16
+
+
+class RowIds:
+    """A growable int64 column of ids per job row, -1 where unknown (derived data, kept out of
+    the tables so that it is neither digested nor snapshotted)."""
+
+    __slots__ = ("col",)
+
+    def __init__(self) -> None:
+        self.col = np.full(64, -1, dtype=np.int64)
+
+    def of(self, rows: Any) -> Any:
+        """The ids of ``rows`` (an int or an array of rows)."""
+        self.cover(int(np.max(rows, initial=0)))
+        return self.col[rows]
+
+    def put(self, row: int, value: int) -> None:
+        self.cover(row)
+        self.col[row] = value
+
+    def cover(self, row: int) -> None:
+        if row >= self.col.size:
+            grown = np.full(max(row + 1, 2 * self.col.size), -1, dtype=np.int64)
+            grown[: self.col.size] = self.col
+            self.col = grown
+
+
+SUM_REASON_TEXT = 0
+SUM_JOB_CELLS = 1
+SUM_RECENT_SHAPES = 2
+
+
 class State:
     """The whole scheduler state. Mutated only by :func:`fleetlog.core.fold.fold`."""
 
@@ -153,12 +186,20 @@ class State:
         self.shape_stats: dict[tuple[int, int], list[int]] = {}
         """(gpus, milli) -> [count, cpu sum] over ``recent_shapes`` (derived, kept by fold)."""
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
+        self.sums = [0, 0, 0]
+        """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
+        ``job_cells`` items and ``(index, shape)`` of ``recent_shapes`` (see SUM_*): what the
+        digest hashes instead of those collections (derived, kept by fold)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
         self.pending_count = 0
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
-        self.job_keys: dict[int, int] = {}
+        self.job_keys = RowIds()
         """job row -> its decide key id (derived: a job's shape never changes; not state)."""
+        self.text_ids = RowIds()
+        """job row -> an id of its ``reason_text`` (equal texts, equal ids; derived, kept by fold)."""
+        self.text_index: dict[str, int] = {}
+        """reason text -> its id in ``text_ids`` (derived; rebuilt when it grows past TEXT_IDS)."""
         self.key_ids: dict[tuple[object, ...], int] = {}
         """decide key -> its id (derived, like ``job_keys``)."""
         self.beat_cache: dict[str, tuple[int, object]] = {}
@@ -181,3 +222,12 @@ class State:
     def job_tasks(self, job: int) -> range:
         first = int(self.jobs.cols["first_task"][job])
         return range(first, first + int(self.jobs.cols["ntasks"][job]))
+
+
+def collection_sums(state: State) -> list[int]:
+    """``State.sums`` computed afresh from the collections (restore, and the invariants)."""
+    sums = [0, 0, 0]
+    sums[SUM_REASON_TEXT] = entries_sum(state.reason_text.items())
+    sums[SUM_JOB_CELLS] = entries_sum(state.job_cells.items())
+    sums[SUM_RECENT_SHAPES] = entries_sum(enumerate(state.recent_shapes))
+    return sums

@@ -130,15 +130,25 @@ def test_fold_many_equals_fold_one_by_one() -> None:
 
 
 def _padded_words_hash(col: np.ndarray) -> int:
-    """The column hash as defined: the column's bytes zero-padded to whole little-endian words."""
+    """The column hash as defined: the column's bytes zero-padded to whole little-endian words,
+    word i mixed into lane i % 4, then the four lanes and the word count mixed in order."""
     raw = np.ascontiguousarray(col).view(np.uint8).ravel()
     padded = np.zeros((raw.size + 7) // 8 * 8, dtype=np.uint8)
     padded[: raw.size] = raw
-    h = 0x9E3779B97F4A7C15
-    for word in padded.view(np.uint64).tolist():
-        h = ((h ^ word) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-        h ^= h >> 31
-    return h
+    seed, mask = 0x9E3779B97F4A7C15, 2**64 - 1
+
+    def mix(h: int, word: int) -> int:
+        h = ((h ^ word) * 0xBF58476D1CE4E5B9) & mask
+        return h ^ (h >> 31)
+
+    words = padded.view(np.uint64).tolist()
+    lanes = [(seed + k) & mask for k in (1, 2, 3, 4)]
+    for i, word in enumerate(words):
+        lanes[i % 4] = mix(lanes[i % 4], word)
+    out = seed
+    for lane in lanes:
+        out = mix(out, lane)
+    return mix(out, len(words))
 
 
 def test_column_hash_is_the_padded_words_hash() -> None:
