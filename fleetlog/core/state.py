@@ -204,6 +204,12 @@ class State:
         """decide key -> its id (derived, like ``job_keys``)."""
         self.beat_cache: dict[str, tuple[int, object]] = {}
         """node name -> (row, its last heartbeat) while up: fold_many's fast path (not state: derived)."""
+        self.steady_ids: dict[int, int] = {}
+        """``id()`` of each heartbeat object in ``beat_cache`` -> its node row (derived: the cache
+        holds the objects, so their ids stay theirs): ``fold_lists`` finds steady heartbeats
+        with C-level lookups."""
+        self.steady_gone: list[int] = []
+        """ids taken out of ``steady_ids`` since ``fold_lists`` last looked (derived)."""
 
     # --- lookups -------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleetlog.core.fold import fold, fold_many
+from fleetlog.core.fold import fold, fold_lists
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import DecisionBatch
 from fleetlog.log.base import INPUTS
@@ -60,7 +60,7 @@ async def fold_inputs(
     """Fold inputs up to ``stop``; how many records were consumed."""
     before = reader.offset
     async for events in reader.until(stop):
-        fold_many(state, events.pairs())
+        fold_lists(state, events.events, events.times)
         for observer in observers:
             observer.inputs(state, events)
         if progress is not None:
