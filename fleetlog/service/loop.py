@@ -14,7 +14,7 @@ import msgspec
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_many
+from fleetlog.core.fold import fold, fold_lists
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
@@ -113,13 +113,13 @@ class SchedulerLoop:
                 raise CorruptDecisionsError(
                     f"decisions refer to inputs up to {as_of}; the log ends at {self.offset}"
                 )
-            fold_many(self.state, polled.pairs())
+            fold_lists(self.state, polled.events, polled.times)
             self.offset = polled.next_offset
 
     async def step(self, timeout_ms: int = 0) -> StepResult:
         """Fold the inputs that arrived (waiting up to ``timeout_ms``), decide, publish."""
         polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
-        fold_many(self.state, polled.pairs())
+        fold_lists(self.state, polled.events, polled.times)
         if self.config.check_invariants:
             check(self.state)
         self.offset = polled.next_offset
