@@ -120,8 +120,8 @@ async def _setup_pending(store: KafkaLogStore, nodes: int, pending: int) -> None
         await store.log(INPUTS).append(messages[at : at + 10_000])
 
 
-async def _reader(store: KafkaLogStore, seen: dict[str, float], stop: asyncio.Event) -> None:
-    log, at = store.log(DECISIONS), await store.log(DECISIONS).end_offset()
+async def _reader(store: KafkaLogStore, seen: dict[str, float], stop: asyncio.Event, at: int) -> None:
+    log = store.log(DECISIONS)
     while not stop.is_set():
         records = await log.read(at, 1000, timeout_ms=200)
         now = time.time()
@@ -168,7 +168,10 @@ async def latency(bootstrap: str, nodes: int, pending: int, seconds: float) -> d
                 await asyncio.to_thread(service.wait_leading, 300, end - 1)
                 seen: dict[str, float] = {}
                 stop = asyncio.Event()
-                reader = asyncio.create_task(_reader(store, seen, stop))
+                # Where the reader starts is read before the first probe, so no probe's decision
+                # can come before it (connecting the reader takes longer than the first steps).
+                start = await store.log(DECISIONS).end_offset()
+                reader = asyncio.create_task(_reader(store, seen, stop, start))
                 appended = await _probe(store, nodes, seconds, 50)
                 await asyncio.sleep(2)
                 stop.set()
