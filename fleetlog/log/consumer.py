@@ -46,17 +46,14 @@ class Polled(msgspec.Struct, frozen=True):
 
 class Inputs:
     """One poll's good input events and their log times as parallel lists (no object per event),
-    how many records were parked, and where to read next: what the scheduling loop folds."""
+    how many records were parked, and where to read next: what the scheduling loop folds
+    (``fold_lists``)."""
 
     __slots__ = ("dead_lettered", "events", "next_offset", "times")
 
     def __init__(self, events: list[Event], times: list[int], dead_lettered: int, next_offset: int) -> None:
         self.events, self.times = events, times
         self.dead_lettered, self.next_offset = dead_lettered, next_offset
-
-    def pairs(self) -> Iterator[tuple[Event, int]]:
-        """(event, log time) in order: what ``fold_many`` takes."""
-        return zip(self.events, self.times, strict=True)
 
 
 def dead_letter(record: Record, source: str, error: BadEventError) -> Message:

@@ -205,10 +205,6 @@ async def _send_all(
     return first, last
 
 
-async def _nothing() -> None:
-    return None
-
-
 class KafkaLog(Log):
     """One topic-partition: appends through the store's idempotent producer, reads through
     a ``read_committed`` consumer of its own."""
@@ -396,8 +392,8 @@ class KafkaLogStore(LogStore):
         log = self.log(name)
         async with self._txn_lock:
             # A transaction that starts while the previous one's markers are still being written
-            # is refused (CONCURRENT_TRANSACTIONS, or COORDINATOR_NOT_AVAILABLE on the offset
-            # commit), and the client retries only after a back-off of up to 100 ms.
+            # is refused (CONCURRENT_TRANSACTIONS) and the client retries only after a back-off
+            # (20 ms, or 100 ms when it opens with the group's offset).
             await self.settle()
             producer = await self._transactional_producer()
             with _translated(f"transactional append to {log.tp.topic}"):
