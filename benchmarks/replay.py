@@ -7,19 +7,23 @@ to a file log and decided by the real ``SchedulerLoop`` (one decision batch per 
 snapshot every 100,000 inputs (all kept).  Built once per run in a temporary directory.
 
 * **verify** — ``fleetlog.replay.verify.verify`` over the whole log: read, decode, fold, decide
-  again at every batch's ``as_of`` and compare digests and decisions.  Input events per second.
-  Baseline in the same process: the fold alone (``replay`` of the recorded batches, no decide).
+  again at every batch's ``as_of`` and compare digests and decisions.  Input events per second,
+  as ``fleetlog replay verify`` runs by default here (``--jobs`` = the CPUs, at most 4: the log
+  cut at snapshots into stretches verified by forked processes at once) and in one process
+  (``--jobs 1``).  Baseline in the same process: the fold alone (``replay`` of the recorded
+  batches, no decide).
 * **state-at** — the state at an inputs offset halfway between two snapshots (85% of the log):
   restore the newest snapshot before it and fold the rest.  Baseline: the same point folded from
   the start (``--no-snapshots``).  Medians of ``--repeats`` runs.
 
-Rates are given per wall-clock second and per CPU second of this process (``time.process_time``):
+Rates are given per wall-clock second and per CPU second of this process and its children:
 on a shared machine the second says what the code does when it gets the CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -67,13 +71,19 @@ async def build(directory: Path, events: int) -> dict[str, Any]:
     return {"events": appended, "build_s": round(time.perf_counter() - started, 1)}
 
 
-async def verify_rate(source: Source) -> tuple[float, float, int]:
-    """(events/s wall, events/s CPU, batches)."""
-    started, cpu = time.perf_counter(), time.process_time()
-    report = await verify(source)
+async def verify_rate(source: Source, jobs: int = 1) -> tuple[float, float, int]:
+    """(events/s wall, events/s CPU of this process and its children, batches)."""
+    started, cpu = time.perf_counter(), _cpu()
+    report = await verify(source, jobs=jobs)
     assert report.ok, report.divergence
-    wall, used = time.perf_counter() - started, time.process_time() - cpu
+    wall, used = time.perf_counter() - started, _cpu() - cpu
     return report.inputs / wall, report.inputs / used, report.batches
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its waited-for children (parallel verify forks)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 async def fold_rate(source: Source) -> tuple[float, float]:
@@ -89,11 +99,12 @@ async def state_at_seconds(source: Source, offset: int, snapshots: bool) -> floa
     return time.perf_counter() - started
 
 
-async def measure(directory: Path, events: int, repeats: int) -> dict[str, Any]:
+async def measure(directory: Path, events: int, repeats: int, jobs: int) -> dict[str, Any]:
     source = await open_file_source(directory)
     try:
         await verify_rate(source)  # warm up: numba kernels, page cache
-        verify_runs = [await verify_rate(source) for _ in range(max(1, repeats // 2))]
+        verify_runs = [await verify_rate(source, jobs) for _ in range(max(1, repeats // 2))]
+        serial_runs = [await verify_rate(source, 1) for _ in range(max(1, repeats // 2))]
         fold_runs = [await fold_rate(source) for _ in range(max(1, repeats // 2))]
         point = int(events * 0.85)
         fast = [await state_at_seconds(source, point, True) for _ in range(repeats)]
@@ -103,9 +114,12 @@ async def measure(directory: Path, events: int, repeats: int) -> dict[str, Any]:
     verify_eps = statistics.median(r[0] for r in verify_runs)
     fold_eps = statistics.median(r[0] for r in fold_runs)
     return {
+        "verify_jobs": jobs,
         "verify_events_per_s": round(verify_eps),
         "verify_events_per_cpu_s": round(statistics.median(r[1] for r in verify_runs)),
         "verify_batches": verify_runs[0][2],
+        "verify_one_process_events_per_s": round(statistics.median(r[0] for r in serial_runs)),
+        "verify_one_process_events_per_cpu_s": round(statistics.median(r[1] for r in serial_runs)),
         "fold_only_events_per_s": round(fold_eps),
         "fold_only_events_per_cpu_s": round(statistics.median(r[1] for r in fold_runs)),
         "verify_vs_fold_only": round(verify_eps / fold_eps, 3),
@@ -123,7 +137,7 @@ async def main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fleetlog-replay-bench-") as tmp:
         built = await build(Path(tmp) / "log", events)
         result = {"benchmark": "replay", "quick": args.quick, **built}
-        result |= await measure(Path(tmp) / "log", events, repeats)
+        result |= await measure(Path(tmp) / "log", events, repeats, min(4, len(os.sched_getaffinity(0))))
     result["targets"] = {"verify_events_per_s": ">= 500000", "state_at_snapshot_s": "<= 1.0"}
     result["machine"] = machine()
     emit(result, args.json)

@@ -14,9 +14,12 @@
   run of openb default through the embedded file log (``fsync=never``), for one step per
   arriving pod (the protocol), 64 per step, and all at once; with the paper's simulator's
   ~18 pods/s on 2 vCPUs as the baseline ratio.
+  The 64-per-step row (issue 4's target) is run ``--repeats`` times: the median, every run,
+  and each run's process CPU seconds (the machine is shared: compare rates per CPU second).
 - ``step_cost``: where one step of the protocol (one pod per step) spends its time, measured
   by wrapping the loop's collaborators (read+decode, fold, decide and its parts, digest,
-  publish) and the driver around them.
+  publish) and the driver around them; ``step_cost_batch64``: the same by pod at 64 arrivals
+  per step, with decide's FGD kernel (``best_node_memo``) and the cell's consume on their own.
 
 Traces are read from ``--traces``, ``$FLEETLOG_TRACES`` or
 ``/work/shared/traces/alibaba-gpu-v2023-openb/csv`` — never copied into the repository.
@@ -92,6 +95,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--only", choices=("allocation", "throughput"), default=None, help="run one part of the benchmark"
     )
+    parser.add_argument("--repeats", type=int, default=None, help="runs of the 64-per-step row (5; quick: 2)")
     return parser.parse_args()
 
 
@@ -143,29 +147,60 @@ def allocation(
     return out
 
 
-def throughput(traces: Path, quick: bool) -> dict[str, Any]:
+def throughput(traces: Path, quick: bool, repeats: int) -> dict[str, Any]:
     """Placement decisions per wall second through the file log, by arrivals per step (and, all
     at once, with the cheaper best-fit score: the cost of FGD's scoring kernel)."""
     cases = [
-        ("protocol_batch1", "default", "inflate?batch=1&ratio=0.2" if quick else "inflate?batch=1"),
-        ("batch64", "default", "inflate?batch=64"),
-        ("all_at_once", "default", "inflate?batch=1000000"),
-        ("all_at_once_best_fit", "best-fit", "inflate?batch=1000000"),
+        ("protocol_batch1", "default", "inflate?batch=1&ratio=0.2" if quick else "inflate?batch=1", 1),
+        ("batch64", "default", "inflate?batch=64", repeats),
+        ("all_at_once", "default", "inflate?batch=1000000", 1),
+        ("all_at_once_best_fit", "best-fit", "inflate?batch=1000000", 1),
     ]
     out: dict[str, Any] = {}
-    for name, policy, mode in cases:
-        with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp:
-            run = inflate_run(traces, "default", policy, 1, mode, Path(tmp) / "log")
+    for name, policy, mode, runs in cases:
+        timed = [timed_run(traces, policy, mode) for _ in range(runs)]
+        rates = [run.decisions_per_s for run, _ in timed]
+        run = timed[0][0]
+        rate = statistics.median(rates)
         out[name] = {
             "policy": run.policy,
             "mode": run.mode,
-            "decisions_per_s": run.decisions_per_s,
-            "x_paper": round(run.decisions_per_s / PAPER_PODS_PER_S, 1),
+            "decisions_per_s": rate,
+            "x_paper": round(rate / PAPER_PODS_PER_S, 1),
             "pods": run.jobs,
             "steps": run.steps,
-            "wall_s": run.wall_s,
+            "wall_s": statistics.median(r.wall_s for r, _ in timed),
         }
+        if runs > 1:
+            out[name]["runs_decisions_per_s"] = rates
+            out[name]["runs_cpu_s"] = [cpu for _, cpu in timed]
+            out[name]["decisions_per_cpu_s"] = round(statistics.median(r.jobs / cpu for r, cpu in timed), 1)
+            out[name]["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+def timed_run(traces: Path, policy: str, mode: str) -> tuple[RunSummary, float]:
+    """One inflate run of openb default through the file log, and the process CPU seconds of
+    its simulation (the workload is loaded, and the log directory made, outside the count)."""
+    from fleetlog.backends.simulated import driver
+
+    run_cpu: list[float] = []
+    original = driver.Simulation.run
+
+    async def counted(self: driver.Simulation, *args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            run_cpu.append(time.process_time() - start)
+
+    driver.Simulation.run = counted  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp:
+            run = inflate_run(traces, "default", policy, 1, mode, Path(tmp) / "log")
+    finally:
+        driver.Simulation.run = original  # type: ignore[method-assign]
+    return run, round(run_cpu[0], 3)
 
 
 class Timer:
@@ -205,6 +240,7 @@ def patched(timer: Timer) -> Iterator[None]:
     """Wrap the loop's collaborators (module attributes, restored afterwards)."""
     from fleetlog.backends.simulated import backend, driver
     from fleetlog.core import decide as decide_mod
+    from fleetlog.core import kernels
     from fleetlog.log import consumer
     from fleetlog.log.file import FileLogStore
     from fleetlog.service import loop as loop_mod
@@ -220,8 +256,10 @@ def patched(timer: Timer) -> Iterator[None]:
         (decide_mod, "schedule_job", "decide: place the job"),
         (driver, "message_of", "driver: encode arrival"),
         (backend.SimulatedCell, "apply", "cell: apply decisions"),
+        (kernels, "best_node_memo", "decide: FGD kernel best_node_memo"),
     ]
     async_targets = [
+        (backend.SimulatedCell, "consume", "cell: consume (read, decode, apply)"),
         (consumer.EventConsumer, "poll", "read + decode inputs"),
         (FileLogStore, "append_transactional", "publish batch + commit (file log)"),
     ]
@@ -242,10 +280,8 @@ def patched(timer: Timer) -> Iterator[None]:
 
 def step_cost(traces: Path, quick: bool) -> dict[str, Any]:
     """Milliseconds per step of the protocol (one pod per step), by part, and their share of the run."""
-    timer = Timer()
     mode = "inflate?batch=1&ratio=0.2" if quick else "inflate?batch=1"
-    with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp, patched(timer):
-        run = inflate_run(traces, "default", "default", 1, mode, Path(tmp) / "log")
+    run, timer = profiled_run(traces, mode)
     per_step = {
         label: round(s * 1000 / run.steps, 3)
         for label, s in sorted(timer.seconds.items(), key=lambda kv: -kv[1])
@@ -259,6 +295,31 @@ def step_cost(traces: Path, quick: bool) -> dict[str, Any]:
         "ms_per_step": per_step,
         "percent_of_wall": share,
     }
+
+
+def pod_cost(traces: Path) -> dict[str, Any]:
+    """Microseconds per pod at 64 arrivals per step (issue 4's target: 50 us per pod), by part."""
+    run, timer = profiled_run(traces, "inflate?batch=64")
+    ranked = sorted(timer.seconds.items(), key=lambda kv: -kv[1])
+    per_pod = {label: round(s * 1e6 / run.jobs, 1) for label, s in ranked}
+    calls = {label: timer.calls[label] for label in per_pod}
+    return {
+        "mode": run.mode,
+        "pods": run.jobs,
+        "steps": run.steps,
+        "wall_s": run.wall_s,
+        "us_per_pod_total": round(run.wall_s * 1e6 / run.jobs, 1),
+        "us_per_pod": per_pod,
+        "calls": calls,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def profiled_run(traces: Path, mode: str) -> tuple[RunSummary, Timer]:
+    timer = Timer()
+    with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp, patched(timer):
+        run = inflate_run(traces, "default", "default", 1, mode, Path(tmp) / "log")
+    return run, timer
 
 
 def main() -> None:
@@ -284,8 +345,10 @@ def main() -> None:
         result["allocation"] = allocation(traces, variants, policies, seeds, args.batch, args.jobs)
         result["published_others_on_default"] = PUBLISHED_OTHERS
     if args.only in (None, "throughput"):
-        result["throughput"] = throughput(traces, args.quick)
+        repeats = args.repeats or (2 if args.quick else 5)
+        result["throughput"] = throughput(traces, args.quick, repeats)
         result["step_cost"] = step_cost(traces, args.quick)
+        result["step_cost_batch64"] = pod_cost(traces)
     if args.json:
         emit(result, True)
     else:
@@ -321,6 +384,10 @@ def show_throughput(result: dict[str, Any]) -> None:
     print(f"one step of the protocol: {cost['ms_per_step_total']:.3f} ms")
     for label, ms in cost["ms_per_step"].items():
         print(f"  {label:36} {ms:8.3f} ms  {cost['percent_of_wall'][label]:5.1f}%")
+    pods = result["step_cost_batch64"]
+    print(f"one pod at 64 per step: {pods['us_per_pod_total']:.1f} us")
+    for label, us in pods["us_per_pod"].items():
+        print(f"  {label:36} {us:8.1f} us  ({pods['calls'][label]} calls)")
 
 
 if __name__ == "__main__":

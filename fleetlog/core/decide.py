@@ -24,6 +24,7 @@ The working copy of free capacity and usage lives in :class:`Scratch`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -31,10 +32,11 @@ import numpy as np
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.explain import Outcome, explain_failure, run_gang
+from fleetlog.core.fold import mask_gpus
 from fleetlog.core.order import drf_runs
 from fleetlog.core.policy import Policy
 from fleetlog.core.quota import borrowing_tenants, job_request, quota_check
-from fleetlog.core.shapes import LEVELS, task_arrays
+from fleetlog.core.shapes import LEVELS
 from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
 from fleetlog.events.model import Decision, JobPending, JobPlaced, JobRejected, TaskPlacement, TaskPreempted
 
@@ -82,11 +84,15 @@ class Scratch:
         self.memos: dict[tuple[int, int, int, int, int], Array] = {}  # task shape -> best_node_memo rows
 
     def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
-        """Take (sign -1) or give back (+1) a task's resources in the working copy."""
-        kernels.allocate(
-            node, np.uint64(mask), cpu, mem, milli, self.cpu_free, self.mem_free, self.gpu_free, sign
-        )
-        self.gpu_total[node] += sign * milli * int(mask).bit_count()
+        """Take (sign -1) or give back (+1) a task's resources in the working copy (what
+        ``kernels.allocate`` does, without a kernel call's argument unboxing)."""
+        self.cpu_free[node] += sign * cpu
+        self.mem_free[node] += sign * mem
+        gpus = mask_gpus(int(mask))
+        row = self.gpu_free[node]
+        for g in gpus:  # scalar stores: several times cheaper than one fancy-indexed store
+            row[g] += sign * milli
+        self.gpu_total[node] += sign * milli * len(gpus)
         self.node_version[node] += 1
 
     def memo(self, shape: tuple[int, int, int, int, int]) -> Array:
@@ -303,11 +309,9 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
     state = sc.state
     if cands.size == 0:
         return None
-    if state.jobs.cols["ntasks"][job] == 1 and not state.jobs.cols["topology"][job]:
-        idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
-        out_node = np.full(1, -1, dtype=np.int32)
-        out_mask = np.zeros(1, dtype=np.uint64)
-        return place_single(sc, cell, cands, (idx, cpu, mem, gpus, milli, models), out_node, out_mask)
+    jc = state.jobs.cols
+    if jc["ntasks"][job] == 1 and not jc["topology"][job]:
+        return place_single(sc, cell, cands, int(jc["first_task"][job]))
     chosen, _, (idx, out_node, out_mask, cpu, mem, gpus, milli) = run_gang(sc, job, cands)
     if chosen < 0:
         return None
@@ -316,28 +320,32 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
     return Placement(cell, idx, out_node, out_mask, score)
 
 
-def place_single(
-    sc: Scratch, cell: int, cands: Array, task: tuple[Array, ...], out_node: Array, out_mask: Array
-) -> Placement | None:
-    """The fast path for a one-task job with no topology: the best node, then its GPUs."""
-    idx, cpu, mem, gpus, milli, models = task
+def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | None:
+    """The fast path for a one-task job (task row ``t``) with no topology: the best node, then
+    its GPUs; arrays are made only for a placement."""
+    tc = sc.state.tasks.cols
+    cpu, mem, gpus, milli = int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["gpus"][t]), int(tc["milli"][t])
+    models = tc["models"][t]
     free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
-    shape = (int(cpu[0]), int(mem[0]), int(gpus[0]), int(milli[0]), models[0])
     if sc.policy_id == kernels.BEST_FIT:
-        node = kernels.best_node_summary(cands, sc.gpu_total, *free, *shape)
+        node = kernels.best_node_summary(cands, sc.gpu_total, *free, cpu, mem, gpus, milli, models)
     else:
-        memo = sc.memo((*shape[:4], int(shape[4])))
-        node = kernels.best_node_memo(cands, *free, *shape, sc.policy_id, sc.shapes, sc.node_version, memo)
+        memo = sc.memo((cpu, mem, gpus, milli, int(models)))
+        node = kernels.best_node_memo(
+            cands, *free, cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, sc.node_version, memo
+        )
     if node < 0:
         return None
-    out_node[0] = node
-    out_mask[0] = kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), int(gpus[0]), int(milli[0]))
+    mask = kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli)
+    out_node, out_mask = np.array([node], dtype=np.int32), np.array([mask], dtype=np.uint64)
     many = len(sc.cells) > 1 and cell >= 0
-    score = gang_score(sc, out_node, out_mask, (cpu, mem, gpus, milli)) if many else (0, 0)
-    return Placement(cell, idx, out_node, out_mask, score)
+    score = gang_score(sc, out_node, out_mask, ([cpu], [mem], [gpus], [milli])) if many else (0, 0)
+    return Placement(cell, np.array([t], dtype=np.int64), out_node, out_mask, score)
 
 
-def gang_score(sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Array, ...]) -> tuple[int, int]:
+def gang_score(
+    sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Sequence[int] | Array, ...]
+) -> tuple[int, int]:
     """How good a placement is, to compare cells: its tasks' node scores summed, each taken
     as the gang's earlier tasks would leave the node (then the working copy is restored)."""
     cpu, mem, gpus, milli = tasks
@@ -371,7 +379,7 @@ def commit(sc: Scratch, job: int, p: Placement) -> None:
     for i in range(p.tasks.size):
         t, node, mask = int(p.tasks[i]), int(p.nodes[i]), int(p.masks[i])
         sc.take(node, np.uint64(mask), int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]), -1)
-        gpu_idx = tuple(g for g in range(int(sc.gpu_count[node])) if mask >> g & 1)
+        gpu_idx = mask_gpus(mask & ((1 << int(sc.gpu_count[node])) - 1))
         placements.append(TaskPlacement(t - first, sc.node_name(node), gpu_idx))
     add_usage(sc, job, p.cell, +1)
     placements.sort(key=lambda tp: tp.task_index)

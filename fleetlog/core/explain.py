@@ -137,10 +137,8 @@ def most_free(sc: Scratch, cells: tuple[int, ...]) -> str:
     nodes = np.concatenate([sc.up_by_cell[c] for c in cells if c in sc.up_by_cell] or [np.zeros(0, np.int64)])
     if nodes.size == 0:
         return "no node is up"
-    whole = (sc.gpu_free[nodes] == 1000).sum(axis=1)
-    share = sc.gpu_free[nodes].max(axis=1)
+    whole, share, cpu, mem = kernels.most_free(nodes, sc.cpu_free, sc.mem_free, sc.gpu_free)
     return (
-        f"the most free on one node: {int(whole.max())} whole GPUs, "
-        f"a GPU with {int(share.max())} milli free, "
-        f"{int(sc.cpu_free[nodes].max())} mCPU, {int(sc.mem_free[nodes].max())} MiB"
+        f"the most free on one node: {int(whole)} whole GPUs, a GPU with {int(share)} milli free, "
+        f"{int(cpu)} mCPU, {int(mem)} MiB"
     )

@@ -8,6 +8,7 @@ node (a stale observation, a duplicate submission) is a counted no-op.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Final
@@ -49,6 +50,16 @@ from fleetlog.events.model import (
 )
 
 CAUSE_CODES: Final = {"priority": 1, "reclaim": 2}
+# Plain ints of the states written into columns: numpy probes an IntEnum member for the array
+# protocols before storing it (through the enum metaclass, about a microsecond a store).
+_UP: Final = int(NodeStatus.UP)
+_RUNNING: Final = int(JobState.RUNNING)
+_SUCCEEDED: Final = int(JobState.SUCCEEDED)
+_REJECTED: Final = int(JobState.REJECTED)
+_TASK_PENDING: Final = int(TaskState.PENDING)
+_PLACED: Final = int(TaskState.PLACED)
+_STARTED: Final = int(TaskState.STARTED)
+_FINISHED: Final = int(TaskState.FINISHED)
 
 
 class UnknownEventError(TypeError):
@@ -245,7 +256,7 @@ def advance_time(state: State, at_ms: int) -> None:
 
 def node_down(state: State, row: int, status: NodeStatus) -> None:
     """Take node ``row`` out of service and requeue every job with a task on it (whole gangs)."""
-    state.nodes.cols["status"][row] = status
+    state.nodes.cols["status"][row] = int(status)
     forget_beat(state, state.node_name(row))
     on_node = np.flatnonzero(state.tasks.view("node") == row)
     jobs = sorted({int(state.tasks.cols["job"][t]) for t in on_node.tolist()})
@@ -272,7 +283,7 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
     if not e.healthy and status == NodeStatus.UP:
         node_down(state, row, NodeStatus.DOWN)
     elif e.healthy and status != NodeStatus.UP:
-        nodes.cols["status"][row] = NodeStatus.UP
+        nodes.cols["status"][row] = _UP
     if e.healthy:
         forget_beat(state, e.node)
         state.beat_cache[e.node] = (row, e)
@@ -313,7 +324,12 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     job = state.names["job"].intern(e.job_id)
     jobs, tasks = state.jobs, state.tasks
     jobs.add()
-    ntasks = sum(g.count for g in e.task_groups)
+    ntasks = cpu = mem = gpu = 0
+    for g in e.task_groups:
+        ntasks += g.count
+        cpu += g.count * g.cpu_milli
+        mem += g.count * g.mem_mib
+        gpu += g.count * g.gpu_count * g.gpu_milli
     first = tasks.add(ntasks)
     jc = jobs.cols
     jc["tenant"][job] = state.tenant_id(e.tenant)
@@ -329,9 +345,7 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
         state.job_cells[job] = cells
         add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
     add_tasks(state, e, first)
-    jc["req_cpu"][job] = sum(g.count * g.cpu_milli for g in e.task_groups)
-    jc["req_mem"][job] = sum(g.count * g.mem_mib for g in e.task_groups)
-    jc["req_gpu"][job] = sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups)
+    jc["req_cpu"][job], jc["req_mem"][job], jc["req_gpu"][job] = cpu, mem, gpu
     state.pending_count += 1
 
 
@@ -352,7 +366,7 @@ def add_tasks(state: State, e: JobSubmitted, first: int) -> None:
 
 def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> None:
     """Keep the last ``shape_window`` task shapes: the distribution the FGD score measures against."""
-    window = state.config.shape_window
+    window, change = state.config.shape_window, 0
     for _ in range(min(count, window)):
         at = state.recent_next
         if len(state.recent_shapes) < window:
@@ -360,11 +374,18 @@ def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> Non
         else:
             old = state.recent_shapes[at]
             count_shape(state, old, -1)
-            add_entry(state, SUM_RECENT_SHAPES, (at, old), -1)
+            change -= _window_entry_hash(at, old)
             state.recent_shapes[at] = shape
         count_shape(state, shape, 1)
-        add_entry(state, SUM_RECENT_SHAPES, (at, shape), 1)
+        change += _window_entry_hash(at, shape)
         state.recent_next = (at + 1) % window
+    state.sums[SUM_RECENT_SHAPES] = (state.sums[SUM_RECENT_SHAPES] + change) & HASH_MASK
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _window_entry_hash(at: int, shape: tuple[int, int, int]) -> int:
+    """``entry_hash((at, shape))``, remembered: a window slot sees the same few shapes again."""
+    return entry_hash((at, shape))
 
 
 def count_shape(state: State, shape: tuple[int, int, int], sign: int) -> None:
@@ -395,7 +416,7 @@ def task_row(state: State, job_id: str, index: int) -> int:
     if (
         job < 0
         or index >= int(state.jobs.cols["ntasks"][job])
-        or state.jobs.cols["state"][job] != JobState.RUNNING
+        or int(state.jobs.cols["state"][job]) != JobState.RUNNING
     ):
         return -1
     return int(state.jobs.cols["first_task"][job]) + index
@@ -403,15 +424,15 @@ def task_row(state: State, job_id: str, index: int) -> int:
 
 def on_task_started(state: State, e: TaskStarted) -> None:
     t = task_row(state, e.job_id, e.task_index)
-    if t < 0 or state.tasks.cols["state"][t] != TaskState.PLACED:
+    if t < 0 or int(state.tasks.cols["state"][t]) != TaskState.PLACED:
         state.ignored += 1
         return
-    state.tasks.cols["state"][t] = TaskState.STARTED
+    state.tasks.cols["state"][t] = _STARTED
 
 
 def on_task_finished(state: State, e: TaskFinished) -> None:
     t = task_row(state, e.job_id, e.task_index)
-    if t < 0 or state.tasks.cols["state"][t] == TaskState.FINISHED:
+    if t < 0 or int(state.tasks.cols["state"][t]) == TaskState.FINISHED:
         state.ignored += 1
         return
     job = int(state.tasks.cols["job"][t])
@@ -419,10 +440,10 @@ def on_task_finished(state: State, e: TaskFinished) -> None:
         release_job(state, job, JobState.FAILED)
         return
     free_task(state, t)
-    state.tasks.cols["state"][t] = TaskState.FINISHED
+    state.tasks.cols["state"][t] = _FINISHED
     state.jobs.cols["tasks_done"][job] += 1
     if state.jobs.cols["tasks_done"][job] == state.jobs.cols["ntasks"][job]:
-        state.jobs.cols["state"][job] = JobState.SUCCEEDED
+        state.jobs.cols["state"][job] = _SUCCEEDED
 
 
 def on_task_failed(state: State, e: TaskFailed) -> None:
@@ -450,7 +471,7 @@ def triple(r: Resources) -> tuple[int, int, int]:
 def on_placed(state: State, d: JobPlaced) -> None:
     job = state.job_row(d.job_id)
     cell = state.names["cell"].get(d.cell)
-    if job < 0 or state.jobs.cols["state"][job] != JobState.PENDING or cell < 0:
+    if job < 0 or int(state.jobs.cols["state"][job]) != JobState.PENDING or cell < 0:
         raise ValueError(f"decision places job {d.job_id!r}, which is not pending in cell {d.cell!r}")
     first = int(state.jobs.cols["first_task"][job])
     for p in d.tasks:
@@ -458,7 +479,7 @@ def on_placed(state: State, d: JobPlaced) -> None:
         for g in p.gpu_indices:
             mask |= 1 << g
         take_task(state, first + p.task_index, state.node_row(d.cell, p.node), mask, cell)
-    state.jobs.cols["state"][job] = JobState.RUNNING
+    state.jobs.cols["state"][job] = _RUNNING
     state.jobs.cols["cell"][job] = cell
     state.jobs.cols["placed_at_ms"][job] = state.now_ms
     state.jobs.cols["reason"][job] = 0
@@ -468,7 +489,7 @@ def on_placed(state: State, d: JobPlaced) -> None:
 
 def on_preempted(state: State, d: TaskPreempted) -> None:
     job = state.job_row(d.job_id)
-    if job < 0 or state.jobs.cols["state"][job] != JobState.RUNNING:
+    if job < 0 or int(state.jobs.cols["state"][job]) != JobState.RUNNING:
         return  # the gang was already requeued by an earlier task of the same decision
     release_job(state, job, JobState.PENDING)
     state.jobs.cols["preempted_at_ms"][job] = state.now_ms
@@ -477,8 +498,8 @@ def on_preempted(state: State, d: TaskPreempted) -> None:
 
 def on_rejected(state: State, d: JobRejected) -> None:
     job = state.job_row(d.job_id)
-    if job >= 0 and state.jobs.cols["state"][job] == JobState.PENDING:
-        state.jobs.cols["state"][job] = JobState.REJECTED
+    if job >= 0 and int(state.jobs.cols["state"][job]) == JobState.PENDING:
+        state.jobs.cols["state"][job] = _REJECTED
         drop_reason_text(state, job)
         state.pending_count -= 1
 
@@ -527,20 +548,17 @@ def usage_rows(state: State, job: int, cell: int) -> tuple[list[int], list[int]]
 
 def take_task(state: State, t: int, node: int, mask: int, cell: int) -> None:
     tc, nc = state.tasks.cols, state.nodes.cols
-    if node < 0 or nc["status"][node] != NodeStatus.UP:
+    if node < 0 or int(nc["status"][node]) != NodeStatus.UP:
         raise ValueError(f"decision places task {t} on node {node}, which is not up")
     cpu, mem, milli = int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t])
     nc["cpu_free"][node] -= cpu
     nc["mem_free"][node] -= mem
-    for g in range(int(nc["gpu_count"][node])):
-        if mask >> g & 1:
-            nc["gpu_free"][node, g] -= milli
-    tc["node"][t], tc["gpu_mask"][t], tc["state"][t] = node, mask, TaskState.PLACED
-    gpu = milli * int(tc["gpus"][t])
-    for counter in usage_rows(state, int(tc["job"][t]), cell):
-        counter[0] += cpu
-        counter[1] += mem
-        counter[2] += gpu
+    if mask:
+        row = nc["gpu_free"][node]
+        for g in mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1)):
+            row[g] -= milli  # scalar stores: several times cheaper than one fancy-indexed store
+    tc["node"][t], tc["gpu_mask"][t], tc["state"][t] = node, mask, _PLACED
+    _count_usage(state, int(tc["job"][t]), cell, cpu, mem, milli * int(tc["gpus"][t]))
 
 
 def free_task(state: State, t: int) -> None:
@@ -552,16 +570,26 @@ def free_task(state: State, t: int) -> None:
     cpu, mem, milli, mask = int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]), int(tc["gpu_mask"][t])
     nc["cpu_free"][node] += cpu
     nc["mem_free"][node] += mem
-    for g in range(int(nc["gpu_count"][node])):
-        if mask >> g & 1:
-            nc["gpu_free"][node, g] += milli
+    if mask:
+        row = nc["gpu_free"][node]
+        for g in mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1)):
+            row[g] += milli
     tc["node"][t], tc["gpu_mask"][t] = -1, 0
     job = int(tc["job"][t])
-    gpu = milli * int(tc["gpus"][t])
-    for counter in usage_rows(state, job, int(state.jobs.cols["cell"][job])):
-        counter[0] -= cpu
-        counter[1] -= mem
-        counter[2] -= gpu
+    _count_usage(state, job, int(state.jobs.cols["cell"][job]), -cpu, -mem, -milli * int(tc["gpus"][t]))
+
+
+def _count_usage(state: State, job: int, cell: int, cpu: int, mem: int, gpu: int) -> None:
+    for counter in usage_rows(state, job, cell):
+        counter[0] += cpu
+        counter[1] += mem
+        counter[2] += gpu
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def mask_gpus(mask: int) -> tuple[int, ...]:
+    """The GPU indices set in ``mask`` (ascending)."""
+    return tuple(g for g in range(mask.bit_length()) if mask >> g & 1)
 
 
 def release_job(state: State, job: int, to: JobState) -> None:
@@ -570,8 +598,8 @@ def release_job(state: State, job: int, to: JobState) -> None:
     was = int(jc["state"][job])
     for t in state.job_tasks(job):
         free_task(state, t)
-        state.tasks.cols["state"][t] = TaskState.PENDING if to == JobState.PENDING else TaskState.FINISHED
-    jc["state"][job] = to
+        state.tasks.cols["state"][t] = _TASK_PENDING if to == JobState.PENDING else _FINISHED
+    jc["state"][job] = int(to)
     jc["cell"][job] = -1
     jc["tasks_done"][job] = 0
     if was == JobState.PENDING and to != JobState.PENDING:

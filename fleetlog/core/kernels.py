@@ -36,7 +36,11 @@ falls as copies land on it) can't beat the best domain found. None of these chan
 best_node_memo is best_node for a caller that places many tasks in a row on one working copy
 (decide): it keeps each node's evaluation of one task shape, stamped with the node's version,
 and evaluates a node again only when the caller has bumped that version (the node's free
-resources changed). The reference is plain best_node.
+resources changed). Under FGD it first gives each stale node a cheap, sound floor under its
+fragmentation increase (one pass over its GPUs, O(1) per call-wide table lookup) and scores in
+full only the nodes whose floor could still beat the best so far, lowest floor first. The exact
+increase itself takes one pass over the GPUs and O(1) per shape (``_frag_increase``). The
+reference is plain best_node.
 """
 
 from __future__ import annotations
@@ -284,6 +288,106 @@ def _frag_pair(
     return before, after
 
 
+@_hot
+def _stranded(row: I16, count: int, mask: np.uint64, taken: int, milli: int, after: bool) -> int:
+    """Free milli on the GPUs with less than ``milli`` free, before or after the task."""
+    out = 0
+    for i in range(count):
+        free = int(row[i])
+        if after and _has_bit(mask, i):
+            free -= taken
+        out += free if free < milli else 0
+    return out
+
+
+@_hot
+def _share_frag_change(
+    row: I16,
+    count: int,
+    mask: np.uint64,
+    taken: int,
+    milli: int,
+    fit_b: bool,
+    fit_a: bool,
+    totals: tuple[int, int],
+    changed: tuple[int, int],
+) -> int:
+    """frag after - frag before of a fractional shape (``milli`` in 1..999). When it fits both
+    before and after, only the changed GPUs' stranded milli moves; ``changed`` = (the GPUs
+    the task changes, the free share of the last of them): one GPU, or whole GPUs (which are
+    never stranded, before or after). Otherwise the side(s) that fit are summed up."""
+    total_b, total_a = totals
+    n_changed, free = changed
+    if fit_b and fit_a:
+        if n_changed != 1:
+            return 0
+        left = free - taken
+        return (left if left < milli else 0) - (free if free < milli else 0)
+    frag_b = _stranded(row, count, mask, taken, milli, False) if fit_b else total_b
+    frag_a = _stranded(row, count, mask, taken, milli, True) if fit_a else total_a
+    return frag_a - frag_b
+
+
+@_hot
+def _frag_increase(
+    row: I16, count: int, mask: np.uint64, taken: int, cpu_before: int, cpu_after: int, shapes: I64
+) -> int:
+    """F after - F before of ``_frag_pair``, exactly, in one pass over the GPUs and O(1) per
+    shape: a task changes one GPU's share, or takes whole GPUs, or no GPU (any other mask
+    goes to ``_frag_pair``), so a one-GPU fractional shape fits iff some GPU has ``milli``
+    free (the largest share says) and its stranded milli moves only on the changed GPUs."""
+    total_b, full_b, partial_b, top_b, total_a, full_a, partial_a, top_a = 0, 0, 0, -1, 0, 0, 0, -1
+    n_changed, changed_free, odd = 0, 0, 0
+    for i in range(count):
+        free = int(row[i])
+        after = free
+        if _has_bit(mask, i):
+            after = free - taken
+            n_changed += 1
+            changed_free = free
+            odd += free != FULL_GPU or taken != FULL_GPU
+        total_b += free
+        total_a += after
+        full_b += free == FULL_GPU
+        full_a += after == FULL_GPU
+        partial_b += free if 0 < free < FULL_GPU else 0
+        partial_a += after if 0 < after < FULL_GPU else 0
+        top_b = max(top_b, free)
+        top_a = max(top_a, after)
+    if n_changed > 1 and odd > 0:
+        before, after_f = _frag_pair(row, count, mask, taken, cpu_before, cpu_after, shapes)
+        return after_f - before
+    increase = 0
+    weights, cpu_sum, milli_sum = 0, 0, 0
+    for k in range(shapes.shape[0]):
+        gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
+        cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
+        if weight == 0 or gpus <= 0:
+            continue
+        weights += weight
+        cpu_sum += weight * cpu
+        milli_sum += weight * gpus * milli
+        if milli == FULL_GPU:
+            before = _plain_frag(total_b, full_b, partial_b, cpu_before, gpus, cpu)
+            increase += weight * (_plain_frag(total_a, full_a, partial_a, cpu_after, gpus, cpu) - before)
+        elif gpus == 1 and 0 < milli < FULL_GPU:
+            fit_b = cpu <= cpu_before and top_b >= milli
+            fit_a = cpu <= cpu_after and top_a >= milli
+            totals, changed = (total_b, total_a), (n_changed, changed_free)
+            increase += weight * _share_frag_change(
+                row, count, mask, taken, milli, fit_b, fit_a, totals, changed
+            )
+        else:
+            usable_b, stranded_b, usable_a, stranded_a = _fractional_pair(row, count, mask, taken, milli)
+            before = stranded_b if cpu <= cpu_before and usable_b >= gpus else total_b
+            increase += weight * ((stranded_a if cpu <= cpu_after and usable_a >= gpus else total_a) - before)
+    if weights > 0:
+        mean_cpu, mean_milli = cpu_sum // weights, milli_sum // weights
+        before = _starved(total_b, cpu_before, mean_cpu, mean_milli)
+        increase += weights * (_starved(total_a, cpu_after, mean_cpu, mean_milli) - before)
+    return increase
+
+
 @_jit
 def _uses_fgd(policy: int, shapes: I64) -> bool:
     """FGD only with a non-empty shape mix of positive total weight (else BEST_FIT)."""
@@ -337,8 +441,7 @@ def _fgd_increase(row: I16, count: int, cpu_avail: int, task: Task, shapes: I64)
     """F(after) - F(before) of placing the (fitting) task on the node."""
     cpu, _, gpus, milli, _ = task
     mask = _take(row, count, gpus, milli)
-    before, after = _frag_pair(row, count, mask, milli, cpu_avail, cpu_avail - cpu, shapes)
-    return after - before
+    return _frag_increase(row, count, mask, milli, cpu_avail, cpu_avail - cpu, shapes)
 
 
 @_hot
@@ -494,25 +597,243 @@ def best_node_memo(
     """``best_node``, remembering each node's evaluation of this one task in ``memo`` (int64[N,
     MEMO_COLUMNS], rows of -1 at first): a node is evaluated again only when its entry in
     ``node_version`` differs from the row's. The caller keeps one memo per task and shape mix
-    and bumps a node's version whenever its free resources change."""
+    and bumps a node's version whenever its free resources change.
+
+    Under FGD a stale node is first given a cheap floor under its fragmentation increase
+    (``_fgd_floor``); it is scored in full only if the floor could still beat the best node
+    found, starting from the node of the lowest floor. A node skipped that way keeps its stale
+    row (the memo holds full evaluations only)."""
     task = _task(cpu, mem, gpus, milli, models)
-    use_fgd = _uses_fgd(policy, shapes)
+    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    if _uses_fgd(policy, shapes):
+        return _best_memo_fgd(cands, nodes, task, shapes, node_version, memo)
     best, best_p, best_s = NO_NODE, 0, 0
     for j in range(cands.shape[0]):
         n = int(cands[j])
         if memo[n, MEMO_VERSION] != node_version[n]:
-            ok, primary, secondary = _eval_node(
-                n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+            _memo_eval(
+                n,
+                cpu_free,
+                mem_free,
+                gpu_free,
+                gpu_count,
+                node_model,
+                task,
+                False,
+                shapes,
+                node_version,
+                memo,
             )
-            memo[n, MEMO_VERSION] = node_version[n]
-            memo[n, MEMO_FITS] = 1 if ok else 0
-            memo[n, MEMO_PRIMARY] = primary
-            memo[n, MEMO_SECONDARY] = secondary
         if memo[n, MEMO_FITS] == 1:
             primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
             if _better(primary, secondary, n, best_p, best_s, best):
                 best, best_p, best_s = n, primary, secondary
     return best
+
+
+@_hot
+def _memo_eval(
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    task: Task,
+    use_fgd: bool,
+    shapes: I64,
+    node_version: I64,
+    memo: I64,
+) -> tuple[bool, int, int]:
+    """Evaluate node ``n`` in full and write its memo row."""
+    ok, primary, secondary = _eval_node(
+        n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+    )
+    memo[n, MEMO_VERSION] = node_version[n]
+    memo[n, MEMO_FITS] = 1 if ok else 0
+    memo[n, MEMO_PRIMARY] = primary
+    memo[n, MEMO_SECONDARY] = secondary
+    return ok, primary, secondary
+
+
+@_jit
+def _best_memo_fgd(
+    cands: I64, nodes: NodeArrays, task: Task, shapes: I64, node_version: I64, memo: I64
+) -> int:
+    """``best_node_memo`` under FGD: remembered rows first, then the stale nodes that fit, by floor."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    table = _floor_table(shapes)
+    stale = np.empty((cands.shape[0], 3), dtype=np.int64)  # (node, floor, secondary)
+    n_stale, first = 0, -1
+    best, best_p, best_s = NO_NODE, 0, 0
+    for j in range(cands.shape[0]):
+        n = int(cands[j])
+        if memo[n, MEMO_VERSION] == node_version[n]:
+            if memo[n, MEMO_FITS] == 1:
+                primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
+                if _better(primary, secondary, n, best_p, best_s, best):
+                    best, best_p, best_s = n, primary, secondary
+            continue
+        cpu_n, mem_n, count_n, model_n = (
+            int(cpu_free[n]),
+            int(mem_free[n]),
+            int(gpu_count[n]),
+            int(node_model[n]),
+        )
+        ok, floor, secondary = _fgd_floor(cpu_n, mem_n, gpu_free[n], count_n, model_n, task, table)
+        if not ok:  # exactly what a full evaluation says: it does not fit
+            memo[n, MEMO_VERSION] = node_version[n]
+            memo[n, MEMO_FITS] = 0
+            memo[n, MEMO_PRIMARY] = 0
+            memo[n, MEMO_SECONDARY] = 0
+            continue
+        stale[n_stale, 0], stale[n_stale, 1], stale[n_stale, 2] = n, floor, secondary
+        if first < 0 or _better(floor, secondary, n, stale[first, 1], stale[first, 2], stale[first, 0]):
+            first = n_stale
+        n_stale += 1
+    for k in range(-1, n_stale):
+        i = first if k < 0 else k
+        if i < 0 or (k >= 0 and k == first):
+            continue
+        n = int(stale[i, 0])
+        if best >= 0 and not _better(stale[i, 1], stale[i, 2], n, best_p, best_s, best):
+            continue  # its score is at least (floor, secondary): it cannot beat the best
+        ok, primary, secondary = _memo_eval(
+            n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, True, shapes, node_version, memo
+        )
+        if ok and _better(primary, secondary, n, best_p, best_s, best):
+            best, best_p, best_s = n, primary, secondary
+    return best
+
+
+# ---------------------------------------------------------------- a floor under the FGD increase
+
+# Why the floor holds (``_frag_pair``'s terms, a task taking D = gpus * milli milli-GPU and its
+# cpu >= 0): taking resources never makes a shape fit that did not fit before, and a GPU share
+# that drops by t moves a shape's fragment (stranded or partial milli) by at least -t, so every
+# shape's term changes by at least -D (by exactly -D when it fits neither before nor after).
+# A shape provably changes by >= 0 when it fits before and the task's GPU(s) had enough for it
+# (the GPU goes from usable to stranded, or stays usable): one-GPU fractional shapes with
+# milli <= the chosen GPU's free share (or whole GPUs taken), whole-GPU shapes when the task
+# takes (from) fully free GPUs and the node has their GPUs, in both cases with their cpu free
+# on the node. The floor is -D times the weight of every other shape, plus the starved term's
+# change (exact).
+
+# layout of the per-call table built by _floor_table
+FLOOR_SHARE_OVER = 0  # [0 .. 1000]: weight of 1-GPU fractional shapes with milli > f
+FLOOR_WHOLE_OVER = FULL_GPU + 1  # [0 .. MAX_GPUS]: weight of whole-GPU shapes of more than g GPUs
+FLOOR_OTHER = FLOOR_WHOLE_OVER + MAX_GPUS + 1  # weight of other GPU shapes (never provably >= 0)
+FLOOR_WHOLE = FLOOR_OTHER + 1  # weight of all whole-GPU shapes
+FLOOR_WEIGHTS = FLOOR_WHOLE + 1  # W, the weight of all GPU shapes
+FLOOR_MEAN_CPU = FLOOR_WEIGHTS + 1
+FLOOR_MEAN_MILLI = FLOOR_MEAN_CPU + 1
+FLOOR_SOUND = FLOOR_MEAN_MILLI + 1  # 1 when no weight is negative (else no floor)
+FLOOR_CPU = FLOOR_SOUND + 1  # pairs (cpu, weight) of the GPU shapes, by descending cpu
+NO_FLOOR_VALUE = -(1 << 62)
+
+
+@_jit
+def _floor_table(shapes: I64) -> I64:
+    """What ``_fgd_floor`` needs of the shape mix, once per call (see the layout above)."""
+    n_shapes = shapes.shape[0]
+    table = np.zeros(FLOOR_CPU + 2 * n_shapes, dtype=np.int64)
+    table[FLOOR_SOUND] = 1
+    weights, cpu_sum, milli_sum, n_cpu = 0, 0, 0, 0
+    for k in range(n_shapes):
+        gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
+        cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
+        if weight == 0 or gpus <= 0:
+            continue
+        if weight < 0:
+            table[FLOOR_SOUND] = 0
+        weights += weight
+        cpu_sum += weight * cpu
+        milli_sum += weight * gpus * milli
+        if milli == FULL_GPU:
+            table[FLOOR_WHOLE] += weight
+            table[FLOOR_WHOLE_OVER + min(gpus, MAX_GPUS + 1) - 1] += weight
+        elif gpus == 1 and 0 < milli < FULL_GPU:
+            table[FLOOR_SHARE_OVER + milli - 1] += weight
+        else:
+            table[FLOOR_OTHER] += weight
+        at = FLOOR_CPU + 2 * n_cpu  # insertion by descending cpu
+        while at > FLOOR_CPU and table[at - 2] < cpu:
+            table[at], table[at + 1] = table[at - 2], table[at - 1]
+            at -= 2
+        table[at], table[at + 1] = cpu, weight
+        n_cpu += 1
+    for f in range(FULL_GPU - 1, -1, -1):  # bucket m - 1 holds milli m: suffix sums give "> f"
+        table[FLOOR_SHARE_OVER + f] += table[FLOOR_SHARE_OVER + f + 1]
+    for g in range(MAX_GPUS - 1, -1, -1):
+        table[FLOOR_WHOLE_OVER + g] += table[FLOOR_WHOLE_OVER + g + 1]
+    table[FLOOR_WEIGHTS] = weights
+    if weights > 0:
+        table[FLOOR_MEAN_CPU] = cpu_sum // weights
+        table[FLOOR_MEAN_MILLI] = milli_sum // weights
+    return table[: FLOOR_CPU + 2 * n_cpu]
+
+
+@_hot
+def _gpu_summary(row: I16, count: int, milli: int) -> tuple[int, int, int, int]:
+    """(free total, fully free GPUs, GPUs the task's ``milli`` may use (as ``_gpu_fit``), the
+    least free share >= milli or -1)."""
+    whole = milli == FULL_GPU
+    total, full, usable, tight = 0, 0, 0, -1
+    for i in range(count):
+        free = int(row[i])
+        total += free
+        full += free == FULL_GPU
+        usable += (free >= milli) & ((not whole) | (free == FULL_GPU))
+        if free >= milli and (tight < 0 or free < tight):
+            tight = free
+    return total, full, usable, tight
+
+
+@_hot
+def _cpu_short(table: I64, cpu_avail: int) -> int:
+    """Weight of the GPU shapes asking for more cpu than ``cpu_avail``."""
+    out = 0
+    for at in range(FLOOR_CPU, table.shape[0], 2):
+        if table[at] <= cpu_avail:
+            break
+        out += table[at + 1]
+    return out
+
+
+@_hot
+def _fgd_floor(
+    cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, task: Task, table: I64
+) -> tuple[bool, int, int]:
+    """(fits, a floor under the FGD increase, the secondary score): ``fits`` and the secondary
+    are exactly ``_eval``'s; the increase is at least the floor (see above)."""
+    cpu, mem, gpus, milli, models = task
+    if cpu_avail < cpu or mem_avail < mem or (gpus > 0 and not _model_ok(models, model)):
+        return False, 0, 0
+    total, full, usable, tight = _gpu_summary(row, count, milli)
+    if not (gpus <= 0 or usable >= gpus):
+        return False, 0, 0
+    secondary = _best_fit(count, total, cpu_avail - cpu, gpus, milli)
+    if table[FLOOR_SOUND] == 0 or cpu < 0 or (gpus > 0 and not 0 < milli <= FULL_GPU):
+        return True, NO_FLOOR_VALUE, secondary
+    taken = gpus * milli if gpus > 0 else 0
+    weights = int(table[FLOOR_WEIGHTS])
+    floor = 0
+    if weights > 0:
+        mean_cpu, mean_milli = int(table[FLOOR_MEAN_CPU]), int(table[FLOOR_MEAN_MILLI])
+        before = _starved(total, cpu_avail, mean_cpu, mean_milli)
+        floor = weights * (_starved(total - taken, cpu_avail - cpu, mean_cpu, mean_milli) - before)
+    if taken == 0:
+        return True, floor, secondary
+    if milli == FULL_GPU:  # whole GPUs: 1-GPU shares fit them before
+        unsure = int(table[FLOOR_OTHER]) + int(table[FLOOR_WHOLE_OVER + min(full, MAX_GPUS)])
+    elif gpus == 1:  # one share, from the GPU with ``tight`` free
+        unsure = int(table[FLOOR_OTHER]) + int(table[FLOOR_SHARE_OVER + tight])
+        whole = table[FLOOR_WHOLE_OVER + min(full, MAX_GPUS)] if tight == FULL_GPU else table[FLOOR_WHOLE]
+        unsure += int(whole)
+    else:
+        unsure = weights
+    unsure += _cpu_short(table, cpu_avail)
+    return True, floor - taken * unsure, secondary
 
 
 @_hot
@@ -1298,3 +1619,21 @@ def best_node_summary(
         if ok:
             best, best_s = n, secondary
     return best
+
+
+@_jit
+def most_free(nodes: I64, cpu_free: I64, mem_free: I64, gpu_free: I16) -> tuple[int, int, int, int]:
+    """Over ``nodes``: the most whole free GPUs on one node, the most free share on one GPU, the
+    most free CPU and the most free memory (for the "insufficient capacity" explanation)."""
+    whole_max, share_max, cpu_max, mem_max = 0, 0, 0, 0
+    for j in range(nodes.shape[0]):
+        n = nodes[j]
+        whole = 0
+        for i in range(gpu_free.shape[1]):
+            free = int(gpu_free[n, i])
+            whole += free == FULL_GPU
+            share_max = max(share_max, free)
+        whole_max = max(whole_max, whole)
+        cpu_max = max(cpu_max, int(cpu_free[n]))
+        mem_max = max(mem_max, int(mem_free[n]))
+    return whole_max, share_max, cpu_max, mem_max

@@ -120,8 +120,25 @@ def _none(p: argparse.ArgumentParser) -> None:
     return None
 
 
+def _jobs(text: str) -> int:
+    if not re.fullmatch(r"\d+", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of processes, got {text!r}")
+    return int(text)
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=min(4, len(os.sched_getaffinity(0))),
+        metavar="N",
+        help="verify stretches between snapshots in N processes at once (default: the CPUs, at most 4; "
+        "1 = one process). Any divergence is reported by the one-process run",
+    )
+
+
 _COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
-    ("verify", "re-run every decision and compare; exit 1 at the first divergence", _none),
+    ("verify", "re-run every decision and compare; exit 1 at the first divergence", _verify_args),
     ("state-at", "the state at an inputs offset or a log time", _state_at_args),
     ("explain", "a job's timeline: pending reasons, placements and why, preemptions", _explain_args),
     ("what-if", "re-run the inputs under another policy and compare", _what_if_args),

@@ -87,7 +87,7 @@ def _print_json(data: Any) -> None:
 
 async def cmd_verify(args: argparse.Namespace, source: Source) -> int:
     with progress_bar("verify", await _inputs_total(source)) as bar:
-        report = await verify(source, progress=bar)
+        report = await verify(source, progress=bar, jobs=args.jobs)
     if args.json:
         _print_json({"ok": report.ok, **msgspec.to_builtins(report)})
     else:

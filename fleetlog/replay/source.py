@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, count, repeat
+from operator import attrgetter, is_
 from pathlib import Path
 from typing import cast, overload
 
@@ -44,6 +45,8 @@ class Source:
     snapshots: SnapshotStore | None
     where: str
     warnings: tuple[str, ...] = ()
+    reopen: Callable[[], Awaitable[Source]] | None = None
+    """Open the same logs again (another process's own handles: parallel verify)."""
 
     async def close(self) -> None:
         if self.snapshots is not None:
@@ -62,7 +65,7 @@ async def open_file_source(directory: str | Path, snapshots: bool = True) -> Sou
         await _opened(store, str(path))
     notes = tuple(str(w.message) for w in caught if issubclass(w.category, RecoveryWarning))
     snaps = DirectorySnapshots(path / "snapshots") if snapshots else None
-    return Source(store, snaps, f"file log {path}", notes)
+    return Source(store, snaps, f"file log {path}", notes, lambda: open_file_source(path, snapshots))
 
 
 async def open_kafka_source(config: KafkaConfig, snapshots: bool = True) -> Source:
@@ -216,7 +219,7 @@ class InputReader:
             return self._decode_skipping(records)
         found = list(map(self._memo.get, map(_VALUE, records)))  # repeats: no Python per record
         if None in found:
-            for i in [i for i, event in enumerate(found) if event is None]:
+            for i in list(compress(count(), map(is_, found, repeat(None)))):  # the misses, at C speed
                 found[i] = self._decode_one(records[i], records[i].value)
                 if found[i] is None:
                     return self._decode_skipping(records)

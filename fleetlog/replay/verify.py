@@ -22,7 +22,7 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import Decision, DecisionBatch
 from fleetlog.log.base import LogStore
 from fleetlog.replay.diff import Difference, after, diff_states
-from fleetlog.replay.engine import fold_inputs
+from fleetlog.replay.engine import Start, fold_inputs
 from fleetlog.replay.source import Input, InputReader, Progress, ReplayError, Source, batches
 
 SHOWN_INPUTS: Final = 20
@@ -65,24 +65,28 @@ class VerifyReport(msgspec.Struct, frozen=True):
 
 
 class _Recent:
-    """Observer keeping the last inputs folded since the previous batch."""
+    """Observer keeping the last inputs folded since the previous batch: the last chunks
+    themselves (only a divergence reads them), enough of them to show ``SHOWN_INPUTS``."""
 
     def __init__(self) -> None:
-        self.seen: deque[Input] = deque(maxlen=SHOWN_INPUTS)
-        self.count = 0
+        self.chunks: deque[Sequence[Input]] = deque()
+        self.kept = 0  # inputs in ``chunks``
+        self.count = 0  # inputs since the previous batch
 
     def inputs(self, state: State, events: Sequence[Input]) -> None:
-        self.seen.extend(events)
+        self.chunks.append(events)
+        self.kept += len(events)
         self.count += len(events)
+        while self.kept - len(self.chunks[0]) >= SHOWN_INPUTS:
+            self.kept -= len(self.chunks.popleft())
 
     def decided(self, state: State, batch: DecisionBatch) -> None:
-        self.seen.clear()
-        self.count = 0
+        self.chunks.clear()
+        self.kept = self.count = 0
 
     def shown(self) -> tuple[InputSeen, ...]:
-        return tuple(
-            InputSeen(offset, at_ms, msgspec.to_builtins(event)) for offset, event, at_ms in self.seen
-        )
+        recent = [i for chunk in self.chunks for i in chunk][-SHOWN_INPUTS:]
+        return tuple(InputSeen(offset, at_ms, msgspec.to_builtins(event)) for offset, event, at_ms in recent)
 
 
 async def verify(
@@ -90,12 +94,48 @@ async def verify(
     core: CoreConfig | None = None,
     limit_batches: int | None = None,
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> VerifyReport:
-    """Replay the inputs against the decisions log; stop at the first divergence."""
+    """Replay the inputs against the decisions log; stop at the first divergence.
+
+    With ``jobs`` > 1 and a source with snapshots, the log is cut at snapshots into up to
+    ``jobs`` stretches verified at once by forked processes (:mod:`fleetlog.replay.parallel`);
+    any divergence, or a snapshot that differs from the replayed state, is then reported by
+    the plain serial run, so the report is the same either way."""
+    if jobs > 1 and isinstance(store, Source) and limit_batches is None:
+        from fleetlog.replay.parallel import verify_in_parallel  # noqa: PLC0415 - it imports this module
+
+        report = await verify_in_parallel(store, core, progress, jobs)
+        if report is not None:
+            return report
     log_store = store.store if isinstance(store, Source) else store
-    state, reader, recent = State(core), InputReader(log_store), _Recent()
+    found = await verify_stretch(log_store, Start(State(core)), None, limit_batches, progress)
+    return found.report
+
+
+class Stretch(msgspec.Struct, frozen=True):
+    """What :func:`verify_stretch` found between two points of the log."""
+
+    report: VerifyReport
+    start_digest: str
+    """The state's digest where the stretch began (a snapshot's, once restored)."""
+
+
+async def verify_stretch(
+    log_store: LogStore,
+    start: Start,
+    stop: tuple[int, int] | None,
+    limit_batches: int | None = None,
+    progress: Progress | None = None,
+) -> Stretch:
+    """Verify the batches from ``start`` on; with ``stop`` = (inputs offset, decisions offset)
+    of a snapshot, only those before it, and then fold the inputs up to it, so that the final
+    digest is the replayed state's at the snapshot."""
+    state, reader, recent = start.state, InputReader(log_store, start.inputs), _Recent()
+    start_digest = digest(state)
     count = decisions = previous = 0
-    async for record_offset, _, batch in batches(log_store):
+    until = None if stop is None else stop[1]
+    async for record_offset, _, batch in batches(log_store, start.decisions, until):
         if limit_batches is not None and count >= limit_batches:
             break
         await fold_inputs(reader, state, batch.as_of, (recent,), progress)
@@ -104,11 +144,13 @@ async def verify(
             found = msgspec.structs.replace(
                 problem, previous_as_of=previous, inputs_since=recent.shown(), inputs_since_count=recent.count
             )
-            return VerifyReport(count, decisions, reader.offset, digest(state), found)
+            return Stretch(VerifyReport(count, decisions, reader.offset, digest(state), found), start_digest)
         fold(state, batch, state.now_ms)
         recent.decided(state, batch)
         count, decisions, previous = count + 1, decisions + len(batch.decisions), batch.as_of
-    return VerifyReport(count, decisions, reader.offset, digest(state))
+    if stop is not None:
+        await fold_inputs(reader, state, stop[0], (), progress)
+    return Stretch(VerifyReport(count, decisions, reader.offset, digest(state)), start_digest)
 
 
 def _compare(state: State, batch: DecisionBatch, record_offset: int) -> Divergence | None:

@@ -605,3 +605,112 @@ def test_allocate_takes_and_gives_back(cluster: Cluster, task: Task, data: st.Da
         kernels.allocate(n, mask, task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, 1)
         assert all(np.array_equal(a, b) for a, b in zip((cpu_free, mem_free, gpu_free), arrays, strict=False))
     assert all(np.array_equal(a, b) for a, b in zip(states["numba"], states["ref"], strict=True))
+
+
+# ---------------------------------------------------------------- the FGD floor (best_node_memo's pruning)
+
+
+@st.composite
+def any_tasks(draw: st.DrawFn) -> Task:
+    """``tasks()`` plus the unusual shapes: several GPUs, each a share below a whole GPU."""
+    if draw(st.integers(0, 4)) > 0:
+        return draw(tasks())
+    cpu = draw(st.sampled_from([0, 500, 4000, 16_000]))
+    return Task(cpu, 0, draw(st.integers(2, 4)), draw(st.sampled_from([100, 300, 500, 999])))
+
+
+@st.composite
+def wide_shape_mixes(draw: st.DrawFn) -> Array:
+    """Shape mixes of up to 12 rows, unusual shapes included, weights up to 40."""
+    rows = []
+    for _ in range(draw(st.integers(0, 12))):
+        task = draw(any_tasks())
+        rows.append((task.gpus, task.milli, task.cpu, draw(st.integers(0, 40))))
+    return shape_matrix(rows)
+
+
+@st.composite
+def alike_clusters(draw: st.DrawFn) -> Cluster:
+    """Nodes of a few types, many of them alike (as real clusters are), some partly used."""
+    kinds = st.tuples(CPUS, MEMS, st.integers(0, 8), st.integers(0, 2))
+    types = draw(st.lists(kinds, min_size=1, max_size=3))
+    cluster = Cluster()
+    for _ in range(draw(st.integers(1, 40))):
+        cpu, mem, count, model = draw(st.sampled_from(types))
+        free = [FULL_GPU] * count
+        if count and draw(st.integers(0, 3)) == 0:
+            free[draw(st.integers(0, count - 1))] = draw(SHARES)
+        cluster.node(cpu, mem, tuple(free), model)
+    return cluster
+
+
+@PROPERTY
+@given(cluster=clusters(), task=any_tasks(), shapes=wide_shape_mixes())
+def test_fgd_floor_is_below_the_increase(cluster: Cluster, task: Task, shapes: Array) -> None:
+    """``_fgd_floor`` agrees with a full evaluation on fit and secondary score, and its floor is
+    never above the FGD increase: the pruning in ``best_node_memo`` is sound."""
+    cpu_free, mem_free, gpu_free, gpu_count, model = cluster.arrays()
+    table = nb._floor_table(shapes)
+    args = (task.cpu, task.mem, task.gpus, task.milli, np.uint64(task.models))
+    for n in range(len(cluster.gpus)):
+        node = (int(cpu_free[n]), int(mem_free[n]), gpu_free[n], int(gpu_count[n]), int(model[n]))
+        ok, floor, secondary = nb._fgd_floor(*node, args, table)
+        assert bool(ok) == nb.fits(n, cpu_free, mem_free, gpu_free, gpu_count, model, *task.args())
+        if ok:
+            primary, want = nb.node_score(
+                n, cpu_free, gpu_free, gpu_count, task.cpu, task.gpus, task.milli, FGD, shapes
+            )
+            assert int(secondary) == int(want)
+            assert int(floor) <= int(primary)
+
+
+@PROPERTY
+@given(
+    cluster=alike_clusters(),
+    arrivals=st.lists(any_tasks(), min_size=1, max_size=24),
+    shapes=wide_shape_mixes(),
+)
+def test_best_node_memo_equals_reference_on_alike_nodes(
+    cluster: Cluster, arrivals: list[Task], shapes: Array
+) -> None:
+    """Many alike nodes and long runs of arrivals (where the floor prunes most): the memoized
+    FGD kernel chooses what the reference ``best_node`` does, and every row it wrote for the
+    current node state is that node's full evaluation."""
+    arrays = cluster.arrays()
+    cpu_free, mem_free, gpu_free, gpu_count, _ = arrays
+    cands = cluster.all()
+    version = np.zeros(len(cluster.gpus), dtype=np.int64)
+    memos: dict[tuple[object, ...], Array] = {}
+    for task in arrivals:
+        memo = memos.setdefault(task.args(), np.full((version.size, nb.MEMO_COLUMNS), -1, np.int64))
+        got = nb.best_node_memo(cands, *arrays, *task.args(), FGD, shapes, version, memo)
+        assert got == ref.best_node(cands, *arrays, *task.args(), FGD, shapes)
+        for n in np.flatnonzero(memo[:, nb.MEMO_VERSION] == version).tolist():
+            fits = ref.fits(n, *arrays, *task.args())
+            assert memo[n, nb.MEMO_FITS] == int(fits)
+            if fits:
+                want = (cpu_free, gpu_free, gpu_count, task.cpu, task.gpus, task.milli, FGD, shapes)
+                score = ref.node_score(n, *want)
+                assert (memo[n, nb.MEMO_PRIMARY], memo[n, nb.MEMO_SECONDARY]) == tuple(score)
+        if got >= 0:
+            mask = nb.pick_gpus(gpu_free[got], int(gpu_count[got]), task.gpus, task.milli)
+            nb.allocate(got, mask, task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
+            version[got] += 1
+
+
+@PROPERTY
+@given(cluster=clusters(), data=st.data())
+def test_most_free_is_the_column_maxima(cluster: Cluster, data: st.DataObject) -> None:
+    """The capacity-failure summary: most whole free GPUs on a node, most free share on a GPU,
+    most free CPU and memory, over the nodes given."""
+    cpu_free, mem_free, gpu_free, _, _ = cluster.arrays()
+    nodes = np.unique(data.draw(candidates(len(cluster.gpus))))
+    if nodes.size == 0:
+        return
+    want = (
+        int((gpu_free[nodes] == 1000).sum(axis=1).max()),
+        int(gpu_free[nodes].max()),
+        int(cpu_free[nodes].max()),
+        int(mem_free[nodes].max()),
+    )
+    assert tuple(int(x) for x in nb.most_free(nodes, cpu_free, mem_free, gpu_free)) == want

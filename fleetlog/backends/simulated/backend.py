@@ -83,7 +83,11 @@ class SimulatedCell:
 
     def register(self, job: JobSubmitted, duration_ms: int | None) -> None:
         """A job was submitted: how long its tasks will run once started (``None``: until the end)."""
-        milli = tuple(g.gpu_count * g.gpu_milli for g in job.task_groups for _ in range(g.count))
+        groups = job.task_groups
+        if len(groups) == 1 and groups[0].count == 1:  # one task (every pod of a trace): no generator
+            milli: tuple[int, ...] = (groups[0].gpu_count * groups[0].gpu_milli,)
+        else:
+            milli = tuple(g.gpu_count * g.gpu_milli for g in groups for _ in range(g.count))
         self.jobs[job.job_id] = (duration_ms, milli)
 
     async def consume(self, store: LogStore) -> int:
@@ -122,7 +126,7 @@ class SimulatedCell:
         if d.job_id in self.gangs:
             self._kill(d.job_id)  # placed again: the previous incarnation is gone
         now = self.timers.clock.now_ms
-        if d.cell != self.cluster.cell or any(not self.up.get(t.node, False) for t in d.tasks):
+        if d.cell != self.cluster.cell or not self._all_up(d.tasks):
             self.recorder.placed(d.job_id, now, self.allocated_milli)
             self.recorder.stopped(d.job_id, preempted=False)  # cannot start; requeued on the failure
             return
@@ -131,6 +135,11 @@ class SimulatedCell:
         for index in sorted(gang.tasks):
             delay = self.starts.randint(0, self.behaviour.max_start_delay_ms)
             self.timers.at(now + delay, self._starter(d.job_id, gang.incarnation, index))
+
+    def _all_up(self, tasks: tuple[TaskPlacement, ...]) -> bool:
+        if len(tasks) == 1:  # one task (every pod of a trace): no generator
+            return self.up.get(tasks[0].node, False)
+        return all(self.up.get(t.node, False) for t in tasks)
 
     def _new_gang(self, d: JobPlaced) -> Gang:
         """Take the placement's GPU shares and remember which nodes the gang is on."""

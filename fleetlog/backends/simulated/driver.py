@@ -11,8 +11,10 @@ backends never import the core.
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -80,6 +82,10 @@ class Simulation:
     async def run(self, scheduler: Scheduler, progress: Progress | None = None) -> RunStats:
         """Run until every job has arrived and been decided (inflate), or every job is done or the
         drain deadline passed (replay)."""
+        with long_lived_frozen():
+            return await self._run(scheduler, progress)
+
+    async def _run(self, scheduler: Scheduler, progress: Progress | None) -> RunStats:
         started = time.perf_counter()
         first = self.cell.start()
         await self._turn(scheduler, Emitted([*first.messages, *self.setup], True))
@@ -129,6 +135,22 @@ class Simulation:
             return counts[JobStatus.PENDING] == 0 or self.clock.now_ms >= self.deadline_ms + 60_000
         idle = counts[JobStatus.PENDING] == 0 and counts[JobStatus.RUNNING] == 0
         return idle or self.clock.now_ms >= self.deadline_ms
+
+
+@contextmanager
+def long_lived_frozen() -> Iterator[None]:
+    """Keep the cyclic GC from re-scanning what already exists (the workload's jobs, the
+    cluster, loaded modules) in every full collection during the run: on openb, two full
+    collections took ~0.25 s of a 1.8 s run. Objects are unfrozen afterwards, unless the
+    caller had frozen some itself (then it owns the permanent generation)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def message_of(job: JobSpec) -> Message:
