@@ -227,6 +227,11 @@ class KafkaLog(Log):
         return first
 
     async def end_offset(self) -> int:
+        await self._settle()
+        return await self.stable_end()
+
+    async def stable_end(self) -> int:
+        """:meth:`end_offset` without waiting for this store's own last transaction."""
         consumer = await self._reader()
         with _translated(f"end offset of {self.tp.topic}"):
             ends = await consumer.end_offsets([self.tp])
@@ -235,6 +240,7 @@ class KafkaLog(Log):
     async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
         if offset < 0:
             raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
+        await self._settle()
         async with self._lock:
             consumer = await self._reader()
             self._seek(consumer, offset)
@@ -247,6 +253,10 @@ class KafkaLog(Log):
         if records:
             self._position = records[-1].offset + 1
         return records
+
+    async def _settle(self) -> None:
+        if self._store._unseen is self:
+            await self._store.settle()
 
     async def close(self) -> None:
         consumer, self._consumer = self._consumer, None
@@ -322,6 +332,9 @@ class KafkaLogStore(LogStore):
         self._coordinators: dict[str, int] = {}
         self._start_lock = asyncio.Lock()
         self._txn_lock = asyncio.Lock()
+        self._unseen: KafkaLog | None = None
+        """The log of the last transaction while its markers may still be on their way."""
+        self._settling: asyncio.Task[None] | None = None
         self._open = False
 
     async def __aenter__(self) -> KafkaLogStore:
@@ -347,6 +360,11 @@ class KafkaLogStore(LogStore):
 
     async def close(self) -> None:
         self._open = False
+        settling, self._settling, self._unseen = self._settling, None, None
+        if settling is not None:
+            settling.cancel()
+            with contextlib.suppress(BaseException):
+                await settling
         for log in self._logs.values():
             await log.close()
         producers = (self._producer, self._txn_producer)
@@ -373,14 +391,39 @@ class KafkaLogStore(LogStore):
     ) -> int:
         log = self.log(name)
         async with self._txn_lock:
+            # A transaction that starts while the previous one's markers are still being written
+            # is refused (CONCURRENT_TRANSACTIONS) and the client retries only after a back-off
+            # (20 ms, or 100 ms when it opens with the group's offset).
+            await self.settle()
             producer = await self._transactional_producer()
             with _translated(f"transactional append to {log.tp.topic}"):
                 span = await self._commit(producer, log.tp, messages, group, consumed)
-            await self._await_visible(log, span, group, consumed)
+            self._unseen = log
+            self._settling = asyncio.create_task(self._await_visible(log, span, group, consumed))
         return span[0] if span is not None else await log.end_offset()
+
+    async def settle(self) -> None:
+        """Wait until the last transaction committed here is visible to every reader.
+
+        The commit returns before the broker has written the transaction's markers (a
+        millisecond or more).  The scheduler does not wait for them — the next step reads
+        inputs, not decisions — so a task watches for them in the background; the next
+        transaction, and every read of this store that could see this one (its log, the
+        committed offset), waits for that task first: a caller reads its own writes."""
+        task = self._settling
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            finally:
+                if self._settling is task and task.done():
+                    self._settling = self._unseen = None
 
     async def committed_offset(self, group: str) -> int | None:
         self.check_open()
+        await self.settle()
+        return await self._committed_offset(group)
+
+    async def _committed_offset(self, group: str) -> int | None:
         admin = self._admin
         assert admin is not None
         with _translated(f"committed offset of group {group!r}"):
@@ -464,18 +507,19 @@ class KafkaLogStore(LogStore):
         self, log: KafkaLog, span: tuple[int, int] | None, group: str, consumed: int
     ) -> None:
         """Kafka writes commit markers after the commit returns: wait until readers and
-        :meth:`committed_offset` see this transaction, so a caller reads its own writes."""
+        :meth:`committed_offset` see this transaction (both asked at once each round).  A
+        group's offset only grows, so a larger one means a newer writer's commit came after."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.visibility_timeout_ms / 1000
         delay = 0.001
         while True:
-            records_visible = span is None or await log.end_offset() > span[1]
-            if records_visible and await self.committed_offset(group) == consumed:
+            end, committed = await asyncio.gather(log.stable_end(), self._committed_offset(group))
+            if (span is None or end > span[1]) and committed is not None and committed >= consumed:
                 return
             if loop.time() >= deadline:
                 raise LogError(f"transaction to {log.tp.topic} committed but not visible in time")
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            delay = min(delay * 2, 0.01)
 
     async def _group_offsets_retrying(self, admin: AIOKafkaAdminClient, group: str) -> dict[Any, Any]:
         """Retry while the group coordinator is moving or still loading (a fresh cluster creates

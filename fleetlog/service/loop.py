@@ -14,7 +14,7 @@ import msgspec
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_many
+from fleetlog.core.fold import fold, fold_lists
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
@@ -106,26 +106,26 @@ class SchedulerLoop:
 
     async def _fold_inputs_until(self, as_of: int) -> None:
         while self.offset < as_of:
-            polled = await self.consumer.poll(
+            polled = await self.consumer.poll_inputs(
                 self.offset, min(self.config.max_batch, as_of - self.offset), park=False
             )
             if polled.next_offset == self.offset:
                 raise CorruptDecisionsError(
                     f"decisions refer to inputs up to {as_of}; the log ends at {self.offset}"
                 )
-            fold_many(self.state, ((d.envelope.event, d.timestamp_ms) for d in polled.events))
+            fold_lists(self.state, polled.events, polled.times)
             self.offset = polled.next_offset
 
     async def step(self, timeout_ms: int = 0) -> StepResult:
         """Fold the inputs that arrived (waiting up to ``timeout_ms``), decide, publish."""
-        polled = await self.consumer.poll(self.offset, self.config.max_batch, timeout_ms)
-        fold_many(self.state, ((d.envelope.event, d.timestamp_ms) for d in polled.events))
+        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
+        fold_lists(self.state, polled.events, polled.times)
         if self.config.check_invariants:
             check(self.state)
         self.offset = polled.next_offset
         if not polled.events and polled.dead_lettered == 0:
             return StepResult(0, 0, 0, self.offset)
-        oldest = polled.events[0].timestamp_ms if polled.events else 0
+        oldest = polled.times[0] if polled.times else 0
         decisions = decide(self.state, self.policy) if polled.events else []
         if not decisions:
             if polled.dead_lettered or self.offset - self.committed >= self.config.commit_every:

@@ -55,3 +55,33 @@ async def test_poll_at_end_returns_nothing_and_keeps_offset(store: LogStore) -> 
     polled = await EventConsumer(store).poll(0, timeout_ms=50)
     assert polled.events == []
     assert polled.next_offset == 0
+
+
+async def test_poll_inputs_gives_the_events_of_poll_and_parks_the_same(store: LogStore) -> None:
+    batch = [
+        Message(encode(envelope(hb(0), "p"))),
+        Message(b"\xc1garbage"),
+        Message(encode(envelope(job(), "p"))),
+        Message(encode(envelope(DecisionBatch(as_of=0, digest="x"), "p"))),
+        Message(encode(envelope(hb(0), "p"))),
+        Message(encode(envelope(job(), "p"), "json"), headers=(("content-type", JSON),)),
+    ]
+    await store.log(INPUTS).append(batch)
+    polled = await EventConsumer(store).poll(0, timeout_ms=2000, park=False)
+    inputs = await EventConsumer(store).poll_inputs(0, timeout_ms=2000)
+    assert inputs.events == [d.envelope.event for d in polled.events]
+    assert inputs.times == [d.timestamp_ms for d in polled.events]
+    assert (inputs.dead_lettered, inputs.next_offset) == (2, 6)
+    parked = await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)
+    assert [r.header(SOURCE_HEADER) for r in parked] == [b"inputs@1", b"inputs@3"]
+
+
+async def test_poll_inputs_decodes_a_repeated_heartbeat_once(store: LogStore) -> None:
+    same = Message(encode(envelope(hb(7), "p")))
+    await store.log(INPUTS).append([same, Message(encode(envelope(hb(8), "p"))), same])
+    consumer = EventConsumer(store)
+    first = await consumer.poll_inputs(0, max_records=2, timeout_ms=2000)
+    second = await consumer.poll_inputs(first.next_offset, timeout_ms=2000)
+    assert first.events == [hb(7), hb(8)]
+    assert second.events == [hb(7)]
+    assert second.events[0] is first.events[0]
