@@ -27,7 +27,9 @@ from fleetlog.core.state import (
     collection_sums,
 )
 
-SNAPSHOT_FORMAT: Final = 1
+SNAPSHOT_FORMAT: Final = 2
+"""2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30): a
+format-1 snapshot carries a digest of the old definition."""
 _TABLES: Final = ("nodes", "jobs", "tasks")
 
 
@@ -187,7 +189,9 @@ def restore(data: bytes) -> State:
     try:
         body = msgspec.msgpack.decode(data)
         if body["format"] != SNAPSHOT_FORMAT:
-            raise SnapshotError(f"snapshot format {body['format']} is not {SNAPSHOT_FORMAT}")
+            raise SnapshotError(
+                f"snapshot format {body['format']} is not {SNAPSHOT_FORMAT} (taken by an older fleetlog)"
+            )
         state = _restore_scalars(body["scalars"])
         _restore_columns(state, body["sizes"], body["columns"])
     except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
