@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fleetlog.core.arrays import Interner, Table
-from fleetlog.core.fold import count_shape, set_reason_text
+from fleetlog.core.fold import count_shape, number_reason_texts
 from fleetlog.core.state import (
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
@@ -213,8 +213,8 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.recent_next = s["recent_next"]
     for shape in state.recent_shapes:
         count_shape(state, shape, 1)
-    for job, text in s["reason_text"]:
-        set_reason_text(state, job, text)
+    state.reason_text = dict(s["reason_text"])
+    number_reason_texts(state)
     state.sums = collection_sums(state)
     state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state

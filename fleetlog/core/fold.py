@@ -517,10 +517,16 @@ def set_reason_text(state: State, job: int, text: str) -> None:
     state.reason_text[job] = text
     add_entry(state, SUM_REASON_TEXT, (job, text), 1)
     if len(state.text_index) >= TEXT_IDS:  # bounded: number the texts in use afresh
-        state.text_index.clear()
-        for row, kept in state.reason_text.items():
-            state.text_ids.put(row, state.text_index.setdefault(kept, len(state.text_index)))
-    state.text_ids.put(job, state.text_index.setdefault(text, len(state.text_index)))
+        number_reason_texts(state)
+    else:
+        state.text_ids.put(job, state.text_index.setdefault(text, len(state.text_index)))
+
+
+def number_reason_texts(state: State) -> None:
+    """Give every job's reason text its id in ``text_ids``, numbering the texts afresh."""
+    state.text_index.clear()
+    for row, text in state.reason_text.items():
+        state.text_ids.put(row, state.text_index.setdefault(text, len(state.text_index)))
 
 
 def drop_reason_text(state: State, job: int) -> None:
@@ -554,9 +560,7 @@ def take_task(state: State, t: int, node: int, mask: int, cell: int) -> None:
     nc["cpu_free"][node] -= cpu
     nc["mem_free"][node] -= mem
     if mask:
-        row = nc["gpu_free"][node]
-        for g in mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1)):
-            row[g] -= milli  # scalar stores: several times cheaper than one fancy-indexed store
+        _shift_gpus(nc, node, mask, -milli)
     tc["node"][t], tc["gpu_mask"][t], tc["state"][t] = node, mask, _PLACED
     _count_usage(state, int(tc["job"][t]), cell, cpu, mem, milli * int(tc["gpus"][t]))
 
@@ -571,12 +575,17 @@ def free_task(state: State, t: int) -> None:
     nc["cpu_free"][node] += cpu
     nc["mem_free"][node] += mem
     if mask:
-        row = nc["gpu_free"][node]
-        for g in mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1)):
-            row[g] += milli
+        _shift_gpus(nc, node, mask, milli)
     tc["node"][t], tc["gpu_mask"][t] = -1, 0
     job = int(tc["job"][t])
     _count_usage(state, job, int(state.jobs.cols["cell"][job]), -cpu, -mem, -milli * int(tc["gpus"][t]))
+
+
+def _shift_gpus(nc: dict[str, Array], node: int, mask: int, delta: int) -> None:
+    """Add ``delta`` to the free share of the node's GPUs in ``mask`` (those it has)."""
+    row = nc["gpu_free"][node]
+    for g in mask_gpus(mask & ((1 << int(nc["gpu_count"][node])) - 1)):
+        row[g] += delta  # scalar stores: several times cheaper than one fancy-indexed store
 
 
 def _count_usage(state: State, job: int, cell: int, cpu: int, mem: int, gpu: int) -> None:

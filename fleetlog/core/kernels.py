@@ -1254,13 +1254,19 @@ def _scan_top_memo(
     for j in range(group.shape[0]):
         n = int(group[j])
         if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
-            ok, primary, secondary = _eval_node(
-                n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+            _memo_eval(
+                n,
+                cpu_free,
+                mem_free,
+                gpu_free,
+                gpu_count,
+                node_model,
+                task,
+                use_fgd,
+                shapes,
+                node_version,
+                memo,
             )
-            memo[n, MEMO_VERSION] = node_version[n]
-            memo[n, MEMO_FITS] = 1 if ok else 0
-            memo[n, MEMO_PRIMARY] = primary
-            memo[n, MEMO_SECONDARY] = secondary
         if memo[n, MEMO_FITS] != 1:
             continue
         primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])

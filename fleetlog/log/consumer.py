@@ -8,7 +8,8 @@ reason code, the error message and where it came from.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from operator import attrgetter
+from itertools import compress, count, repeat
+from operator import attrgetter, is_
 from typing import Final
 
 import msgspec
@@ -78,7 +79,7 @@ class EventConsumer:
         self._store = store
         self._source = source
         self._dead_letters = dead_letters
-        self._memo: dict[bytes, InputEvent] = {}
+        self._memo: dict[object, InputEvent] = {}
 
     async def poll(
         self, offset: int, max_records: int = 10_000, timeout_ms: int = 0, park: bool = True
@@ -103,7 +104,7 @@ class EventConsumer:
         which its steady-heartbeat path recognises by identity)."""
         records = await self._store.log(self._source).read(offset, max_records, timeout_ms)
         next_offset = records[-1].offset + 1 if records else offset
-        events = self._memoised(records)
+        events = self.decode_memoised(records)
         if events is not None:
             return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset)
         good, bad = self.split(records)
@@ -111,23 +112,29 @@ class EventConsumer:
             await self._store.log(self._dead_letters).append(bad)
         return Inputs([d.envelope.event for d in good], [d.timestamp_ms for d in good], len(bad), next_offset)
 
-    def _memoised(self, records: Sequence[Record]) -> list[Event] | None:
-        """The events of ``records`` through the heartbeat memo; ``None`` when some record needs
-        :meth:`split` (a header, bytes that do not decode to an input)."""
+    def decode_memoised(self, records: Sequence[Record]) -> list[Event] | None:
+        """The events of ``records``, a heartbeat's bytes (with its content type) decoded once
+        and repeats looked up at C speed; ``None`` when some record needs :meth:`split` (bytes
+        that do not decode to an input)."""
         if any(map(_HEADERS, records)):
-            return None
-        found = list(map(self._memo.get, map(_VALUE, records)))  # repeats: no Python per record
-        misses = [i for i, event in enumerate(found) if event is None] if None in found else []
+            keys: list[object] = [
+                (r.header(CONTENT_TYPE_HEADER), r.value) if r.headers else r.value for r in records
+            ]
+        else:
+            keys = list(map(_VALUE, records))
+        found = list(map(self._memo.get, keys))  # repeats: no Python per record
+        misses = list(compress(count(), map(is_, found, repeat(None)))) if None in found else []
         if not misses:
             return found  # type: ignore[return-value]  # no None left
-        for i, result in zip(misses, decode_many([(records[i].value, None) for i in misses]), strict=True):
+        wanted = [(records[i].value, records[i].header(CONTENT_TYPE_HEADER)) for i in misses]
+        for i, result in zip(misses, decode_many(wanted), strict=True):
             if not isinstance(result, Envelope) or not isinstance(result.event, INPUT_TYPES):
                 return None
             found[i] = event = result.event
             if type(event) is NodeHeartbeat:
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
-                self._memo[records[i].value] = event
+                self._memo[keys[i]] = event
         return found  # type: ignore[return-value]
 
     def split(self, records: Sequence[Record]) -> tuple[list[Delivered], list[Message]]:

@@ -11,8 +11,7 @@ import contextlib
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import compress, count, repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 from pathlib import Path
 from typing import cast, overload
 
@@ -20,10 +19,10 @@ import msgspec
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
-from fleetlog.events.model import DecisionBatch, InputEvent, NodeHeartbeat
+from fleetlog.events.codec import BadEventError
+from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record
-from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
+from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
 from fleetlog.log.file import FileLogStore, RecoveryWarning
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, KafkaSnapshots, SnapshotStore
@@ -148,16 +147,13 @@ def decode_batch(record: Record) -> DecisionBatch:
 
 Input = tuple[int, InputEvent, int]
 """(offset, event, log time in ms) of one decoded input."""
-MEMO_LIMIT = 1 << 16
 _TIMESTAMP = attrgetter("timestamp_ms")
 _OFFSET = attrgetter("offset")
-_VALUE = attrgetter("value")
-_HEADERS = attrgetter("headers")
 
 
 class Chunk(Sequence[Input]):
-    """Decoded inputs as three parallel lists; a sequence of :data:`Input` for observers, and
-    :meth:`pairs` for the fold (no tuple per event is kept)."""
+    """Decoded inputs as three parallel lists (what ``fold_lists`` takes); a sequence of
+    :data:`Input` for observers (no tuple per event is kept)."""
 
     __slots__ = ("events", "offsets", "times")
 
@@ -179,24 +175,18 @@ class Chunk(Sequence[Input]):
     def __iter__(self) -> Iterator[Input]:
         return zip(self.offsets, self.events, self.times, strict=True)
 
-    def pairs(self) -> Iterator[tuple[InputEvent, int]]:
-        """(event, log time) in order: what ``fold_many`` takes."""
-        return zip(self.events, self.times, strict=True)
-
 
 class InputReader:
     """Reads and decodes the inputs log in order; skips what the scheduler skipped (records that
-    do not decode, decisions in the inputs log: the dead letters).
-
-    A fleet's steady heartbeats repeat byte for byte, so decoded heartbeats are kept by their
-    bytes and a repeat costs a dictionary lookup instead of a decode (and hands the fold the
-    very object it saw last time, which its steady-heartbeat path recognises by identity)."""
+    do not decode, decisions in the inputs log: the dead letters), decoding as the scheduler's
+    consumer does (:meth:`EventConsumer.decode_memoised`: steady heartbeats decoded once, and
+    the fold handed the very object it saw last time)."""
 
     def __init__(self, store: LogStore, offset: int = 0) -> None:
         self.store = store
         self.offset = offset
         self.skipped = 0
-        self._memo: dict[object, InputEvent] = {}
+        self._consumer = EventConsumer(store)
 
     async def until(self, stop: int) -> AsyncIterator[Chunk]:
         """Chunks of decoded inputs from the current offset up to ``stop`` (excluded)."""
@@ -215,53 +205,18 @@ class InputReader:
             yield self.decode(records)
 
     def decode(self, records: list[Record]) -> Chunk:
-        if any(map(_HEADERS, records)):
-            return self._decode_skipping(records)
-        found = list(map(self._memo.get, map(_VALUE, records)))  # repeats: no Python per record
-        if None in found:
-            for i in list(compress(count(), map(is_, found, repeat(None)))):  # the misses, at C speed
-                found[i] = self._decode_one(records[i], records[i].value)
-                if found[i] is None:
-                    return self._decode_skipping(records)
-        events = cast(list[InputEvent], found)
+        events = self._consumer.decode_memoised(records)
+        if events is None:  # some record is skipped: decode them one by one (never parked here)
+            good, bad = self._consumer.split(records)
+            self.skipped += len(bad)
+            kept = [cast(InputEvent, d.envelope.event) for d in good]  # split keeps inputs only
+            return Chunk([d.offset for d in good], kept, [d.timestamp_ms for d in good])
         times = list(map(_TIMESTAMP, records))
         first, last = records[0].offset, records[-1].offset
         offsets: Sequence[int] = (
             range(first, last + 1) if last - first + 1 == len(records) else list(map(_OFFSET, records))
         )
-        return Chunk(offsets, events, times)
-
-    def _decode_skipping(self, records: list[Record]) -> Chunk:
-        """``decode`` record by record: for chunks with headers or with records the scheduler
-        skipped (counted here, once)."""
-        offsets, events, times = [], [], []
-        for r in records:
-            key: object = r.value if not r.headers else (r.header(CONTENT_TYPE_HEADER), r.value)
-            event = self._memo.get(key)
-            if event is None:
-                event = self._decode_one(r, key)
-                if event is None:
-                    continue
-            offsets.append(r.offset)
-            events.append(event)
-            times.append(r.timestamp_ms)
-        self.skipped += len(records) - len(events)
-        return Chunk(offsets, events, times)
-
-    def _decode_one(self, record: Record, key: object) -> InputEvent | None:
-        """Decode a record the memo does not hold; ``None`` if the scheduler skipped it
-        (``_decode_skipping`` counts those)."""
-        try:
-            event = decode(record.value, record.header(CONTENT_TYPE_HEADER)).event
-        except BadEventError:
-            return None
-        if isinstance(event, DecisionBatch):
-            return None
-        if type(event) is NodeHeartbeat:
-            if len(self._memo) >= MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[key] = event
-        return event
+        return Chunk(offsets, cast(list[InputEvent], events), times)
 
 
 async def time_to_offset(store: LogStore, at_ms: int) -> int:
