@@ -40,8 +40,8 @@ from fleetlog.core.shapes import LEVELS
 from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
 from fleetlog.events.model import Decision, JobPending, JobPlaced, JobRejected, TaskPlacement, TaskPreempted
 
-MAX_SHAPES: Final = 32
-MAX_MEMOS: Final = 64  # task shapes whose node scores one decide call remembers at once
+MEMO_ROWS: Final = 1 << 21  # node rows of remembered scores kept at most (32 bytes each)
+MAX_MEMOS: Final = 512  # task shapes whose node scores are remembered at once, at most
 
 
 class Placement:
@@ -49,7 +49,14 @@ class Placement:
 
     __slots__ = ("cell", "masks", "nodes", "score", "tasks")
 
-    def __init__(self, cell: int, tasks: Array, nodes: Array, masks: Array, score: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        cell: int,
+        tasks: Sequence[int] | Array,
+        nodes: Sequence[int] | Array,
+        masks: Sequence[int] | Array,
+        score: tuple[int, int],
+    ) -> None:
         self.cell, self.tasks, self.nodes, self.masks, self.score = cell, tasks, nodes, masks, score
 
 
@@ -82,6 +89,32 @@ class Scratch:
         self._running: Array | None = None
         self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
         self.memos: dict[tuple[int, int, int, int, int], Array] = {}  # task shape -> best_node_memo rows
+        self.max_memos = max(8, min(MAX_MEMOS, MEMO_ROWS // max(1, n)))
+        self.swapped = False  # free capacity was swapped for a trial: nothing is kept for the next call
+
+    def adopt(self, kept: MemoCache | None) -> None:
+        """Reuse what an earlier call remembered, for the nodes whose free capacity (and GPU
+        count and model) are still exactly what it was learned on; the others get a new version."""
+        if kept is None or kept.key != self.memo_key():
+            return
+        changed = (
+            (kept.cpu_free != self.cpu_free)
+            | (kept.mem_free != self.mem_free)
+            | (kept.gpu_free != self.gpu_free).any(axis=1)
+            | (kept.gpu_count != self.gpu_count)
+            | (kept.model != self.model)
+        )
+        self.node_version = kept.node_version + changed
+        self.memos = kept.memos
+
+    def keep(self) -> MemoCache | None:
+        """What this call remembered, with the free capacity it holds for."""
+        if self.swapped or not self.memos:
+            return None
+        return MemoCache(self, self.memo_key())
+
+    def memo_key(self) -> tuple[object, ...]:
+        return (self.policy_id, self.shapes.tobytes(), self.shapes.shape, self.gpu_free.shape)
 
     def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
         """Take (sign -1) or give back (+1) a task's resources in the working copy (what
@@ -97,11 +130,12 @@ class Scratch:
 
     def memo(self, shape: tuple[int, int, int, int, int]) -> Array:
         """The remembered node evaluations of one task shape (see ``kernels.best_node_memo``)."""
-        rows = self.memos.get(shape)
+        rows = self.memos.pop(shape, None)
         if rows is None:
-            if len(self.memos) >= MAX_MEMOS:
-                self.memos.clear()  # bounded memory: a memo only saves work
-            rows = self.memos[shape] = np.full((self.node_version.size, kernels.MEMO_COLUMNS), -1, np.int64)
+            if len(self.memos) >= self.max_memos:  # bounded memory: a memo only saves work
+                del self.memos[next(iter(self.memos))]  # the least recently used
+            rows = np.full((self.node_version.size, kernels.MEMO_COLUMNS), -1, np.int64)
+        self.memos[shape] = rows  # (re)inserted last: the most recently used
         return rows
 
     def swap_free(self, free: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
@@ -109,6 +143,7 @@ class Scratch:
         old = (self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total)
         self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total = free
         self.memos.clear()
+        self.swapped = True
         return old
 
     def running(self) -> Array:
@@ -135,17 +170,32 @@ class Scratch:
         return nodes if backfill or not self.reservations else nodes[~self.reserved[nodes]]
 
 
+class MemoCache:
+    """Node scores one ``decide`` call remembered (per task shape), the node versions they
+    were taken at, and the free capacity those versions stand for at the end of the call."""
+
+    __slots__ = ("cpu_free", "gpu_count", "gpu_free", "key", "mem_free", "memos", "model", "node_version")
+
+    def __init__(self, sc: Scratch, key: tuple[object, ...]) -> None:
+        self.key, self.memos, self.node_version = key, sc.memos, sc.node_version
+        self.cpu_free, self.mem_free, self.gpu_free = sc.cpu_free, sc.mem_free, sc.gpu_free
+        self.gpu_count, self.model = sc.gpu_count.copy(), sc.model.copy()  # (views of the state)
+
+
 def shape_matrix(state: State) -> Array:
-    """The recent task-shape distribution as rows (gpus, milli, mean cpu, count), most common first."""
-    live = [(key, n, cpu) for key, (n, cpu) in state.shape_stats.items() if n > 0]
-    top = sorted(live, key=lambda entry: (-entry[1], entry[0]))[:MAX_SHAPES]
-    rows = [(g, m, cpu // n, n) for (g, m), n, cpu in top]
-    return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+    """The shape mix FGD scores against as rows (gpus, milli, mean cpu, count), most common
+    first (taken from the recent task shapes by fold: :func:`fleetlog.core.fold.take_shape_mix`)."""
+    return np.array(state.shape_mix, dtype=np.int64).reshape(len(state.shape_mix), 4)
 
 
 def decide(state: State, policy: Policy) -> list[Decision]:
-    """The decisions for every pending job, in the order they were taken."""
+    """The decisions for every pending job, in the order they were taken.
+
+    What the call learns of node scores is left in ``state.decide_memo`` for the next call
+    (derived, not state: the next call checks it against the nodes' free capacity first)."""
     sc = Scratch(state, policy)
+    kept, state.decide_memo = state.decide_memo, None  # (gone if this call fails)
+    sc.adopt(kept if isinstance(kept, MemoCache) else None)
     pending_rows = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
     sc.key_of = np.full(state.jobs.size, -1, dtype=np.int64)
     sc.key_of[pending_rows] = job_keys(state, pending_rows)
@@ -156,24 +206,102 @@ def decide(state: State, policy: Policy) -> list[Decision]:
             run = runs.send(consider(sc, run))
     except StopIteration:
         pass
+    state.decide_memo = sc.keep()
     return sc.decisions
 
 
-def consider(sc: Scratch, run: Array) -> tuple[int, bool]:
-    """Schedule the jobs of a tenant's run in order until one is placed: (how many, placed).
+def consider(sc: Scratch, turn: tuple[Array, bool]) -> tuple[int, bool]:
+    """Schedule the jobs of a tenant's run in order until one is placed — or all of them when
+    the tenant is alone in its priority class: (how many, the last one was placed).
 
     Jobs whose key already failed in this call are settled in bulk (:func:`settle_known`):
     the same outcome, in the same order, without the per-job Python path."""
-    at = 0
+    run, alone = turn
+    at, placed = 0, False
+    fast = alone and len(sc.cells) == 1 and not sc.state.quotas and not sc.policy.require_quota
     while at < run.size:
         at = settle_known(sc, run, at)
+        if fast and not sc.reservations:
+            start, at = at, place_singles(sc, run, at)
+            placed = placed if at == start else True
         if at == run.size:
             break
         placed = schedule_job(sc, int(run[at]))
         at += 1
-        if placed:
+        if placed and not alone:
             return at, True
-    return at, False
+    return at, placed
+
+
+SINGLES_CHUNK: Final = 64  # jobs whose columns place_singles reads at once
+
+
+def place_singles(sc: Scratch, run: Array, at: int) -> int:
+    """Place the jobs from ``at`` on while each is one task with no topology and no allowed
+    cells of its own, of a key not failed in this call, and fits: exactly what
+    :func:`schedule_job` does for such a job when its tenant is alone in its priority class,
+    there is one cell, no quota and no reservation — with the job's columns read a chunk at
+    a time and the per-job Python path inlined. The index of the first job left to
+    :func:`schedule_job` (``run.size``: none)."""
+    state = sc.state
+    jc, tc = state.jobs.cols, state.tasks.cols
+    (cell,) = sc.cells
+    cands, cell_name = sc.up_by_cell[cell], state.names["cell"].names[cell]
+    if cands.size == 0:
+        return at
+    job_names, job_cells, failed, key_of = state.names["job"].names, state.job_cells, sc.failed, sc.key_of
+    cpu_free, mem_free, gpu_free, gpu_total = sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_total
+    gpu_count, model, version, shapes, policy = sc.gpu_count, sc.model, sc.node_version, sc.shapes, sc.policy_id
+    best_fit = policy == kernels.BEST_FIT
+    decisions, placed = sc.decisions, []
+    while at < run.size:
+        jobs = run[at : at + SINGLES_CHUNK]
+        firsts = jc["first_task"][jobs]
+        simple = (jc["ntasks"][jobs] == 1) & (jc["topology"][jobs] == 0) & (key_of[jobs] >= 0)
+        rows = np.where(simple, firsts, 0)
+        columns = [tc[c][rows].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")]
+        columns += [jc[c][jobs].tolist() for c in ("req_cpu", "req_mem", "req_gpu")]
+        for job, ok, key, cpu, mem, gpus, milli, models, *req in zip(
+            jobs.tolist(), simple.tolist(), key_of[jobs].tolist(), *columns, strict=True
+        ):
+            if not ok or key in failed or job in job_cells:
+                break
+            if best_fit:
+                node = kernels.best_node_summary(
+                    cands, gpu_total, cpu_free, mem_free, gpu_free, gpu_count, model, cpu, mem, gpus, milli, models
+                )
+            else:
+                memo = sc.memo((cpu, mem, gpus, milli, models))
+                node = kernels.best_node_memo(
+                    cands, cpu_free, mem_free, gpu_free, gpu_count, model, cpu, mem, gpus, milli,
+                    np.uint64(models), policy, shapes, version, memo,
+                )
+            if node < 0:
+                break
+            count = int(gpu_count[node])
+            mask = int(kernels.pick_gpus(gpu_free[node], count, gpus, milli))
+            sc.take(node, mask, cpu, mem, milli, -1)
+            tasks = (TaskPlacement(0, sc.node_name(node), mask_gpus(mask & ((1 << count) - 1))),)
+            decisions.append(JobPlaced(job_id=job_names[job], cell=cell_name, tasks=tasks))
+            placed.append((job, req))
+            at += 1
+        else:
+            continue
+        break
+    add_usages(sc, placed, cell)
+    return at
+
+
+def add_usages(sc: Scratch, placed: list[tuple[int, list[int]]], cell: int) -> None:
+    """:func:`add_usage` (+1) of each (job, its request) in ``placed``, in ``cell``."""
+    tenants = sc.state.jobs.cols["tenant"]
+    for job, req in placed:
+        tenant = int(tenants[job])
+        for key in ((tenant, -1), (tenant, cell)):
+            row = sc.usage.setdefault(key, [0, 0, 0])
+            row[0] += req[0]
+            row[1] += req[1]
+            row[2] += req[2]
 
 
 def settle_known(sc: Scratch, run: Array, at: int) -> int:
@@ -249,14 +377,26 @@ def job_key(state: State, job: int) -> int:
 def job_keys(state: State, rows: Array) -> Array:
     """:func:`job_key` of each of ``rows``: the memoized ones at once, the others computed."""
     keys: Array = state.job_keys.of(rows)
-    for i in np.flatnonzero(keys < 0).tolist():
-        job = int(rows[i])
-        keys[i] = state.key_ids.setdefault(_job_key(state, job), len(state.key_ids))
-        state.job_keys.put(job, int(keys[i]))
+    new = np.flatnonzero(keys < 0)
+    if new.size == 0:
+        return keys
+    jc, tc = state.jobs.cols, state.tasks.cols
+    jobs = rows[new]
+    single = jc["ntasks"][jobs] == 1
+    firsts = np.where(single, jc["first_task"][jobs], 0)  # (a job of no task has no row)
+    # one-task jobs (most): the key from the columns at once, the task's shape as integers
+    columns = [jc[c][jobs].tolist() for c in ("tenant", "priority", "topology", "expected_ms")]
+    columns += [tc[c][firsts].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")]
+    cells = state.job_cells
+    for i, job, one, *v in zip(new.tolist(), jobs.tolist(), single.tolist(), *columns, strict=True):
+        key = (v[0], v[1], v[2], v[3], cells.get(job, ()), tuple(v[4:])) if one else _job_key(state, job)
+        keys[i] = found = state.key_ids.setdefault(key, len(state.key_ids))
+        state.job_keys.put(job, found)
     return keys
 
 
 def _job_key(state: State, job: int) -> tuple[object, ...]:
+    """A gang's key: its task columns as bytes (a one-task job's are integers: never equal)."""
     jc, tc = state.jobs.cols, state.tasks.cols
     rows = state.job_tasks(job)
     shape = tuple(tc[c][rows.start : rows.stop].tobytes() for c in ("cpu", "mem", "gpus", "milli", "models"))
@@ -322,7 +462,7 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
 
 def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | None:
     """The fast path for a one-task job (task row ``t``) with no topology: the best node, then
-    its GPUs; arrays are made only for a placement."""
+    its GPUs (a placement of one-element tuples)."""
     tc = sc.state.tasks.cols
     cpu, mem, gpus, milli = int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["gpus"][t]), int(tc["milli"][t])
     models = tc["models"][t]
@@ -337,20 +477,19 @@ def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | No
     if node < 0:
         return None
     mask = kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli)
-    out_node, out_mask = np.array([node], dtype=np.int32), np.array([mask], dtype=np.uint64)
     many = len(sc.cells) > 1 and cell >= 0
-    score = gang_score(sc, out_node, out_mask, ([cpu], [mem], [gpus], [milli])) if many else (0, 0)
-    return Placement(cell, np.array([t], dtype=np.int64), out_node, out_mask, score)
+    score = gang_score(sc, (node,), (mask,), ((cpu,), (mem,), (gpus,), (milli,))) if many else (0, 0)
+    return Placement(cell, (t,), (node,), (mask,), score)
 
 
 def gang_score(
-    sc: Scratch, nodes: Array, masks: Array, tasks: tuple[Sequence[int] | Array, ...]
+    sc: Scratch, nodes: Sequence[int] | Array, masks: Sequence[int] | Array, tasks: tuple[Sequence[int] | Array, ...]
 ) -> tuple[int, int]:
     """How good a placement is, to compare cells: its tasks' node scores summed, each taken
     as the gang's earlier tasks would leave the node (then the working copy is restored)."""
     cpu, mem, gpus, milli = tasks
     primary = secondary = 0
-    for i in range(nodes.size):
+    for i in range(len(nodes)):
         n = int(nodes[i])
         a, b = kernels.node_score(
             n,
@@ -365,7 +504,7 @@ def gang_score(
         )
         primary, secondary = primary + int(a), secondary + int(b)
         sc.take(n, masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), -1)
-    for i in range(nodes.size):
+    for i in range(len(nodes)):
         sc.take(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), 1)
     return primary, secondary
 
@@ -376,7 +515,7 @@ def commit(sc: Scratch, job: int, p: Placement) -> None:
     tc = state.tasks.cols
     first = int(state.jobs.cols["first_task"][job])
     placements = []
-    for i in range(p.tasks.size):
+    for i in range(len(p.tasks)):
         t, node, mask = int(p.tasks[i]), int(p.nodes[i]), int(p.masks[i])
         sc.take(node, np.uint64(mask), int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["milli"][t]), -1)
         gpu_idx = mask_gpus(mask & ((1 << int(sc.gpu_count[node])) - 1))

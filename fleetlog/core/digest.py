@@ -27,9 +27,10 @@ from fleetlog.core.state import (
     collection_sums,
 )
 
-SNAPSHOT_FORMAT: Final = 2
-"""2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30): a
-format-1 snapshot carries a digest of the old definition."""
+SNAPSHOT_FORMAT: Final = 3
+"""2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30), 3
+since the state holds the shape mix fold takes at intervals (2026-11-30): an older snapshot
+carries a digest of an older definition."""
 _TABLES: Final = ("nodes", "jobs", "tasks")
 
 
@@ -46,6 +47,8 @@ def _small_scalars(state: State) -> dict[str, Any]:
         "usage": sorted(state.usage.items()),
         "quotas": sorted([list(k), msgspec.to_builtins(q)] for k, q in state.quotas.items()),
         "recent_next": state.recent_next,
+        "shape_mix": [list(row) for row in state.shape_mix],
+        "shape_mix_due": [state.shapes_seen, state.mix_due],
         "counters": [state.pending_count, state.duplicates, state.ignored],
     }
 
@@ -211,6 +214,8 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.quotas = {(k[0], k[1]): _quota(q) for k, q in s["quotas"]}
     state.recent_shapes = [(a, b, c) for a, b, c in s["recent_shapes"]]
     state.recent_next = s["recent_next"]
+    state.shape_mix = tuple((a, b, c, d) for a, b, c, d in s["shape_mix"])
+    state.shapes_seen, state.mix_due = s["shape_mix_due"]
     for shape in state.recent_shapes:
         count_shape(state, shape, 1)
     state.reason_text = dict(s["reason_text"])

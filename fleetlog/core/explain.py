@@ -53,11 +53,13 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
     state = sc.state
     idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
     level = int(state.jobs.cols["topology"][job])
-    best, best_cell = -1, cells[0]
-    for cell in cells:
-        fit = partial_fit(sc, job, sc.candidates(cell, False))
-        if fit > best:
-            best, best_cell = fit, cell
+    best, best_cell = 0, cells[0]
+    if level or idx.size > 1:  # (one task alone: none fits, or it would have been placed)
+        best = -1
+        for cell in cells:
+            fit = partial_fit(sc, job, sc.candidates(cell, False))
+            if fit > best:
+                best, best_cell = fit, cell
     shape = f"{int(gpus[0])} GPU x {int(milli[0])} milli, {int(cpu[0])} mCPU, {int(mem[0])} MiB"
     if not eligible_exists(sc, cells, int(models[0]), int(gpus[0])):
         wanted = ", ".join(state.names["model"].names[m] for m in range(64) if int(models[0]) >> m & 1)

@@ -344,41 +344,71 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
         cells = tuple(sorted({state.names["cell"].intern(c) for c in e.allowed_cells}))
         state.job_cells[job] = cells
         add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
-    add_tasks(state, e, first)
+    add_tasks(state, e, first, job)
     jc["req_cpu"][job], jc["req_mem"][job], jc["req_gpu"][job] = cpu, mem, gpu
     state.pending_count += 1
 
 
-def add_tasks(state: State, e: JobSubmitted, first: int) -> None:
-    """Fill the task rows of a new job, group by group, and remember their shapes."""
+def add_tasks(state: State, e: JobSubmitted, first: int, job: int) -> None:
+    """Fill the task rows of new job ``job``, group by group, and remember their shapes."""
     tc, row = state.tasks.cols, first
-    job = state.job_row(e.job_id)
     for g in e.task_groups:
         mask = 0
         for m in g.gpu_models:
             mask |= 1 << model_id(state, m)
         end = row + g.count
-        tc["job"][row:end], tc["cpu"][row:end], tc["mem"][row:end] = job, g.cpu_milli, g.mem_mib
-        tc["gpus"][row:end], tc["milli"][row:end], tc["models"][row:end] = g.gpu_count, g.gpu_milli, mask
+        if g.count == 1:  # scalar stores: several times cheaper than slice stores
+            tc["job"][row], tc["cpu"][row], tc["mem"][row] = job, g.cpu_milli, g.mem_mib
+            tc["gpus"][row], tc["milli"][row], tc["models"][row] = g.gpu_count, g.gpu_milli, mask
+        else:
+            tc["job"][row:end], tc["cpu"][row:end], tc["mem"][row:end] = job, g.cpu_milli, g.mem_mib
+            tc["gpus"][row:end], tc["milli"][row:end], tc["models"][row:end] = g.gpu_count, g.gpu_milli, mask
         remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), g.count)
         row = end
+    state.shapes_seen += row - first
+    if state.shapes_seen >= state.mix_due:
+        take_shape_mix(state)
+
+
+def take_shape_mix(state: State) -> None:
+    """Take the shape mix from the window now, and when to take it next: at every doubling
+    of the tasks seen until the window is full, then every ``shape_mix_every`` tasks."""
+    live = [(key, n, cpu) for key, (n, cpu) in state.shape_stats.items() if n > 0]
+    top = sorted(live, key=lambda entry: (-entry[1], entry[0]))[:MAX_SHAPES]
+    state.shape_mix = tuple((g, m, cpu // n, n) for (g, m), n, cpu in top)
+    seen, config = state.shapes_seen, state.config
+    if seen < config.shape_window:
+        state.mix_due = min(2 * seen, config.shape_window)
+    else:
+        state.mix_due = seen + max(1, config.shape_mix_every)
+
+
+MAX_SHAPES: Final = 32  # rows of the shape mix: the most common (gpus, milli) of the window
 
 
 def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> None:
     """Keep the last ``shape_window`` task shapes: the distribution the FGD score measures against."""
     window, change = state.config.shape_window, 0
+    ring, stats, at = state.recent_shapes, state.shape_stats, state.recent_next
+    key, cpu = (shape[0], shape[1]), shape[2]
     for _ in range(min(count, window)):
-        at = state.recent_next
-        if len(state.recent_shapes) < window:
-            state.recent_shapes.append(shape)
+        if len(ring) < window:
+            ring.append(shape)
         else:
-            old = state.recent_shapes[at]
-            count_shape(state, old, -1)
+            old = ring[at]
+            gone = stats[old[0], old[1]]
+            gone[0] -= 1
+            gone[1] -= old[2]
             change -= _window_entry_hash(at, old)
-            state.recent_shapes[at] = shape
-        count_shape(state, shape, 1)
+            ring[at] = shape
+        row = stats.get(key)
+        if row is None:
+            row = stats[key] = [0, 0]
+        row[0] += 1
+        row[1] += cpu
         change += _window_entry_hash(at, shape)
-        state.recent_next = (at + 1) % window
+        at = (at + 1) % window
+    state.recent_next = at
     state.sums[SUM_RECENT_SHAPES] = (state.sums[SUM_RECENT_SHAPES] + change) & HASH_MASK
 
 

@@ -41,9 +41,11 @@ def dominant_share(
     return share * 1000 // weight
 
 
-Runs = Generator[Array, tuple[int, bool], None]
-"""Yields the rest of the front tenant's queue (job rows in order); the caller sends back how
-many of them it considered and whether the last one was placed (its tenant's share moved)."""
+Runs = Generator[tuple[Array, bool], tuple[int, bool], None]
+"""Yields the rest of the front tenant's queue (job rows in order) and whether that tenant is
+alone in its priority class (then no placement can change whose turn it is: the caller may go
+through the whole run); the caller sends back how many of them it considered and whether the
+last one was placed (its tenant's share moved)."""
 
 
 def drf_runs(state: State, usage: dict[tuple[int, int], list[int]]) -> Runs:
@@ -73,11 +75,12 @@ def _one_class(
     queues = {int(t[0]): q for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)}
     heap = [(dominant_share(state, usage, t, fleet), t) for t in sorted(queues)]
     heapq.heapify(heap)
+    alone = len(heap) == 1
     while heap:
         _, t = heapq.heappop(heap)
         queue = queues[t]
         while queue.size:
-            used, placed = yield queue
+            used, placed = yield queue, alone
             queue = queues[t] = queue[used:]
             if placed:  # the share moved: re-rank
                 if queue.size:

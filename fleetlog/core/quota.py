@@ -38,6 +38,8 @@ def job_request(state: State, job: int) -> tuple[int, int, int]:
 
 def quota_check(state: State, usage: Usage, job: int, cell: int, require_quota: bool = False) -> str:
     """Empty when ``job`` fits its tenant's quotas in ``cell``; otherwise why not, with numbers."""
+    if not state.quotas:
+        return "tenant has no quota" if require_quota else ""
     tenant = int(state.jobs.cols["tenant"][job])
     req = job_request(state, job)
     keys = [k for k in ((tenant, cell), (tenant, -1)) if k in state.quotas]

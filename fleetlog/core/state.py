@@ -55,6 +55,10 @@ class CoreConfig(msgspec.Struct, frozen=True):
     """A node with no heartbeat for this long (in log time) is down."""
     shape_window: int = 4096
     """How many recent task submissions the fragmentation score's shape distribution covers."""
+    shape_mix_every: int = 512
+    """How often (in submitted tasks) the shape mix the fragmentation score uses is taken from
+    the window once it is full; before that, at every doubling (1, 2, 4, ... tasks). Between
+    two refreshes the mix is fixed, so decide can remember node scores from one call to the next."""
 
 
 class Quota(msgspec.Struct):
@@ -185,6 +189,11 @@ class State:
         self.recent_next = 0
         self.shape_stats: dict[tuple[int, int], list[int]] = {}
         """(gpus, milli) -> [count, cpu sum] over ``recent_shapes`` (derived, kept by fold)."""
+        self.shape_mix: tuple[tuple[int, int, int, int], ...] = ()
+        """The shape mix FGD scores against: (gpus, milli, mean cpu, count) rows, most common
+        first, as taken from the window at the last refresh (see ``CoreConfig.shape_mix_every``)."""
+        self.shapes_seen = 0  # task shapes remembered since the start
+        self.mix_due = 1  # ``shapes_seen`` at which the shape mix is taken again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
         self.sums = [0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
@@ -210,6 +219,10 @@ class State:
         with C-level lookups."""
         self.steady_gone: list[int] = []
         """ids taken out of ``steady_ids`` since ``fold_lists`` last looked (derived)."""
+        self.decide_memo: object | None = None
+        """What the last ``decide`` call learned of node scores, for the next call to reuse
+        where nodes did not change (``fleetlog.core.decide.MemoCache``; derived, not state:
+        checked against the free capacity it was learned on before any use)."""
 
     # --- lookups -------------------------------------------------------------------------
 
