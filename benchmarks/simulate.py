@@ -257,6 +257,7 @@ def patched(timer: Timer) -> Iterator[None]:
         (driver, "message_of", "driver: encode arrival"),
         (backend.SimulatedCell, "apply", "cell: apply decisions"),
         (kernels, "best_node_memo", "decide: FGD kernel best_node_memo"),
+        (kernels, "place_run", "decide: kernel place_run"),
     ]
     async_targets = [
         (backend.SimulatedCell, "consume", "cell: consume (read, decode, apply)"),

@@ -25,6 +25,7 @@ The working copy of free capacity and usage lives in :class:`Scratch`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Final
 
 import numpy as np
@@ -60,6 +61,47 @@ class Placement:
         self.cell, self.tasks, self.nodes, self.masks, self.score = cell, tasks, nodes, masks, score
 
 
+Shape = tuple[int, int, int, int, int]  # a task's (cpu, mem, gpus, milli, models)
+
+
+class Memos:
+    """``kernels.best_node_memo`` rows per task shape, in one int64[slots, N, MEMO_COLUMNS]
+    store (so that ``kernels.place_run`` takes them all at once); past ``limit`` shapes, the
+    least recently used one gives up its slot (bounded memory: a memo only saves work)."""
+
+    __slots__ = ("limit", "slots", "store")
+
+    def __init__(self, nodes: int, limit: int) -> None:
+        self.limit = limit
+        self.slots: dict[Shape, int] = {}  # in order of use, the most recent last
+        self.store = np.full((min(limit, 16), nodes, kernels.MEMO_COLUMNS), -1, np.int64)
+
+    def slot(self, shape: Shape) -> int:
+        slot = self.slots.pop(shape, None)
+        if slot is None:
+            if len(self.slots) >= self.limit:
+                slot = self.slots.pop(next(iter(self.slots)))
+                self.store[slot] = -1
+            else:
+                slot = len(self.slots)  # (slots 0 .. len - 1 are in use)
+                if slot == self.store.shape[0]:
+                    grown = np.full((min(self.limit, 2 * slot), *self.store.shape[1:]), -1, np.int64)
+                    grown[:slot] = self.store
+                    self.store = grown
+        self.slots[shape] = slot
+        return slot
+
+    def rows(self, shape: Shape) -> Array:
+        """The memo of ``shape`` (a view into the store: use it before the next ``slot``)."""
+        slot = self.slot(shape)  # (first: it may grow the store)
+        rows: Array = self.store[slot]
+        return rows
+
+    def clear(self) -> None:
+        self.slots.clear()
+        self.store.fill(-1)
+
+
 class Scratch:
     """decide's working copy of what changes as decisions accumulate within one call."""
 
@@ -87,9 +129,10 @@ class Scratch:
         self.decisions: list[Decision] = []
         self.node_names: dict[int, str] = {}
         self._running: Array | None = None
+        self._lowest: int | None = None
         self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
-        self.memos: dict[tuple[int, int, int, int, int], Array] = {}  # task shape -> best_node_memo rows
-        self.max_memos = max(8, min(MAX_MEMOS, MEMO_ROWS // max(1, n)))
+        self.memos = Memos(n, max(1, min(MAX_MEMOS, MEMO_ROWS // max(1, n))))
+        self._floor_table: Array | None = None
         self.swapped = False  # free capacity was swapped for a trial: nothing is kept for the next call
 
     def adopt(self, kept: MemoCache | None) -> None:
@@ -109,7 +152,7 @@ class Scratch:
 
     def keep(self) -> MemoCache | None:
         """What this call remembered, with the free capacity it holds for."""
-        if self.swapped or not self.memos:
+        if self.swapped or not self.memos.slots:
             return None
         return MemoCache(self, self.memo_key())
 
@@ -128,15 +171,15 @@ class Scratch:
         self.gpu_total[node] += sign * milli * len(gpus)
         self.node_version[node] += 1
 
-    def memo(self, shape: tuple[int, int, int, int, int]) -> Array:
+    def memo(self, shape: Shape) -> Array:
         """The remembered node evaluations of one task shape (see ``kernels.best_node_memo``)."""
-        rows = self.memos.pop(shape, None)
-        if rows is None:
-            if len(self.memos) >= self.max_memos:  # bounded memory: a memo only saves work
-                del self.memos[next(iter(self.memos))]  # the least recently used
-            rows = np.full((self.node_version.size, kernels.MEMO_COLUMNS), -1, np.int64)
-        self.memos[shape] = rows  # (re)inserted last: the most recently used
-        return rows
+        return self.memos.rows(shape)
+
+    def floor_table(self) -> Array:
+        """``kernels.floor_table`` of this call's shape mix, made once."""
+        if self._floor_table is None:
+            self._floor_table = kernels.floor_table(self.shapes)
+        return self._floor_table
 
     def swap_free(self, free: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
         """Install another working copy of free capacity; return the one it replaces."""
@@ -153,8 +196,10 @@ class Scratch:
         return self._running
 
     def lowest_running_priority(self) -> int:
-        running = self.running()
-        return int(self.state.jobs.cols["priority"][running].min()) if running.size else NO_LIMIT
+        if self._lowest is None:  # (as of the state, like ``running``)
+            running = self.running()
+            self._lowest = int(self.state.jobs.cols["priority"][running].min()) if running.size else NO_LIMIT
+        return self._lowest
 
     def node_name(self, row: int) -> str:
         name = self.node_names.get(row)
@@ -221,9 +266,12 @@ def consider(sc: Scratch, turn: tuple[Array, bool]) -> tuple[int, bool]:
     fast = alone and len(sc.cells) == 1 and not sc.state.quotas and not sc.policy.require_quota
     while at < run.size:
         at = settle_known(sc, run, at)
-        if fast and not sc.reservations:
-            start, at = at, place_singles(sc, run, at)
-            placed = placed if at == start else True
+        if fast and not sc.reservations and not sc.swapped:
+            at = place_singles(sc, run, at)
+            if at == run.size:
+                break
+            if sc.reservations or sc.swapped:
+                continue  # (the job before was scheduled: back to the general path)
         if at == run.size:
             break
         placed = schedule_job(sc, int(run[at]))
@@ -237,62 +285,78 @@ SINGLES_CHUNK: Final = 64  # jobs whose columns place_singles reads at once
 
 
 def place_singles(sc: Scratch, run: Array, at: int) -> int:
-    """Place the jobs from ``at`` on while each is one task with no topology and no allowed
-    cells of its own, of a key not failed in this call, and fits: exactly what
-    :func:`schedule_job` does for such a job when its tenant is alone in its priority class,
-    there is one cell, no quota and no reservation — with the job's columns read a chunk at
-    a time and the per-job Python path inlined. The index of the first job left to
-    :func:`schedule_job` (``run.size``: none)."""
+    """Schedule the jobs from ``at`` on while each is one task with no topology and no allowed
+    cells of its own: exactly what :func:`schedule_job` does for such a job when its tenant is
+    alone in its priority class and there is one cell, no quota and no reservation. The
+    placing is done by ``kernels.place_run`` a chunk of jobs at a time; a job of a key that
+    already failed is settled here, and one that does not fit goes through
+    :func:`schedule_job`. The index of the first job left to the caller: ``run.size``, or a
+    job of another kind, or the one after a reservation was made or free capacity swapped."""
     state = sc.state
     jc, tc = state.jobs.cols, state.tasks.cols
     (cell,) = sc.cells
-    cands, cell_name = sc.up_by_cell[cell], state.names["cell"].names[cell]
-    if cands.size == 0:
-        return at
-    job_names, job_cells, failed, key_of = state.names["job"].names, state.job_cells, sc.failed, sc.key_of
-    cpu_free, mem_free, gpu_free, gpu_total = sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_total
-    gpu_count, model, version, shapes, policy = sc.gpu_count, sc.model, sc.node_version, sc.shapes, sc.policy_id
-    best_fit = policy == kernels.BEST_FIT
-    decisions, placed = sc.decisions, []
+    cands = sc.up_by_cell[cell]
+    chunk = min(SINGLES_CHUNK, sc.memos.limit)  # (every shape of a chunk holds its slot)
     while at < run.size:
-        jobs = run[at : at + SINGLES_CHUNK]
-        firsts = jc["first_task"][jobs]
-        simple = (jc["ntasks"][jobs] == 1) & (jc["topology"][jobs] == 0) & (key_of[jobs] >= 0)
-        rows = np.where(simple, firsts, 0)
-        columns = [tc[c][rows].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")]
-        columns += [jc[c][jobs].tolist() for c in ("req_cpu", "req_mem", "req_gpu")]
-        for job, ok, key, cpu, mem, gpus, milli, models, *req in zip(
-            jobs.tolist(), simple.tolist(), key_of[jobs].tolist(), *columns, strict=True
-        ):
-            if not ok or key in failed or job in job_cells:
+        jobs = run[at : at + chunk]
+        simple = (jc["ntasks"][jobs] == 1) & (jc["topology"][jobs] == 0) & (sc.key_of[jobs] >= 0)
+        if state.job_cells:
+            simple &= np.fromiter((j not in state.job_cells for j in jobs.tolist()), np.bool_, jobs.size)
+        k = jobs.size if simple.all() else int(np.argmin(simple))
+        if k == 0:
+            return at
+        jobs, firsts, keys = jobs[:k], jc["first_task"][jobs[:k]], sc.key_of[jobs[:k]]
+        tasks = np.empty((k, kernels.RUN_COLUMNS), dtype=np.int64)
+        for i, c in enumerate(("cpu", "mem", "gpus", "milli", "models")):
+            tasks[:, i] = tc[c][firsts]
+        shapes: list[Shape] = list(map(tuple, tasks[:, :5].tolist()))
+        tasks[:, kernels.RUN_SLOT] = [sc.memos.slot(shape) for shape in shapes]
+        out = np.empty((k, 2), dtype=np.int64)
+        done = 0
+        while done < k:
+            tasks[done:, kernels.RUN_SKIP] = [key in sc.failed for key in keys[done:].tolist()]
+            placed = kernels.place_run(
+                cands, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_total, sc.gpu_count, sc.model,
+                sc.policy_id, sc.shapes, sc.floor_table(), sc.node_version, sc.memos.store,
+                tasks[done:], out[done:],
+            )  # fmt: skip
+            emit_placed(sc, jobs[done : done + placed], out[done : done + placed], cell)
+            done += placed
+            if done == k:
                 break
-            if best_fit:
-                node = kernels.best_node_summary(
-                    cands, gpu_total, cpu_free, mem_free, gpu_free, gpu_count, model, cpu, mem, gpus, milli, models
-                )
-            else:
-                memo = sc.memo((cpu, mem, gpus, milli, models))
-                node = kernels.best_node_memo(
-                    cands, cpu_free, mem_free, gpu_free, gpu_count, model, cpu, mem, gpus, milli,
-                    np.uint64(models), policy, shapes, version, memo,
-                )
-            if node < 0:
-                break
-            count = int(gpu_count[node])
-            mask = int(kernels.pick_gpus(gpu_free[node], count, gpus, milli))
-            sc.take(node, mask, cpu, mem, milli, -1)
-            tasks = (TaskPlacement(0, sc.node_name(node), mask_gpus(mask & ((1 << count) - 1))),)
-            decisions.append(JobPlaced(job_id=job_names[job], cell=cell_name, tasks=tasks))
-            placed.append((job, req))
-            at += 1
-        else:
-            continue
-        break
-    add_usages(sc, placed, cell)
+            job = int(jobs[done])
+            done += 1
+            if tasks[done - 1, kernels.RUN_SKIP]:  # its key failed earlier in this call
+                known = sc.failed[int(keys[done - 1])]
+                reject(sc, job, known) if sc.policy.fail_unplaced else pending(sc, job, known)
+                continue
+            schedule_job(sc, job)  # it does not fit: why, and what then
+            if sc.reservations or sc.swapped:
+                return at + done
+        at += k
+        if k < chunk and at < run.size:
+            return at  # the next job is of another kind
     return at
 
 
-def add_usages(sc: Scratch, placed: list[tuple[int, list[int]]], cell: int) -> None:
+def emit_placed(sc: Scratch, jobs: Array, out: Array, cell: int) -> None:
+    """``JobPlaced`` of one-task jobs placed by ``kernels.place_run`` (their resources are
+    taken in the working copy already), and their usage."""
+    state = sc.state
+    job_names, cell_name = state.names["job"].names, state.names["cell"].names[cell]
+    counts = sc.gpu_count[out[:, 0]].tolist()
+    requests = zip(
+        *(state.jobs.cols[c][jobs].tolist() for c in ("req_cpu", "req_mem", "req_gpu")), strict=True
+    )
+    placed: list[tuple[int, Sequence[int]]] = []
+    for job, (node, mask), count, req in zip(jobs.tolist(), out.tolist(), counts, requests, strict=True):
+        tasks = (TaskPlacement(0, sc.node_name(node), mask_gpus(mask & ((1 << count) - 1))),)
+        sc.decisions.append(JobPlaced(job_id=job_names[job], cell=cell_name, tasks=tasks))
+        placed.append((job, req))
+    add_usages(sc, placed, cell)
+
+
+def add_usages(sc: Scratch, placed: Sequence[tuple[int, Sequence[int]]], cell: int) -> None:
     """:func:`add_usage` (+1) of each (job, its request) in ``placed``, in ``cell``."""
     tenants = sc.state.jobs.cols["tenant"]
     for job, req in placed:
@@ -385,13 +449,20 @@ def job_keys(state: State, rows: Array) -> Array:
     single = jc["ntasks"][jobs] == 1
     firsts = np.where(single, jc["first_task"][jobs], 0)  # (a job of no task has no row)
     # one-task jobs (most): the key from the columns at once, the task's shape as integers
-    columns = [jc[c][jobs].tolist() for c in ("tenant", "priority", "topology", "expected_ms")]
-    columns += [tc[c][firsts].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")]
-    cells = state.job_cells
-    for i, job, one, *v in zip(new.tolist(), jobs.tolist(), single.tolist(), *columns, strict=True):
-        key = (v[0], v[1], v[2], v[3], cells.get(job, ()), tuple(v[4:])) if one else _job_key(state, job)
-        keys[i] = found = state.key_ids.setdefault(key, len(state.key_ids))
-        state.job_keys.put(job, found)
+    tenant, priority, topology, expected = (
+        jc[c][jobs].tolist() for c in ("tenant", "priority", "topology", "expected_ms")
+    )
+    shape = zip(*(tc[c][firsts].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")), strict=True)
+    cells = (
+        [state.job_cells.get(job, ()) for job in jobs.tolist()] if state.job_cells else repeat((), jobs.size)
+    )
+    ids, key_ids = [], state.key_ids
+    one_task_keys = zip(tenant, priority, topology, expected, cells, shape, strict=True)
+    for job, one, key in zip(jobs.tolist(), single.tolist(), one_task_keys, strict=True):
+        ids.append(key_ids.setdefault(key if one else _job_key(state, job), len(key_ids)))
+    keys[new] = ids
+    state.job_keys.cover(int(jobs.max()))
+    state.job_keys.col[jobs] = ids
     return keys
 
 
@@ -476,14 +547,17 @@ def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | No
         )
     if node < 0:
         return None
-    mask = kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli)
+    mask = int(kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli))
     many = len(sc.cells) > 1 and cell >= 0
     score = gang_score(sc, (node,), (mask,), ((cpu,), (mem,), (gpus,), (milli,))) if many else (0, 0)
     return Placement(cell, (t,), (node,), (mask,), score)
 
 
 def gang_score(
-    sc: Scratch, nodes: Sequence[int] | Array, masks: Sequence[int] | Array, tasks: tuple[Sequence[int] | Array, ...]
+    sc: Scratch,
+    nodes: Sequence[int] | Array,
+    masks: Sequence[int] | Array,
+    tasks: tuple[Sequence[int] | Array, ...],
 ) -> tuple[int, int]:
     """How good a placement is, to compare cells: its tasks' node scores summed, each taken
     as the gang's earlier tasks would leave the node (then the working copy is restored)."""

@@ -609,28 +609,7 @@ def best_node_memo(
     nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     if _uses_fgd(policy, shapes):
         return _best_memo_fgd(cands, nodes, task, shapes, node_version, memo)
-    best, best_p, best_s = NO_NODE, 0, 0
-    for j in range(cands.shape[0]):
-        n = int(cands[j])
-        if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
-            _memo_eval(
-                n,
-                cpu_free,
-                mem_free,
-                gpu_free,
-                gpu_count,
-                node_model,
-                task,
-                False,
-                shapes,
-                node_version,
-                memo,
-            )
-        if memo[n, MEMO_FITS] == 1:
-            primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
-            if _better(primary, secondary, n, best_p, best_s, best):
-                best, best_p, best_s = n, primary, secondary
-    return best
+    return _best_memo_plain(cands, nodes, task, shapes, node_version, memo)
 
 
 @_hot
@@ -658,15 +637,123 @@ def _memo_eval(
     return ok, primary, secondary
 
 
+RUN_SLOT = 5  # a place_run task row's memo slot
+RUN_SKIP = 6  # a place_run task row's skip flag (its key already failed in this call)
+RUN_COLUMNS = 7
+
+
+@_jit
+def floor_table(shapes: I64) -> I64:
+    """What the FGD floor needs of a shape mix (``_floor_table``), for ``place_run``."""
+    return _floor_table(shapes)
+
+
+@_jit
+def place_run(
+    cands: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_total: I64,
+    gpu_count: I32,
+    node_model: I32,
+    policy: int,
+    shapes: I64,
+    table: I64,
+    node_version: I64,
+    memos: I64,
+    tasks: I64,
+    out: I64,
+) -> int:
+    """Place one-task jobs in order, each on ``best_node_memo``'s node with
+    ``pick_gpus``'s GPUs, taking their resources in the working copy as it goes (and bumping
+    the node's version); stop at the first job that does not fit or is marked to skip.
+
+    ``tasks``: int64[k, 7] rows (cpu, mem, gpus, milli, models as int64, memo slot, skip);
+    ``memos``: int64[slots, N, MEMO_COLUMNS], one ``best_node_memo`` memo per slot;
+    ``table``: ``floor_table(shapes)``. Writes (node, GPU mask as int64) to ``out[j]`` for
+    each job placed; returns how many were placed (the index of the job it stopped at)."""
+    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    stale = np.empty((cands.shape[0], 3), dtype=np.int64)
+    use_fgd = _uses_fgd(policy, shapes)
+    for j in range(tasks.shape[0]):
+        if tasks[j, RUN_SKIP] != 0:
+            return j
+        cpu, mem, gpus, milli = int(tasks[j, 0]), int(tasks[j, 1]), int(tasks[j, 2]), int(tasks[j, 3])
+        task = _task(cpu, mem, gpus, milli, np.uint64(tasks[j, 4]))
+        memo = memos[tasks[j, RUN_SLOT]]
+        if use_fgd:
+            n = _best_memo_floors(cands, nodes, task, shapes, table, stale, node_version, memo)
+        else:
+            n = _best_memo_plain(cands, nodes, task, shapes, node_version, memo)
+        if n < 0:
+            return j
+        mask = _take(gpu_free[n], int(gpu_count[n]), gpus, milli)
+        cpu_free[n] -= cpu
+        mem_free[n] -= mem
+        for i in range(int(gpu_count[n])):
+            if _has_bit(mask, i):
+                gpu_free[n, i] -= milli
+                gpu_total[n] -= milli
+        node_version[n] += 1
+        out[j, 0], out[j, 1] = n, np.int64(mask)
+    return int(tasks.shape[0])
+
+
+@_jit
+def _best_memo_plain(
+    cands: I64, nodes: NodeArrays, task: Task, shapes: I64, node_version: I64, memo: I64
+) -> int:
+    """``best_node_memo`` without FGD."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    best, best_p, best_s = NO_NODE, 0, 0
+    for j in range(cands.shape[0]):
+        n = int(cands[j])
+        if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
+            _memo_eval(
+                n,
+                cpu_free,
+                mem_free,
+                gpu_free,
+                gpu_count,
+                node_model,
+                task,
+                False,
+                shapes,
+                node_version,
+                memo,
+            )
+        if memo[n, MEMO_FITS] == 1:
+            primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
+            if _better(primary, secondary, n, best_p, best_s, best):
+                best, best_p, best_s = n, primary, secondary
+    return best
+
+
 @_jit
 def _best_memo_fgd(
     cands: I64, nodes: NodeArrays, task: Task, shapes: I64, node_version: I64, memo: I64
 ) -> int:
     """``best_node_memo`` under FGD: remembered scores first, then the nodes that fit and have
     only a floor (remembered, or computed now and remembered), lowest floor first."""
+    stale = np.empty((cands.shape[0], 3), dtype=np.int64)
+    return _best_memo_floors(cands, nodes, task, shapes, _floor_table(shapes), stale, node_version, memo)
+
+
+@_jit
+def _best_memo_floors(
+    cands: I64,
+    nodes: NodeArrays,
+    task: Task,
+    shapes: I64,
+    table: I64,
+    stale: I64,
+    node_version: I64,
+    memo: I64,
+) -> int:
+    """``_best_memo_fgd`` given the floor table of ``shapes`` and a work buffer ``stale``
+    (int64[>= len(cands), 3]: (node, floor, secondary) of the nodes to score in full)."""
     cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
-    table = _floor_table(shapes)
-    stale = np.empty((cands.shape[0], 3), dtype=np.int64)  # (node, floor, secondary)
     n_stale, first = 0, -1
     best, best_p, best_s = NO_NODE, 0, 0
     for j in range(cands.shape[0]):

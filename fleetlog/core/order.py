@@ -57,7 +57,7 @@ def drf_runs(state: State, usage: dict[tuple[int, int], list[int]]) -> Runs:
         return
     prio, tenant, seq = jc["priority"][pending], jc["tenant"][pending], jc["seq"][pending]
     pending = pending[np.lexsort((seq, tenant, -prio))]
-    fleet = fleet_capacity(state)
+    fleet = fleet_capacity(state) if np.any(tenant != tenant[0]) else (0, 0, 0)  # (one tenant: unused)
     prio, tenant = jc["priority"][pending], jc["tenant"][pending]
     bounds = np.flatnonzero(np.diff(prio)) + 1
     for block, tenants in zip(np.split(pending, bounds), np.split(tenant, bounds), strict=True):
@@ -72,15 +72,20 @@ def _one_class(
     fleet: tuple[int, int, int],
 ) -> Runs:
     cuts = np.flatnonzero(np.diff(tenants)) + 1
+    if cuts.size == 0:  # one tenant: its turn whatever its share
+        queue = jobs
+        while queue.size:
+            used, _ = yield queue, True
+            queue = queue[used:]
+        return
     queues = {int(t[0]): q for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)}
     heap = [(dominant_share(state, usage, t, fleet), t) for t in sorted(queues)]
     heapq.heapify(heap)
-    alone = len(heap) == 1
     while heap:
         _, t = heapq.heappop(heap)
         queue = queues[t]
         while queue.size:
-            used, placed = yield queue, alone
+            used, placed = yield queue, False
             queue = queues[t] = queue[used:]
             if placed:  # the share moved: re-rank
                 if queue.size:

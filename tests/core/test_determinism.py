@@ -105,7 +105,9 @@ def test_a_snapshot_of_the_previous_format_is_refused_by_name() -> None:
     assert body["format"] == SNAPSHOT_FORMAT == 3
     for old in (1, 2):
         body["format"] = old
-        with pytest.raises(SnapshotError, match=f"snapshot format {old} is not 3 \\(taken by an older fleetlog\\)"):
+        with pytest.raises(
+            SnapshotError, match=f"snapshot format {old} is not 3 \\(taken by an older fleetlog\\)"
+        ):
             restore(msgspec.msgpack.encode(body))
 
 
