@@ -69,8 +69,7 @@ class UnknownEventError(TypeError):
 def fold(state: State, event: Event, at_ms: int) -> None:
     """Apply ``event``, appended to its log at ``at_ms``, to ``state``."""
     if isinstance(event, DecisionBatch):
-        for decision in event.decisions:
-            fold_decision(state, decision)
+        fold_decisions(state, event.decisions)
         return
     advance_time(state, at_ms)
     state.offset += 1
@@ -219,6 +218,25 @@ def _first_at_or_after(at: Array, start: int, when: int) -> int:
     """The first index from ``start`` whose time is ``when`` or later (``len(at)``: none)."""
     hits = np.flatnonzero(at[start:] >= when)
     return start + int(hits[0]) if hits.size else at.size
+
+
+_FEW_PLACED: Final = 8  # shorter runs of JobPlaced are folded one by one
+
+
+def fold_decisions(state: State, decisions: Sequence[object]) -> None:
+    """Apply a batch's decisions in order; runs of ``JobPlaced`` go to :func:`on_placed_many`."""
+    i, n = 0, len(decisions)
+    while i < n:
+        j = i
+        while j < n and type(decisions[j]) is JobPlaced:
+            j += 1
+        if j - i >= _FEW_PLACED:
+            on_placed_many(state, decisions[i:j])  # type: ignore[arg-type]
+            i = j
+            continue
+        for decision in decisions[i : max(j, i + 1)]:
+            fold_decision(state, decision)
+        i = max(j, i + 1)
 
 
 def fold_decision(state: State, decision: object) -> None:
@@ -515,6 +533,73 @@ def on_placed(state: State, d: JobPlaced) -> None:
     state.jobs.cols["reason"][job] = 0
     drop_reason_text(state, job)
     state.pending_count -= 1
+
+
+def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
+    """:func:`on_placed` of each of ``placed``, in order: when every one places one task of a
+    pending job (no job twice) on an up node, all at once; otherwise one by one (which
+    raises at the first bad one, as it always did)."""
+    job_ids, cell_ids = state.names["job"].ids, state.names["cell"].ids
+    jobs, cells, nodes, masks, indices = [], [], [], [], []
+    for d in placed:
+        if len(d.tasks) != 1:
+            break
+        p = d.tasks[0]
+        jobs.append(job_ids.get(d.job_id, -1))
+        cells.append(cell_ids.get(d.cell, -1))
+        nodes.append(state.node_row(d.cell, p.node))
+        masks.append(_mask_of(p.gpu_indices))
+        indices.append(p.task_index)
+    jc, tc, nc = state.jobs.cols, state.tasks.cols, state.nodes.cols
+    job_rows, node_rows = np.array(jobs, dtype=np.int64), np.array(nodes, dtype=np.int64)
+    if (
+        len(jobs) < len(placed)
+        or min(jobs) < 0
+        or min(cells) < 0
+        or min(nodes) < 0
+        or len(set(jobs)) < len(jobs)
+        or (jc["state"][job_rows] != JobState.PENDING).any()
+        or (nc["status"][node_rows] != NodeStatus.UP).any()
+    ):
+        for d in placed:
+            on_placed(state, d)
+        return
+    tasks = jc["first_task"][job_rows] + np.array(indices, dtype=np.int64)
+    cpu, mem, milli, gpus = (tc[c][tasks] for c in ("cpu", "mem", "milli", "gpus"))
+    np.subtract.at(nc["cpu_free"], node_rows, cpu)
+    np.subtract.at(nc["mem_free"], node_rows, mem)
+    counts = nc["gpu_count"][node_rows].tolist()
+    gpu_rows, gpu_cols, gpu_take = [], [], []
+    for node, mask, count, share in zip(nodes, masks, counts, milli.tolist(), strict=True):
+        for g in mask_gpus(mask & ((1 << count) - 1)):
+            gpu_rows.append(node)
+            gpu_cols.append(g)
+            gpu_take.append(share)
+    where = (np.array(gpu_rows, dtype=np.int64), np.array(gpu_cols, dtype=np.int64))
+    np.subtract.at(nc["gpu_free"], where, np.array(gpu_take, dtype=nc["gpu_free"].dtype))
+    tc["node"][tasks], tc["gpu_mask"][tasks] = node_rows, np.array(masks, dtype=np.uint64)
+    tc["state"][tasks] = _PLACED
+    tenants = jc["tenant"][job_rows].tolist()
+    requests = zip(cpu.tolist(), mem.tolist(), (milli * gpus).tolist(), strict=True)
+    for job, tenant, cell, (c, m, g) in zip(jobs, tenants, cells, requests, strict=True):
+        for key in ((tenant, -1), (tenant, cell)):
+            counter = state.usage.setdefault(key, [0, 0, 0])
+            counter[0] += c
+            counter[1] += m
+            counter[2] += g
+        if job in state.reason_text:
+            drop_reason_text(state, job)
+    jc["state"][job_rows], jc["cell"][job_rows], jc["placed_at_ms"][job_rows] = _RUNNING, cells, state.now_ms
+    jc["reason"][job_rows] = 0
+    state.pending_count -= len(jobs)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _mask_of(gpu_indices: tuple[int, ...]) -> int:
+    mask = 0
+    for g in gpu_indices:
+        mask |= 1 << g
+    return mask
 
 
 def on_preempted(state: State, d: TaskPreempted) -> None:

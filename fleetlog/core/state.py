@@ -55,7 +55,7 @@ class CoreConfig(msgspec.Struct, frozen=True):
     """A node with no heartbeat for this long (in log time) is down."""
     shape_window: int = 4096
     """How many recent task submissions the fragmentation score's shape distribution covers."""
-    shape_mix_every: int = 512
+    shape_mix_every: int = 2048
     """How often (in submitted tasks) the shape mix the fragmentation score uses is taken from
     the window once it is full; before that, at every doubling (1, 2, 4, ... tasks). Between
     two refreshes the mix is fixed, so decide can remember node scores from one call to the next."""
