@@ -105,7 +105,20 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
     beats: dict[int, int] = {}
     cache = state.beat_cache
     now, sweep, steady = state.now_ms, state.next_sweep_ms, 0
+    run: list[JobSubmitted] = []  # consecutive submissions, folded together
+    run_at: list[int] = []
     for event, at_ms in events:
+        if type(event) is JobSubmitted:
+            if steady:
+                state.offset += steady
+                state.now_ms, steady = now, 0
+            run.append(event)
+            run_at.append(at_ms)
+            continue
+        if run:
+            fold_submissions(state, run, run_at)
+            run, run_at = [], []
+            now, sweep = state.now_ms, state.next_sweep_ms
         if at_ms < sweep and type(event) is NodeHeartbeat:
             hit = cache.get(event.node)
             if hit is not None and (hit[1] is event or hit[1] == event):
@@ -120,11 +133,97 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
             _write_beats(state, beats)
         fold(state, event, at_ms)
         now, sweep = state.now_ms, state.next_sweep_ms
+    if run:
+        fold_submissions(state, run, run_at)
     if steady:
         state.offset += steady
         state.now_ms = now
     if beats:
         _write_beats(state, beats)
+
+
+_JOB_COLUMNS: Final = (
+    "tenant", "queue", "priority", "submitted_at", "seq", "first_task", "ntasks", "topology",
+    "expected_ms", "req_cpu", "req_mem", "req_gpu",
+)  # fmt: skip
+_TASK_COLUMNS: Final = ("job", "cpu", "mem", "gpus", "milli", "models")
+
+
+def _run_tasks(state: State, e: JobSubmitted, job: int, tasks: list[list[int]]) -> tuple[int, int, int, int]:
+    """``add_tasks`` for :func:`fold_submissions`: the job's task columns appended to ``tasks``
+    (in ``_TASK_COLUMNS`` order), its shapes remembered; (tasks, cpu, mem, GPU milli) in all."""
+    t_job, t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
+    n = cpu = mem = gpu = 0
+    for g in e.task_groups:
+        mask = 0
+        for m in g.gpu_models:
+            mask |= 1 << model_id(state, m)
+        count = g.count
+        n += count
+        cpu += count * g.cpu_milli
+        mem += count * g.mem_mib
+        gpu += count * g.gpu_count * g.gpu_milli
+        t_job.extend([job] * count)
+        t_cpu.extend([g.cpu_milli] * count)
+        t_mem.extend([g.mem_mib] * count)
+        t_gpus.extend([g.gpu_count] * count)
+        t_milli.extend([g.gpu_milli] * count)
+        t_models.extend([mask] * count)
+        remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), count)
+    return n, cpu, mem, gpu
+
+
+def fold_submissions(state: State, events: Sequence[JobSubmitted], times: Sequence[int]) -> None:
+    """:func:`fold` of each of ``events`` in order, at ``times``: the same state, with the new
+    jobs' and tasks' columns written once for the run instead of job by job (names, allowed
+    cells and the shape window are kept in order, as one by one). One by one when a node
+    sweep falls due within the run."""
+    if len(events) < 2 or max(times) >= state.next_sweep_ms:
+        for event, at_ms in zip(events, times, strict=True):
+            fold(state, event, at_ms)
+        return
+    names = state.names
+    job_names, job_ids = names["job"], names["job"].ids
+    first_job, first_task = state.jobs.size, state.tasks.size
+    jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
+    tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
+    tenant, queue, priority, submitted, seq, first, ntasks_, topo, expected, req_cpu, req_mem, req_gpu = jobs
+    t_job = tasks[0]
+    for e, at_ms in zip(events, times, strict=True):
+        state.now_ms = max(state.now_ms, at_ms)
+        state.offset += 1
+        if e.job_id in job_ids:
+            state.duplicates += 1
+            continue
+        job = job_names.intern(e.job_id)
+        tenant.append(names["tenant"].intern(e.tenant))
+        queue.append(names["queue"].intern(e.queue))
+        priority.append(e.priority)
+        submitted.append(state.now_ms)
+        seq.append(state.offset - 1)
+        first.append(first_task + len(t_job))
+        topo.append(TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0)
+        expected.append(-1 if e.expected_duration_ms is None else e.expected_duration_ms)
+        if e.allowed_cells:
+            cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
+            state.job_cells[job] = cells
+            add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
+        n, cpu, mem, gpu = _run_tasks(state, e, job, tasks)
+        ntasks_.append(n)
+        req_cpu.append(cpu)
+        req_mem.append(mem)
+        req_gpu.append(gpu)
+        state.shapes_seen += n
+        if state.shapes_seen >= state.mix_due:
+            take_shape_mix(state)
+        state.pending_count += 1
+    state.jobs.add(len(tenant))  # (rows in the order interned above)
+    state.tasks.add(len(t_job))
+    jc, tc = state.jobs.cols, state.tasks.cols  # (after the adds: a table that grows gets new arrays)
+    for name, values in zip(_JOB_COLUMNS, jobs, strict=True):
+        jc[name][first_job : first_job + len(values)] = values
+    for name, values in zip(_TASK_COLUMNS, tasks, strict=True):
+        tc[name][first_task : first_task + len(values)] = values
 
 
 def _write_beats(state: State, beats: dict[int, int]) -> None:

@@ -129,3 +129,61 @@ def test_a_node_that_went_down_mid_run_comes_back_on_its_next_beat() -> None:
     one, lists = _fold_both([(fleet * 12, list(range(1_000, 1_072))), (run, times)])
     _same(one, lists)
     assert (lists.nodes.view("status") == 1).all()
+
+
+def test_runs_of_submissions_fold_as_one_by_one() -> None:
+    """``fold_many`` writes a run of submissions' columns at once: the same state as ``fold``
+    one by one — duplicates (earlier and within the run), gangs of several groups, allowed
+    cells and GPU models seen for the first time, a shape-mix refresh inside a run, steady
+    heartbeats between runs, and a run that reaches a node sweep."""
+    from fleetlog.events import JobSubmitted, TaskGroup
+
+    config = CoreConfig(node_timeout_ms=4_000, shape_window=8, shape_mix_every=3)
+    events: list[Event] = [BEATS[name] for name in NODES]
+    times = [10] * len(NODES)
+    at = 10
+    for k in range(60):
+        at += 70  # (node sweeps every second: some runs reach one)
+        kind = k % 6
+        if kind == 0:
+            cells = ("c1",) if k % 4 else ()
+            event: Event = job(f"j{k}", gpus=k % 3, milli=500 if k % 3 == 1 else 1000, cells=cells)
+        elif kind == 1:
+            event = JobSubmitted(
+                job_id=f"j{k}",
+                tenant=f"t{k % 4}",
+                queue=f"q{k % 3}",
+                priority=k % 5,
+                required_topology="rack" if k % 4 == 1 else None,
+                expected_duration_ms=1_000 * k,
+                task_groups=(
+                    TaskGroup(
+                        count=3,
+                        cpu_milli=2_000,
+                        mem_mib=512,
+                        gpu_count=1,
+                        gpu_milli=1000,
+                        gpu_models=(f"M{k}",),
+                    ),
+                    TaskGroup(count=1, cpu_milli=500, mem_mib=256),
+                ),
+            )
+        elif kind == 2:
+            event = job(f"j{k - 2}")  # a duplicate of a job submitted earlier
+        elif kind == 3:
+            event = BEATS[NODES[k % len(NODES)]]  # a steady heartbeat between runs
+        else:
+            event = job(f"j{k}", gpus=1, milli=250 * (k % 4 + 1), cpu=1_000 * k)
+        events.append(event)
+        times.append(at)
+    events += [job("dup"), job("dup")]  # twice within one run
+    times += [at + 1, at + 2]
+    one_by_one, at_once = State(config), State(config)
+    for event, at_ms in zip(events, times, strict=True):
+        fold(one_by_one, event, at_ms)
+    for start in range(0, len(events), 13):  # runs cut at arbitrary places
+        fold_lists(at_once, events[start : start + 13], times[start : start + 13])
+    check(at_once)
+    assert at_once.duplicates == one_by_one.duplicates > 10
+    assert at_once.shape_mix == one_by_one.shape_mix
+    assert digest(at_once) == digest(one_by_one)
