@@ -74,7 +74,7 @@ class Memos:
     def __init__(self, nodes: int, limit: int) -> None:
         self.limit = limit
         self.slots: dict[Shape, int] = {}  # in order of use, the most recent last
-        self.store = np.full((min(limit, 16), nodes, kernels.MEMO_COLUMNS), -1, np.int64)
+        self.store = np.full((0, nodes, kernels.MEMO_COLUMNS), -1, np.int64)  # (grows on first use)
 
     def slot(self, shape: Shape) -> int:
         slot = self.slots.pop(shape, None)
@@ -85,7 +85,7 @@ class Memos:
             else:
                 slot = len(self.slots)  # (slots 0 .. len - 1 are in use)
                 if slot == self.store.shape[0]:
-                    grown = np.full((min(self.limit, 2 * slot), *self.store.shape[1:]), -1, np.int64)
+                    grown = np.full((min(self.limit, max(16, 2 * slot)), *self.store.shape[1:]), -1, np.int64)
                     grown[:slot] = self.store
                     self.store = grown
         self.slots[shape] = slot
@@ -111,14 +111,18 @@ class Scratch:
         self.cpu_free, self.mem_free = c["cpu_free"][:n].copy(), c["mem_free"][:n].copy()
         width = max(1, int(c["gpu_count"][:n].max(initial=0)))  # GPU columns any node uses
         self.gpu_free = c["gpu_free"][:n, :width].copy()
-        self.gpu_total = self.gpu_free.sum(axis=1, dtype=np.int64)
+        self.gpu_total = kernels.row_totals(self.gpu_free)
         self.gpu_count, self.model = c["gpu_count"][:n], c["model"][:n]
         self.usage = {k: list(v) for k, v in state.usage.items()}
         self.policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
         self.shapes = shape_matrix(state)
         up = c["status"][:n] == NodeStatus.UP
         cells = c["cell"][:n]
-        self.cells = tuple(sorted({int(x) for x in np.unique(cells[up]).tolist()}))
+        up_cells = cells[up]
+        if up_cells.size and up_cells.min() >= 0:  # (cell ids are dense: counting beats sorting)
+            self.cells = tuple(np.flatnonzero(np.bincount(up_cells)).tolist())
+        else:
+            self.cells = tuple(sorted({int(x) for x in np.unique(up_cells).tolist()}))
         self.up_by_cell = {cell: np.flatnonzero(up & (cells == cell)).astype(np.int64) for cell in self.cells}
         self.reserved = np.zeros(n, dtype=np.bool_)
         self.reservations: list[tuple[int, int, int]] = []  # (job, cell, start_ms)
@@ -140,14 +144,19 @@ class Scratch:
         count and model) are still exactly what it was learned on; the others get a new version."""
         if kept is None or kept.key != self.memo_key():
             return
-        changed = (
-            (kept.cpu_free != self.cpu_free)
-            | (kept.mem_free != self.mem_free)
-            | (kept.gpu_free != self.gpu_free).any(axis=1)
-            | (kept.gpu_count != self.gpu_count)
-            | (kept.model != self.model)
+        self.node_version = kernels.versions_after(
+            kept.node_version,
+            kept.cpu_free,
+            self.cpu_free,
+            kept.mem_free,
+            self.mem_free,
+            kept.gpu_free,
+            self.gpu_free,
+            kept.gpu_count,
+            self.gpu_count,
+            kept.model,
+            self.model,
         )
-        self.node_version = kept.node_version + changed
         self.memos = kept.memos
 
     def keep(self) -> MemoCache | None:
