@@ -123,14 +123,15 @@ class SimulatedCell:
         checks its gang's incarnation when it fires, so a later decision of the batch that
         preempts a gang needs no care here)."""
         starts: list[TaskRef] = []
-        place, apply = self._place, self.apply
+        place, place_single, apply = self._place, self._place_single, self.apply
+        cell, up = self.cluster.cell, self.up
         for decision in decisions:
-            if type(decision) is JobPlaced:
-                gang = place(decision)
-                if gang is not None:
-                    add_refs(starts, decision.job_id, gang)
-            else:
+            if type(decision) is not JobPlaced:
                 apply(decision)
+            elif len(decision.tasks) == 1 and decision.cell == cell and up.get(decision.tasks[0].node, False):
+                place_single(decision.job_id, decision.tasks[0], starts)
+            elif (gang := place(decision)) is not None:
+                add_refs(starts, decision.job_id, gang)
         if starts:
             self._schedule_starts(starts)
 
@@ -166,6 +167,22 @@ class SimulatedCell:
         self.recorder.placed(job_id, now, self.allocated_milli)
         return gang
 
+    def _place_single(self, job_id: str, task: TaskPlacement, starts: list[TaskRef]) -> None:
+        """:meth:`_place` and :meth:`_new_gang` for a one-task gang on a live node of this cell
+        (every pod of a trace: nearly every decision of a run), in one frame; its start is
+        appended to ``starts``."""
+        if job_id in self.gangs:
+            self._kill(job_id)  # placed again: the previous incarnation is gone
+        index, node = task.task_index, task.node
+        shares = self.jobs.get(job_id, UNKNOWN)[1]
+        share = shares[index] if index < len(shares) else 1000 * len(task.gpu_indices)  # task_share
+        self.incarnations = incarnation = self.incarnations + 1
+        self.gangs[job_id] = Gang(incarnation, {index: (node, share)}, {index})
+        self.on_node[node][job_id] = None
+        self.allocated_milli += share
+        self.recorder.placed(job_id, self.timers.clock.now_ms, self.allocated_milli)
+        starts.append((job_id, incarnation, index))
+
     def _schedule_starts(self, tasks: list[TaskRef]) -> None:
         """Each task starts after a seeded delay, uniform over 0..max, drawn in ``tasks`` order
         (``random()`` scaled: one C call per task where ``randint`` took four Python frames)."""
@@ -179,22 +196,15 @@ class SimulatedCell:
 
     def _new_gang(self, d: JobPlaced) -> Gang:
         """Take the placement's GPU shares and remember which nodes the gang is on."""
-        job_id, placed = d.job_id, d.tasks
+        job_id = d.job_id
         shares = self.jobs.get(job_id, UNKNOWN)[1]
         self.incarnations += 1
-        if len(placed) == 1:  # one task (every pod of a trace): no comprehension, no loop
-            task = placed[0]
-            share = task_share(shares, task)
-            gang = Gang(self.incarnations, {task.task_index: (task.node, share)}, {task.task_index})
-            self.on_node[task.node][job_id] = None
-            self.allocated_milli += share
-        else:
-            tasks = {t.task_index: (t.node, task_share(shares, t)) for t in placed}
-            gang = Gang(self.incarnations, tasks, set(tasks))
-            for node, milli in tasks.values():
-                self.on_node[node][job_id] = None
-                self.allocated_milli += milli
+        tasks = {t.task_index: (t.node, task_share(shares, t)) for t in d.tasks}
+        gang = Gang(self.incarnations, tasks, set(tasks))
         self.gangs[job_id] = gang
+        for node, milli in tasks.values():
+            self.on_node[node][job_id] = None
+            self.allocated_milli += milli
         return gang
 
     def _start(self, now: int, due: list[TaskRef]) -> Emitted:
