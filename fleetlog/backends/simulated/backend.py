@@ -74,6 +74,8 @@ class SimulatedCell:
         self.nodes = {n.name: n for n in cluster.nodes}
         self.up = dict.fromkeys(self.nodes, True)
         self.beats = {n.name: message(heartbeat(cluster.cell, n, True)) for n in cluster.nodes}
+        self.live_beats: tuple[Message, ...] | None = None
+        """The heartbeats of a round while no node fails or recovers (``None``: to be rebuilt)."""
         self.jobs: dict[str, Runtime] = {}
         """job id -> (how long its tasks run, milli-GPUs of each task)."""
         self.gangs: dict[str, Gang] = {}
@@ -254,7 +256,9 @@ class SimulatedCell:
 
     def _heartbeat_round(self, now: int) -> Emitted:
         self.timers.at(now + self.behaviour.heartbeat_ms, self._heartbeat_round)
-        return Emitted([self.beats[n] for n, up in self.up.items() if up])
+        if self.live_beats is None:  # a node failed or recovered since the last round
+            self.live_beats = tuple(self.beats[n] for n, up in self.up.items() if up)
+        return Emitted(self.live_beats)
 
     def _schedule_failure(self, name: str) -> None:
         gap = round(self.failures.expovariate(1.0 / self.behaviour.mtbf_ms))
@@ -267,6 +271,7 @@ class SimulatedCell:
         if not self.up[name]:
             return Emitted()
         self.up[name] = False
+        self.live_beats = None
         self.recorder.node_failures += 1
         for job_id in list(self.on_node[name]):
             self._kill(job_id)
@@ -281,6 +286,7 @@ class SimulatedCell:
         if self.up[name]:
             return Emitted()
         self.up[name] = True
+        self.live_beats = None
         self.recorder.node_recoveries += 1
         if self.behaviour.mtbf_ms:
             self._schedule_failure(name)
