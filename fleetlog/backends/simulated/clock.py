@@ -94,9 +94,6 @@ class Agenda(Generic[Item]):
         self.timers, self.fire = timers, fire
         self._due: dict[int, list[Item]] = {}
 
-    def __len__(self) -> int:
-        return sum(len(items) for items in self._due.values())
-
     def add(self, at_ms: int, item: Item) -> None:
         """``item`` is due at ``at_ms`` (as :meth:`Timers.at` rounds it)."""
         when = self.timers.when(at_ms)
