@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from fleetlog.log.base import Message
 
@@ -35,6 +35,8 @@ class Emitted(NamedTuple):
 Action = Callable[[int], Emitted]
 """Called with the virtual time it fires at."""
 
+Item = TypeVar("Item")
+
 
 class Timers:
     """Actions at virtual times, fired in (time, order of scheduling) — a total order, so a run
@@ -51,10 +53,13 @@ class Timers:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def when(self, at_ms: int) -> int:
+        """The time an action asked for ``at_ms`` fires at now: on the tick grid, never before now."""
+        return max(self.clock.now_ms, -(-at_ms // self.tick_ms) * self.tick_ms)
+
     def at(self, at_ms: int, action: Action) -> None:
         """Run ``action`` at ``at_ms`` (on the tick grid, and never before now)."""
-        when = max(self.clock.now_ms, -(-at_ms // self.tick_ms) * self.tick_ms)
-        heapq.heappush(self._heap, (when, self._seq, action))
+        heapq.heappush(self._heap, (self.when(at_ms), self._seq, action))
         self._seq += 1
 
     def next_time(self) -> int | None:
@@ -75,3 +80,44 @@ class Timers:
             messages.extend(out.messages)
             trigger = trigger or out.trigger
         return Emitted(messages, trigger)
+
+
+class Agenda(Generic[Item]):
+    """Items due at virtual times, handed to ``fire`` together, one timer per distinct time.
+
+    Many per-item timers (a start per placed task) cost a closure and a heap entry each; here
+    items due at one time share one timer, fired at the place in the timers' order of the first
+    item scheduled for that time. Items of one time are handed over in the order they were
+    added, so a run stays reproduced exactly."""
+
+    def __init__(self, timers: Timers, fire: Callable[[int, list[Item]], Emitted]) -> None:
+        self.timers, self.fire = timers, fire
+        self._due: dict[int, list[Item]] = {}
+
+    def add(self, at_ms: int, item: Item) -> None:
+        """``item`` is due at ``at_ms`` (as :meth:`Timers.at` rounds it)."""
+        when = self.timers.when(at_ms)
+        items = self._due.get(when)
+        if items is None:
+            self._due[when] = [item]
+            self.timers.at(at_ms, self._fire)  # fires at ``when``: computed alike, at the same now
+        else:
+            items.append(item)
+
+    def add_after(self, base_ms: int, delays: Sequence[int], items: Sequence[Item]) -> None:
+        """Each of ``items`` due ``delays`` (its own, in order) after ``base_ms``: as many
+        :meth:`add` calls, in one loop."""
+        timers, due = self.timers, self._due
+        now, tick = timers.clock.now_ms, timers.tick_ms
+        for delay, item in zip(delays, items, strict=True):
+            at_ms = base_ms + delay
+            when = max(now, -(-at_ms // tick) * tick)  # Timers.when, inlined
+            bucket = due.get(when)
+            if bucket is None:
+                due[when] = [item]
+                timers.at(at_ms, self._fire)
+            else:
+                bucket.append(item)
+
+    def _fire(self, now: int) -> Emitted:
+        return self.fire(now, self._due.pop(now))

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from fleetlog.backends.simulated.backend import PRODUCER, SimulatedCell
+from fleetlog.backends.simulated.backend import PRODUCER, Runtime, SimulatedCell, runtime
 from fleetlog.backends.simulated.clock import Emitted, Timers, VirtualClock
 from fleetlog.backends.simulated.cluster import Cluster
-from fleetlog.backends.simulated.metrics import JobStatus, Recorder
+from fleetlog.backends.simulated.metrics import PENDING, RUNNING, Recorder
 from fleetlog.backends.simulated.modes import Mode
 from fleetlog.backends.simulated.workload import JobSpec, Workload
 from fleetlog.events import encode, envelope
@@ -42,6 +42,41 @@ class Scheduler(Protocol):
 SchedulerFactory = Callable[[LogStore], Scheduler]
 Progress = Callable[[int, int, int], None]
 """Called with (jobs arrived, jobs in the run, virtual time in ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """The jobs submitted at one virtual time, made ready before the run: their encoded
+    ``JobSubmitted`` messages and what the cell and the recorder are told of them depend only
+    on the workload, so the run does not build them job by job."""
+
+    at_ms: int
+    messages: tuple[Message, ...]
+    runtimes: dict[str, Runtime]
+    job_ids: tuple[str, ...]
+    gpu_milli: tuple[int, ...]
+
+
+def plan_arrivals(jobs: tuple[JobSpec, ...]) -> list[Arrivals]:
+    """``jobs`` (in arrival order) grouped by arrival time."""
+    plan: list[Arrivals] = []
+    start = 0
+    while start < len(jobs):
+        at, end = jobs[start].arrival_ms, start + 1
+        while end < len(jobs) and jobs[end].arrival_ms == at:
+            end += 1
+        group = jobs[start:end]
+        plan.append(
+            Arrivals(
+                at,
+                tuple(message_of(j) for j in group),
+                {j.job_id: runtime(j.event, j.duration_ms) for j in group},
+                tuple(j.job_id for j in group),
+                tuple(j.gpu_milli for j in group),
+            )
+        )
+        start = end
+    return plan
 
 
 @dataclass(frozen=True)
@@ -74,6 +109,8 @@ class Simulation:
         self.recorder = Recorder(cluster.gpu_milli)
         self.cell = SimulatedCell(cluster, self.timers, seed, self.recorder)
         self.setup = setup
+        self.plan = plan_arrivals(jobs)
+        self.next_group = 0
         self.next_job = 0
         self.steps = 0
         last_arrival = jobs[-1].arrival_ms if jobs else 0
@@ -89,8 +126,8 @@ class Simulation:
         started = time.perf_counter()
         first = self.cell.start()
         await self._turn(scheduler, Emitted([*first.messages, *self.setup], True))
-        if self.jobs:
-            self.timers.at(self.jobs[0].arrival_ms, self._arrive)
+        if self.plan:
+            self.timers.at(self.plan[0].at_ms, self._arrive)
         while not self._finished() and self.timers.next_time() is not None:
             await self._turn(scheduler, self.timers.fire_next())
             if progress is not None:
@@ -115,16 +152,18 @@ class Simulation:
         self.recorder.sample(self.clock.now_ms, self.cell.allocated_milli)
 
     def _arrive(self, now: int) -> Emitted:
-        """Submit every job due now; schedule the next arrival."""
+        """Submit every job due now (the groups planned up to now); schedule the next arrival."""
         out: list[Message] = []
-        while self.next_job < len(self.jobs) and self.jobs[self.next_job].arrival_ms <= now:
-            job = self.jobs[self.next_job]
-            self.cell.register(job.event, job.duration_ms)
-            self.recorder.arrived(job.job_id, job.gpu_milli, now)
-            out.append(message_of(job))
-            self.next_job += 1
-        if self.next_job < len(self.jobs):
-            self.timers.at(self.jobs[self.next_job].arrival_ms, self._arrive)
+        plan = self.plan
+        while self.next_group < len(plan) and plan[self.next_group].at_ms <= now:
+            group = plan[self.next_group]
+            self.cell.register_many(group.runtimes)
+            self.recorder.arrived_many(group.job_ids, group.gpu_milli, now)
+            out.extend(group.messages)
+            self.next_job += len(group.job_ids)
+            self.next_group += 1
+        if self.next_group < len(plan):
+            self.timers.at(plan[self.next_group].at_ms, self._arrive)
         return Emitted(out, True)
 
     def _finished(self) -> bool:
@@ -132,8 +171,8 @@ class Simulation:
             return False
         counts = self.recorder.counts
         if self.mode.name == "inflate":
-            return counts[JobStatus.PENDING] == 0 or self.clock.now_ms >= self.deadline_ms + 60_000
-        idle = counts[JobStatus.PENDING] == 0 and counts[JobStatus.RUNNING] == 0
+            return counts[PENDING] == 0 or self.clock.now_ms >= self.deadline_ms + 60_000
+        idle = counts[PENDING] == 0 and counts[RUNNING] == 0
         return idle or self.clock.now_ms >= self.deadline_ms
 
 

@@ -8,7 +8,10 @@ each job waited for its first placement, the allocation curve against arrived de
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Final
 
 
 class JobStatus(enum.IntEnum):
@@ -16,6 +19,11 @@ class JobStatus(enum.IntEnum):
     RUNNING = 1
     DONE = 2
     REJECTED = 3
+
+
+PENDING: Final = JobStatus.PENDING
+RUNNING: Final = JobStatus.RUNNING
+"""Bound once: ``JobStatus.PENDING`` is a lookup through the enum's metaclass at each use."""
 
 
 @dataclass
@@ -64,18 +72,36 @@ class Recorder:
         self.demand_milli += gpu_milli
         self.arrived_at[job_id] = now_ms
         self.demand_at[job_id] = self.demand_milli
-        self._move(job_id, JobStatus.PENDING)
+        self._move(job_id, PENDING)
+
+    def arrived_many(self, job_ids: Sequence[str], gpu_milli: Sequence[int], now_ms: int) -> None:
+        """Jobs arrived together, in order: as many :meth:`arrived` calls, in C loops when none
+        of them was submitted before (the usual case)."""
+        if not self.status.keys().isdisjoint(job_ids):
+            for job_id, milli in zip(job_ids, gpu_milli, strict=True):
+                self.arrived(job_id, milli, now_ms)
+            return
+        demand = list(accumulate(gpu_milli, initial=self.demand_milli))
+        self.demand_at.update(zip(job_ids, demand[1:], strict=True))
+        self.demand_milli = demand[-1]
+        self.arrived_at.update(dict.fromkeys(job_ids, now_ms))
+        fresh = dict.fromkeys(job_ids, PENDING)  # a job listed twice counts once, as arrived() does
+        self.status.update(fresh)
+        self.counts[PENDING] += len(fresh)
 
     def placed(self, job_id: str, now_ms: int, allocated_milli: int) -> None:
         self.placements += 1
-        if job_id not in self.arrived_at:
+        arrived_at = self.arrived_at.get(job_id)
+        if arrived_at is None:
             return  # a job this run did not submit
-        first = self.status.get(job_id) == JobStatus.PENDING and job_id not in self.ever_placed
-        self._move(job_id, JobStatus.RUNNING)
-        if first:
+        counts, was = self.counts, self.status[job_id]
+        counts[was] -= 1
+        counts[RUNNING] += 1
+        self.status[job_id] = RUNNING
+        if was is PENDING and job_id not in self.ever_placed:
             self.ever_placed.add(job_id)
             self.placed_jobs += 1
-            self.waits_ms.append(now_ms - self.arrived_at[job_id])
+            self.waits_ms.append(now_ms - arrived_at)
         self.curve.append((self.demand_at[job_id], allocated_milli))
 
     def rejected(self, job_id: str, allocated_milli: int) -> None:
@@ -90,17 +116,17 @@ class Recorder:
             self.preemptions += 1
         else:
             self.lost += 1
-        if self.status.get(job_id) == JobStatus.RUNNING:
-            self._move(job_id, JobStatus.PENDING)
+        if self.status.get(job_id) == RUNNING:
+            self._move(job_id, PENDING)
 
     def finished(self, job_id: str) -> None:
-        if self.status.get(job_id) == JobStatus.RUNNING:
+        if self.status.get(job_id) == RUNNING:
             self._move(job_id, JobStatus.DONE)
 
     def sample(self, now_ms: int, allocated_milli: int) -> None:
         """Record the cell at a scheduling instant (one sample per instant: the last wins)."""
         counts = self.counts
-        sample = Sample(now_ms, allocated_milli, counts[JobStatus.PENDING], counts[JobStatus.RUNNING])
+        sample = Sample(now_ms, allocated_milli, counts[PENDING], counts[RUNNING])
         if self.samples and self.samples[-1].at_ms == now_ms:
             self.samples[-1] = sample
         else:
