@@ -41,7 +41,7 @@ from fleetlog.core.shapes import LEVELS
 from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
 from fleetlog.events.model import Decision, JobPending, JobPlaced, JobRejected, TaskPlacement, TaskPreempted
 
-MEMO_ROWS: Final = 1 << 21  # node rows of remembered scores kept at most (32 bytes each)
+MEMO_ROWS: Final = 1 << 20  # node rows of remembered scores kept at most (32 bytes each: 32 MiB)
 MAX_MEMOS: Final = 512  # task shapes whose node scores are remembered at once, at most
 
 
