@@ -132,6 +132,7 @@ class Scratch:
         self.victims: set[int] = set()
         self.decisions: list[Decision] = []
         self.node_names: dict[int, str] = {}
+        self.eligible: dict[tuple[tuple[int, ...], int, int], bool] = {}  # see explain.eligible_exists
         self._running: Array | None = None
         self._lowest: int | None = None
         self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
@@ -339,7 +340,7 @@ def place_singles(sc: Scratch, run: Array, at: int) -> int:
                 known = sc.failed[int(keys[done - 1])]
                 reject(sc, job, known) if sc.policy.fail_unplaced else pending(sc, job, known)
                 continue
-            schedule_job(sc, job)  # it does not fit: why, and what then
+            schedule_job(sc, job, unplaceable=True)  # it fits on none of cands: why, and what then
             if sc.reservations or sc.swapped:
                 return at + done
         at += k
@@ -413,13 +414,14 @@ def emit_changed_pending(sc: Scratch, jobs: Array, keys: Array) -> None:
         sc.decisions.append(JobPending(job_id=job_id, reason=outcome.reason, message=outcome.message))
 
 
-def schedule_job(sc: Scratch, job: int) -> bool:
-    """Steps 2-6 for one job. True when it was placed (so its tenant's share changed)."""
+def schedule_job(sc: Scratch, job: int, unplaceable: bool = False) -> bool:
+    """Steps 2-6 for one job. True when it was placed (so its tenant's share changed).
+    ``unplaceable``: the caller just found it fits on none of the nodes step 3 would try."""
     key = int(sc.key_of[job]) if job < sc.key_of.size and sc.key_of[job] >= 0 else job_key(sc.state, job)
     known = sc.failed.get(key)
     if known is not None:
         return reject(sc, job, known) if sc.policy.fail_unplaced else pending(sc, job, known)
-    outcome = try_place(sc, job)
+    outcome = try_place(sc, job, unplaceable)
     if isinstance(outcome, Placement):
         commit(sc, job, outcome)
         return True
@@ -507,14 +509,17 @@ def may_backfill(sc: Scratch, job: int) -> bool:
     return all(sc.state.now_ms + expected <= start for _, _, start in sc.reservations)
 
 
-def try_place(sc: Scratch, job: int) -> Placement | Outcome:
-    """Steps 2-3: quota, then the best-scoring cell where the whole gang fits."""
+def try_place(sc: Scratch, job: int, unplaceable: bool = False) -> Placement | Outcome:
+    """Steps 2-3: quota, then the best-scoring cell where the whole gang fits (none when the
+    caller knows it is ``unplaceable``)."""
     cells = allowed_cells(sc, job)
     if not cells:
         return explain_failure(sc, job, cells, "no_cells")
     quota_ok = [c for c in cells if not quota_check(sc.state, sc.usage, job, c, sc.policy.require_quota)]
     if not quota_ok:
         return explain_failure(sc, job, cells, "quota")
+    if unplaceable:
+        return explain_failure(sc, job, tuple(quota_ok), "capacity")
     best: Placement | None = None
     backfill = may_backfill(sc, job)
     for cell in quota_ok:

@@ -7,6 +7,7 @@ any process, whatever its hash seed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any, Final
 
@@ -156,6 +157,11 @@ def _hashed_columns(state: State) -> list[tuple[str, npt.NDArray[Any]]]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _column_label(name: str, dtype: np.dtype[Any]) -> str:
+    return f"{name}:{dtype.str}:"
+
+
 def digest(state: State) -> str:
     """Hex BLAKE2b-256 over the scalars and a 64-bit hash of every column's used rows.
 
@@ -167,7 +173,7 @@ def digest(state: State) -> str:
     h = hashlib.blake2b(digest_size=32)
     h.update(msgspec.msgpack.encode(_digest_scalars(state)))
     for name, col in _hashed_columns(state):
-        h.update(f"{name}:{col.dtype.str}:{col.shape}:{_column_hash(col)}".encode())
+        h.update(f"{_column_label(name, col.dtype)}{col.shape}:{_column_hash(col)}".encode())
     return h.hexdigest()
 
 

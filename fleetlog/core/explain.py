@@ -121,7 +121,16 @@ def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:
 
 
 def eligible_exists(sc: Scratch, cells: tuple[int, ...], models: int, gpus: int) -> bool:
-    """Is there an up node in ``cells`` that could ever host the task's GPU model?"""
+    """Is there an up node in ``cells`` that could ever host the task's GPU model? (Remembered
+    for the call: up nodes and their models do not change within it.)"""
+    key = (cells, models, gpus)
+    found = sc.eligible.get(key)
+    if found is None:
+        found = sc.eligible[key] = _eligible_exists(sc, cells, models, gpus)
+    return found
+
+
+def _eligible_exists(sc: Scratch, cells: tuple[int, ...], models: int, gpus: int) -> bool:
     if gpus == 0 or models == 0:
         return any(sc.up_by_cell.get(c, np.zeros(0)).size for c in cells)
     for cell in cells:
