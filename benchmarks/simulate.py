@@ -7,9 +7,10 @@
   mean (and stdev) over seeds 1..N, for fleetlog ``best-fit``, ``fgd`` and ``default`` (each
   with ``fail_unplaced``), next to the published BestFit and FGD figures (Weng et al., USENIX
   ATC'23, mean of 10 seeds). Jobs arrive one by one in seeded random order; the loop steps
-  every ``--batch`` arrivals (decisions are still taken one by one in arrival order: only
-  FGD's shape window is refreshed per step). These runs use the in-memory log: the decisions
-  do not depend on the store.
+  every ``--batch`` arrivals (decisions are still taken one by one in arrival order; FGD's
+  shape mix is what fold last took from the window, at set task counts: see
+  ``docs/scheduling.md``). These runs use the in-memory log: the decisions do not depend on
+  the store.
 - ``throughput``: placement decisions (placed + rejected) per wall second of a whole inflate
   run of openb default through the embedded file log (``fsync=never``), for one step per
   arriving pod (the protocol), 64 per step, and all at once; with the paper's simulator's
@@ -19,7 +20,8 @@
 - ``step_cost``: where one step of the protocol (one pod per step) spends its time, measured
   by wrapping the loop's collaborators (read+decode, fold, decide and its parts, digest,
   publish) and the driver around them; ``step_cost_batch64``: the same by pod at 64 arrivals
-  per step, with decide's FGD kernel (``best_node_memo``) and the cell's consume on their own.
+  per step, with decide's run kernel (``place_run``: FGD placement of one-task jobs), its
+  one-job kernel (``best_node_memo``) and the cell's consume on their own.
 
 Traces are read from ``--traces``, ``$FLEETLOG_TRACES`` or
 ``/work/shared/traces/alibaba-gpu-v2023-openb/csv`` — never copied into the repository.

@@ -613,6 +613,28 @@ def best_node_memo(
 
 
 @_hot
+def _memo_fresh(
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    task: Task,
+    use_fgd: bool,
+    shapes: I64,
+    node_version: I64,
+    memo: I64,
+) -> None:
+    """Make node ``n``'s memo row a full evaluation at its current version (stale rows and
+    floor-only rows are evaluated again)."""
+    if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
+        _memo_eval(
+            n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes, node_version, memo
+        )
+
+
+@_hot
 def _memo_eval(
     n: int,
     cpu_free: I64,
@@ -752,20 +774,9 @@ def _best_memo_plain(
     best, best_p, best_s = NO_NODE, 0, 0
     for j in range(cands.shape[0]):
         n = int(cands[j])
-        if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
-            _memo_eval(
-                n,
-                cpu_free,
-                mem_free,
-                gpu_free,
-                gpu_count,
-                node_model,
-                task,
-                False,
-                shapes,
-                node_version,
-                memo,
-            )
+        _memo_fresh(
+            n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, False, shapes, node_version, memo
+        )
         if memo[n, MEMO_FITS] == 1:
             primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])
             if _better(primary, secondary, n, best_p, best_s, best):
@@ -1383,20 +1394,9 @@ def _scan_top_memo(
     size = 0
     for j in range(group.shape[0]):
         n = int(group[j])
-        if memo[n, MEMO_VERSION] != node_version[n] or memo[n, MEMO_FITS] == MEMO_FLOOR:
-            _memo_eval(
-                n,
-                cpu_free,
-                mem_free,
-                gpu_free,
-                gpu_count,
-                node_model,
-                task,
-                use_fgd,
-                shapes,
-                node_version,
-                memo,
-            )
+        _memo_fresh(
+            n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes, node_version, memo
+        )
         if memo[n, MEMO_FITS] != 1:
             continue
         primary, secondary = int(memo[n, MEMO_PRIMARY]), int(memo[n, MEMO_SECONDARY])

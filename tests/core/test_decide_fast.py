@@ -13,6 +13,7 @@ down, come back or change shape, and tasks that finish — the things that end a
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -195,43 +196,18 @@ def test_place_run_places_as_best_node_memo_then_pick_gpus() -> None:
         version, memos = np.zeros(n, np.int64), Memos(n, 8)
         rows = np.array([(*t, memos.slot(t), 0) for t in tasks_list], np.int64)
         out = np.zeros((len(tasks_list), 2), np.int64)
-        placed = kernels.place_run(
-            cands,
-            *free,
-            total,
-            count,
-            model,
-            policy,
-            shapes,
-            kernels.floor_table(shapes),
-            version,
-            memos.store,
-            rows,
-            out,
+        table = kernels.floor_table(shapes)
+        run = functools.partial(
+            kernels.place_run, cands, *free, total, count, model, policy, shapes, table, version, memos.store
         )
+        placed = run(rows, out)
         assert placed == len(expect) > 10
         assert [(int(a), int(b)) for a, b in out[:placed]] == expect
         assert (free[2] == ref[2]).all()
         assert (free[0] == ref[0]).all()
         assert (total == free[2].sum(axis=1)).all()
         rows[3, kernels.RUN_SKIP] = 1  # a job marked to skip stops the run there
-        assert (
-            kernels.place_run(
-                cands,
-                *free,
-                total,
-                count,
-                model,
-                policy,
-                shapes,
-                kernels.floor_table(shapes),
-                version,
-                memos.store,
-                rows,
-                out,
-            )
-            <= 3
-        )
+        assert run(rows, out) <= 3
 
 
 def test_shape_mix_is_taken_at_doublings_then_at_intervals() -> None:
