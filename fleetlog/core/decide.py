@@ -319,8 +319,9 @@ def place_singles(sc: Scratch, run: Array, at: int) -> int:
         tasks = np.empty((k, kernels.RUN_COLUMNS), dtype=np.int64)
         for i, c in enumerate(("cpu", "mem", "gpus", "milli", "models")):
             tasks[:, i] = tc[c][firsts]
-        shapes: list[Shape] = list(map(tuple, tasks[:, :5].tolist()))
-        tasks[:, kernels.RUN_SLOT] = [sc.memos.slot(shape) for shape in shapes]
+        if sc.policy_id == kernels.FGD:  # (best fit needs no memo)
+            shapes: list[Shape] = list(map(tuple, tasks[:, :5].tolist()))
+            tasks[:, kernels.RUN_SLOT] = [sc.memos.slot(shape) for shape in shapes]
         out = np.empty((k, 2), dtype=np.int64)
         done = 0
         while done < k:

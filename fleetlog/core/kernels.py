@@ -734,6 +734,9 @@ def place_run(
     ``pick_gpus``'s GPUs, taking their resources in the working copy as it goes (and bumping
     the node's version); stop at the first job that does not fit or is marked to skip.
 
+    Under best fit (or no shape mix) each job goes where ``best_node_summary`` says, and
+    ``memos`` and the slots are not read.
+
     ``tasks``: int64[k, 7] rows (cpu, mem, gpus, milli, models as int64, memo slot, skip);
     ``memos``: int64[slots, N, MEMO_COLUMNS], one ``best_node_memo`` memo per slot;
     ``table``: ``floor_table(shapes)``. Writes (node, GPU mask as int64) to ``out[j]`` for
@@ -746,11 +749,11 @@ def place_run(
             return j
         cpu, mem, gpus, milli = int(tasks[j, 0]), int(tasks[j, 1]), int(tasks[j, 2]), int(tasks[j, 3])
         task = _task(cpu, mem, gpus, milli, np.uint64(tasks[j, 4]))
-        memo = memos[tasks[j, RUN_SLOT]]
         if use_fgd:
+            memo = memos[tasks[j, RUN_SLOT]]
             n = _best_memo_floors(cands, nodes, task, shapes, table, stale, node_version, memo)
-        else:
-            n = _best_memo_plain(cands, nodes, task, shapes, node_version, memo)
+        else:  # best fit: pruned by the free totals, as best_node_summary (no memo needed)
+            n = _best_summary(cands, gpu_total, nodes, task)
         if n < 0:
             return j
         mask = _take(gpu_free[n], int(gpu_count[n]), gpus, milli)
@@ -1746,6 +1749,14 @@ def best_node_summary(
     equals the sum of node ``n``'s free shares.
     """
     task = _task(cpu, mem, gpus, milli, models)
+    return _best_summary(cands, gpu_total, (cpu_free, mem_free, gpu_free, gpu_count, node_model), task)
+
+
+@_jit
+def _best_summary(cands: I64, gpu_total: I64, nodes: NodeArrays, task: Task) -> int:
+    """``best_node_summary`` of one task."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    cpu, _, gpus, milli, _ = task
     best, best_s = NO_NODE, 0
     for j in range(cands.shape[0]):
         n = int(cands[j])
