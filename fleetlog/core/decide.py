@@ -138,6 +138,7 @@ class Scratch:
         self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
         self.memos = Memos(n, max(1, min(MAX_MEMOS, MEMO_ROWS // max(1, n))))
         self._floor_table: Array | None = None
+        self._run_buffer: Array | None = None
         self.swapped = False  # free capacity was swapped for a trial: nothing is kept for the next call
 
     def adopt(self, kept: MemoCache | None) -> None:
@@ -184,6 +185,12 @@ class Scratch:
     def memo(self, shape: Shape) -> Array:
         """The remembered node evaluations of one task shape (see ``kernels.best_node_memo``)."""
         return self.memos.rows(shape)
+
+    def run_buffer(self) -> Array:
+        """``kernels.place_run``'s work buffer, made once per call."""
+        if self._run_buffer is None:
+            self._run_buffer = np.empty((self.node_version.size, 3), dtype=np.int64)
+        return self._run_buffer
 
     def floor_table(self) -> Array:
         """``kernels.floor_table`` of this call's shape mix, made once."""
@@ -329,7 +336,7 @@ def place_singles(sc: Scratch, run: Array, at: int) -> int:
             placed = kernels.place_run(
                 cands, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_total, sc.gpu_count, sc.model,
                 sc.policy_id, sc.shapes, sc.floor_table(), sc.node_version, sc.memos.store,
-                tasks[done:], out[done:],
+                tasks[done:], out[done:], sc.run_buffer(),
             )  # fmt: skip
             emit_placed(sc, jobs[done : done + placed], out[done : done + placed], cell)
             done += placed
@@ -338,8 +345,9 @@ def place_singles(sc: Scratch, run: Array, at: int) -> int:
             job = int(jobs[done])
             done += 1
             if tasks[done - 1, kernels.RUN_SKIP]:  # its key failed earlier in this call
-                known = sc.failed[int(keys[done - 1])]
-                reject(sc, job, known) if sc.policy.fail_unplaced else pending(sc, job, known)
+                if not sc.policy.fail_unplaced:
+                    return at + done - 1  # for settle_known: the whole run of such jobs at once
+                reject(sc, job, sc.failed[int(keys[done - 1])])
                 continue
             schedule_job(sc, job, unplaceable=True)  # it fits on none of cands: why, and what then
             if sc.reservations or sc.swapped:

@@ -200,14 +200,15 @@ def test_place_run_places_as_best_node_memo_then_pick_gpus() -> None:
         run = functools.partial(
             kernels.place_run, cands, *free, total, count, model, policy, shapes, table, version, memos.store
         )
-        placed = run(rows, out)
+        buffer = np.empty((n, 3), np.int64)
+        placed = run(rows, out, buffer)
         assert placed == len(expect) > 10
         assert [(int(a), int(b)) for a, b in out[:placed]] == expect
         assert (free[2] == ref[2]).all()
         assert (free[0] == ref[0]).all()
         assert (total == free[2].sum(axis=1)).all()
         rows[3, kernels.RUN_SKIP] = 1  # a job marked to skip stops the run there
-        assert run(rows, out) <= 3
+        assert run(rows, out, buffer) <= 3
 
 
 def test_shape_mix_is_taken_at_doublings_then_at_intervals() -> None:
