@@ -285,9 +285,7 @@ def consider(sc: Scratch, turn: tuple[Array, bool]) -> tuple[int, bool]:
         at = settle_known(sc, run, at)
         if fast and not sc.reservations and not sc.swapped:
             at = place_singles(sc, run, at)
-            if at == run.size:
-                break
-            if sc.reservations or sc.swapped:
+            if at < run.size and (sc.reservations or sc.swapped):
                 continue  # (the job before was scheduled: back to the general path)
         if at == run.size:
             break
@@ -376,7 +374,7 @@ def emit_placed(sc: Scratch, jobs: Array, out: Array, cell: int) -> None:
 
 
 def add_usages(sc: Scratch, placed: Sequence[tuple[int, Sequence[int]]], cell: int) -> None:
-    """:func:`add_usage` (+1) of each (job, its request) in ``placed``, in ``cell``."""
+    """Add each (job, resources) of ``placed`` to the job's tenant's usage, in all and in ``cell``."""
     tenants = sc.state.jobs.cols["tenant"]
     for job, req in placed:
         tenant = int(tenants[job])
@@ -627,12 +625,8 @@ def commit(sc: Scratch, job: int, p: Placement) -> None:
 
 
 def add_usage(sc: Scratch, job: int, cell: int, sign: int) -> None:
-    tenant = int(sc.state.jobs.cols["tenant"][job])
-    req = job_request(sc.state, job)
-    for key in ((tenant, -1), (tenant, cell)):
-        row = sc.usage.setdefault(key, [0, 0, 0])
-        for i in range(3):
-            row[i] += sign * req[i]
+    """Count (sign +1) or uncount (-1) ``job``'s request in its tenant's usage, in all and in ``cell``."""
+    add_usages(sc, [(job, [sign * r for r in job_request(sc.state, job)])], cell)
 
 
 def pending(sc: Scratch, job: int, outcome: Outcome) -> bool:

@@ -149,67 +149,42 @@ _JOB_COLUMNS: Final = (
 _TASK_COLUMNS: Final = ("job", "cpu", "mem", "gpus", "milli", "models")
 
 
-def _run_tasks(state: State, e: JobSubmitted, job: int, tasks: list[list[int]]) -> tuple[int, int, int, int]:
-    """``add_tasks`` for :func:`fold_submissions`: the job's task columns appended to ``tasks``
-    (in ``_TASK_COLUMNS`` order), its shapes remembered; (tasks, cpu, mem, GPU milli) in all."""
-    t_job, t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
-    n = cpu = mem = gpu = 0
-    for g in e.task_groups:
-        mask = 0
-        for m in g.gpu_models:
-            mask |= 1 << model_id(state, m)
-        count = g.count
-        n += count
-        cpu += count * g.cpu_milli
-        mem += count * g.mem_mib
-        gpu += count * g.gpu_count * g.gpu_milli
-        t_job.extend([job] * count)
-        t_cpu.extend([g.cpu_milli] * count)
-        t_mem.extend([g.mem_mib] * count)
-        t_gpus.extend([g.gpu_count] * count)
-        t_milli.extend([g.gpu_milli] * count)
-        t_models.extend([mask] * count)
-        remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), count)
-    return n, cpu, mem, gpu
+class NewJobs:
+    """The rows of jobs submitted one after another, gathered in order (names interned, allowed
+    cells and the shape window kept as each job comes) and their columns written at once."""
 
+    __slots__ = ("first_job", "first_task", "jobs", "tasks")
 
-def fold_submissions(state: State, events: Sequence[JobSubmitted], times: Sequence[int]) -> None:
-    """:func:`fold` of each of ``events`` in order, at ``times``: the same state, with the new
-    jobs' and tasks' columns written once for the run instead of job by job (names, allowed
-    cells and the shape window are kept in order, as one by one). One by one when a node
-    sweep falls due within the run."""
-    if len(events) < 2 or max(times) >= state.next_sweep_ms:
-        for event, at_ms in zip(events, times, strict=True):
-            fold(state, event, at_ms)
-        return
-    names = state.names
-    job_names, job_ids = names["job"], names["job"].ids
-    first_job, first_task = state.jobs.size, state.tasks.size
-    jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
-    tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
-    tenant, queue, priority, submitted, seq, first, ntasks_, topo, expected, req_cpu, req_mem, req_gpu = jobs
-    t_job = tasks[0]
-    for e, at_ms in zip(events, times, strict=True):
-        state.now_ms = max(state.now_ms, at_ms)
-        state.offset += 1
-        if e.job_id in job_ids:
+    def __init__(self, state: State) -> None:
+        self.first_job, self.first_task = state.jobs.size, state.tasks.size
+        self.jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
+        self.tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
+
+    def take(self, state: State, e: JobSubmitted) -> None:
+        """Fold ``e`` (the clock and offset already moved to it) but for the column writes."""
+        names = state.names
+        job_names = names["job"]
+        if e.job_id in job_names.ids:
             state.duplicates += 1
-            continue
+            return
         job = job_names.intern(e.job_id)
+        tenant, queue, priority, submitted, seq, first, ntasks, topo, expected, req_cpu, req_mem, req_gpu = (
+            self.jobs
+        )
         tenant.append(names["tenant"].intern(e.tenant))
         queue.append(names["queue"].intern(e.queue))
         priority.append(e.priority)
         submitted.append(state.now_ms)
         seq.append(state.offset - 1)
-        first.append(first_task + len(t_job))
+        first.append(self.first_task + len(self.tasks[0]))
         topo.append(TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0)
         expected.append(-1 if e.expected_duration_ms is None else e.expected_duration_ms)
         if e.allowed_cells:
             cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
             state.job_cells[job] = cells
             add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
-        n, cpu, mem, gpu = _run_tasks(state, e, job, tasks)
-        ntasks_.append(n)
+        n, cpu, mem, gpu = self._take_tasks(state, e, job)
+        ntasks.append(n)
         req_cpu.append(cpu)
         req_mem.append(mem)
         req_gpu.append(gpu)
@@ -217,13 +192,60 @@ def fold_submissions(state: State, events: Sequence[JobSubmitted], times: Sequen
         if state.shapes_seen >= state.mix_due:
             take_shape_mix(state)
         state.pending_count += 1
-    state.jobs.add(len(tenant))  # (rows in the order interned above)
-    state.tasks.add(len(t_job))
-    jc, tc = state.jobs.cols, state.tasks.cols  # (after the adds: a table that grows gets new arrays)
-    for name, values in zip(_JOB_COLUMNS, jobs, strict=True):
-        jc[name][first_job : first_job + len(values)] = values
-    for name, values in zip(_TASK_COLUMNS, tasks, strict=True):
-        tc[name][first_task : first_task + len(values)] = values
+
+    def _take_tasks(self, state: State, e: JobSubmitted, job: int) -> tuple[int, int, int, int]:
+        """The job's task rows, group by group, its shapes remembered; (tasks, cpu, mem, GPU
+        milli) in all."""
+        t_job, t_cpu, t_mem, t_gpus, t_milli, t_models = self.tasks
+        n = cpu = mem = gpu = 0
+        for g in e.task_groups:
+            mask = 0
+            for m in g.gpu_models:
+                mask |= 1 << model_id(state, m)
+            count = g.count
+            n += count
+            cpu += count * g.cpu_milli
+            mem += count * g.mem_mib
+            gpu += count * g.gpu_count * g.gpu_milli
+            t_job.extend([job] * count)
+            t_cpu.extend([g.cpu_milli] * count)
+            t_mem.extend([g.mem_mib] * count)
+            t_gpus.extend([g.gpu_count] * count)
+            t_milli.extend([g.gpu_milli] * count)
+            t_models.extend([mask] * count)
+            remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), count)
+        return n, cpu, mem, gpu
+
+    def write(self, state: State) -> None:
+        """Add the rows (in the order their names were interned) and write their columns."""
+        state.jobs.add(len(self.jobs[0]))
+        state.tasks.add(len(self.tasks[0]))
+        jc, tc = state.jobs.cols, state.tasks.cols  # (after the adds: a table that grows gets new arrays)
+        for cols, names, rows, start in (
+            (jc, _JOB_COLUMNS, self.jobs, self.first_job),
+            (tc, _TASK_COLUMNS, self.tasks, self.first_task),
+        ):
+            for name, values in zip(names, rows, strict=True):
+                if len(values) == 1:  # (one job, one task: a scalar store is several times cheaper)
+                    cols[name][start] = values[0]
+                else:
+                    cols[name][start : start + len(values)] = values
+
+
+def fold_submissions(state: State, events: Sequence[JobSubmitted], times: Sequence[int]) -> None:
+    """:func:`fold` of each of ``events`` in order, at ``times``: the same state, with the new
+    jobs' and tasks' columns written once for the run instead of job by job (:class:`NewJobs`).
+    One by one when a node sweep falls due within the run."""
+    if len(events) < 2 or max(times) >= state.next_sweep_ms:
+        for event, at_ms in zip(events, times, strict=True):
+            fold(state, event, at_ms)
+        return
+    new = NewJobs(state)
+    for e, at_ms in zip(events, times, strict=True):
+        state.now_ms = max(state.now_ms, at_ms)
+        state.offset += 1
+        new.take(state, e)
+    new.write(state)
 
 
 def _write_beats(state: State, beats: dict[int, int]) -> None:
@@ -435,56 +457,9 @@ def model_id(state: State, model: str) -> int:
 
 
 def on_submitted(state: State, e: JobSubmitted) -> None:
-    if state.job_row(e.job_id) >= 0:
-        state.duplicates += 1
-        return
-    job = state.names["job"].intern(e.job_id)
-    jobs, tasks = state.jobs, state.tasks
-    jobs.add()
-    ntasks = cpu = mem = gpu = 0
-    for g in e.task_groups:
-        ntasks += g.count
-        cpu += g.count * g.cpu_milli
-        mem += g.count * g.mem_mib
-        gpu += g.count * g.gpu_count * g.gpu_milli
-    first = tasks.add(ntasks)
-    jc = jobs.cols
-    jc["tenant"][job] = state.tenant_id(e.tenant)
-    jc["queue"][job] = state.names["queue"].intern(e.queue)
-    jc["priority"][job] = e.priority
-    jc["submitted_at"][job] = state.now_ms
-    jc["seq"][job] = state.offset - 1
-    jc["first_task"][job], jc["ntasks"][job] = first, ntasks
-    jc["topology"][job] = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
-    jc["expected_ms"][job] = -1 if e.expected_duration_ms is None else e.expected_duration_ms
-    if e.allowed_cells:
-        cells = tuple(sorted({state.names["cell"].intern(c) for c in e.allowed_cells}))
-        state.job_cells[job] = cells
-        add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
-    add_tasks(state, e, first, job)
-    jc["req_cpu"][job], jc["req_mem"][job], jc["req_gpu"][job] = cpu, mem, gpu
-    state.pending_count += 1
-
-
-def add_tasks(state: State, e: JobSubmitted, first: int, job: int) -> None:
-    """Fill the task rows of new job ``job``, group by group, and remember their shapes."""
-    tc, row = state.tasks.cols, first
-    for g in e.task_groups:
-        mask = 0
-        for m in g.gpu_models:
-            mask |= 1 << model_id(state, m)
-        end = row + g.count
-        if g.count == 1:  # scalar stores: several times cheaper than slice stores
-            tc["job"][row], tc["cpu"][row], tc["mem"][row] = job, g.cpu_milli, g.mem_mib
-            tc["gpus"][row], tc["milli"][row], tc["models"][row] = g.gpu_count, g.gpu_milli, mask
-        else:
-            tc["job"][row:end], tc["cpu"][row:end], tc["mem"][row:end] = job, g.cpu_milli, g.mem_mib
-            tc["gpus"][row:end], tc["milli"][row:end], tc["models"][row:end] = g.gpu_count, g.gpu_milli, mask
-        remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), g.count)
-        row = end
-    state.shapes_seen += row - first
-    if state.shapes_seen >= state.mix_due:
-        take_shape_mix(state)
+    new = NewJobs(state)
+    new.take(state, e)
+    new.write(state)
 
 
 def take_shape_mix(state: State) -> None:

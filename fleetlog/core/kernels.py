@@ -685,10 +685,6 @@ RUN_SKIP = 6  # a place_run task row's skip flag (its key already failed in this
 RUN_COLUMNS = 7
 
 
-@_jit
-def floor_table(shapes: I64) -> I64:
-    """What the FGD floor needs of a shape mix (``_floor_table``), for ``place_run``."""
-    return _floor_table(shapes)
 
 
 @_jit
@@ -915,6 +911,9 @@ def _floor_table(shapes: I64) -> I64:
         table[FLOOR_MEAN_CPU] = cpu_sum // weights
         table[FLOOR_MEAN_MILLI] = milli_sum // weights
     return table[: FLOOR_CPU + 2 * n_cpu]
+
+
+floor_table = _floor_table  # (what ``place_run`` takes as its ``table``)
 
 
 @_hot

@@ -371,13 +371,17 @@ def tasks(draw: st.DrawFn) -> Task:
     return Task(cpu, mem, draw(st.integers(1, 8)), FULL_GPU, draw(MODEL_BITS))
 
 
+def _mix(draw: st.DrawFn, shapes: st.SearchStrategy[Task], most_rows: int, most_weight: int) -> Array:
+    rows = []
+    for _ in range(draw(st.integers(0, most_rows))):
+        task = draw(shapes)
+        rows.append((task.gpus, task.milli, task.cpu, draw(st.integers(0, most_weight))))
+    return shape_matrix(rows)
+
+
 @st.composite
 def shape_mixes(draw: st.DrawFn) -> Array:
-    rows = []
-    for _ in range(draw(st.integers(0, 6))):
-        task = draw(tasks())
-        rows.append((task.gpus, task.milli, task.cpu, draw(st.integers(0, 5))))
-    return shape_matrix(rows)
+    return _mix(draw, tasks(), 6, 5)
 
 
 @st.composite
@@ -622,11 +626,7 @@ def any_tasks(draw: st.DrawFn) -> Task:
 @st.composite
 def wide_shape_mixes(draw: st.DrawFn) -> Array:
     """Shape mixes of up to 12 rows, unusual shapes included, weights up to 40."""
-    rows = []
-    for _ in range(draw(st.integers(0, 12))):
-        task = draw(any_tasks())
-        rows.append((task.gpus, task.milli, task.cpu, draw(st.integers(0, 40))))
-    return shape_matrix(rows)
+    return _mix(draw, any_tasks(), 12, 40)
 
 
 @st.composite

@@ -176,8 +176,7 @@ class SimulatedCell:
         if job_id in self.gangs:
             self._kill(job_id)  # placed again: the previous incarnation is gone
         index, node = task.task_index, task.node
-        shares = self.jobs.get(job_id, UNKNOWN)[1]
-        share = shares[index] if index < len(shares) else 1000 * len(task.gpu_indices)  # task_share
+        share = task_share(self.jobs.get(job_id, UNKNOWN)[1], task)
         self.incarnations = incarnation = self.incarnations + 1
         self.gangs[job_id] = Gang(incarnation, {index: (node, share)}, {index})
         self.on_node[node][job_id] = None

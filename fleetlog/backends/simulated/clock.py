@@ -96,17 +96,10 @@ class Agenda(Generic[Item]):
 
     def add(self, at_ms: int, item: Item) -> None:
         """``item`` is due at ``at_ms`` (as :meth:`Timers.at` rounds it)."""
-        when = self.timers.when(at_ms)
-        items = self._due.get(when)
-        if items is None:
-            self._due[when] = [item]
-            self.timers.at(at_ms, self._fire)  # fires at ``when``: computed alike, at the same now
-        else:
-            items.append(item)
+        self.add_after(at_ms, (0,), (item,))
 
     def add_after(self, base_ms: int, delays: Sequence[int], items: Sequence[Item]) -> None:
-        """Each of ``items`` due ``delays`` (its own, in order) after ``base_ms``: as many
-        :meth:`add` calls, in one loop."""
+        """Each of ``items`` due ``delays`` (its own, in order) after ``base_ms``, in one loop."""
         timers, due = self.timers, self._due
         now, tick = timers.clock.now_ms, timers.tick_ms
         for delay, item in zip(delays, items, strict=True):
@@ -115,7 +108,7 @@ class Agenda(Generic[Item]):
             bucket = due.get(when)
             if bucket is None:
                 due[when] = [item]
-                timers.at(at_ms, self._fire)
+                timers.at(at_ms, self._fire)  # fires at ``when``: computed alike, at the same now
             else:
                 bucket.append(item)
 
