@@ -12,16 +12,19 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from fleetlog.client import HttpTransport
 from fleetlog.events import encode, envelope
 from fleetlog.log.base import INPUTS
+from fleetlog.service.config import ServiceSettings
 from tests.core.builders import job, node
 from tests.service.process import REPO, ServiceProcess
 from tests.service.test_service import Running, embedded, events_body, start
@@ -397,3 +400,12 @@ async def test_a_non_ascii_job_id_is_found_through_its_percent_encoded_path(guar
         assert await transport.job("nobody") is None
     finally:
         await transport.close()
+
+
+def test_the_documented_service_settings_are_the_defaults() -> None:
+    """docs/service.md shows every ``[service]`` key with its default (the limits included)."""
+    text = (Path(REPO) / "docs" / "service.md").read_text()
+    block = text.split("```toml", 1)[1].split("```", 1)[0]
+    documented = tomllib.loads(block)["service"]
+    defaults = msgspec.to_builtins(ServiceSettings())
+    assert documented == defaults
