@@ -3,14 +3,17 @@
 The service runs as a child process (embedded file log, ``fsync = "never"``); this process posts
 JSON arrays of node heartbeats (``--events`` per request) from ``--clients`` threads with the
 standard library's ``http.client`` (one connection per request, as ``fleetlog submit`` does), and
-times ``--requests`` requests per round.  The median of ``--repeats`` rounds is reported, and the
-time ``/healthz`` takes to answer while the load runs (median and max of one probe per 50 ms).
+times ``--requests`` requests per round, and the CPU time the service process spends per request
+(from ``/proc``: what a busy shared machine disturbs least).  The median of ``--repeats`` rounds
+is reported, and the time ``/healthz`` takes to answer while the load runs (median and max of
+one probe per 50 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import statistics
 import tempfile
 import threading
@@ -57,20 +60,30 @@ def _health_probe(host: str, port: int, stop: threading.Event, seconds: list[flo
         stop.wait(0.05)
 
 
-def _round(host: str, port: int, args: argparse.Namespace, round_no: int) -> tuple[float, list[float]]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (less noisy than wall time on a shared
+    machine)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _round(host: str, port: int, args: argparse.Namespace, round_no: int
+           ) -> tuple[float, list[float], float]:
     bodies = [_body(round_no, i, args.events) for i in range(args.requests)]
     stop, health = threading.Event(), []
     probe = threading.Thread(target=_health_probe, args=(host, port, stop, health))
     probe.start()
+    cpu = _cpu_s(args.pid)
     started = time.perf_counter()
     with ThreadPoolExecutor(args.clients) as pool:
         statuses = list(pool.map(lambda b: _post(host, port, b), bodies))
     elapsed = time.perf_counter() - started
+    cpu_ms = (_cpu_s(args.pid) - cpu) * 1000 / args.requests
     stop.set()
     probe.join()
     if set(statuses) != {200}:
         raise SystemExit(f"ingest answered {sorted(set(statuses))}")
-    return args.requests / elapsed, health
+    return args.requests / elapsed, health, cpu_ms
 
 
 def main() -> None:
@@ -89,16 +102,18 @@ def main() -> None:
             service.address(600)
             service.wait_leading(600)
             host, _, port = service.address().rpartition(":")
+            args.pid = service.pid
             _round(host, int(port), args, 0)  # warm-up, not counted
             rounds = [_round(host, int(port), args, r + 1) for r in range(args.repeats)]
         finally:
             service.stop()
-    health = [s for _, probes in rounds for s in probes]
-    rate = statistics.median(r for r, _ in rounds)
+    health = [s for _, probes, _ in rounds for s in probes]
+    rate = statistics.median(r for r, _, _ in rounds)
     result: dict[str, Any] = {
         "benchmark": "http_ingest", "machine": machine(), "clients": args.clients,
         "events_per_request": args.events, "requests_per_s": round(rate, 1),
         "events_per_s": round(rate * args.events, 1),
+        "service_cpu_ms_per_request": round(statistics.median(c for _, _, c in rounds), 3),
         "healthz_ms_median": round(statistics.median(health) * 1000, 2),
         "healthz_ms_max": round(max(health) * 1000, 2),
     }

@@ -168,7 +168,10 @@ class HttpServer:
         finally:
             server.busy.discard(raw.protocol)
         headers = {"Content-Type": response.content_type, **response.headers}
-        return web.Response(status=response.status, body=response.body, headers=headers)
+        out = web.Response(status=response.status, body=response.body, headers=headers)
+        if raw.can_read_body:  # refused unread: "Connection: close", the rest drained (lingering)
+            out.force_close()
+        return out
 
     async def _answer(self, raw: web.BaseRequest) -> Response:
         if not raw.body_exists:

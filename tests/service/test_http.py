@@ -21,10 +21,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from fleetlog.client import HttpTransport
+from fleetlog.client import HttpTransport, keyed
 from fleetlog.events import encode, envelope
 from fleetlog.log.base import INPUTS
 from fleetlog.service.config import ServiceSettings
+from fleetlog.service.http import HttpLimits, HttpServer, Request, Response, json_response
 from tests.core.builders import job, node
 from tests.service.process import REPO, ServiceProcess
 from tests.service.test_service import Running, embedded, events_body, start
@@ -121,6 +122,8 @@ async def test_idle_connections_past_the_cap_neither_block_health_nor_ingest(gua
         status, body, _ = await asyncio.to_thread(post, guarded, events_body(node("n1")))
         assert (status, body["appended"]) == (200, 1)
         assert guarded.service.http.connections <= 8
+        closed = sum(answer(sock, 0.05) == b"" for sock in idle)  # evicted, or timed out
+        assert closed >= 32
     finally:
         for sock in idle:
             sock.close()
@@ -409,3 +412,55 @@ def test_the_documented_service_settings_are_the_defaults() -> None:
     documented = tomllib.loads(block)["service"]
     defaults = msgspec.to_builtins(ServiceSettings())
     assert documented == defaults
+
+
+async def test_past_the_cap_with_every_connection_inside_a_request_the_next_gets_503() -> None:
+    release = asyncio.Event()
+
+    async def slow(request: Request) -> Response:
+        await release.wait()
+        return json_response(200, {"path": request.path})
+
+    server = HttpServer(slow, limits=HttpLimits(max_connections=2))
+    await server.start()
+    address = ("127.0.0.1", server.port)
+    held = [await asyncio.to_thread(socket.create_connection, address, 10) for _ in range(2)]
+    try:
+        for sock in held:
+            sock.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.2)
+
+        def third() -> bytes:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                return answer(sock, 5)
+
+        raw = await asyncio.to_thread(third)
+        assert status_of(raw) == 503
+        assert b'"reason": "overloaded"' in raw
+        release.set()
+        for sock in held:
+            assert status_of(await asyncio.to_thread(answer, sock, 1)) == 200
+    finally:
+        release.set()
+        for sock in held:
+            sock.close()
+        await server.stop()
+
+
+async def test_the_client_resends_after_retry_after(guarded: Running) -> None:
+    """Slow uploads hold every ingest slot for a second (then get 408): the client's first POST
+    gets 429 ``busy``, and its resend after ``Retry-After`` is taken."""
+    slow = [await asyncio.to_thread(connect, guarded) for _ in range(4)]
+    transport = HttpTransport("127.0.0.1", guarded.service.http.port, timeout_s=10)
+    try:
+        for sock in slow:
+            sock.sendall(b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n[")
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        assert await transport.append([keyed(node("n1"), "test")]) == 0
+        assert time.monotonic() - started >= 0.9
+    finally:
+        await transport.close()
+        for sock in slow:
+            sock.close()
