@@ -24,11 +24,14 @@ import asyncio
 import hashlib
 import json
 import os
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import aiohttp
 import msgspec
+import yarl
 
 from fleetlog.events.codec import (
     CONTENT_TYPE_HEADER,
@@ -64,7 +67,9 @@ DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
 SERVICE_FILE: Final = "service.json"
 """Written by ``fleetlog run --log DIR`` into DIR: where its ingest endpoint listens."""
 INGEST_PATH: Final = "/v1/events"
+JOBS_PATH: Final = "/v1/jobs/"
 HTTP_TIMEOUT_S: Final = 30.0
+RETRY_MAX_S: Final = 5.0
 MAX_KEY: Final = 253
 
 
@@ -217,17 +222,31 @@ class StoreTransport:
 
 
 class HttpTransport:
-    """POSTs envelopes (a JSON array) to a running service's ingest endpoint."""
+    """POSTs envelopes (a JSON array) to a running service's ingest endpoint (aiohttp).  A 429 or
+    503 with ``Retry-After`` is retried after that delay while the timeout allows: every event
+    carries its idempotency key, so a resend is harmless."""
 
     def __init__(self, host: str, port: int, timeout_s: float = HTTP_TIMEOUT_S) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _url(self, path: str) -> yarl.URL:
+        return yarl.URL.build(scheme="http", host=self.host, port=self.port, path=path, encoded=True)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
 
     async def append(self, envelopes: Sequence[Envelope]) -> int:
         body = b"[" + b",".join(encode(e, "json") for e in envelopes) + b"]"
-        try:
-            status, answer = await asyncio.wait_for(self._post(body), self.timeout_s)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:  # TimeoutError is an OSError
-            raise ClientError(f"cannot reach {self.describe()}: {exc!r}", "unreachable") from None
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        while True:
+            status, answer, retry_s = await self._call("POST", INGEST_PATH, body)
+            left = deadline - asyncio.get_running_loop().time()
+            if retry_s is None or retry_s > left:
+                break
+            await asyncio.sleep(retry_s)
         if status != 200:
             raise ClientError(
                 f"{self.describe()} refused the events (HTTP {status}): {answer.get('error', answer)}",
@@ -235,37 +254,46 @@ class HttpTransport:
             )
         return int(answer["first_offset"])
 
-    async def _post(self, body: bytes) -> tuple[int, dict[str, Any]]:
-        reader, writer = await asyncio.open_connection(self.host, self.port)
+    async def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job's state as the running service holds it; ``None`` if it does not know it.  The
+        id is percent-encoded whole (a ``/``, ``?``, ``%`` or non-ASCII letter is part of it)."""
+        path = JOBS_PATH + urllib.parse.quote(job_id, safe="")
+        status, answer, _ = await self._call("GET", path, None)
+        if status == 404 and answer.get("reason") == "unknown_job":
+            return None
+        if status != 200:
+            raise ClientError(f"{self.describe()} cannot tell job {job_id!r} (HTTP {status}): "
+                              f"{answer.get('error', answer)}", str(answer.get("reason", "rejected")))
+        return answer
+
+    async def _call(self, method: str, path: str, body: bytes | None
+                    ) -> tuple[int, dict[str, Any], float | None]:
+        """Status, JSON answer and the delay to retry after (429/503 with ``Retry-After``)."""
+        headers = {"Content-Type": JSON.decode()} if body is not None else {}
         try:
-            head = (
-                f"POST {INGEST_PATH} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: {JSON.decode()}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode("latin-1") + body)
-            await writer.drain()
-            return _parse_response(await reader.read())
-        finally:
-            writer.close()
+            async with self._client().request(method, self._url(path), data=body, headers=headers) as r:
+                raw = await r.read()
+                retry = r.headers.get("Retry-After", "") if r.status in (429, 503) else ""
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ClientError(f"cannot reach {self.describe()}: {exc!r}", "unreachable") from None
+        return r.status, _answer(raw), min(float(retry), RETRY_MAX_S) if retry.isdigit() else None
 
     async def close(self) -> None:
-        return None
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     def describe(self) -> str:
         return f"the running service at http://{self.host}:{self.port}{INGEST_PATH}"
 
 
-def _parse_response(raw: bytes) -> tuple[int, dict[str, Any]]:
-    """Status and JSON body of an HTTP/1.1 response read to the end (``Connection: close``)."""
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n", 1)[0].split()
-    if len(status_line) < 2 or not status_line[1].isdigit():
-        raise ValueError(f"not an HTTP response: {head[:80]!r}")
+def _answer(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a response body (anything else as ``{"error": text}``)."""
     try:
-        answer = json.loads(body) if body.strip() else {}
-    except json.JSONDecodeError:
-        answer = {"error": body[:200].decode("utf-8", "replace")}
-    return int(status_line[1]), answer if isinstance(answer, dict) else {"error": answer}
+        answer = json.loads(raw) if raw.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        answer = {"error": raw[:200].decode("utf-8", "replace")}
+    return answer if isinstance(answer, dict) else {"error": answer}
 
 
 def running_service(directory: Path) -> tuple[str, int] | None:

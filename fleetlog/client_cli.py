@@ -20,6 +20,7 @@ from typing import Any
 
 from fleetlog.cli import _add_log_options
 from fleetlog.client import Client, ClientError, envelope_from_json, keyed
+from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
 from fleetlog.service.config import Config, ConfigError, load_config
 
@@ -178,12 +179,21 @@ def _submission(args: argparse.Namespace) -> Envelope:
 
 
 def _read(path: str) -> bytes:
-    if path == "-":
-        return sys.stdin.buffer.read()
+    """At most :data:`MAX_EVENT_BYTES` (no event is larger), so ``/dev/zero`` or a huge file is a
+    one-line error, not a process that reads until memory runs out."""
+    name = "stdin" if path == "-" else path
     try:
-        return Path(path).read_bytes()
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_EVENT_BYTES + 1)
+        else:
+            with open(path, "rb") as file:
+                data = file.read(MAX_EVENT_BYTES + 1)
     except OSError as exc:
         raise CommandLineError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_EVENT_BYTES:
+        raise CommandLineError(f"{name} is over {MAX_EVENT_BYTES} bytes, the largest event the scheduler "
+                               "takes: not a job file")
+    return data
 
 
 def _from_file(path: str, producer_id: str) -> Envelope:

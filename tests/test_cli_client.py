@@ -359,6 +359,27 @@ def test_a_real_invocation_prints_no_traceback(log_dir: Path) -> None:
     assert done.stderr == "fleetlog submit: error: cannot read /nonexistent.json: No such file or directory\n"
 
 
+@pytest.mark.parametrize("source", ["/dev/zero", "-"])
+def test_an_endless_or_huge_job_file_is_a_one_line_error(log_dir: Path, source: str) -> None:
+    """``--file /dev/zero`` (or stdin that never ends) reads at most one event's worth and stops."""
+    feeder = subprocess.Popen(["cat", "/dev/zero"], stdout=subprocess.PIPE) if source == "-" else None
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fleetlog.cli", "submit", "--file", source, "--log", str(log_dir)],
+            stdin=feeder.stdout if feeder else subprocess.DEVNULL, capture_output=True, text=True,
+            cwd=ROOT, timeout=60, check=False,
+        )
+    finally:
+        if feeder is not None:
+            feeder.kill()
+            feeder.wait()
+    name = "stdin" if source == "-" else source
+    assert done.returncode == 2
+    assert done.stderr == (f"fleetlog submit: error: {name} is over {4 << 20} bytes, the largest event the "
+                           "scheduler takes: not a job file\n")
+    assert logged(log_dir) == []
+
+
 # -- the examples of docs/service.md run as written ------------------------------------------------
 
 

@@ -25,6 +25,12 @@ def pending_by_reason(state: State) -> dict[str, int]:
     return {reason_code(state, int(c)): int(n) for c, n in enumerate(counts) if n}
 
 
+def pending_tasks(state: State) -> int:
+    """Tasks of the jobs waiting to be placed."""
+    jobs = state.jobs
+    return int(jobs.view("ntasks")[jobs.view("state") == JobState.PENDING].sum())
+
+
 def job_status(state: State, job_id: str) -> dict[str, Any] | None:
     """What the state knows of ``job_id``, or ``None`` if it was never submitted."""
     row = state.job_row(job_id)

@@ -88,6 +88,28 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     http_port: Port = 9464
     """Metrics, health and ingest; 0 picks any free port."""
     leader_session_timeout_ms: Positive = 6000
+    http_header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
+    """A connection must send a whole request head this soon after it opens (or after its
+    previous answer), else it is closed: idle and slow-header clients hold nothing."""
+    http_body_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
+    """A request body must arrive this soon (else 408)."""
+    http_max_connections: Positive = 256
+    """Open connections; one more closes the oldest idle one (or gets 503 if none is idle).
+    Also held under half of the process's file-descriptor limit."""
+    http_max_headers: Positive = 64
+    http_max_header_bytes: Positive = 8190
+    """Longest request line and header field (longer: 400)."""
+    max_request_bytes: Positive = 8 * 1024 * 1024
+    """Largest ingest body, however framed (larger: 413)."""
+    max_concurrent_requests: Positive = 16
+    """Requests with a body read and handled at a time (more: 429); health never waits for them."""
+    max_request_events: Positive = 10_000
+    """Events in one ingest request (more: 413)."""
+    max_request_tasks: Positive = 100_000
+    """Tasks of all the jobs one ingest request submits (more: 413)."""
+    max_pending_tasks: Positive = 1_000_000
+    """Tasks of pending jobs plus tasks accepted but not yet folded; a request that would pass it
+    gets 429 with ``Retry-After``."""
 
 
 class Config(msgspec.Struct, frozen=True):

@@ -1,26 +1,62 @@
-"""A small HTTP/1.1 server on asyncio streams: metrics, health and event ingest.
+"""The service's HTTP server (metrics, health, ingest, job status) on aiohttp's low-level server.
 
-One request per connection (``Connection: close``); bodies up to :data:`MAX_BODY` bytes.
-No framework: the service needs four routes and must not pull a web stack into the loop.
+aiohttp parses HTTP/1.1 (llhttp): chunked bodies, keep-alive, and a 400 for a malformed request
+line, a negative ``Content-Length`` or a line past ``max_line_bytes``.  What it leaves open is
+bounded here, by :class:`HttpLimits`:
+
+* **time** — a connection must deliver a whole request head within ``header_timeout_s`` of
+  opening (or of its previous response): aiohttp's keep-alive timer runs from the connection's
+  start and is not reset by a trickle of bytes, so idle and slowloris connections are closed;
+  a body must arrive within ``body_timeout_s`` (else 408);
+* **size** — at most ``max_headers`` header fields of ``max_field_bytes`` each, and a body of at
+  most ``max_body_bytes`` however it is framed (else 413 at once; the rest of the body is then
+  read and dropped for up to ``body_timeout_s``, so a client that sends it all before reading
+  still gets the answer);
+* **count** — at most ``max_connections`` open connections: one past the cap closes the oldest
+  connection that is not inside a request (an idle or half-sent one), or, when all are busy, is
+  answered 503 at once; at most ``max_body_requests`` requests with a body are read and handled
+  at a time (others get 429 with ``Retry-After``), so body-less requests (health, metrics,
+  status) are never queued behind ingest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 import msgspec
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
-MAX_BODY: Final = 64 * 1024 * 1024
-_REASONS: Final = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-                   413: "Payload Too Large", 503: "Service Unavailable"}
+RETRY_AFTER_S: Final = 1
+_BUSY_BODY: Final = b'{"error": "too many open connections, all busy", "reason": "overloaded"}\n'
+_OVERLOADED: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
+
+
+class HttpLimits(msgspec.Struct, frozen=True):
+    """What one client may hold of the server (see the module docstring)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 256
+    max_body_requests: int = 16
+    max_headers: int = 64
+    max_line_bytes: int = 8190
+    max_field_bytes: int = 8190
+    max_body_bytes: int = 8 * 1024 * 1024
 
 
 class Request(msgspec.Struct, frozen=True):
     method: str
     path: str
+    """Percent-decoded, without the query."""
     headers: dict[str, str]
     body: bytes
 
@@ -29,70 +65,146 @@ class Response(msgspec.Struct, frozen=True):
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: dict[str, str] = {}
 
 
-def json_response(status: int, value: object) -> Response:
-    return Response(status, msgspec.json.encode(value) + b"\n")
+def json_response(status: int, value: object, headers: dict[str, str] | None = None) -> Response:
+    return Response(status, msgspec.json.encode(value) + b"\n", headers=headers or {})
+
+
+def refusal(status: int, reason: str, error: str, **extra: object) -> Response:
+    """A JSON ``{"error", "reason", ...}`` answer; 429 and 503 carry ``Retry-After``."""
+    retry = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    return json_response(status, {"error": error, "reason": reason, **extra}, retry)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+class _ClientFault(logging.Filter):
+    """Drops aiohttp's error log of a request it could not parse: the client's fault, answered
+    400 — a flood of them must not flood the service's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, HttpProcessingError)
+
+
+_SERVER_LOG: Final = logging.getLogger("fleetlog.http")
+_SERVER_LOG.addFilter(_ClientFault())
+
+
+class _CappedServer(web.Server):
+    """aiohttp's server with a cap on open connections (oldest idle one evicted first)."""
+
+    def __init__(self, handler: Any, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.open: dict[RequestHandler, asyncio.Transport] = {}  # oldest first
+        self.busy: set[RequestHandler] = set()
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self.open) >= self.max_connections and not self._evict_idle():
+            transport.write(_OVERLOADED)
+            transport.close()
+            return
+        self.open[handler] = transport
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self.open.pop(handler, None)
+        self.busy.discard(handler)
+        super().connection_lost(handler, exc)
+
+    def _evict_idle(self) -> bool:
+        for handler, transport in self.open.items():
+            if handler not in self.busy:
+                del self.open[handler]
+                transport.close()
+                return True
+        return False
+
+
 class HttpServer:
     """Serves ``handler`` on ``host:port`` (port 0: any free port, see :attr:`port`)."""
 
-    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
+                 limits: HttpLimits | None = None) -> None:
         self.handler, self.host, self.port = handler, host, port
-        self._server: asyncio.Server | None = None
+        self.limits = limits or HttpLimits()
+        self.body_requests = 0
+        self._runner: web.ServerRunner | None = None
+        self._server: _CappedServer | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        lim = self.limits
+        self._server = _CappedServer(
+            self._dispatch, lim.max_connections, keepalive_timeout=lim.header_timeout_s,
+            max_headers=lim.max_headers, max_line_size=lim.max_line_bytes,
+            max_field_size=lim.max_field_bytes, lingering_time=lim.body_timeout_s, access_log=None,
+            handler_cancellation=True, logger=_SERVER_LOG,
+        )
+        self._runner = web.ServerRunner(self._server, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port, backlog=lim.max_connections).start()
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
+        runner, self._runner = self._runner, None
+        if runner is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 2)
+                await asyncio.wait_for(runner.cleanup(), 5)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    @property
+    def connections(self) -> int:
+        return len(self._server.open) if self._server is not None else 0
+
+    async def _dispatch(self, raw: web.BaseRequest) -> web.StreamResponse:
+        server = self._server
+        assert server is not None
+        server.busy.add(raw.protocol)
         try:
-            request = await _read_request(reader)
-            response = await self.handler(request) if isinstance(request, Request) else request
-            writer.write(_render(response))
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
+            response = await self._answer(raw)
         finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            server.busy.discard(raw.protocol)
+        headers = {"Content-Type": response.content_type, **response.headers}
+        out = web.Response(status=response.status, body=response.body, headers=headers)
+        if raw.can_read_body:  # refused unread: "Connection: close", the rest drained (lingering)
+            out.force_close()
+        return out
+
+    async def _answer(self, raw: web.BaseRequest) -> Response:
+        if not raw.body_exists:
+            return await self.handler(_request(raw, b""))
+        if self.body_requests >= self.limits.max_body_requests:
+            return refusal(429, "busy", f"{self.body_requests} requests with a body in hand; retry later")
+        self.body_requests += 1
+        try:
+            body = await self._read_body(raw)
+            return body if isinstance(body, Response) else await self.handler(_request(raw, body))
+        finally:
+            self.body_requests -= 1
+
+    async def _read_body(self, raw: web.BaseRequest) -> bytes | Response:
+        """The whole body, or a 413/408 refusal: a body over the limit is refused as soon as its
+        ``Content-Length`` (or, chunked, its running size) shows it."""
+        limit = self.limits.max_body_bytes
+        too_large = refusal(413, "too_large", f"request body over {limit} bytes", limit=limit)
+        if raw.content_length is not None and raw.content_length > limit:
+            return too_large
+        parts, size = [], 0
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                while chunk := await raw.content.readany():
+                    size += len(chunk)
+                    if size > limit:
+                        return too_large
+                    parts.append(chunk)
+        except TimeoutError:
+            return refusal(408, "timeout", f"request body not received in {self.limits.body_timeout_s}s")
+        return b"".join(parts)
 
 
-async def _read_request(reader: asyncio.StreamReader) -> Request | Response:
-    line = (await reader.readline()).decode("latin-1").strip()
-    parts = line.split()
-    if len(parts) != 3:
-        return json_response(400, {"error": f"bad request line {line[:80]!r}", "reason": "bad_request"})
-    headers: dict[str, str] = {}
-    while (raw := (await reader.readline()).decode("latin-1").strip()) != "":
-        name, _, value = raw.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    try:
-        length = int(headers.get("content-length", "0"))
-    except ValueError:
-        return json_response(400, {"error": "content-length is not an integer", "reason": "bad_request"})
-    if length > MAX_BODY:
-        return json_response(413, {"error": f"body over {MAX_BODY} bytes", "reason": "too_large"})
-    body = await reader.readexactly(length) if length else b""
-    return Request(parts[0].upper(), parts[1], headers, body)
-
-
-def _render(response: Response) -> bytes:
-    head = (
-        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Status')}\r\n"
-        f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + response.body
+def _request(raw: web.BaseRequest, body: bytes) -> Request:
+    headers = {name.lower(): value for name, value in raw.headers.items()}
+    return Request(raw.method.upper(), raw.path, headers, body)

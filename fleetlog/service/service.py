@@ -18,8 +18,11 @@ import contextlib
 import gc
 import json
 import os
+import resource
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,7 +34,7 @@ from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy, policy_named
 from fleetlog.core.state import State
-from fleetlog.core.views import job_status, pending_by_reason
+from fleetlog.core.views import job_status, pending_by_reason, pending_tasks
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
@@ -46,8 +49,8 @@ from fleetlog.log.snapshots import (
     decode_snapshot,
     encode_snapshot,
 )
-from fleetlog.service.config import Config, make_store
-from fleetlog.service.http import HttpServer, Request, Response, json_response
+from fleetlog.service.config import Config, ServiceSettings, make_store
+from fleetlog.service.http import HttpLimits, HttpServer, Request, Response, json_response, refusal
 from fleetlog.service.leader import KafkaElection
 from fleetlog.service.loop import LoopConfig, SchedulerLoop, SnapshotMismatchError, StepResult
 from fleetlog.service.metrics import Metrics
@@ -56,6 +59,8 @@ SERVICE_FILE: Final = "service.json"
 RETRY_MAX_S: Final = 5.0
 GAUGE_PERIOD_S: Final = 1.0
 COMMIT_EVERY: Final = 50_000
+INLINE_DECODE_BYTES: Final = 64 * 1024
+"""Ingest bodies up to this size are decoded on the loop (a few ms); larger ones in a thread."""
 
 log = structlog.get_logger("fleetlog.service")
 
@@ -137,7 +142,9 @@ class Service:
         self.config, self.settings = config, config.service
         self.policy = policy_named(self.settings.policy)
         self.metrics = Metrics()
-        self.http = HttpServer(self._handle, self.settings.http_host, self.settings.http_port)
+        self.http = HttpServer(self._handle, self.settings.http_host, self.settings.http_port,
+                               http_limits(self.settings))
+        self.ingest = IngestGate(self.settings)
         self.snapshots = snapshot_store(config)
         self.election = (
             KafkaElection(config.kafka, f"{self.settings.producer_id}-{os.getpid()}",
@@ -349,7 +356,7 @@ class Service:
     # -- HTTP ----------------------------------------------------------------------------------
 
     async def _handle(self, request: Request) -> Response:
-        path = request.path.split("?", 1)[0]
+        path = request.path
         if path == "/metrics" and request.method == "GET":
             return Response(200, self.metrics.exposition(), "text/plain; version=0.0.4")
         if path == "/healthz":
@@ -380,15 +387,28 @@ class Service:
         return json_response(200, found)
 
     async def _ingest(self, request: Request) -> Response:
-        store = self.store
-        if store is None:
-            return json_response(503, {"error": "this process is not leading", "reason": "standby"})
+        """Decode and check the body in a worker thread (the loop keeps stepping and answering
+        health meanwhile), then admit it against the pending work and append it."""
+        if self.store is None:
+            return refusal(503, "standby", "this process is not leading")
+        content_type = request.headers.get("content-type")
         try:
-            messages = ingest_messages(request.body, request.headers.get("content-type"))
+            if len(request.body) <= INLINE_DECODE_BYTES:  # a few ms: cheaper than the thread hop
+                batch = ingest_batch(request.body, content_type, self.settings)
+            else:
+                batch = await asyncio.get_running_loop().run_in_executor(
+                    self.ingest.executor, ingest_batch, request.body, content_type, self.settings)
         except IngestError as exc:
-            return json_response(400, {"error": str(exc), "reason": exc.reason})
-        first = await store.log(INPUTS).append(messages)
-        return json_response(200, {"appended": len(messages), "first_offset": first})
+            return refusal(exc.status, exc.reason, str(exc), **exc.extra)
+        store, loop = self.store, self.loop
+        if store is None or loop is None:
+            return refusal(503, "standby", "this process is not leading")
+        refused = self.ingest.admit(loop, batch.tasks)
+        if refused is not None:
+            return refused
+        first = await store.log(INPUTS).append(batch.messages)
+        self.ingest.appended(first + len(batch.messages), batch.tasks)
+        return json_response(200, {"appended": len(batch.messages), "first_offset": first})
 
 
 def _not_allowed() -> Response:
@@ -396,38 +416,110 @@ def _not_allowed() -> Response:
 
 
 class IngestError(Exception):
-    def __init__(self, message: str, reason: str) -> None:
+    """An ingest body refused as a whole: ``status`` 400 (bad) or 413 (too much at once)."""
+
+    def __init__(self, message: str, reason: str, status: int = 400, **extra: object) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.reason, self.status, self.extra = reason, status, extra
 
 
-def ingest_messages(body: bytes, content_type: str | None) -> list[Message]:
+class IngestBatch(msgspec.Struct, frozen=True):
+    messages: list[Message]
+    tasks: int
+    """Tasks of the jobs it submits: the pending work it can create."""
+
+
+_RAW_LIST: Final = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def ingest_messages(body: bytes, content_type: str | None,
+                    settings: ServiceSettings | None = None) -> list[Message]:
+    """The input records of an ingest body (see :func:`ingest_batch`)."""
+    return ingest_batch(body, content_type, settings or ServiceSettings()).messages
+
+
+def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSettings) -> IngestBatch:
     """The input records of an ingest body: one envelope or a JSON array of them; every one is
-    decoded first, so a bad one rejects the whole request and nothing is appended."""
+    decoded first, so a bad one rejects the whole request and nothing is appended.  Past
+    ``max_request_events`` events or ``max_request_tasks`` tasks: 413.  Runs in a worker thread:
+    the array is split without building its items, and each event is decoded on its own, so no
+    single call holds the GIL for long."""
     kind = (content_type or "application/json").split(";")[0].strip().encode()
     if kind == MSGPACK:
-        parts = [body]
+        parts: list[bytes] | list[msgspec.Raw] = [body]
     elif kind == JSON:
         parts = _json_parts(body)
     else:
         raise IngestError(f"content-type {kind.decode()!r} is neither application/json nor msgpack",
                           "unknown_content_type")
-    messages = []
+    if len(parts) > settings.max_request_events:
+        raise IngestError(f"{len(parts)} events in one request; the limit is {settings.max_request_events}",
+                          "too_many_events", 413, limit=settings.max_request_events)
+    messages, tasks = [], 0
     for index, part in enumerate(parts):
         try:
-            env = decode(part, kind)
+            env = decode(bytes(part), kind)
         except BadEventError as exc:
             raise IngestError(f"event {index}: {exc}", exc.reason) from None
+        if isinstance(env.event, JobSubmitted):
+            tasks += sum(group.count for group in env.event.task_groups)
+            if tasks > settings.max_request_tasks:
+                raise IngestError(f"the jobs of this request have over {settings.max_request_tasks} tasks "
+                                  f"(event {index} passes it); split it", "too_many_tasks", 413,
+                                  limit=settings.max_request_tasks)
         messages.append(Message(encode(env), headers=((CONTENT_TYPE_HEADER, MSGPACK),)))
-    return messages
+    return IngestBatch(messages, tasks)
 
 
-def _json_parts(body: bytes) -> list[bytes]:
+def _json_parts(body: bytes) -> list[bytes] | list[msgspec.Raw]:
     stripped = body.lstrip()
     if not stripped.startswith(b"["):
         return [body]
     try:
-        items = msgspec.json.decode(stripped)
-    except msgspec.DecodeError as exc:
-        raise IngestError(f"body is not JSON: {exc}", "undecodable") from None
-    return [msgspec.json.encode(item) for item in items]
+        return _RAW_LIST.decode(stripped)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise IngestError(f"body is not a JSON array of events: {exc}", "undecodable") from None
+
+
+def http_limits(settings: ServiceSettings) -> HttpLimits:
+    """The HTTP server's limits: connections held under half the file-descriptor limit, so the
+    logs and snapshots always find a descriptor, and requests with a body to at most half the
+    connections, so health and status always find one."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    cap = settings.http_max_connections if soft == resource.RLIM_INFINITY else max(
+        4, min(settings.http_max_connections, soft // 2))
+    return HttpLimits(
+        header_timeout_s=settings.http_header_timeout_s, body_timeout_s=settings.http_body_timeout_s,
+        max_connections=cap, max_body_requests=max(1, min(settings.max_concurrent_requests, cap // 2)),
+        max_headers=settings.http_max_headers, max_line_bytes=settings.http_max_header_bytes,
+        max_field_bytes=settings.http_max_header_bytes, max_body_bytes=settings.max_request_bytes)
+
+
+class IngestGate:
+    """Bounds the pending work ingest can create: tasks of pending jobs plus tasks appended but
+    not folded yet."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleetlog-ingest")
+        self._unfolded: deque[tuple[int, int]] = deque()  # (end offset, tasks) of appended requests
+
+    def pending(self, loop: SchedulerLoop) -> int:
+        while self._unfolded and self._unfolded[0][0] <= loop.offset:
+            self._unfolded.popleft()
+        return pending_tasks(loop.state) + sum(tasks for _, tasks in self._unfolded)
+
+    def admit(self, loop: SchedulerLoop, tasks: int) -> Response | None:
+        """``None`` when a request creating ``tasks`` pending tasks fits, else the 429."""
+        if tasks == 0:
+            return None
+        limit = self.settings.max_pending_tasks
+        pending = self.pending(loop)
+        if pending + tasks <= limit:
+            return None
+        return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
+                       f"the limit of {limit}", pending=pending, limit=limit)
+
+    def appended(self, end: int, tasks: int) -> None:
+        if tasks:
+            self._unfolded.append((end, tasks))
