@@ -6,10 +6,16 @@ header; a record without the header is msgpack, unless its value starts with ``{
 byte, msgpack maps start with 0x80-0x8f, 0xde or 0xdf).  Decoding takes the fast path
 (one msgspec call) and, only when that fails, a slower diagnosis that names
 what was wrong with a typed :class:`BadEventError`.
+
+Decoding reads untrusted bytes, so :func:`decode` and :func:`decode_many` raise (or return)
+nothing but :class:`BadEventError` subclasses, whatever the bytes: an exception of any other
+type from the decoder (``RecursionError`` on deep nesting, ``MemoryError``, a bug) is caught and
+named, so a reader parks the record instead of stopping.  JSON objects must not repeat a key.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, Literal
 
@@ -66,6 +72,18 @@ class InvalidEventError(BadEventError):
     reason = "invalid_event"
 
 
+class TooDeepError(BadEventError):
+    """Arrays or maps nested deeper than the decoder's recursion limit (no event nests beyond 6)."""
+
+    reason = "too_deep"
+
+
+class DuplicateKeyError(BadEventError):
+    """A JSON object names a key twice: other validators may keep the first, msgspec the last."""
+
+    reason = "duplicate_key"
+
+
 class _Head(msgspec.Struct):
     """Just enough of an envelope to diagnose it: the rest is kept raw."""
 
@@ -118,17 +136,69 @@ def format_of(content_type: bytes | None, data: bytes = b"") -> Format:
 
 
 def decode(data: bytes, content_type: bytes | None = None) -> Envelope:
-    """Decode one envelope; raise a :class:`BadEventError` subclass saying what is wrong."""
+    """Decode one envelope; raise a :class:`BadEventError` subclass saying what is wrong
+    (and no other exception, whatever ``data`` holds)."""
+    try:
+        return _decode(data, content_type)
+    except BadEventError:
+        raise
+    except RecursionError as exc:
+        raise _too_deep() from exc
+    except Exception as exc:  # a failure we could not name: still a dead letter, never a crash
+        raise UndecodableError(f"cannot decode: {type(exc).__name__}: {str(exc)[:500]}") from exc
+
+
+def _decode(data: bytes, content_type: bytes | None) -> Envelope:
     fmt = format_of(content_type, data)
     if len(data) > MAX_EVENT_BYTES:
         raise EventTooLargeError(f"event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     try:
         env = (_MSGPACK_DECODER if fmt == "msgpack" else _JSON_DECODER).decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except Exception as exc:  # any type: diagnose names it
         raise diagnose(data, fmt, exc) from exc
+    if fmt == "json":
+        _refuse_duplicate_keys(data)
     if env.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         raise _unsupported(env.schema_version)
     return env
+
+
+def _too_deep() -> TooDeepError:
+    return TooDeepError("arrays or maps nested too deeply (no event nests more than 6 levels)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise DuplicateKeyError(f"a JSON object repeats the key {_first_repeat(pairs)[:100]!r}")
+    return found
+
+
+def _first_repeat(pairs: list[tuple[str, Any]]) -> str:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    return ""
+
+
+def _repeated_key(data: bytes) -> DuplicateKeyError | None:
+    try:
+        _refuse_duplicate_keys(data)
+    except DuplicateKeyError as exc:
+        return exc
+    except Exception:  # not JSON at all: the diagnosis goes on and says so
+        return None
+    return None
+
+
+def _refuse_duplicate_keys(data: bytes) -> None:
+    """msgspec keeps the last of repeated keys, other validators the first: refuse both.
+
+    Runs only on JSON that msgspec accepted as an envelope (so shallow and well formed); the
+    stdlib parser is the one that can show every key of every object."""
+    json.loads(data, object_pairs_hook=_unique_keys)
 
 
 def decode_many(values: Iterable[tuple[bytes, bytes | None]]) -> list[Envelope | BadEventError]:
@@ -145,7 +215,7 @@ def decode_many(values: Iterable[tuple[bytes, bytes | None]]) -> list[Envelope |
         if content_type is None and len(data) <= MAX_EVENT_BYTES:
             try:
                 env = fast(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except Exception:  # diagnosed by decode below, whatever the type
                 pass
             else:
                 if env.schema_version == SCHEMA_VERSION:
@@ -173,20 +243,45 @@ def _unsupported(version: int) -> UnsupportedSchemaVersionError:
 
 def diagnose(data: bytes, fmt: Format, exc: Exception) -> BadEventError:
     """Turn a failed fast-path decode into the most specific error we can name."""
+    if isinstance(exc, RecursionError):
+        return _too_deep()
+    if fmt == "json":
+        repeated = _repeated_key(data)
+        if repeated is not None:  # a repeated key may be why it failed ("type" twice, say)
+            return repeated
     try:
         head = _HEAD_DECODERS[fmt].decode(data)
     except msgspec.ValidationError as head_exc:
         return InvalidEventError(f"not an event envelope: {head_exc}")
     except msgspec.DecodeError as head_exc:
         return UndecodableError(f"not valid {fmt}: {head_exc}")
+    except RecursionError:
+        return _too_deep()
     if head.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         return _unsupported(head.schema_version)
     try:
         tag = _TAG_DECODERS[fmt].decode(head.event).type
     except (msgspec.DecodeError, msgspec.ValidationError) as tag_exc:
         return InvalidEventError(f"event has no string `type` field: {tag_exc}")
+    except RecursionError:
+        return _too_deep()
     if tag not in EVENT_TYPE_NAMES:
         return UnknownEventTypeError(
             f"unknown event type {tag[:100]!r}; known: {', '.join(EVENT_TYPE_NAMES)}"
         )
-    return InvalidEventError(f"invalid {tag}: {exc}")
+    if not isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)):
+        return UndecodableError(f"cannot decode {tag}: {type(exc).__name__}: {str(exc)[:500]}")
+    return InvalidEventError(f"invalid {tag}: {_readable(str(exc))}")
+
+
+def _readable(message: str) -> str:
+    """msgspec's message with the identifier pattern said in words (the pattern is shown escaped:
+    only its first character range is looked for)."""
+    start = message.find("matching regex '^[^")
+    if "x00-" not in message[start : start + 30]:
+        return message
+    end = message.find(" - at ", start)
+    if start < 0 or end < 0:  # pragma: no cover - msgspec's wording changed
+        return message
+    said = "a printable identifier (no spaces, control, format or bidirectional characters)"
+    return message[: message.rfind("`str`", 0, start)] + said + message[end:]

@@ -26,8 +26,20 @@ MAX_TASK_GROUPS: Final = 64
 MAX_TIME_MS: Final = 1 << 53  # about 285,000 years
 MAX_DECISIONS_PER_BATCH: Final = 1_000_000
 
-Name = Annotated[str, Meta(min_length=1, max_length=253)]
+NOT_PRINTABLE: Final = (
+    "\\x00-\\x20\\x7f-\\xa0\\xad\\u061c\\u1680\\u180e\\u2000-\\u200f\\u2028-\\u202f"
+    "\\u205f-\\u206f\\u3000\\ufeff\\ufff9-\\ufffb\\ud800-\\udfff"
+)
+"""What an identifier may not hold, as a regular-expression class body: controls (C0, DEL, C1),
+every space and line or paragraph separator, soft hyphen, zero-width and bidirectional format
+characters (U+200B-U+200F, U+202A-U+202E, U+2066-U+2069), the BOM, surrogates.  A fixed list,
+not a Unicode category, so every build (and a producer's validator) draws the line alike."""
+PRINTABLE_NAME: Final = f"^[^{NOT_PRINTABLE}]+$(?!\\n)"
+"""The pattern of an identifier.  ``(?!\\n)``: Python's ``$`` also matches before a final newline."""
+Name = Annotated[str, Meta(min_length=1, max_length=253, pattern=PRINTABLE_NAME)]
 """An identifier: job, tenant, queue, cell, node, GPU model. Printable, no spaces."""
+OptionalName = Annotated[str, Meta(max_length=253, pattern=f"^[^{NOT_PRINTABLE}]*$(?!\\n)")]
+"""A :data:`Name` that may be empty (``""``: none, or every cell)."""
 Text = Annotated[str, Meta(max_length=4096)]
 LabelValue = Annotated[str, Meta(max_length=253)]
 CpuMilli = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLI)]
@@ -109,7 +121,7 @@ class NodeHeartbeat(_Event, frozen=True):
     cpu_milli: CpuMilli
     mem_mib: MemMiB
     gpu_count: GpuCount = 0
-    gpu_model: Annotated[str, Meta(max_length=253)] = ""
+    gpu_model: OptionalName = ""
     topology: Annotated[tuple[Name, ...], Meta(max_length=3)] = ()
     labels: Annotated[dict[Name, LabelValue], Meta(max_length=64)] = {}
     healthy: bool = True
@@ -155,8 +167,8 @@ class QuotaSet(_Event, frozen=True):
 
     tenant: Name
     nominal: Resources
-    cell: Annotated[str, Meta(max_length=253)] = ""
-    cohort: Annotated[str, Meta(max_length=253)] = ""
+    cell: OptionalName = ""
+    cohort: OptionalName = ""
     borrowing_limit: Resources | None = None
     weight_milli: WeightMilli = 1000
 
