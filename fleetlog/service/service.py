@@ -426,8 +426,10 @@ def _json_parts(body: bytes) -> list[bytes]:
     stripped = body.lstrip()
     if not stripped.startswith(b"["):
         return [body]
-    try:
-        items = msgspec.json.decode(stripped)
+    try:  # each element's own bytes (not re-encoded: the codec sees repeated keys)
+        items = msgspec.json.decode(stripped, type=list[msgspec.Raw])
     except msgspec.DecodeError as exc:
         raise IngestError(f"body is not JSON: {exc}", "undecodable") from None
-    return [msgspec.json.encode(item) for item in items]
+    except RecursionError:
+        raise IngestError("body nests arrays or maps too deeply", "too_deep") from None
+    return [bytes(item) for item in items]

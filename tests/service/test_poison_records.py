@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from fleetlog.cli import main
+from fleetlog.core.digest import SnapshotError, restore
 from fleetlog.events import encode, envelope
 from fleetlog.events.codec import JSON
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, Message
 from fleetlog.log.consumer import REASON_HEADER, SOURCE_HEADER
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.snapshots import MAGIC, CorruptSnapshotError, decode_snapshot
+from fleetlog.service.service import IngestError, ingest_messages
 from tests.core.builders import job, node
 from tests.service.test_service import Running, embedded, start
 
@@ -84,3 +89,32 @@ def test_replay_dump_shows_the_poison_records_as_errors(
     assert reasons == [None, None, "too_deep", "too_deep", None]
     assert lines[2]["error"]["bytes"] == len(DEEP_JSON)
     assert lines[4]["event"]["job_id"] == "after"
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"[" * 1000 + b"]" * 1000, "too_deep"),
+        (b"[" + b'{"a":' * 1000 + b"1" + b"}" * 1000 + b"]", "too_deep"),
+        (DEEP_JSON, "too_deep"),
+        (b"[" + DEEP_JSON + b"]", "too_deep"),
+        (b'[{"schema_version":1,"producer_id":"p","event":{"type":"JobCancelled","job_id":"a","job_id":"b"}}]',
+         "duplicate_key"),
+    ],
+)
+def test_http_ingest_refuses_deep_nesting_and_repeated_keys_by_name(body: bytes, reason: str) -> None:
+    """Over HTTP the deep array escaped as ``RecursionError`` (the connection closed with no
+    answer); an array's elements were re-encoded, so a repeated key inside one was lost."""
+    with pytest.raises(IngestError) as caught:
+        ingest_messages(body, "application/json")
+    assert caught.value.reason == reason
+
+
+def test_a_forged_snapshot_nested_deeply_is_refused_as_corrupt() -> None:
+    """A snapshot carries a CRC, not a signature: a forged one must be skipped, not crash recovery."""
+    with pytest.raises(SnapshotError, match="not a fleetlog snapshot"):
+        restore(b"\x81\xa6format" + b"\x91" * 5000 + b"\x01")
+    header = b"\x91" * 5000 + b"\x01"
+    body = MAGIC + struct.pack(">I", len(header)) + header + b"state"
+    with pytest.raises(CorruptSnapshotError, match="bad header"):
+        decode_snapshot(body + struct.pack(">I", crc32c.crc32c(body)))
