@@ -17,11 +17,13 @@ import uuid
 from collections.abc import Callable
 
 import pytest
+from aiokafka import TopicPartition
 
 from fleetlog.events import JobCancelled, encode, envelope
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, UNREADABLE_HEADER, LogStore, Message
 from fleetlog.log.consumer import ERROR_HEADER, REASON_HEADER, SOURCE_HEADER, EventConsumer
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.service.leader import LEADER_TOPIC, KafkaElection
 from tests.service.process import REPO
 
 pytestmark = pytest.mark.kafka
@@ -161,3 +163,26 @@ async def test_a_record_aiokafka_cannot_parse_is_parked(make_store: Callable[[],
         (parked,) = await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)
         assert parked.header(REASON_HEADER) == b"unreadable"
         assert b"offsets 1..1" in (parked.header(ERROR_HEADER) or b"")
+
+
+async def test_an_unreadable_record_on_the_leader_topic_does_not_end_the_election(
+    make_store: Callable[[], KafkaLogStore],
+) -> None:
+    """The election polls its topic only to stay a member; a record there that aiokafka cannot
+    parse ended the polling task (and with it the membership) for good."""
+    async with make_store() as store:
+        election = KafkaElection(store.config, "member-1", session_timeout_ms=6000)
+        await election.start()
+        try:
+            await asyncio.wait_for(election.leader.wait(), 60)
+            topic = store.config.topic(LEADER_TOPIC)
+            assert election._consumer is not None  # its position is settled before the records come
+            await election._consumer.position(TopicPartition(topic, 0))
+            produce(store.config.bootstrap_servers, topic, b"x\n", "zstd", "\udcff=x")
+            produce(store.config.bootstrap_servers, topic, b"y\n", None, "\udcfe=y")
+            await asyncio.sleep(3)  # several polls
+            assert election._task is not None
+            assert not election._task.done(), election._task
+            assert election.leader.is_set()
+        finally:
+            await election.stop()
