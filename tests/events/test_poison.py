@@ -15,7 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetlog.events import Envelope, JobCancelled, NodeHeartbeat, QuotaSet, Resources, encode, envelope
+from fleetlog.events import (
+    Envelope,
+    JobCancelled,
+    JobSubmitted,
+    NodeHeartbeat,
+    QuotaSet,
+    Resources,
+    TaskGroup,
+    encode,
+    envelope,
+)
 from fleetlog.events.codec import (
     JSON,
     MSGPACK,
@@ -23,10 +33,11 @@ from fleetlog.events.codec import (
     DuplicateKeyError,
     InvalidEventError,
     TooDeepError,
+    _refuse_duplicate_keys,
     decode,
     decode_many,
 )
-from fleetlog.events.model import PRINTABLE_NAME
+from fleetlog.events.model import ID_FIELDS, ID_TEXT, INPUT_TYPES, PRINTABLE_NAME
 from fleetlog.events.schema import json_schema
 from fleetlog.log.base import Record
 from fleetlog.log.consumer import EventConsumer
@@ -279,6 +290,7 @@ def test_the_json_schema_states_the_id_pattern() -> None:
     "data",
     [
         b'{"schema_version":1,"producer_id":"p","event":{"type":"JobCancelled","job_id":"a","job_id":"b"}}',
+        b'{"schema_version":1,"producer_id":"p","event":{"type":"JobCancelled","job_id":"a","job_\\u0069d":"b"}}',
         b'{"schema_version":1,"producer_id":"p","producer_id":"q","event":{"type":"JobCancelled","job_id":"a"}}',
         b'{"schema_version":1,"producer_id":"p","event":{"type":"NodeRemoved","type":"JobCancelled","job_id":"a"}}',
         b'{"schema_version":1,"producer_id":"p","event":{"type":"NodeHeartbeat","cell":"c","node":"n",'
@@ -304,3 +316,87 @@ def test_the_documented_reasons_are_the_codes_of_the_error_classes() -> None:
 
     classes = [c for c in vars(codec).values() if isinstance(c, type) and issubclass(c, BadEventError)]
     assert {c.reason for c in classes if c is not BadEventError} == DOCUMENTED_REASONS
+
+
+def _id_fields_by_schema(struct: type) -> set[str]:
+    """The fields of ``struct`` whose type (or item, or key type) carries the identifier pattern."""
+    found = set()
+    for field in msgspec.inspect.type_info(struct).fields:  # type: ignore[attr-defined]
+        text = repr(field.type)
+        if PRINTABLE_NAME.replace("\\", "\\\\")[:12] in text or "x00-\\\\x20" in text:
+            found.add(field.name)
+    return found
+
+
+def test_the_id_table_lists_every_identifier_field_of_every_input() -> None:
+    for event_type in INPUT_TYPES:
+        listed = {field for field, _ in ID_FIELDS[event_type]}
+        nested = {"task_groups"} if event_type is JobSubmitted else set()
+        assert listed == _id_fields_by_schema(event_type) | nested, event_type.__name__
+    assert _id_fields_by_schema(TaskGroup) == {"gpu_models"}
+
+
+@pytest.mark.parametrize("event", [e for e in ALL_EVENTS if isinstance(e, INPUT_TYPES)],
+                         ids=lambda e: type(e).__name__)
+def test_the_fast_check_and_the_locator_agree_on_every_identifier(event: object) -> None:
+    """Each identifier of each input, made unprintable in turn: the one-search fast check flags
+    it, and the error names its path."""
+    assert ID_TEXT[type(event)](event).isprintable()
+    for field, how in ID_FIELDS[type(event)]:
+        value = getattr(event, field)
+        if how == "one":
+            bad, path = msgspec.structs.replace(event, **{field: "x\u202e"}), f".{field}"
+        elif how == "many":
+            bad, path = msgspec.structs.replace(event, **{field: ("ok", "x\n")}), f".{field}[1]"
+        elif how == "keys":
+            bad, path = msgspec.structs.replace(event, **{field: {"x\x1b": "v"}}), f".{field}['x\\x1b']"
+        else:
+            group = msgspec.structs.replace(value[0], gpu_models=("A100", "T4 "))
+            bad, path = msgspec.structs.replace(event, task_groups=(group,)), f".{field}[0].gpu_models[1]"
+        with pytest.raises(InvalidEventError) as caught:
+            decode(encode(envelope(bad, "p")))
+        assert caught.value.message.endswith(f"at `$.event{path}`"), caught.value.message
+        (result,) = decode_many([(encode(envelope(bad, "p")), None)])
+        assert isinstance(result, InvalidEventError)
+
+
+_KEYS = st.sampled_from(["a", "b", ":", '":', "\\", 'x":"y', "é", "\u2028"]) | st.text(max_size=4)
+
+
+def _object_text(pairs: list[tuple[str, object]], ascii_only: bool) -> str:
+    return "{" + ", ".join(
+        f"{json.dumps(k, ensure_ascii=ascii_only)} : {_value_text(v, ascii_only)}" for k, v in pairs
+    ) + "}"
+
+
+def _value_text(value: object, ascii_only: bool) -> str:
+    if isinstance(value, list):
+        return _object_text(value, ascii_only)
+    return json.dumps(value, ensure_ascii=ascii_only)
+
+
+_PAIRS = st.recursive(
+    st.lists(st.tuples(_KEYS, st.text(max_size=6) | st.integers()), max_size=5),
+    lambda inner: st.lists(st.tuples(_KEYS, inner | st.text(max_size=6)), max_size=4),
+    max_leaves=12,
+)
+
+
+def _repeats_a_key(pairs: list[tuple[str, object]]) -> bool:
+    keys = [k for k, _ in pairs]
+    return len(set(keys)) != len(keys) or any(isinstance(v, list) and _repeats_a_key(v) for _, v in pairs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=_PAIRS, ascii_only=st.booleans())
+def test_the_fast_repeated_key_check_agrees_with_a_full_parse(
+    pairs: list[tuple[str, object]], ascii_only: bool
+) -> None:
+    """The token count (strings followed by ``:``) against the decoded key count: keys that look
+    like values, escaped quotes and colons inside strings never fool it."""
+    text = _object_text(pairs, ascii_only).encode()
+    if _repeats_a_key(pairs):
+        with pytest.raises(DuplicateKeyError):
+            _refuse_duplicate_keys(text)
+    else:
+        _refuse_duplicate_keys(text)
