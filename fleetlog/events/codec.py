@@ -102,7 +102,6 @@ class _Tag(msgspec.Struct):
 
 
 _UNPRINTABLE: Final = re.compile(f"[{NOT_PRINTABLE}]").search
-_JSON_ANY: Final = msgspec.json.Decoder().decode
 _MSGPACK_ENCODER: Final = msgspec.msgpack.Encoder()
 _JSON_ENCODER: Final = msgspec.json.Encoder()
 _MSGPACK_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
@@ -163,7 +162,7 @@ def _decode(data: bytes, content_type: bytes | None) -> Envelope:
     except Exception as exc:  # any type: diagnose names it
         raise diagnose(data, fmt, exc) from exc
     if fmt == "json":
-        _refuse_duplicate_keys(data)
+        _check_unique_keys(data, env)
     if env.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         raise _unsupported(env.schema_version)
     _check_ids(env.event)
@@ -210,16 +209,20 @@ def _repeated_key(data: bytes) -> DuplicateKeyError | None:
     return None
 
 
-def _refuse_duplicate_keys(data: bytes) -> None:
+def _check_unique_keys(data: bytes, env: Envelope) -> None:
     """msgspec keeps the last of repeated keys, other validators the first: refuse both.
 
-    Runs only on JSON that msgspec accepted as an envelope (so shallow and well formed).  Every
-    key is followed by a ``:``; decoding to plain objects drops a repeated key with its value, so
-    re-encoded it has fewer ``:`` — unless a ``\\u`` escape (say of a ``:`` in a string)
-    changed the count.  With an escape, or fewer ``:``, the stdlib parser, which sees every key
-    of every object, decides and names the repeated one."""
-    if b"\\u" in data or _JSON_ENCODER.encode(_JSON_ANY(data)).count(b":") != data.count(b":"):
-        json.loads(data, object_pairs_hook=_unique_keys)
+    Cheap first: every key is followed by a ``:``, and ``env`` re-encoded holds at most the keys
+    of ``data`` (defaults are left out, a repeated key kept once), so as many ``:`` in both
+    means no key was repeated — unless a ``\\u`` escape (say of a ``:`` in a string) changed
+    the count.  Otherwise the stdlib parser, which sees every key, decides."""
+    if b"\\u" in data or _JSON_ENCODER.encode(env).count(b":") != data.count(b":"):
+        _refuse_duplicate_keys(data)
+
+
+def _refuse_duplicate_keys(data: bytes) -> None:
+    """Raise :class:`DuplicateKeyError` naming the first key an object of ``data`` repeats."""
+    json.loads(data, object_pairs_hook=_unique_keys)
 
 
 def decode_many(values: Iterable[tuple[bytes, bytes | None]]) -> list[Envelope | BadEventError]:
