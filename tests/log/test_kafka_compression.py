@@ -9,7 +9,9 @@ and the offsets it covers, and the records after it are read — never an endles
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -46,12 +48,15 @@ def cancel_lines(prefix: str, n: int) -> bytes:
     )
 
 
-def produce(bootstrap: str, topic: str, lines: bytes, codec: str | None, *headers: str) -> None:
-    """One kcat run: the lines as records of one partition, batched (linger) and compressed."""
+def produce(bootstrap: str, topic: str, lines: bytes, codec: str | None, *options: str) -> None:
+    """One kcat run: the lines as records of one partition, batched (linger) and compressed;
+    ``options`` are headers (``k=v``) or kcat flags (``-X``, ``batch.size=...``)."""
     argv = [kcat(), "-P", "-b", bootstrap, "-t", topic, "-p", "0", "-X", "linger.ms=200"]
     argv += ["-z", codec] if codec else []
-    for header in headers:
-        argv += ["-H", header]
+    flag = False
+    for option in options:
+        argv += [option] if option.startswith("-") or flag else ["-H", option]
+        flag = option.startswith("-")
     subprocess.run(argv, input=lines, check=True, timeout=60, capture_output=True)
 
 
@@ -186,3 +191,29 @@ async def test_an_unreadable_record_on_the_leader_topic_does_not_end_the_electio
             assert election.leader.is_set()
         finally:
             await election.stop()
+
+
+async def test_an_unreadable_batch_too_large_to_keep_is_named_by_its_offsets(
+    make_store: Callable[[], KafkaLogStore],
+) -> None:
+    """Over 256 KiB compressed (incompressible values): the dead letter names the offsets; the
+    bytes stay in the topic."""
+    async with make_store() as store:
+        topic, bootstrap = store.config.topic(INPUTS), store.config.bootstrap_servers
+        noise = b"".join(base64.b64encode(os.urandom(900)) + b"\n" for _ in range(400))
+        produce(bootstrap, topic, noise, "zstd", "-X", "batch.size=2000000")  # lz4 would send it plain
+        produce(bootstrap, topic, cancel_lines("after", 1), None)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _WITHOUT_CODECS, bootstrap, store.config.topic_prefix, "2",
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+        result = json.loads(out)
+        assert result["events"] == ["after-0"]
+        parked = await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)
+        assert [p.value for p in parked] == [b""] * len(parked)
+        notes = [(p.header(ERROR_HEADER) or b"").decode() for p in parked]
+        assert all("too large to keep here: still in the topic" in n for n in notes)
+        assert notes[0].startswith("offsets 0..")
+        assert sum(int(n.split("..")[1].split(" ")[0]) - int(n[8:].split("..")[0]) + 1 for n in notes) == 400
