@@ -301,12 +301,12 @@ Decisions are not re-checked: the scheduler builds them from inputs that passed.
 
 
 def _submitted_ids(e: JobSubmitted) -> str:
-    models = "".join([m for g in e.task_groups for m in g.gpu_models])
-    return e.job_id + e.tenant + e.queue + "".join(e.allowed_cells) + models
+    models = [m for g in e.task_groups for m in g.gpu_models]
+    return "".join((e.job_id, e.tenant, e.queue, *e.allowed_cells, *models))
 
 
 def _heartbeat_ids(e: NodeHeartbeat) -> str:
-    return e.cell + e.node + e.gpu_model + "".join(e.topology) + "".join(e.labels)
+    return "".join((e.cell, e.node, e.gpu_model, *e.topology, *e.labels))
 
 
 def _no_ids(e: object) -> str:
