@@ -211,7 +211,7 @@ def restore(data: bytes) -> State:
             )
         state = _restore_scalars(body["scalars"])
         _restore_columns(state, body["sizes"], body["columns"])
-    except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+    except (msgspec.DecodeError, LookupError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise SnapshotError(f"not a fleetlog snapshot: {exc}") from exc
     if digest(state) != body["digest"]:
         raise SnapshotError("snapshot digest does not match its contents")

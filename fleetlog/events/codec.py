@@ -6,10 +6,17 @@ header; a record without the header is msgpack, unless its value starts with ``{
 byte, msgpack maps start with 0x80-0x8f, 0xde or 0xdf).  Decoding takes the fast path
 (one msgspec call) and, only when that fails, a slower diagnosis that names
 what was wrong with a typed :class:`BadEventError`.
+
+Decoding reads untrusted bytes, so :func:`decode` and :func:`decode_many` raise (or return)
+nothing but :class:`BadEventError` subclasses, whatever the bytes: an exception of any other
+type from the decoder (``RecursionError`` on deep nesting, ``MemoryError``, a bug) is caught and
+named, so a reader parks the record instead of stopping.  JSON objects must not repeat a key.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, Literal
 
@@ -17,10 +24,13 @@ import msgspec
 
 from fleetlog.events.model import (
     EVENT_TYPE_NAMES,
+    ID_TEXT,
+    NOT_PRINTABLE,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     Envelope,
     Event,
+    unprintable_id,
 )
 
 Format = Literal["msgpack", "json"]
@@ -66,6 +76,18 @@ class InvalidEventError(BadEventError):
     reason = "invalid_event"
 
 
+class TooDeepError(BadEventError):
+    """Arrays or maps nested deeper than the decoder's recursion limit (no event nests beyond 6)."""
+
+    reason = "too_deep"
+
+
+class DuplicateKeyError(BadEventError):
+    """A JSON object names a key twice: other validators may keep the first, msgspec the last."""
+
+    reason = "duplicate_key"
+
+
 class _Head(msgspec.Struct):
     """Just enough of an envelope to diagnose it: the rest is kept raw."""
 
@@ -79,6 +101,7 @@ class _Tag(msgspec.Struct):
     type: str
 
 
+_UNPRINTABLE: Final = re.compile(f"[{NOT_PRINTABLE}]").search
 _MSGPACK_ENCODER: Final = msgspec.msgpack.Encoder()
 _JSON_ENCODER: Final = msgspec.json.Encoder()
 _MSGPACK_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
@@ -118,17 +141,88 @@ def format_of(content_type: bytes | None, data: bytes = b"") -> Format:
 
 
 def decode(data: bytes, content_type: bytes | None = None) -> Envelope:
-    """Decode one envelope; raise a :class:`BadEventError` subclass saying what is wrong."""
+    """Decode one envelope; raise a :class:`BadEventError` subclass saying what is wrong
+    (and no other exception, whatever ``data`` holds)."""
+    try:
+        return _decode(data, content_type)
+    except BadEventError:
+        raise
+    except RecursionError as exc:
+        raise _too_deep() from exc
+    except Exception as exc:  # a failure we could not name: still a dead letter, never a crash
+        raise UndecodableError(f"cannot decode: {type(exc).__name__}: {str(exc)[:500]}") from exc
+
+
+def _decode(data: bytes, content_type: bytes | None) -> Envelope:
     fmt = format_of(content_type, data)
     if len(data) > MAX_EVENT_BYTES:
         raise EventTooLargeError(f"event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     try:
         env = (_MSGPACK_DECODER if fmt == "msgpack" else _JSON_DECODER).decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except Exception as exc:  # any type: diagnose names it
         raise diagnose(data, fmt, exc) from exc
+    if fmt == "json":
+        _check_unique_keys(data, env)
     if env.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         raise _unsupported(env.schema_version)
+    _check_ids(env.event)
     return env
+
+
+def _check_ids(event: Event) -> None:
+    """Refuse an event whose identifiers are not all printable (one search over all of them)."""
+    if _UNPRINTABLE(ID_TEXT[type(event)](event)) is not None:
+        path = unprintable_id(event, _UNPRINTABLE)
+        raise InvalidEventError(
+            f"invalid {type(event).__name__}: Expected a printable identifier (no spaces, control, "
+            f"format or bidirectional characters) - at `$.event{path}`"
+        )
+
+
+def _too_deep() -> TooDeepError:
+    return TooDeepError("arrays or maps nested too deeply (no event nests more than 6 levels)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise DuplicateKeyError(f"a JSON object repeats the key {_first_repeat(pairs)[:100]!r}")
+    return found
+
+
+def _first_repeat(pairs: list[tuple[str, Any]]) -> str:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    return ""
+
+
+def _repeated_key(data: bytes) -> DuplicateKeyError | None:
+    try:
+        _refuse_duplicate_keys(data)
+    except DuplicateKeyError as exc:
+        return exc
+    except Exception:  # not JSON at all: the diagnosis goes on and says so
+        return None
+    return None
+
+
+def _check_unique_keys(data: bytes, env: Envelope) -> None:
+    """msgspec keeps the last of repeated keys, other validators the first: refuse both.
+
+    Cheap first: every key is followed by a ``:``, and ``env`` re-encoded holds at most the keys
+    of ``data`` (defaults are left out, a repeated key kept once), so as many ``:`` in both
+    means no key was repeated — unless a ``\\u`` escape (say of a ``:`` in a string) changed
+    the count.  Otherwise the stdlib parser, which sees every key, decides."""
+    if b"\\u" in data or _JSON_ENCODER.encode(env).count(b":") != data.count(b":"):
+        _refuse_duplicate_keys(data)
+
+
+def _refuse_duplicate_keys(data: bytes) -> None:
+    """Raise :class:`DuplicateKeyError` naming the first key an object of ``data`` repeats."""
+    json.loads(data, object_pairs_hook=_unique_keys)
 
 
 def decode_many(values: Iterable[tuple[bytes, bytes | None]]) -> list[Envelope | BadEventError]:
@@ -140,15 +234,16 @@ def decode_many(values: Iterable[tuple[bytes, bytes | None]]) -> list[Envelope |
     """
     out: list[Envelope | BadEventError] = []
     append = out.append
-    fast = _MSGPACK_DECODER.decode
+    fast, ids, unprintable = _MSGPACK_DECODER.decode, ID_TEXT, _UNPRINTABLE
     for data, content_type in values:
         if content_type is None and len(data) <= MAX_EVENT_BYTES:
             try:
                 env = fast(data)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except Exception:  # diagnosed by decode below, whatever the type
                 pass
             else:
-                if env.schema_version == SCHEMA_VERSION:
+                event = env.event
+                if env.schema_version == SCHEMA_VERSION and unprintable(ids[type(event)](event)) is None:
                     append(env)
                     continue
         try:
@@ -173,20 +268,33 @@ def _unsupported(version: int) -> UnsupportedSchemaVersionError:
 
 def diagnose(data: bytes, fmt: Format, exc: Exception) -> BadEventError:
     """Turn a failed fast-path decode into the most specific error we can name."""
+    if isinstance(exc, RecursionError):
+        return _too_deep()
+    if fmt == "json":
+        repeated = _repeated_key(data)
+        if repeated is not None:  # a repeated key may be why it failed ("type" twice, say)
+            return repeated
     try:
         head = _HEAD_DECODERS[fmt].decode(data)
     except msgspec.ValidationError as head_exc:
         return InvalidEventError(f"not an event envelope: {head_exc}")
     except msgspec.DecodeError as head_exc:
         return UndecodableError(f"not valid {fmt}: {head_exc}")
+    except RecursionError:
+        return _too_deep()
     if head.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         return _unsupported(head.schema_version)
     try:
         tag = _TAG_DECODERS[fmt].decode(head.event).type
     except (msgspec.DecodeError, msgspec.ValidationError) as tag_exc:
         return InvalidEventError(f"event has no string `type` field: {tag_exc}")
+    except RecursionError:
+        return _too_deep()
     if tag not in EVENT_TYPE_NAMES:
         return UnknownEventTypeError(
             f"unknown event type {tag[:100]!r}; known: {', '.join(EVENT_TYPE_NAMES)}"
         )
+    if not isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)):
+        return UndecodableError(f"cannot decode {tag}: {type(exc).__name__}: {str(exc)[:500]}")
     return InvalidEventError(f"invalid {tag}: {exc}")
+

@@ -9,7 +9,9 @@ overflow deep inside the scheduler.
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -26,8 +28,25 @@ MAX_TASK_GROUPS: Final = 64
 MAX_TIME_MS: Final = 1 << 53  # about 285,000 years
 MAX_DECISIONS_PER_BATCH: Final = 1_000_000
 
-Name = Annotated[str, Meta(min_length=1, max_length=253)]
+NOT_PRINTABLE: Final = (
+    "\\x00-\\x20\\x7f-\\xa0\\xad\\u061c\\u1680\\u180e\\u2000-\\u200f\\u2028-\\u202f"
+    "\\u205f-\\u206f\\u3000\\ufeff\\ufff9-\\ufffb\\ud800-\\udfff"
+)
+"""What an identifier may not hold, as a regular-expression class body: controls (C0, DEL, C1),
+every space and line or paragraph separator, soft hyphen, zero-width and bidirectional format
+characters (U+200B-U+200F, U+202A-U+202E, U+2066-U+2069), the BOM, surrogates.  A fixed list,
+not a Unicode category, so every build (and a producer's validator) draws the line alike."""
+PRINTABLE_NAME: Final = f"^[^{NOT_PRINTABLE}]+$(?!\\n)"
+"""The pattern of an identifier, as the JSON Schema states it.  ``(?!\\n)``: Python's ``$`` also
+matches before a final newline.  The codec enforces it (:data:`ID_TEXT`), not msgspec: a
+``Meta(pattern=...)`` check costs ~1.7 us per string, tripling msgpack decode time."""
+_ID_SAYS: Final = "printable, no spaces (docs/events.md)"
+_ID_SCHEMA: Final = {"pattern": PRINTABLE_NAME, "description": _ID_SAYS}
+_OPTIONAL_ID_SCHEMA: Final = {"pattern": f"^[^{NOT_PRINTABLE}]*$(?!\\n)", "description": _ID_SAYS}
+Name = Annotated[str, Meta(min_length=1, max_length=253, extra_json_schema=_ID_SCHEMA)]
 """An identifier: job, tenant, queue, cell, node, GPU model. Printable, no spaces."""
+OptionalName = Annotated[str, Meta(max_length=253, extra_json_schema=_OPTIONAL_ID_SCHEMA)]
+"""A :data:`Name` that may be empty (``""``: none, or every cell)."""
 Text = Annotated[str, Meta(max_length=4096)]
 LabelValue = Annotated[str, Meta(max_length=253)]
 CpuMilli = Annotated[int, Meta(ge=0, le=MAX_CPU_MILLI)]
@@ -109,7 +128,7 @@ class NodeHeartbeat(_Event, frozen=True):
     cpu_milli: CpuMilli
     mem_mib: MemMiB
     gpu_count: GpuCount = 0
-    gpu_model: Annotated[str, Meta(max_length=253)] = ""
+    gpu_model: OptionalName = ""
     topology: Annotated[tuple[Name, ...], Meta(max_length=3)] = ()
     labels: Annotated[dict[Name, LabelValue], Meta(max_length=64)] = {}
     healthy: bool = True
@@ -155,8 +174,8 @@ class QuotaSet(_Event, frozen=True):
 
     tenant: Name
     nominal: Resources
-    cell: Annotated[str, Meta(max_length=253)] = ""
-    cohort: Annotated[str, Meta(max_length=253)] = ""
+    cell: OptionalName = ""
+    cohort: OptionalName = ""
     borrowing_limit: Resources | None = None
     weight_milli: WeightMilli = 1000
 
@@ -260,3 +279,68 @@ class Envelope(_Struct, frozen=True):
     producer_id: Annotated[str, Meta(min_length=1, max_length=253)]
     event: Event
     key: Annotated[str, Meta(max_length=253)] | None = None
+
+
+# --- identifiers: where they are, for the codec's printable check ----------------------------
+
+IdField = tuple[str, Literal["one", "many", "keys", "groups"]]
+ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
+    JobSubmitted: (("job_id", "one"), ("tenant", "one"), ("queue", "one"), ("allowed_cells", "many"),
+                   ("task_groups", "groups")),
+    JobCancelled: (("job_id", "one"),),
+    NodeHeartbeat: (("cell", "one"), ("node", "one"), ("gpu_model", "one"), ("topology", "many"),
+                    ("labels", "keys")),
+    NodeRemoved: (("cell", "one"), ("node", "one")),
+    TaskStarted: (("job_id", "one"), ("node", "one")),
+    TaskFinished: (("job_id", "one"),),
+    TaskFailed: (("job_id", "one"),),
+    QuotaSet: (("tenant", "one"), ("cell", "one"), ("cohort", "one")),
+}
+"""The identifier fields of every input event ("groups": each task group's ``gpu_models``).
+Decisions are not re-checked: the scheduler builds them from inputs that passed."""
+
+
+def _submitted_ids(e: JobSubmitted) -> str:
+    models = [m for g in e.task_groups for m in g.gpu_models]
+    return "".join((e.job_id, e.tenant, e.queue, *e.allowed_cells, *models))
+
+
+def _heartbeat_ids(e: NodeHeartbeat) -> str:
+    return "".join((e.cell, e.node, e.gpu_model, *e.topology, *e.labels))
+
+
+def _no_ids(e: object) -> str:
+    return ""
+
+
+ID_TEXT: Final[dict[type, Callable[[Any], str]]] = {
+    JobSubmitted: _submitted_ids,
+    JobCancelled: attrgetter("job_id"),
+    NodeHeartbeat: _heartbeat_ids,
+    NodeRemoved: lambda e: e.cell + e.node,
+    TaskStarted: lambda e: e.job_id + e.node,
+    TaskFinished: attrgetter("job_id"),
+    TaskFailed: attrgetter("job_id"),
+    QuotaSet: lambda e: e.tenant + e.cell + e.cohort,
+    DecisionBatch: _no_ids,
+}
+"""Every identifier of an event run together: one regular-expression search tells whether all
+are printable (the fast path); :func:`unprintable_id` then says which one is not."""
+
+
+def unprintable_id(event: Event, is_bad: Callable[[str], object]) -> str | None:
+    """The JSON path (under ``$.event``) of the first identifier ``is_bad`` flags, or ``None``."""
+    for field, how in ID_FIELDS.get(type(event), ()):
+        value = getattr(event, field)
+        if how == "one":
+            found = [("", value)]
+        elif how == "groups":
+            found = [
+                (f"[{i}].gpu_models[{j}]", m) for i, g in enumerate(value) for j, m in enumerate(g.gpu_models)
+            ]
+        else:
+            found = [(f"[{i}]" if how == "many" else f"[{k!r}]", k) for i, k in enumerate(value)]
+        for suffix, text in found:
+            if is_bad(text):
+                return f".{field}{suffix}"
+    return None

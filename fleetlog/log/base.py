@@ -27,6 +27,10 @@ INPUTS: Final = "inputs"
 DECISIONS: Final = "decisions"
 DEAD_LETTERS: Final = "dead-letters"
 LOG_NAMES: Final = (INPUTS, DECISIONS, DEAD_LETTERS)
+UNREADABLE_HEADER: Final = "fleetlog-unreadable"
+"""Marks a record a log made up for bytes it could not read (a Kafka batch that does not
+decompress or parse): its value holds those raw bytes when small, the header says which offsets
+it stands for and why.  Readers park it in the dead-letter log; nothing folds it."""
 
 Headers = tuple[tuple[str, bytes], ...]
 L = TypeVar("L", bound="Log")

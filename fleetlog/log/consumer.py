@@ -16,7 +16,7 @@ import msgspec
 
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, InvalidEventError, decode, decode_many
 from fleetlog.events.model import INPUT_TYPES, DecisionBatch, Envelope, Event, InputEvent, NodeHeartbeat
-from fleetlog.log.base import DEAD_LETTERS, INPUTS, LogStore, Message, Record
+from fleetlog.log.base import DEAD_LETTERS, INPUTS, UNREADABLE_HEADER, LogStore, Message, Record
 
 REASON_HEADER: Final = "fleetlog-dead-letter-reason"
 ERROR_HEADER: Final = "fleetlog-dead-letter-error"
@@ -67,6 +67,17 @@ def dead_letter(record: Record, source: str, error: BadEventError) -> Message:
     return Message(value=record.value, key=record.key, headers=record.headers + extra)
 
 
+class UnreadableRecordsError(BadEventError):
+    """Bytes the log itself could not read (a Kafka batch that does not decompress or parse):
+    the log hands back one record standing for them, which names the offsets it covers."""
+
+    reason = "unreadable"
+
+
+def _unreadable(note: bytes) -> UnreadableRecordsError:
+    return UnreadableRecordsError(note.decode("utf-8", "replace"))
+
+
 def _not_an_input(env: Envelope) -> InvalidEventError:
     name = type(env.event).__name__
     return InvalidEventError(f"{name} is a decision, not an input: only the scheduler writes decisions")
@@ -115,7 +126,8 @@ class EventConsumer:
     def decode_memoised(self, records: Sequence[Record]) -> list[Event] | None:
         """The events of ``records``, a heartbeat's bytes (with its content type) decoded once
         and repeats looked up at C speed; ``None`` when some record needs :meth:`split` (bytes
-        that do not decode to an input)."""
+        that do not decode to an input).  A log's stand-in for bytes it could not read never
+        decodes (its value is a raw Kafka batch, which starts with an 8-byte offset, or empty)."""
         if any(map(_HEADERS, records)):
             keys: list[object] = [
                 (r.header(CONTENT_TYPE_HEADER), r.value) if r.headers else r.value for r in records
@@ -150,6 +162,9 @@ class EventConsumer:
                 if isinstance(result, Envelope) and not isinstance(result.event, INPUT_TYPES)
                 else result
             )
+            note = record.header(UNREADABLE_HEADER) if record.headers else None
+            if note is not None:  # its value (a raw batch, or nothing) never decodes: say why
+                env = _unreadable(note)
             if isinstance(env, BadEventError):
                 bad.append(dead_letter(record, self._source, env))
             else:

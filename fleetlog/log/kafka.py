@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
@@ -31,19 +32,24 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
+    CorruptRecordException,
     InvalidProducerEpoch,
     KafkaError,
     ProducerFenced,
     TopicAlreadyExistsError,
+    UnsupportedCodecError,
 )
 from aiokafka.errors import OffsetOutOfRangeError as KafkaOffsetOutOfRange
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import OffsetAndMetadata
 
 from fleetlog.log.base import (
     DECISIONS,
     INPUTS,
     LOG_NAMES,
+    UNREADABLE_HEADER,
     Log,
     LogClosedError,
     LogError,
@@ -57,6 +63,13 @@ from fleetlog.log.base import (
 _TIMESTAMP_TYPE: Final = "message.timestamp.type"
 _LOG_APPEND_TIME: Final = "LogAppendTime"
 _TOPIC_EXISTS: Final = TopicAlreadyExistsError.errno
+_BATCH_HEAD: Final = struct.Struct(">qi")
+"""How every record batch (and legacy message) starts: base offset, then the length of the rest."""
+_READ_COMMITTED: Final = 1
+MAX_KEPT_BATCH_BYTES: Final = 256 * 1024
+"""An unreadable batch up to this size travels to the dead-letter log whole (compressed, as the
+broker holds it); a larger one is named by its offsets only (it stays in its topic)."""
+_UNREADABLE_BATCH: Final = (UnsupportedCodecError, CorruptRecordException)
 
 
 class FencedError(LogError):
@@ -169,6 +182,33 @@ async def ensure_topic(
     finally:
         with contextlib.suppress(KafkaError):
             await admin.close()
+
+
+def _batches(raw: bytes) -> list[tuple[Any, bytes]]:
+    """The whole record batches in a fetch's bytes, each with its own bytes (a fetch may end in
+    a partial batch: left out)."""
+    out: list[tuple[Any, bytes]] = []
+    pos = 0
+    while pos + _BATCH_HEAD.size <= len(raw):
+        _, length = _BATCH_HEAD.unpack_from(raw, pos)
+        end = pos + _BATCH_HEAD.size + length
+        if length <= 0 or end > len(raw):
+            break
+        out.append((MemoryRecords(raw[pos:end]).next_batch(), raw[pos:end]))
+        pos = end
+    return out
+
+
+def _batch_problem(batch: Any) -> str | None:
+    """Why ``batch`` cannot be read (CRC, codec, a record in it), or ``None`` if it can."""
+    if not batch.validate_crc():
+        return "CRC mismatch: the batch is damaged"
+    try:
+        for _ in batch:
+            pass
+    except Exception as exc:  # whatever the parser raises is the reason
+        return f"cannot decompress or parse it: {exc!r}"
+    return None
 
 
 def _to_record(r: Any) -> Record:
@@ -296,10 +336,87 @@ class KafkaLog(Log):
                 if loop.time() >= hard_deadline or not await self._behind(consumer):
                     return []
                 wait = 0.05
-            fetched = await consumer.getmany(self.tp, timeout_ms=int(wait * 1000), max_records=max_records)
+            try:
+                fetched = await consumer.getmany(
+                    self.tp, timeout_ms=int(wait * 1000), max_records=max_records
+                )
+            except _UNREADABLE_BATCH as exc:
+                return await self._unreadable(consumer, exc)
+            except KafkaError:
+                raise
+            except Exception as exc:  # a record aiokafka cannot parse (a header key not UTF-8, ...)
+                return await self._unreadable(consumer, exc)
             got = fetched.get(self.tp)
             if got:
                 return [_to_record(r) for r in got]
+
+    async def _unreadable(
+        self, consumer: AIOKafkaConsumer, error: Exception, retried: bool = False
+    ) -> list[Record]:
+        """aiokafka cannot read a batch at its position (a codec it lacks, a damaged batch, a
+        record it cannot parse), and retrying would fail forever.  Read the batches there as the
+        broker stores them: if the first is readable, take one record the usual way; else hand
+        back one record standing for the bad batch (the reader parks it) and go past it."""
+        position = int(await consumer.position(self.tp))
+        for batch, raw in await self._raw_batches(consumer, position):
+            if batch.next_offset <= position or batch.is_control_batch:
+                continue
+            problem = _batch_problem(batch)
+            if problem is None and not retried:
+                return await self._one_record(consumer, error)
+            if problem is not None:
+                consumer.seek(self.tp, batch.next_offset)
+                return [self._stand_in(position, batch, raw, f"{problem}; the client said {error!r}")]
+        raise LogError(f"read {self.tp.topic} at {position}: {error!r}; no unreadable batch found there")
+
+    async def _one_record(self, consumer: AIOKafkaConsumer, error: Exception) -> list[Record]:
+        """The next record, read alone: the bad batch comes later (or the one before it holds
+        nothing to read, and then that bad batch is the one at hand)."""
+        timeout_ms = self._store.config.request_timeout_ms
+        try:
+            fetched = await consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=1)
+        except _UNREADABLE_BATCH as exc:
+            return await self._unreadable(consumer, exc, retried=True)
+        except KafkaError:
+            raise
+        except Exception as exc:  # as in _fetch
+            return await self._unreadable(consumer, exc, retried=True)
+        return [_to_record(r) for r in fetched.get(self.tp, [])]
+
+    async def _raw_batches(self, consumer: AIOKafkaConsumer, offset: int) -> list[tuple[Any, bytes]]:
+        """The batches from ``offset`` as the partition leader stores them, not decompressed
+        (aiokafka hands out only records it parsed, so this asks through the consumer's client)."""
+        client = consumer._client  # aiokafka has no public raw fetch
+        config = self._store.config
+        request = FetchRequest(
+            0, 1, config.fetch_max_bytes, _READ_COMMITTED,
+            [(self.tp.topic, [(self.tp.partition, offset, config.max_partition_fetch_bytes)])],
+        )
+        with _translated(f"fetch the raw batches of {self.tp.topic} at {offset}"):
+            leader = client.cluster.leader_for_partition(self.tp)
+            if leader is None or leader < 0:
+                await client.add_topic(self.tp.topic)
+                await client.force_metadata_update()
+                leader = client.cluster.leader_for_partition(self.tp)
+            response = await client.send(leader, request)
+        for _topic, partitions in response.topics:
+            for partition, error_code, _highwater, *data in partitions:
+                if partition == self.tp.partition and not error_code:
+                    return list(_batches(bytes(data[-1] or b"")))
+        return []
+
+    def _stand_in(self, start: int, batch: Any, raw: bytes, why: str) -> Record:
+        """The record that stands for an unreadable batch: at its last offset (readers go on
+        after it), holding its raw bytes if small, saying what it covers and why."""
+        last = batch.next_offset - 1
+        kept = len(raw) <= MAX_KEPT_BATCH_BYTES
+        note = (
+            f"offsets {start}..{last} of {self.tp.topic}[{self.tp.partition}] could not be read "
+            f"(batch of {len(raw)} bytes, compression codec {batch.compression_type}, "
+            f"{'kept here' if kept else 'too large to keep here: still in the topic'}): {why}"
+        )
+        value = raw if kept else b""
+        return Record(last, batch.max_timestamp, value, None, ((UNREADABLE_HEADER, note[:2000].encode()),))
 
     async def _behind(self, consumer: AIOKafkaConsumer) -> bool:
         position = int(await consumer.position(self.tp))

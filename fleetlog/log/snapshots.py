@@ -83,8 +83,8 @@ def decode_snapshot(data: bytes) -> Snapshot:
     start = len(MAGIC) + 4
     try:
         header = msgspec.msgpack.decode(data[start : start + size], type=SnapshotHeader)
-    except msgspec.DecodeError as exc:
-        raise CorruptSnapshotError(f"bad header: {exc}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:  # a forged header may nest deeply
+        raise CorruptSnapshotError(f"bad header: {exc!r}") from None
     return Snapshot(header, data[start + size : -4])
 
 

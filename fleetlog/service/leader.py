@@ -25,7 +25,7 @@ import contextlib
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
 
 from fleetlog.log.base import LogError
 from fleetlog.log.kafka import KafkaConfig, ensure_topic
@@ -89,13 +89,19 @@ class KafkaElection:
         self._task = asyncio.create_task(self._poll(consumer), name="fleetlog-leader-poll")
 
     async def _poll(self, consumer: AIOKafkaConsumer) -> None:
-        """Keep the membership alive (aiokafka leaves the group if it is not polled)."""
+        """Keep the membership alive (aiokafka leaves the group if it is not polled).  Records
+        on the leader topic mean nothing: one that cannot be read is skipped, never a reason to
+        step down (or to end this task, which would lose the membership for good)."""
         while True:
             try:
                 await consumer.getmany(timeout_ms=500)
+            except (UnsupportedCodecError, CorruptRecordException):
+                await consumer.seek_to_end()
             except KafkaError:
                 self.set_leader(False)
                 await asyncio.sleep(0.5)
+            except Exception:  # a record aiokafka cannot parse (a header key not UTF-8, ...)
+                await consumer.seek_to_end()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

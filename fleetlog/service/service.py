@@ -475,10 +475,12 @@ def _json_parts(body: bytes) -> list[bytes] | list[msgspec.Raw]:
     stripped = body.lstrip()
     if not stripped.startswith(b"["):
         return [body]
-    try:
+    try:  # each element's own bytes (not re-encoded: the codec sees repeated keys)
         return _RAW_LIST.decode(stripped)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except msgspec.DecodeError as exc:
         raise IngestError(f"body is not a JSON array of events: {exc}", "undecodable") from None
+    except RecursionError:
+        raise IngestError("body nests arrays or maps too deeply", "too_deep") from None
 
 
 def http_limits(settings: ServiceSettings) -> HttpLimits:

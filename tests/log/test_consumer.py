@@ -85,3 +85,34 @@ async def test_poll_inputs_decodes_a_repeated_heartbeat_once(store: LogStore) ->
     assert first.events == [hb(7), hb(8)]
     assert second.events == [hb(7)]
     assert second.events[0] is first.events[0]
+
+
+DEEP_JSON = (b'{"schema_version":1,"producer_id":"p","event":{"type":"JobCancelled","job_id":"j","reason":'
+             + b"[" * 1000 + b"]" * 1000 + b"}}")
+DEEP_MSGPACK = (b"\x83\xaeschema_version\x01\xabproducer_id\xa1p\xa5event" + b"\x91" * 1000 + b"\x01")
+
+
+async def test_a_poison_record_nested_a_thousand_deep_is_parked_and_the_next_ones_folded(
+    store: LogStore,
+) -> None:
+    """The issue's 1 KB poison record (msgspec raised ``RecursionError`` out of the consumer):
+    parked with reason ``too_deep``; the good records after it are still delivered."""
+    batch = [
+        Message(encode(envelope(hb(0), "p"))),
+        Message(DEEP_JSON, key=b"k", headers=(("content-type", JSON),)),
+        Message(DEEP_MSGPACK),
+        Message(DEEP_JSON),  # JSON without a header
+        Message(encode(envelope(job("after"), "p"))),
+        Message(encode(envelope(hb(0), "p"))),
+    ]
+    await store.log(INPUTS).append(batch)
+    inputs = await EventConsumer(store).poll_inputs(0, timeout_ms=2000)
+    assert inputs.events == [hb(0), job("after"), hb(0)]
+    assert (inputs.dead_lettered, inputs.next_offset) == (3, 6)
+    parked = await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)
+    assert [r.header(REASON_HEADER) for r in parked] == [b"too_deep"] * 3
+    assert [r.header(SOURCE_HEADER) for r in parked] == [b"inputs@1", b"inputs@2", b"inputs@3"]
+    assert [r.value for r in parked] == [DEEP_JSON, DEEP_MSGPACK, DEEP_JSON]
+    assert b"nested too deeply" in (parked[0].header(ERROR_HEADER) or b"")
+    polled = await EventConsumer(store).poll(0, timeout_ms=2000, park=False)
+    assert [d.offset for d in polled.events] == [0, 4, 5]
