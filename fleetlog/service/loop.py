@@ -89,8 +89,8 @@ class SchedulerLoop:
         log = self.store.log(DECISIONS)
         inputs_end = await self.store.log(INPUTS).end_offset()
         end, at = await log.end_offset(), self.decisions_next
-        _check_ahead("a snapshot covers inputs", self.offset, INPUTS, inputs_end)
-        _check_ahead("a snapshot covers decisions", self.decisions_next, DECISIONS, end)
+        check_ahead("a snapshot covers inputs", self.offset, INPUTS, inputs_end)
+        check_ahead("a snapshot covers decisions", self.decisions_next, DECISIONS, end)
         while at < end:
             records = await log.read(at, 10_000)
             if not records:
@@ -106,7 +106,7 @@ class SchedulerLoop:
                 self.decisions_next = offset + 1
             at = records[-1].offset + 1
         committed = await self.store.committed_offset(self.config.group)
-        _check_ahead(f"group {self.config.group!r} committed inputs", committed or 0, INPUTS, inputs_end)
+        check_ahead(f"group {self.config.group!r} committed inputs", committed or 0, INPUTS, inputs_end)
         await self._fold_inputs_until(committed or 0)
         self.committed = max(committed or 0, self.offset)
 
@@ -166,8 +166,9 @@ class SchedulerLoop:
         return Message(value=value, headers=((CONTENT_TYPE_HEADER, MSGPACK),))
 
 
-def _check_ahead(what: str, offset: int, name: str, end: int) -> None:
-    """Refuse a log that ends before ``offset``, which something durable says it reached."""
+def check_ahead(what: str, offset: int, name: str, end: int) -> None:
+    """:class:`LogBehindError` if the ``name`` log ends before ``offset``, which something
+    durable (a snapshot, a decision batch, a commit) says it reached."""
     if offset > end:
         raise LogBehindError(
             f"{what} up to offset {offset}, but the {name} log ends at {end}: it lost acknowledged "

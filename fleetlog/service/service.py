@@ -46,7 +46,7 @@ from fleetlog.core.state import State
 from fleetlog.core.views import job_status, pending_by_reason
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
-from fleetlog.log.base import INPUTS, LogError, LogStore, Message
+from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message
 from fleetlog.log.consumer import CorruptDecisionsError
 from fleetlog.log.file import (
     TRUNCATIONS_NAME,
@@ -70,7 +70,14 @@ from fleetlog.log.snapshots import (
 from fleetlog.service.config import Config, make_store
 from fleetlog.service.http import HttpServer, Request, Response, json_response
 from fleetlog.service.leader import KafkaElection
-from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, SnapshotMismatchError, StepResult
+from fleetlog.service.loop import (
+    LogBehindError,
+    LoopConfig,
+    SchedulerLoop,
+    SnapshotMismatchError,
+    StepResult,
+    check_ahead,
+)
 from fleetlog.service.metrics import Metrics
 
 SERVICE_FILE: Final = "service.json"
@@ -109,13 +116,34 @@ def restored(data: bytes, source: str) -> Restored:
     return Restored(snap.header, restore(snap.state), source)
 
 
+Candidates = list[tuple[str, Callable[[], bytes]]]
+
+
+async def check_ends(store: LogStore, candidates: Candidates, group: str) -> None:
+    """Refuse (:class:`LogBehindError`) logs that end before what a snapshot or the committed
+    offset says they reached — before anyone may append to them: an event acknowledged at an
+    offset the state already counts as folded would never be folded.  A snapshot that does not
+    decode is left to :func:`recover` (which reports and skips it)."""
+    ends = {name: await store.log(name).end_offset() for name in (INPUTS, DECISIONS)}
+    committed = await store.committed_offset(group)
+    check_ahead(f"group {group!r} committed inputs", committed or 0, INPUTS, ends[INPUTS])
+    for name, load in candidates:
+        try:
+            header = decode_snapshot(load()).header
+        except (LogError, OSError):
+            continue
+        check_ahead(f"snapshot {name} covers inputs", header.inputs_offset, INPUTS, ends[INPUTS])
+        check_ahead(f"snapshot {name} covers decisions", header.decisions_offset, DECISIONS, ends[DECISIONS])
+
+
 async def recover(
-    store: LogStore, snapshots: SnapshotStore, make_loop: LoopFactory
+    store: LogStore, snapshots: SnapshotStore, make_loop: LoopFactory, candidates: Candidates | None = None
 ) -> tuple[SchedulerLoop, SnapshotHeader | None]:
     """The newest snapshot that restores and lines up with the logs, then the tail; a bad one is
-    reported and the previous one tried; with none left, the logs from the start.  Returns the
-    loop and the header of the snapshot used."""
-    for name, load in await snapshots.candidates():
+    reported and the previous one tried; with none left, the logs from the start.  A log that
+    ends before a snapshot is not the snapshot's fault: :class:`LogBehindError`, no fallback.
+    Returns the loop and the header of the snapshot used."""
+    for name, load in candidates if candidates is not None else await snapshots.candidates():
         try:
             found = restored(load(), name)
             loop = make_loop(store)
@@ -220,6 +248,7 @@ class Service:
         self.problem: Problem | None = None
         self._stage = "starting"
         self._recovering: SchedulerLoop | None = None
+        self._failed_at: str | None = None
         self._truncations: list[dict[str, object]] = []
         self._backoff = wait_exponential_jitter(multiplier=RETRY_INITIAL_S, max=RETRY_MAX_S, jitter=0.25)
         self._recheck = wait_exponential_jitter(multiplier=1.0, max=STALL_RECHECK_S, jitter=0.5)
@@ -281,7 +310,7 @@ class Service:
             log.warning("fenced", error=str(exc), retry_s=round(wait, 3))
             return
         status, action = classify(exc)
-        where = self._where(exc)
+        where, self._failed_at = self._failed_at or self._where(exc), None
         since = self.problem.since if self.problem is not None else time.time()
         self.problem = Problem(status, type(exc).__name__, str(exc)[:2000], where, action, since,
                                state.attempt_number, round(wait, 3))
@@ -298,13 +327,13 @@ class Service:
         loop = self.loop or self._recovering
         if self._stage == "serving" and loop is not None:
             return f"stepping: inputs log, the step reading from offset {loop.offset}"
+        where = self._stage
         if self._stage == "recovering" and loop is not None:
             where = (f"recovering: inputs folded up to offset {loop.offset}, decisions up to "
                      f"offset {loop.decisions_next}")
-            if isinstance(exc, LogBehindError) and self._truncations:
-                where += f"; {TRUNCATIONS_NAME} says: {self._truncations[-1].get('message')}"
-            return where
-        return self._stage
+        if isinstance(exc, LogBehindError) and self._truncations:
+            where += f"; {TRUNCATIONS_NAME} says: {self._truncations[-1].get('message')}"
+        return where
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -318,14 +347,17 @@ class Service:
         store = await self._open_store()
         if store is None:
             return
-        self.store = store
         try:
             self._note_truncations(store)
+            self._stage = "checking the logs against the snapshots"
+            candidates = await self.snapshots.candidates()
+            await check_ends(store, candidates, self.settings.group)
+            self.store = store  # ingest may append from now on
             self.metrics.leader.set(1)
             self._advertise()
             started = time.monotonic()
             self._stage = "recovering"
-            self.loop, used = await recover(store, self.snapshots, self._recovery_loop)
+            self.loop, used = await recover(store, self.snapshots, self._recovery_loop, candidates)
             self._recovered(attempt)
             self._last_snapshot = (used.inputs_offset if used else 0, time.monotonic(),
                                    used.taken_ms / 1000 if used else time.time())
@@ -338,6 +370,9 @@ class Service:
             gc.freeze()
             self._stage = "serving"
             await self._serve(self.loop)
+        except Exception as exc:
+            self._failed_at = self._where(exc)  # before the loop is dropped: it knows the offsets
+            raise
         finally:
             self.metrics.leader.set(0)
             self.loop = self.store = self._recovering = None
