@@ -340,8 +340,8 @@ async def _after_handover(config: Config) -> Transport:
             await asyncio.sleep(0.05)
         except LogError as exc:
             raise ClientError(f"cannot open the file log at {directory}: {exc}", "unreachable") from None
-    raise ClientError(f"the service taking the file log at {directory} over did not announce itself "
-                      f"in {HANDOVER_WAIT_S:.0f} s", "unreachable")
+    raise ClientError(f"the service waiting for the file log at {directory} did not announce itself in "
+                      f"{HANDOVER_WAIT_S:.0f} s (is it stalled? see its /healthz)", "unreachable")
 
 
 async def open_transport(config: Config) -> Transport:

@@ -275,6 +275,7 @@ class Service:
                         with attempt:
                             await self._cycle(attempt.retry_state)
         finally:
+            self._want_log(False)
             if self.election is not None:
                 await self.election.stop()
             await self.snapshots.close()
@@ -355,6 +356,7 @@ class Service:
             self.store = store  # ingest may append from now on
             self.metrics.leader.set(1)
             self._advertise()
+            self._want_log(False)  # service.json tells producers where to send from now on
             started = time.monotonic()
             self._stage = "recovering"
             self.loop, used = await recover(store, self.snapshots, self._recovery_loop, candidates)
@@ -379,6 +381,7 @@ class Service:
             await self._finish_snapshot()
             await store.close()
             self._unadvertise()
+            self._want_log(not self.stopping.is_set())
 
     async def _await_leadership(self) -> bool:
         election = self.election
@@ -414,30 +417,36 @@ class Service:
             log.error("log_truncated", **cut.to_json(int(time.time() * 1000)))
         self._truncations = store.truncation_history(5)
 
+    def _log_dir(self) -> Path | None:
+        return Path(self.config.log.dir) if self.config.kafka is None and self.config.log.dir else None
+
+    def _want_log(self, wanted: bool) -> None:
+        """Embedded mode: ``LOCK.intent`` names this process whenever it runs but does not lead
+        (waiting for the lock, recovering, retrying or stalled).  Producers that append directly
+        give the log up at their next append, and new ones wait for ``service.json`` instead of
+        taking it: nothing is appended behind the back of a service that stands by (a log that
+        went backwards must not grow at offsets the snapshots already count)."""
+        directory = self._log_dir()
+        if directory is not None:
+            (announce_intent if wanted else withdraw_intent)(directory)
+
     async def _open_store(self) -> LogStore | None:
         """Open the logs; in embedded mode wait while another process holds the file log.
 
-        While waiting, ``LOCK.intent`` names this process: producers appending directly give
-        the log up at their next append and new ones do not take it, so the wait is bounded by
-        one append (see docs/logs.md), not by how busy the producers are."""
-        directory = Path(self.config.log.dir) if self.config.kafka is None and self.config.log.dir else None
+        The wait is bounded by one append of the producers that hold it (``LOCK.intent``, see
+        :meth:`_want_log` and docs/logs.md), not by how busy they are."""
         announced = False
-        try:
-            while not self.stopping.is_set():
-                store = make_store(self.config)
-                try:
-                    await store.open()
-                    return store
-                except LockedError as exc:
-                    if not announced:
-                        if directory is not None:
-                            announce_intent(directory)
-                        log.info("standing_by", reason=str(exc))
-                        announced = True
-                    await self._sleep(LOCK_POLL_S)
-        finally:
-            if announced and directory is not None:
-                withdraw_intent(directory)
+        self._want_log(True)
+        while not self.stopping.is_set():
+            store = make_store(self.config)
+            try:
+                await store.open()
+                return store
+            except LockedError as exc:
+                if not announced:
+                    log.info("standing_by", reason=str(exc))
+                    announced = True
+                await self._sleep(LOCK_POLL_S)
         return None
 
     def _lost(self) -> bool:
