@@ -47,7 +47,7 @@ from fleetlog.core.views import job_status, pending_by_reason
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
 from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message
-from fleetlog.log.consumer import CorruptDecisionsError
+from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
 from fleetlog.log.file import (
     TRUNCATIONS_NAME,
     CorruptLogError,
@@ -127,6 +127,9 @@ async def check_ends(store: LogStore, candidates: Candidates, group: str) -> Non
     ends = {name: await store.log(name).end_offset() for name in (INPUTS, DECISIONS)}
     committed = await store.committed_offset(group)
     check_ahead(f"group {group!r} committed inputs", committed or 0, INPUTS, ends[INPUTS])
+    last = await _last_batch(store, ends[DECISIONS])
+    if last is not None:
+        check_ahead(f"decisions@{last[0]} was computed at inputs", last[1], INPUTS, ends[INPUTS])
     for name, load in candidates:
         try:
             header = decode_snapshot(load()).header
@@ -134,6 +137,20 @@ async def check_ends(store: LogStore, candidates: Candidates, group: str) -> Non
             continue
         check_ahead(f"snapshot {name} covers inputs", header.inputs_offset, INPUTS, ends[INPUTS])
         check_ahead(f"snapshot {name} covers decisions", header.decisions_offset, DECISIONS, ends[DECISIONS])
+
+
+async def _last_batch(store: LogStore, end: int, window: int = 256) -> tuple[int, int] | None:
+    """(offset, as_of) of the last decision batch (Kafka's transaction markers take offsets
+    and are never returned: look further back until a record shows up)."""
+    log_ = store.log(DECISIONS)
+    while end > 0:
+        start = max(0, end - window)
+        records = [r for r in await log_.read(start, end - start) if r.offset < end]
+        if records:
+            offset, batch = next(iter(decision_batches(records[-1:])))
+            return offset, batch.as_of
+        end = start
+    return None
 
 
 async def recover(
