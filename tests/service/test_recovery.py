@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -312,3 +313,29 @@ async def test_a_restarting_service_gets_the_log_from_a_busy_direct_producer_wit
     assert len(records) == len(sent)  # every acknowledged submission, once, where it was acknowledged
     found = [(r.offset, decode(r.value, r.header(CONTENT_TYPE_HEADER)).key) for r in records]
     assert sorted(found) == sorted(sent)
+
+
+# -- item 10: a service under umask 000 --------------------------------------------------------
+
+
+async def test_under_umask_000_the_service_writes_nothing_others_can_read_or_forge(
+    tmp_path: Path, started: Callable[[Path], ServiceProcess]
+) -> None:
+    directory = tmp_path / "log"
+    old = os.umask(0)
+    try:
+        proc = started(directory)  # the child inherits umask 000
+    finally:
+        os.umask(old)
+    await wait_health(proc, leading)
+    service_file = directory / SERVICE_FILE
+    assert stat.S_IMODE(service_file.stat().st_mode) == 0o600  # could redirect producers
+    body = b"[" + b",".join(encode(envelope(e, "t"), "json") for e in (node("n1"), job("j1"))) + b"]"
+    assert (await asyncio.to_thread(fetch, proc, "/v1/events", body))[0] == 200
+    await wait_health(proc, lambda h: h["inputs_offset"] == 2)
+    assert proc.stop() == 0, proc.tail()
+    snapshots = list((directory / "snapshots").glob("*.bin"))
+    assert snapshots  # the last one, at shutdown: could be forged
+    for path in [directory, *directory.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {mode:04o}"
