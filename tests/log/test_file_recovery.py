@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,3 +241,33 @@ async def test_an_existing_world_writable_lock_or_segment_file_is_made_private(t
     await store.open()
     await store.close()
     assert stat.S_IMODE((directory / "LOCK").stat().st_mode) == 0o600
+
+
+async def test_a_producer_waits_a_bounded_time_for_a_waiting_service_then_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fleetlog.client as client_module
+    from fleetlog.client import Client, ClientError
+    from fleetlog.service.config import load_config
+
+    directory = tmp_path / "log"
+    monkeypatch.setattr(client_module, "HANDOVER_WAIT_S", 1.0)
+    waiter = subprocess.Popen([sys.executable, "-c", WAITER, str(directory)], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline() == b"waiting\n"
+        started = time.monotonic()
+        with pytest.raises(ClientError, match="did not announce itself in 1 s") as caught:
+            await Client.connect(load_config(None, {}, log_dir=str(directory)))
+        assert caught.value.reason == "unreachable"
+        assert 1.0 <= time.monotonic() - started < 5
+    finally:
+        waiter.kill()
+        waiter.wait(10)
+    store = FileLogStore(directory)
+    await store.open()
+    try:
+        assert await store.log(INPUTS).end_offset() == 0  # nothing was appended behind its back
+    finally:
+        await store.close()
