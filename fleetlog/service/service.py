@@ -46,7 +46,7 @@ from fleetlog.core.state import State
 from fleetlog.core.views import job_status, pending_by_reason
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
-from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message
+from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message, OffsetOutOfRangeError
 from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
 from fleetlog.log.file import (
     TRUNCATIONS_NAME,
@@ -145,7 +145,10 @@ async def _last_batch(store: LogStore, end: int, window: int = 256) -> tuple[int
     log_ = store.log(DECISIONS)
     while end > 0:
         start = max(0, end - window)
-        records = [r for r in await log_.read(start, end - start) if r.offset < end]
+        try:
+            records = [r for r in await log_.read(start, end - start) if r.offset < end]
+        except OffsetOutOfRangeError:  # retention removed what lies before: nothing to compare
+            return None
         if records:
             offset, batch = next(iter(decision_batches(records[-1:])))
             return offset, batch.as_of
