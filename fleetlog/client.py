@@ -60,7 +60,7 @@ from fleetlog.events.model import (
     TopologyLevel,
 )
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
-from fleetlog.log.file import FileLogStore
+from fleetlog.log.file import FileLogStore, HandOverError, LockedError
 from fleetlog.service.config import Config, make_store
 
 DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
@@ -70,6 +70,8 @@ INGEST_PATH: Final = "/v1/events"
 JOBS_PATH: Final = "/v1/jobs/"
 HTTP_TIMEOUT_S: Final = 30.0
 RETRY_MAX_S: Final = 5.0
+HANDOVER_WAIT_S: Final = 60.0
+"""How long a producer that gave the file log up waits for the service to announce itself."""
 MAX_KEY: Final = 253
 
 
@@ -210,6 +212,8 @@ class StoreTransport:
     async def append(self, envelopes: Sequence[Envelope]) -> int:
         try:
             return await self.store.log(INPUTS).append([message_of(e) for e in envelopes])
+        except HandOverError:
+            raise  # nothing was written: FileTransport sends the batch to the service instead
         except LogError as exc:
             raise ClientError(f"cannot append to {self.what}: {exc}", "unreachable") from None
 
@@ -320,16 +324,68 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class FileTransport:
+    """The file log, appended to directly while no service holds it — until a service waits
+    for it (``LOCK.intent``): then the log is handed over before the next append and every
+    batch from then on goes to the service's ingest endpoint."""
+
+    def __init__(self, config: Config, inner: Transport) -> None:
+        self.config, self.inner = config, inner
+
+    async def append(self, envelopes: Sequence[Envelope]) -> int:
+        try:
+            return await self.inner.append(envelopes)
+        except HandOverError:
+            await self.inner.close()
+            self.inner = await _after_handover(self.config)
+            return await self.inner.append(envelopes)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+async def _direct(config: Config) -> StoreTransport:
+    store = FileLogStore(str(config.log.dir), fsync=config.log.fsync, yields=True)
+    await store.open()
+    return StoreTransport(store, owned=True, what=f"the file log at {config.log.dir}")
+
+
+async def _after_handover(config: Config) -> Transport:
+    """The service that took (or is taking) the file log over, once it announces itself; the
+    log itself again if that service went away without taking it."""
+    directory = Path(str(config.log.dir))
+    deadline = asyncio.get_running_loop().time() + HANDOVER_WAIT_S
+    while asyncio.get_running_loop().time() < deadline:
+        found = running_service(directory)
+        if found is not None:
+            return HttpTransport(*found)
+        try:
+            return await _direct(config)
+        except LockedError:  # HandOverError too: the service is taking the log, wait for it
+            await asyncio.sleep(0.05)
+        except LogError as exc:
+            raise ClientError(f"cannot open the file log at {directory}: {exc}", "unreachable") from None
+    raise ClientError(f"the service waiting for the file log at {directory} did not announce itself in "
+                      f"{HANDOVER_WAIT_S:.0f} s (is it stalled? see its /healthz)", "unreachable")
+
+
 async def open_transport(config: Config) -> Transport:
     """The configured inputs log, or the running service that holds the file log."""
     if config.log.dir is not None:
         found = running_service(Path(config.log.dir))
         if found is not None:
             return HttpTransport(*found)
-        store: LogStore = FileLogStore(config.log.dir, fsync=config.log.fsync)
-        what = f"the file log at {config.log.dir}"
+        try:
+            return FileTransport(config, await _direct(config))
+        except HandOverError:
+            return FileTransport(config, await _after_handover(config))
+        except LogError as exc:
+            raise ClientError(f"cannot open the file log at {config.log.dir}: {exc}", "unreachable") from None
     else:
-        store = make_store(config)
+        store: LogStore = make_store(config)
         what = f"Kafka at {config.kafka.bootstrap_servers}" if config.kafka else "the log"
     try:
         await store.open()

@@ -179,7 +179,13 @@ class CorruptDecisionsError(RuntimeError):
 def decision_batches(records: list[Record]) -> Iterator[tuple[int, DecisionBatch]]:
     """Decode the decision batches of ``records`` (the scheduler wrote them: bad bytes are fatal)."""
     for record in records:
-        env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
+        try:
+            env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
+        except (BadEventError, RecursionError) as exc:  # any decode failure names the record
+            raise CorruptDecisionsError(
+                f"decisions@{record.offset} ({len(record.value)} bytes) cannot be read: "
+                f"{type(exc).__name__}: {str(exc)[:500]}"
+            ) from exc
         if not isinstance(env.event, DecisionBatch):
             raise CorruptDecisionsError(f"decisions@{record.offset} holds {type(env.event).__name__}")
         yield record.offset, env.event

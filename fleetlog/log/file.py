@@ -66,11 +66,13 @@ import bisect
 import contextlib
 import fcntl
 import itertools
+import json
 import os
 import struct
+import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, NamedTuple, get_args
@@ -92,13 +94,17 @@ from fleetlog.log.base import (
     pick_log,
 )
 from fleetlog.log.memory import wall_clock_ms
+from fleetlog.log.private import append_private, open_private, private_dir, write_private
 
 __all__ = [
+    "CorruptLogError",
     "FileLog",
     "FileLogConfig",
     "FileLogStats",
     "FileLogStore",
     "FsyncPolicy",
+    "HandOverError",
+    "LockedError",
     "RecoveryReport",
     "RecoveryWarning",
     "Truncation",
@@ -115,6 +121,10 @@ CRC_START: Final = 16
 SEGMENT_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
 LOCK_NAME: Final = "LOCK"
+INTENT_NAME: Final = "LOCK.intent"
+"""Written by a service waiting for the lock: direct-appending producers hand the log over."""
+TRUNCATIONS_NAME: Final = "truncations.jsonl"
+"""One JSON line per torn or corrupt tail cut on open (what, where, which offsets were lost)."""
 _OFFSET_DIGITS: Final = 20
 _MAX_OPEN_SEGMENTS: Final = 16
 _INDEX_CRC: Final = struct.Struct("<I")
@@ -132,6 +142,11 @@ _TXN: Final = msgspec.msgpack.Decoder(_Txn)
 
 class RecoveryWarning(UserWarning):
     """Emitted when opening a file log found and cut a torn tail."""
+
+
+class CorruptLogError(LogError):
+    """Damage opening cannot repair (a sealed segment, the middle of a segment, a missing
+    segment): an operator must restore or move files; retrying alone will not help."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +170,17 @@ class FileLogConfig:
             raise LogError(f"max_frame_bytes must fit in 32 bits, got {self.max_frame_bytes}")
 
 
+TruncationKind = Literal["torn", "corrupt"]
+
+
 @dataclass(frozen=True, slots=True)
 class Truncation:
-    """One torn tail found on open: ``bytes_truncated`` bytes from ``position`` of ``file``."""
+    """One damaged tail found on open: ``bytes_truncated`` bytes from ``position`` of ``file``.
+
+    ``kind`` tells a write cut short (``torn``: the frame runs past the end of the file, or the
+    tail is zero fill) from bit rot (``corrupt``: a whole frame whose checksum, magic, version or
+    offset is wrong).  Every record from ``first_lost_offset`` on is gone; ``records_claimed`` is
+    how many the damaged frame's header says it held (unverified: the header may be the damage)."""
 
     log: str
     file: Path
@@ -165,11 +188,28 @@ class Truncation:
     bytes_truncated: int
     reason: str
     applied: bool = True  # False when the store is read-only: the bytes are only ignored
+    kind: TruncationKind = "torn"
+    first_lost_offset: int = 0
+    records_claimed: int | None = None
+
+    def lost(self) -> str:
+        """Which acknowledged offsets are gone, in words."""
+        if self.records_claimed:
+            last = self.first_lost_offset + self.records_claimed - 1
+            return f"offsets {self.first_lost_offset}..{last} (as the damaged frame claims) and any after"
+        return f"every record from offset {self.first_lost_offset} on (the frame header is unreadable)"
 
     def __str__(self) -> str:
         verb = "truncated" if self.applied else "ignored (read-only)"
         where = f"{self.bytes_truncated} bytes of {self.file} at byte {self.position}"
-        return f"{self.log}: {verb} {where}: {self.reason}"
+        return f"{self.log}: {verb} {where}: {self.kind}: {self.reason}; lost {self.lost()}"
+
+    def to_json(self, at_ms: int) -> dict[str, object]:
+        """The persisted report line (``truncations.jsonl``)."""
+        return {"at_ms": at_ms, "log": self.log, "file": str(self.file), "position": self.position,
+                "bytes": self.bytes_truncated, "kind": self.kind, "reason": self.reason,
+                "first_lost_offset": self.first_lost_offset, "records_claimed": self.records_claimed,
+                "applied": self.applied, "message": str(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +266,22 @@ class _Damage(NamedTuple):
     reason: str
 
 
+_TORN_REASONS: Final = ("torn frame", "bad magic (zero-filled tail)")
+
+
+def _damage_kind(reason: str) -> TruncationKind:
+    """A write cut short (the frame runs past the end of the file, or zero fill) or bit rot."""
+    return "torn" if reason.startswith(_TORN_REASONS) else "corrupt"
+
+
+def _claimed_records(buf: bytes, position: int) -> int | None:
+    """The record count in the (possibly damaged) frame header at ``buf[position]``, if readable."""
+    if len(buf) - position < HEADER_SIZE or buf[position : position + 4] != MAGIC:
+        return None
+    count: int = HEADER.unpack_from(buf, position)[8]
+    return count
+
+
 def _crc(data: bytes | memoryview, value: int = 0) -> int:
     return crc32c(data, value)
 
@@ -276,7 +332,7 @@ def _decode_txn(section: bytes | memoryview, where: str) -> _Txn:
     try:
         return _TXN.decode(section)
     except msgspec.DecodeError as exc:
-        raise LogError(f"{where}: undecodable transaction metadata: {exc}") from None
+        raise CorruptLogError(f"{where}: undecodable transaction metadata: {exc}") from None
 
 
 def _encode_columns(messages: Sequence[Message]) -> bytes:
@@ -413,9 +469,7 @@ class _Segment:
         data = _ENCODER.encode(
             _IndexFile(1, self.size, self.next_offset, self.last_ts, offsets, positions, self.commits)
         )
-        tmp = self.path.with_suffix(".index.tmp")
-        tmp.write_bytes(_INDEX_CRC.pack(_crc(data)) + data)
-        os.replace(tmp, self.path.with_suffix(INDEX_SUFFIX))
+        write_private(self.path.with_suffix(INDEX_SUFFIX), _INDEX_CRC.pack(_crc(data)) + data)
 
     @classmethod
     def from_index(cls, base: int, path: Path) -> _Segment | None:
@@ -455,13 +509,15 @@ class FileLog(Log):
         self._grew = asyncio.Event()
         self._cached: tuple[int, int, _Columns] | None = None
         self.indexes_rebuilt: list[Path] = []
+        self.before_append: Callable[[], None] | None = None
+        """Called before every plain append (a producer's store: hand the log to a waiting service)."""
 
     # -- opening and recovery -------------------------------------------------------------------
 
     def open(self) -> list[Truncation]:
         """Load sealed segments, recover the active one; return the torn tails found."""
         if not self._config.read_only:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            private_dir(self.directory)
         bases = self._existing_bases()
         if not bases and not self._config.read_only:
             self._create_segment_file(0)
@@ -491,7 +547,7 @@ class FileLog(Log):
     def _add_segment(self, seg: _Segment) -> None:
         if self._segments and seg.base != self._segments[-1].next_offset:
             prev = self._segments[-1]
-            raise LogError(
+            raise CorruptLogError(
                 f"{seg.path}: segment starts at offset {seg.base} but {prev.path.name} ends at offset "
                 f"{prev.next_offset} (missing or damaged segment)"
             )
@@ -509,7 +565,7 @@ class FileLog(Log):
         seg = _Segment(base, path)
         damage = seg.scan(path.read_bytes(), 0, self._config)
         if damage is not None:
-            raise LogError(
+            raise CorruptLogError(
                 f"{self.name}: corrupt frame in sealed segment {path} at byte {damage.position}: "
                 f"{damage.reason}; refusing to drop data (restore the segment or move it away)"
             )
@@ -527,7 +583,7 @@ class FileLog(Log):
             return seg, None
         later = _find_later_frame(buf, damage.position, self._config.max_frame_bytes)
         if later is not None:
-            raise LogError(
+            raise CorruptLogError(
                 f"{self.name}: corrupt frame in {path} at byte {damage.position} ({damage.reason}) "
                 f"followed by a valid frame at byte {later}: corruption in the middle, not a torn tail; "
                 "refusing to truncate"
@@ -536,8 +592,12 @@ class FileLog(Log):
             with open(path, "r+b") as f:
                 f.truncate(damage.position)
                 os.fsync(f.fileno())
-        cut = Truncation(self.name, path, damage.position, len(buf) - damage.position, damage.reason)
-        return seg, cut if not self._config.read_only else _unapplied(cut)
+        cut = Truncation(
+            self.name, path, damage.position, len(buf) - damage.position, damage.reason,
+            not self._config.read_only, _damage_kind(damage.reason), seg.next_offset,
+            _claimed_records(buf, damage.position),
+        )
+        return seg, cut
 
     def index_entries(self) -> list[tuple[int, int, int]]:
         """The sparse index: (segment base offset, frame base offset, byte position) entries."""
@@ -571,6 +631,8 @@ class FileLog(Log):
     # -- appending ------------------------------------------------------------------------------
 
     async def append(self, messages: Sequence[Message]) -> int:
+        if self.before_append is not None:
+            self.before_append()
         return self.append_now(messages)
 
     def append_now(self, messages: Sequence[Message], txn: _Txn | None = None) -> int:
@@ -650,7 +712,7 @@ class FileLog(Log):
         self._add_segment(_Segment(active.next_offset, self._segment_path(active.next_offset)))
 
     def _create_segment_file(self, base: int) -> None:
-        fd = os.open(self._segment_path(base), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = open_private(self._segment_path(base), os.O_WRONLY | os.O_EXCL)
         os.close(fd)
         if self._config.fsync != "never":
             _fsync_dir(self.directory)
@@ -726,7 +788,7 @@ class FileLog(Log):
         self.stats.headers_read += 1
         frame = _parse_header(raw, 0, position, self._config.max_frame_bytes)
         if isinstance(frame, str):
-            raise LogError(f"{self.name}: corrupt frame in {seg.path} at byte {position}: {frame}")
+            raise CorruptLogError(f"{self.name}: corrupt frame in {seg.path} at byte {position}: {frame}")
         return frame
 
     def _decode(self, seg: _Segment, fd: int, frame: _Frame) -> _Columns:
@@ -739,13 +801,13 @@ class FileLog(Log):
         where = f"{self.name}: corrupt frame in {seg.path} at byte {frame.position}"
         tail = _HEADER_TAIL.pack(frame.base, frame.timestamp_ms, frame.record_count, frame.txn_length)
         if len(payload) != frame.length or _crc(payload, _crc(tail)) != frame.crc:
-            raise LogError(f"{where}: crc mismatch or short payload")
+            raise CorruptLogError(f"{where}: crc mismatch or short payload")
         try:
             columns = _COLUMNS.decode(memoryview(payload)[: frame.length - frame.txn_length])
         except msgspec.DecodeError as exc:
-            raise LogError(f"{where}: undecodable records: {exc}") from None
+            raise CorruptLogError(f"{where}: undecodable records: {exc}") from None
         if not _columns_match(columns, frame.record_count):
-            raise LogError(f"{where}: record columns do not match the count {frame.record_count}")
+            raise CorruptLogError(f"{where}: record columns do not match the count {frame.record_count}")
         self._cached = (seg.base, frame.position, columns)
         return columns
 
@@ -795,10 +857,6 @@ def _columns_match(columns: _Columns, count: int) -> bool:
     return all(len(column) == count for column in (values, keys or values, headers or values))
 
 
-def _unapplied(cut: Truncation) -> Truncation:
-    return Truncation(cut.log, cut.file, cut.position, cut.bytes_truncated, cut.reason, applied=False)
-
-
 def _write_all(fd: int, parts: list[bytes]) -> None:
     """Write ``parts`` at the end of ``fd`` (O_APPEND), finishing any short write."""
     total = sum(map(len, parts))
@@ -814,10 +872,61 @@ class LockedError(LogError):
     """Another process holds the directory's writer lock."""
 
 
-def _acquire_lock(directory: Path) -> int:
-    """Take the directory's exclusive writer lock; a clear error names the holder."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+class HandOverError(LockedError):
+    """A service is waiting for the writer lock (``LOCK.intent``): a producer that appends
+    directly gives the log up to it (and sends to the service once it announces itself)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
+
+
+def waiting_service(directory: Path) -> int | None:
+    """The PID of a live service (not this process) waiting for the lock, per ``LOCK.intent``."""
+    try:
+        pid = int((directory / INTENT_NAME).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and pid > 0 and _alive(pid) else None
+
+
+def announce_intent(directory: Path) -> None:
+    """Say that this process waits for the writer lock: producers that append directly hand
+    the log over at their next append, and new ones do not take the lock."""
+    private_dir(directory)
+    write_private(directory / INTENT_NAME, f"{os.getpid()}\n".encode())
+
+
+def withdraw_intent(directory: Path) -> None:
+    """Remove this process's ``LOCK.intent`` (another waiting process's is left alone)."""
+    path = directory / INTENT_NAME
+    with contextlib.suppress(OSError, ValueError):
+        if int(path.read_text().strip()) == os.getpid():
+            path.unlink()
+
+
+def _check_no_waiter(directory: Path) -> None:
+    pid = waiting_service(directory)
+    if pid is not None:
+        raise HandOverError(
+            f"file log directory {directory}: the service (pid {pid}) is taking the log over; "
+            "send to it once it announces itself in service.json"
+        )
+
+
+def _acquire_lock(directory: Path, yields: bool = False) -> int:
+    """Take the directory's exclusive writer lock; a clear error names the holder.  A yielding
+    opener (a producer) does not take it while a service waits for it."""
+    private_dir(directory)
+    if yields:
+        _check_no_waiter(directory)
+    fd = open_private(directory / LOCK_NAME, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -847,8 +956,12 @@ class FileLogStore(LogStore):
         index_interval_bytes: int = 4096,
         max_frame_bytes: int = 64 * MiB,
         read_only: bool = False,
+        yields: bool = False,
     ) -> None:
+        """``yields=True`` (producers appending directly): give the log up to a service that
+        waits for it — refuse to open, and raise :class:`HandOverError` on the next append."""
         self.directory = Path(directory)
+        self.yields = yields
         self.config = FileLogConfig(fsync, segment_bytes, index_interval_bytes, max_frame_bytes, read_only)
         self.recovery = RecoveryReport()
         self._clock = clock
@@ -863,8 +976,11 @@ class FileLogStore(LogStore):
         if self.config.read_only and not self.directory.is_dir():
             raise LogError(f"no file log at {self.directory}")
         if not self.config.read_only:
-            self._lock_fd = _acquire_lock(self.directory)
+            self._lock_fd = _acquire_lock(self.directory, self.yields)
         logs = {name: FileLog(name, self.directory / name, self._clock, self.config) for name in LOG_NAMES}
+        if self.yields:
+            for log in logs.values():
+                log.before_append = self._yield_if_wanted
         try:
             truncations = [t for log in logs.values() for t in log.open()]
         except BaseException:
@@ -874,8 +990,32 @@ class FileLogStore(LogStore):
         self._rebuild_commits()
         rebuilt = tuple(p for log in logs.values() for p in log.indexes_rebuilt)
         self.recovery = RecoveryReport(tuple(truncations), rebuilt)
+        if truncations and not self.config.read_only:
+            self._persist_truncations(truncations)
         for cut in truncations:
             warnings.warn(str(cut), RecoveryWarning, stacklevel=2)
+
+    def _persist_truncations(self, truncations: list[Truncation]) -> None:
+        """Append what was cut to ``truncations.jsonl``: the next process (and an operator) can
+        tell lost acknowledged records from a log that never held them."""
+        at_ms = int(time.time() * 1000)
+        lines = "".join(json.dumps(t.to_json(at_ms)) + "\n" for t in truncations)
+        append_private(self.directory / TRUNCATIONS_NAME, lines.encode())
+
+    def truncation_history(self, limit: int = 20) -> list[dict[str, object]]:
+        """The newest ``limit`` entries of the persisted truncation report (oldest first)."""
+        try:
+            lines = (self.directory / TRUNCATIONS_NAME).read_text().splitlines()
+        except OSError:
+            return []
+        found = []
+        for line in lines[-limit:]:
+            with contextlib.suppress(ValueError):
+                found.append(json.loads(line))
+        return found
+
+    def _yield_if_wanted(self) -> None:
+        _check_no_waiter(self.directory)
 
     def _rebuild_commits(self) -> None:
         """Each group's commit with the highest sequence, over every log's frames."""

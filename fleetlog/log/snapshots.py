@@ -37,6 +37,7 @@ from aiokafka.errors import KafkaError
 
 from fleetlog.log.base import LogError
 from fleetlog.log.kafka import KafkaConfig, ensure_topic
+from fleetlog.log.private import private_dir, write_private
 
 MAGIC: Final = b"FLSNAP1\n"
 KEEP: Final = 3
@@ -114,14 +115,9 @@ class DirectorySnapshots(SnapshotStore):
 
     async def save(self, data: bytes) -> str:
         header = decode_snapshot(data).header
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         path = self._path(header.inputs_offset)
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        write_private(path, data, sync=True)  # 0600: a snapshot others could write could be forged
         _fsync_dir(self.directory)
         for old in self._files()[self.keep :]:
             old.unlink(missing_ok=True)

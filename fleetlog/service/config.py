@@ -20,6 +20,7 @@ or :meth:`Config.redacted` ever shows the SASL password.
 from __future__ import annotations
 
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -258,11 +259,23 @@ def _password_from_file(kafka: dict[str, Any]) -> None:
             f"kafka.{PASSWORD_FILE_KEY}",
         )
     try:
+        _check_private(Path(path))
         kafka["sasl_plain_password"] = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"kafka.{PASSWORD_FILE_KEY}: cannot read {path}: {exc}", f"kafka.{PASSWORD_FILE_KEY}"
         ) from None
+
+
+def _check_private(path: Path) -> None:
+    """Refuse a password file that others may read (or change): the secret is already out."""
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        raise ConfigError(
+            f"kafka.{PASSWORD_FILE_KEY}: {path} is accessible by others (mode {stat.S_IMODE(mode):04o}); "
+            f"make it readable by its owner only (chmod 600 {path})",
+            f"kafka.{PASSWORD_FILE_KEY}",
+        )
 
 
 def _check_security(kafka: KafkaConfig) -> None:

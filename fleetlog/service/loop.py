@@ -21,7 +21,7 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, encode, envelope
 from fleetlog.events.model import DecisionBatch
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
-from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
+from fleetlog.log.consumer import EventConsumer, decision_batches
 
 DEFAULT_GROUP: Final = "fleetlog-scheduler"
 
@@ -54,6 +54,12 @@ class SnapshotMismatchError(RuntimeError):
     """A snapshot does not line up with the decisions log (recovery falls back to an older one)."""
 
 
+class LogBehindError(RuntimeError):
+    """A log ends before what a snapshot, a decision batch or a commit proves it once held: it
+    lost records (a truncated tail, a deleted segment, a recreated topic).  Recovery refuses to
+    lead on it; an operator restores the log or accepts the loss."""
+
+
 class SchedulerLoop:
     """Owns the state; each :meth:`step` folds what arrived and publishes one decision batch."""
 
@@ -81,7 +87,10 @@ class SchedulerLoop:
         if state is not None:
             self.state, self.offset, self.decisions_next = state, inputs, decisions
         log = self.store.log(DECISIONS)
+        inputs_end = await self.store.log(INPUTS).end_offset()
         end, at = await log.end_offset(), self.decisions_next
+        check_ahead("a snapshot covers inputs", self.offset, INPUTS, inputs_end)
+        check_ahead("a snapshot covers decisions", self.decisions_next, DECISIONS, end)
         while at < end:
             records = await log.read(at, 10_000)
             if not records:
@@ -97,6 +106,7 @@ class SchedulerLoop:
                 self.decisions_next = offset + 1
             at = records[-1].offset + 1
         committed = await self.store.committed_offset(self.config.group)
+        check_ahead(f"group {self.config.group!r} committed inputs", committed or 0, INPUTS, inputs_end)
         await self._fold_inputs_until(committed or 0)
         self.committed = max(committed or 0, self.offset)
 
@@ -110,8 +120,9 @@ class SchedulerLoop:
                 self.offset, min(self.config.max_batch, as_of - self.offset), park=False
             )
             if polled.next_offset == self.offset:
-                raise CorruptDecisionsError(
-                    f"decisions refer to inputs up to {as_of}; the log ends at {self.offset}"
+                raise LogBehindError(
+                    f"decisions refer to inputs up to {as_of}; the inputs log ends at {self.offset}: "
+                    f"it lost acknowledged records from offset {self.offset}"
                 )
             fold_lists(self.state, polled.events, polled.times)
             self.offset = polled.next_offset
@@ -153,3 +164,14 @@ class SchedulerLoop:
     def batch_message(self, batch: DecisionBatch) -> Message:
         value = encode(envelope(batch, self.config.producer_id))
         return Message(value=value, headers=((CONTENT_TYPE_HEADER, MSGPACK),))
+
+
+def check_ahead(what: str, offset: int, name: str, end: int) -> None:
+    """:class:`LogBehindError` if the ``name`` log ends before ``offset``, which something
+    durable (a snapshot, a decision batch, a commit) says it reached."""
+    if offset > end:
+        raise LogBehindError(
+            f"{what} up to offset {offset}, but the {name} log ends at {end}: it lost acknowledged "
+            f"records (offsets {end}..{offset - 1} at least; a truncated tail, a deleted segment or a "
+            "recreated topic); restore the log, or accept the loss by moving what is ahead away"
+        )

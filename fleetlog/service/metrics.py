@@ -42,6 +42,13 @@ class Metrics:
             "fleetlog_loop_restarts", "Recoveries after a lost connection or leadership", registry=r
         )
         self.recovery = Gauge("fleetlog_recovery_seconds", "Duration of the last recovery", registry=r)
+        self.loop_errors = Counter(
+            "fleetlog_loop_errors", "Errors that ended a cycle of the loop, by status (retrying: may "
+            "pass, stalled: an operator must act) and exception type", ["status", "error"], registry=r,
+        )
+        self.stalled = Gauge(
+            "fleetlog_stalled", "1 while the service stands by on a problem an operator must fix", registry=r
+        )
         self._reasons: set[str] = set()
 
     def set_pending(self, counts: dict[str, int]) -> None:

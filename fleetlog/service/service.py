@@ -1,9 +1,14 @@
 """``fleetlog run``: the scheduling loop as a long-running service.
 
 One cycle: wait to lead the shard → open the logs → recover (newest valid snapshot + the
-tail) → step until told to stop or leadership is lost.  A lost connection or a fenced
-producer ends the cycle; the next one starts from the logs again, so nothing the loop
-held only in memory matters.  The step itself is :class:`SchedulerLoop.step` — the same
+tail) → step until told to stop or leadership is lost.  Any error ends the cycle; the next
+one starts from the logs again, so nothing the loop held only in memory matters.  One policy
+for every error (:func:`classify`): a fault that may pass (a lost connection, an OS error) is
+retried with jittered exponential back-off (``retrying``); one an operator must fix (corrupt or
+unreadable decisions, a log that lost records, a damaged segment, an unexpected exception) makes
+the service stand by (``stalled``), say what and where in ``/healthz``, the log and the metrics,
+and re-check every few seconds.  The HTTP server runs throughout; the process never exits for
+a data problem.  The step itself is :class:`SchedulerLoop.step` — the same
 one ``fleetlog simulate`` drives.
 
 Batching is adaptive by construction: each step folds everything that arrived while the
@@ -28,6 +33,13 @@ from typing import Any, Final
 
 import msgspec
 import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception_type,
+    wait_exponential_jitter,
+)
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
@@ -37,9 +49,18 @@ from fleetlog.core.state import State
 from fleetlog.core.views import job_status, pending_by_reason, pending_tasks
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
-from fleetlog.log.base import INPUTS, LogError, LogStore, Message
-from fleetlog.log.file import LockedError
+from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message, OffsetOutOfRangeError
+from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
+from fleetlog.log.file import (
+    TRUNCATIONS_NAME,
+    CorruptLogError,
+    FileLogStore,
+    LockedError,
+    announce_intent,
+    withdraw_intent,
+)
 from fleetlog.log.kafka import FencedError
+from fleetlog.log.private import write_private
 from fleetlog.log.snapshots import (
     DirectorySnapshots,
     KafkaSnapshots,
@@ -52,11 +73,24 @@ from fleetlog.log.snapshots import (
 from fleetlog.service.config import Config, ServiceSettings, make_store
 from fleetlog.service.http import HttpLimits, HttpServer, Request, Response, json_response, refusal
 from fleetlog.service.leader import KafkaElection
-from fleetlog.service.loop import LoopConfig, SchedulerLoop, SnapshotMismatchError, StepResult
+from fleetlog.service.loop import (
+    LogBehindError,
+    LoopConfig,
+    SchedulerLoop,
+    SnapshotMismatchError,
+    StepResult,
+    check_ahead,
+)
 from fleetlog.service.metrics import Metrics
 
 SERVICE_FILE: Final = "service.json"
+RETRY_INITIAL_S: Final = 0.1
 RETRY_MAX_S: Final = 5.0
+"""A fault that may pass is retried after 0.1, 0.2, 0.4 … s, at most 5 s, plus up to 0.25 s jitter."""
+STALL_RECHECK_S: Final = 5.0
+"""A fault an operator must fix is re-checked after 1, 2, 4, then every 5 s (plus up to 0.5 s jitter)."""
+LOCK_POLL_S: Final = 0.02
+"""How often a service waiting for the file log's lock tries it (producers hand it over)."""
 GAUGE_PERIOD_S: Final = 1.0
 COMMIT_EVERY: Final = 50_000
 INLINE_DECODE_BYTES: Final = 64 * 1024
@@ -87,17 +121,60 @@ def restored(data: bytes, source: str) -> Restored:
     return Restored(snap.header, restore(snap.state), source)
 
 
+Candidates = list[tuple[str, Callable[[], bytes]]]
+
+
+async def check_ends(store: LogStore, candidates: Candidates, group: str) -> None:
+    """Refuse (:class:`LogBehindError`) logs that end before what a snapshot or the committed
+    offset says they reached — before anyone may append to them: an event acknowledged at an
+    offset the state already counts as folded would never be folded.  A snapshot that does not
+    decode is left to :func:`recover` (which reports and skips it)."""
+    ends = {name: await store.log(name).end_offset() for name in (INPUTS, DECISIONS)}
+    committed = await store.committed_offset(group)
+    check_ahead(f"group {group!r} committed inputs", committed or 0, INPUTS, ends[INPUTS])
+    last = await _last_batch(store, ends[DECISIONS])
+    if last is not None:
+        check_ahead(f"decisions@{last[0]} was computed at inputs", last[1], INPUTS, ends[INPUTS])
+    for name, load in candidates:
+        try:
+            header = decode_snapshot(load()).header
+        except (LogError, OSError):
+            continue
+        check_ahead(f"snapshot {name} covers inputs", header.inputs_offset, INPUTS, ends[INPUTS])
+        check_ahead(f"snapshot {name} covers decisions", header.decisions_offset, DECISIONS, ends[DECISIONS])
+
+
+async def _last_batch(store: LogStore, end: int, window: int = 256) -> tuple[int, int] | None:
+    """(offset, as_of) of the last decision batch (Kafka's transaction markers take offsets
+    and are never returned: look further back until a record shows up)."""
+    log_ = store.log(DECISIONS)
+    while end > 0:
+        start = max(0, end - window)
+        try:
+            records = [r for r in await log_.read(start, end - start) if r.offset < end]
+        except OffsetOutOfRangeError:  # retention removed what lies before: nothing to compare
+            return None
+        if records:
+            offset, batch = next(iter(decision_batches(records[-1:])))
+            return offset, batch.as_of
+        end = start
+    return None
+
+
 async def recover(
-    store: LogStore, snapshots: SnapshotStore, make_loop: LoopFactory
+    store: LogStore, snapshots: SnapshotStore, make_loop: LoopFactory, candidates: Candidates | None = None
 ) -> tuple[SchedulerLoop, SnapshotHeader | None]:
     """The newest snapshot that restores and lines up with the logs, then the tail; a bad one is
-    reported and the previous one tried; with none left, the logs from the start.  Returns the
-    loop and the header of the snapshot used."""
-    for name, load in await snapshots.candidates():
+    reported and the previous one tried; with none left, the logs from the start.  A log that
+    ends before a snapshot is not the snapshot's fault: :class:`LogBehindError`, no fallback.
+    Returns the loop and the header of the snapshot used."""
+    for name, load in candidates if candidates is not None else await snapshots.candidates():
         try:
             found = restored(load(), name)
             loop = make_loop(store)
             await loop.recover(found.state, found.header.inputs_offset, found.header.decisions_offset)
+        except LogBehindError as exc:  # not the snapshot's fault: the log lost records
+            raise LogBehindError(f"snapshot {name}: {exc}") from exc
         except (SnapshotError, SnapshotMismatchError, LogError) as exc:
             log.warning("snapshot_skipped", snapshot=name, error=str(exc))
             continue
@@ -135,6 +212,45 @@ def _warm_job(name: str, tasks: int, gpus: int, milli: int, priority: int = 0) -
                         required_topology="rack" if tasks > 1 else None)
 
 
+class Problem(msgspec.Struct, frozen=True):
+    """Why the service does not lead, as ``/healthz`` shows it."""
+
+    status: str
+    """``retrying`` (a fault that may pass) or ``stalled`` (an operator must act)."""
+    error: str
+    """The exception type."""
+    message: str
+    where: str
+    """What the loop was doing, and at which log offset."""
+    action: str
+    """What happens next, or what an operator should do."""
+    since: float
+    """Wall-clock time of the first failure of this run of failures."""
+    attempts: int
+    retry_in_s: float
+
+
+_ACTIONS: Final = (
+    (LogBehindError, "restore the log from a backup; or, to accept the loss, move away what lies past "
+                     "its end (the snapshots named; a decisions log past it); re-checked every few seconds"),
+    (CorruptDecisionsError, "the decisions log holds a record this build cannot read: restore the log "
+                            "or run a build that reads it; re-checked every few seconds"),
+    (CorruptLogError, "restore the damaged segment or move it away; re-checked every few seconds"),
+)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """``(status, action)`` for an error that ended a cycle: ``retrying`` for a fault that may
+    pass by itself, ``stalled`` for one that needs an operator (an unexpected error included:
+    retrying it blindly would spin, stopping would stop health and status too)."""
+    for kind, action in _ACTIONS:
+        if isinstance(exc, kind):
+            return "stalled", action
+    if isinstance(exc, (LogError, OSError)):
+        return "retrying", "retried with exponential back-off (jittered, at most 5 s)"
+    return "stalled", "unexpected error (see loop_stalled in the log); re-checked every few seconds"
+
+
 class Service:
     """One ``fleetlog run`` process."""
 
@@ -156,6 +272,13 @@ class Service:
         self.loop: SchedulerLoop | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self._last_snapshot = (0, time.monotonic(), time.time())  # (inputs offset, monotonic, wall)
+        self.problem: Problem | None = None
+        self._stage = "starting"
+        self._recovering: SchedulerLoop | None = None
+        self._failed_at: str | None = None
+        self._truncations: list[dict[str, object]] = []
+        self._backoff = wait_exponential_jitter(multiplier=RETRY_INITIAL_S, max=RETRY_MAX_S, jitter=0.25)
+        self._recheck = wait_exponential_jitter(multiplier=1.0, max=STALL_RECHECK_S, jitter=0.5)
 
     def make_loop(self, store: LogStore) -> SchedulerLoop:
         s = self.settings
@@ -172,23 +295,14 @@ class Service:
         await self.http.start()
         log.info("service_started", http=f"{self.settings.http_host}:{self.http.port}", pid=os.getpid(),
                  policy=self.policy.name, config=self.config.redacted())
-        delay = 0.1
         try:
             while not self.stopping.is_set():
-                try:
-                    await self._cycle()
-                    delay = 0.1
-                except FencedError as exc:
-                    # Another process leads now: give the election a session to tell us so before
-                    # opening a producer again (which would fence the new leader in turn).
-                    log.warning("fenced", error=str(exc))
-                    await self._sleep(self.settings.leader_session_timeout_ms / 1000)
-                except (LogError, OSError) as exc:
-                    log.warning("loop_interrupted", error=str(exc), retry_s=delay)
-                    self.metrics.restarts.inc()
-                    await self._sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
+                with contextlib.suppress(RetryError):  # RetryError: stopped while failing
+                    async for attempt in self._retrying():
+                        with attempt:
+                            await self._cycle(attempt.retry_state)
         finally:
+            self._want_log(False)
             if self.election is not None:
                 await self.election.stop()
             await self.snapshots.close()
@@ -198,22 +312,82 @@ class Service:
     def stop(self) -> None:
         self.stopping.set()
 
+    def _retrying(self) -> AsyncRetrying:
+        """Every exception of a cycle is retried (until :meth:`stop`), each after the wait its
+        class calls for; :meth:`_report` says why in health, metrics and the log first."""
+        return AsyncRetrying(
+            retry=retry_if_exception_type(Exception), wait=self._wait, sleep=self._sleep,
+            stop=lambda _: self.stopping.is_set(), before_sleep=self._report,
+        )
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, FencedError):
+            # Another process leads now: give the election a session to tell us so before
+            # opening a producer again (which would fence the new leader in turn).
+            return self.settings.leader_session_timeout_ms / 1000
+        if exc is not None and classify(exc)[0] == "stalled":
+            return float(self._recheck(state))
+        return float(self._backoff(state))
+
+    def _report(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        assert exc is not None
+        wait = state.upcoming_sleep
+        if isinstance(exc, FencedError):
+            log.warning("fenced", error=str(exc), retry_s=round(wait, 3))
+            return
+        status, action = classify(exc)
+        where, self._failed_at = self._failed_at or self._where(exc), None
+        since = self.problem.since if self.problem is not None else time.time()
+        self.problem = Problem(status, type(exc).__name__, str(exc)[:2000], where, action, since,
+                               state.attempt_number, round(wait, 3))
+        self.metrics.restarts.inc()
+        self.metrics.loop_errors.labels(status=status, error=type(exc).__name__).inc()
+        self.metrics.stalled.set(1 if status == "stalled" else 0)
+        event = "loop_interrupted" if status == "retrying" else "loop_stalled"
+        emit = log.warning if status == "retrying" else log.error
+        emit(event, error=str(exc)[:2000], error_type=type(exc).__name__, where=where, action=action,
+             attempt=state.attempt_number, retry_s=round(wait, 3))
+
+    def _where(self, exc: BaseException) -> str:
+        """What the loop was doing when ``exc`` ended it, with the log position."""
+        loop = self.loop or self._recovering
+        if self._stage == "serving" and loop is not None:
+            return f"stepping: inputs log, the step reading from offset {loop.offset}"
+        where = self._stage
+        if self._stage == "recovering" and loop is not None:
+            where = (f"recovering: inputs folded up to offset {loop.offset}, decisions up to "
+                     f"offset {loop.decisions_next}")
+        if isinstance(exc, LogBehindError) and self._truncations:
+            where += f"; {TRUNCATIONS_NAME} says: {self._truncations[-1].get('message')}"
+        return where
+
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
 
-    async def _cycle(self) -> None:
+    async def _cycle(self, attempt: RetryCallState) -> None:
+        self._stage = "waiting for leadership"
         if self.election is not None and not await self._await_leadership():
             return
+        self._stage = "opening the logs"
         store = await self._open_store()
         if store is None:
             return
-        self.store = store
         try:
+            self._note_truncations(store)
+            self._stage = "checking the logs against the snapshots"
+            candidates = await self.snapshots.candidates()
+            await check_ends(store, candidates, self.settings.group)
+            self.store = store  # ingest may append from now on
             self.metrics.leader.set(1)
             self._advertise()
+            self._want_log(False)  # service.json tells producers where to send from now on
             started = time.monotonic()
-            self.loop, used = await recover(store, self.snapshots, self.make_loop)
+            self._stage = "recovering"
+            self.loop, used = await recover(store, self.snapshots, self._recovery_loop, candidates)
+            self._recovered(attempt)
             self._last_snapshot = (used.inputs_offset if used else 0, time.monotonic(),
                                    used.taken_ms / 1000 if used else time.time())
             self.metrics.recovery.set(time.monotonic() - started)
@@ -223,13 +397,18 @@ class Service:
             # full collection (a pause of tens of ms with a large state, in the middle of a step).
             gc.collect()
             gc.freeze()
+            self._stage = "serving"
             await self._serve(self.loop)
+        except Exception as exc:
+            self._failed_at = self._where(exc)  # before the loop is dropped: it knows the offsets
+            raise
         finally:
             self.metrics.leader.set(0)
-            self.loop = self.store = None
+            self.loop = self.store = self._recovering = None
             await self._finish_snapshot()
             await store.close()
             self._unadvertise()
+            self._want_log(not self.stopping.is_set())
 
     async def _await_leadership(self) -> bool:
         election = self.election
@@ -244,9 +423,47 @@ class Service:
             task.cancel()
         return election.leader.is_set() and not self.stopping.is_set()
 
+    def _recovery_loop(self, store: LogStore) -> SchedulerLoop:
+        self._recovering = self.make_loop(store)
+        return self._recovering
+
+    def _recovered(self, attempt: RetryCallState) -> None:
+        """Leading again: the problem is over, and the next failure backs off from the start."""
+        if self.problem is not None:
+            log.info("loop_resumed", after=self.problem.error, attempts=self.problem.attempts,
+                     seconds=round(time.time() - self.problem.since, 3))
+        self.problem = None
+        self.metrics.stalled.set(0)
+        attempt.attempt_number = 1
+
+    def _note_truncations(self, store: LogStore) -> None:
+        """Log what opening the file log cut (and keep the persisted report for health)."""
+        if not isinstance(store, FileLogStore):
+            return
+        for cut in store.recovery.truncations:
+            log.error("log_truncated", **cut.to_json(int(time.time() * 1000)))
+        self._truncations = store.truncation_history(5)
+
+    def _log_dir(self) -> Path | None:
+        return Path(self.config.log.dir) if self.config.kafka is None and self.config.log.dir else None
+
+    def _want_log(self, wanted: bool) -> None:
+        """Embedded mode: ``LOCK.intent`` names this process whenever it runs but does not lead
+        (waiting for the lock, recovering, retrying or stalled).  Producers that append directly
+        give the log up at their next append, and new ones wait for ``service.json`` instead of
+        taking it: nothing is appended behind the back of a service that stands by (a log that
+        went backwards must not grow at offsets the snapshots already count)."""
+        directory = self._log_dir()
+        if directory is not None:
+            (announce_intent if wanted else withdraw_intent)(directory)
+
     async def _open_store(self) -> LogStore | None:
-        """Open the logs; in embedded mode wait while another process holds the file log."""
+        """Open the logs; in embedded mode wait while another process holds the file log.
+
+        The wait is bounded by one append of the producers that hold it (``LOCK.intent``, see
+        :meth:`_want_log` and docs/logs.md), not by how busy they are."""
         announced = False
+        self._want_log(True)
         while not self.stopping.is_set():
             store = make_store(self.config)
             try:
@@ -256,7 +473,7 @@ class Service:
                 if not announced:
                     log.info("standing_by", reason=str(exc))
                     announced = True
-                await self._sleep(0.2)
+                await self._sleep(LOCK_POLL_S)
         return None
 
     def _lost(self) -> bool:
@@ -342,11 +559,9 @@ class Service:
 
     def _advertise(self) -> None:
         path = self._service_file()
-        if path is not None:
-            tmp = path.with_suffix(".tmp")
+        if path is not None:  # 0600: a service.json others could rewrite would redirect producers
             address = f"{self.settings.http_host}:{self.http.port}"
-            tmp.write_text(json.dumps({"pid": os.getpid(), "http": address}))
-            tmp.replace(path)
+            write_private(path, json.dumps({"pid": os.getpid(), "http": address}).encode())
 
     def _unadvertise(self) -> None:
         path = self._service_file()
@@ -370,13 +585,21 @@ class Service:
         return json_response(404, {"error": f"no route {path}", "reason": "not_found"})
 
     def health(self) -> dict[str, Any]:
-        loop = self.loop
-        return {
-            "status": "leading" if loop is not None else "standby",
+        """``leading``, ``standby`` (another process leads), ``retrying`` or ``stalled`` (with the
+        problem: what, where, what next), and the newest truncations the file log reported."""
+        loop, problem = self.loop, self.problem
+        status = "leading" if loop is not None else problem.status if problem is not None else "standby"
+        found: dict[str, Any] = {
+            "status": status,
             "pid": os.getpid(),
             "inputs_offset": loop.offset if loop is not None else None,
             "policy": self.policy.name,
         }
+        if problem is not None and loop is None:
+            found["problem"] = msgspec.to_builtins(problem)
+        if self._truncations:
+            found["truncations"] = self._truncations
+        return found
 
     def _job(self, job_id: str) -> Response:
         if self.loop is None:

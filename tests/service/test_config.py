@@ -187,6 +187,7 @@ def test_variables_that_are_not_settings_are_ignored() -> None:
 
 def test_password_file_is_read_at_load_and_never_shown(tmp_path: Path) -> None:
     secret_file = write(tmp_path, SECRET + "\n", "password")
+    secret_file.chmod(0o600)
     text = f"""[kafka]
 bootstrap_servers = "b:9096"
 security_protocol = "SASL_PLAINTEXT"
@@ -425,3 +426,27 @@ async def test_open_store_opens_kafka(kafka_bootstrap: str, tmp_path: Path) -> N
         assert [r.value for r in await store.log(INPUTS).read(first, 10, 5000)] == [b"x"]
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o606])
+def test_a_password_file_others_can_read_or_write_is_refused_in_one_line(tmp_path: Path, mode: int) -> None:
+    secret_file = write(tmp_path, SECRET + "\n", "password")
+    secret_file.chmod(mode)
+    text = f'[kafka]\nbootstrap_servers = "b:1"\nsasl_plain_password_file = "{secret_file}"\n'
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), {})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"accessible by others (mode {mode:04o})" in message
+    assert f"chmod 600 {secret_file}" in message
+    assert SECRET not in message
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_a_password_file_only_its_owner_can_read_is_accepted(tmp_path: Path, mode: int) -> None:
+    secret_file = write(tmp_path, SECRET + "\n", "password")
+    secret_file.chmod(mode)
+    text = f'[kafka]\nbootstrap_servers = "b:1"\nsasl_plain_password_file = "{secret_file}"\n'
+    config = load_config(write(tmp_path, text), {})
+    assert config.kafka is not None
+    assert config.kafka.sasl_plain_password == SECRET
