@@ -89,13 +89,14 @@ def take_over_in_child(directory: Path, loop: SchedulerLoop) -> None:
     """Another process recovers from the file log alone, and ``fleetlog replay verify`` (the
     command) is clean."""
     out = subprocess.run(
-        [sys.executable, "-c", TAKE_OVER, str(directory)], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-c", TAKE_OVER, str(directory)],
+        capture_output=True, text=True, timeout=300, check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [digest(loop.state), str(loop.offset), str(loop.decisions_next)]
     cli = subprocess.run(
-        [sys.executable, "-c", "from fleetlog.cli import main; main()", "replay", "verify", "--log", str(directory),
-         "--json"],
+        [sys.executable, "-c", "from fleetlog.cli import main; main()",
+         "replay", "verify", "--log", str(directory), "--json"],
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert cli.returncode == 0, (cli.stdout[-2000:], cli.stderr[-2000:])
@@ -118,7 +119,8 @@ async def test_twenty_jobs_at_the_task_limit_place_over_many_records(tmp_path: P
         loop = SchedulerLoop(store, Policy(), LoopConfig(max_batch=100_000))
         await append(store, [node(f"{LONG}{i:04d}", gpus=0, cpu=96_000) for i in range(256)])
         await store.log(INPUTS).append([over_the_limit()])
-        await append(store, [job(f"big{i}", tasks=MAX_TASKS_PER_JOB, gpus=0, cpu=100, mem=100) for i in range(20)])
+        big = [job(f"big{i}", tasks=MAX_TASKS_PER_JOB, gpus=0, cpu=100, mem=100) for i in range(20)]
+        await append(store, big)
         result = await step(loop)
         assert (result.dead_lettered, result.decisions, result.published) == (1, 20, True)
         parts = parts_of(await decision_records(store))
@@ -152,7 +154,8 @@ async def test_200k_pending_jobs_and_a_quota_set(tmp_path: Path) -> None:
         parts = parts_of(await decision_records(store, first))
         assert len(parts) > 5
         assert sum(len(msgspec.msgpack.encode(p)) for p in parts) > 30_000_000
-        assert {d.reason for p in parts for d in p.decisions if isinstance(d, JobPending)} == {"quota_exhausted"}
+        reasons = {d.reason for p in parts for d in p.decisions if isinstance(d, JobPending)}
+        assert reasons == {"quota_exhausted"}
     finally:
         await store.close()
     await check_restart(factory, loop)
