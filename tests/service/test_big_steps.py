@@ -17,7 +17,7 @@ from fleetlog.core.digest import digest
 from fleetlog.core.policy import Policy
 from fleetlog.events import DecisionBatch, Event, JobPending, JobPlaced, decode, encode, envelope
 from fleetlog.events.model import MAX_TASKS_PER_JOB
-from fleetlog.events.parts import DECISION_RECORD_BYTES
+from fleetlog.events.parts import DECISION_RECORD_BYTES, encode_step
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message, Record
 from fleetlog.log.file import FileLogStore
 from fleetlog.replay.verify import verify
@@ -201,3 +201,53 @@ async def test_a_mass_requeue_on_kafka(kafka_bootstrap: str, tmp_path: Path) -> 
 
     config = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"big-steps-{tmp_path.name}")
     await mass_requeue(lambda: KafkaLogStore(config), 40_000)
+
+
+async def test_a_step_of_70_mib_is_one_transaction_on_the_file_log(tmp_path: Path) -> None:
+    """Twenty full parts (70 MiB): one frame, past the 64 MiB frame limit there was; a reader
+    in another store sees every part and the commit, or (before the write) nothing."""
+    parts = encode_step_of(20)
+    async with FileLogStore(tmp_path / "log", fsync="never") as store:
+        first = await store.append_transactional(DECISIONS, parts, group="g", consumed=7)
+    async with FileLogStore(tmp_path / "log", read_only=True) as reader:
+        records = await reader.log(DECISIONS).read(0, 100)
+        assert (first, len(records), await reader.committed_offset("g")) == (0, 20, 7)
+        assert [r.value for r in records] == [m.value for m in parts]
+        assert [(b.part, b.parts) for b in parts_of(records)] == [(i, 20) for i in range(20)]
+
+
+def encode_step_of(n: int) -> list[Message]:
+    """A step that splits into ``n`` full parts."""
+    per_part = DECISION_RECORD_BYTES // 3100
+    decisions = tuple(
+        JobPending(job_id=f"j{i:08d}", reason="no_capacity", message="m" * 3000)
+        for i in range(per_part * n - 5)
+    )
+    batch = DecisionBatch(as_of=7, digest="d", decisions=decisions, policy="default")
+    values = encode_step(batch, "test")
+    assert len(values) == n
+    return [Message(v) for v in values]
+
+
+@pytest.mark.kafka
+async def test_a_decisions_topic_too_small_for_a_record_is_refused_before_writing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A decisions topic made by hand with the broker's 1 MiB default: the scheduler says so
+    (and how to fix it) instead of failing on its first large step, and on every retry."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from fleetlog.log.base import LogError
+    from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+
+    config = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"small-{tmp_path.name}")
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(config.topic(DECISIONS), 1, 1)])
+    finally:
+        await admin.close()
+    async with KafkaLogStore(config) as store:
+        with pytest.raises(LogError, match=r"max.message.bytes=1048588; decision records need 4194304"):
+            await store.append_transactional(DECISIONS, encode_step_of(1), group="g", consumed=0)
+        assert await store.log(DECISIONS).end_offset() == 0
