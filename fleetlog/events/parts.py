@@ -84,12 +84,13 @@ def _chunks(batch: DecisionBatch, producer_id: str, limit: int) -> list[tuple[De
 
 
 def join_parts(parts: list[DecisionBatch]) -> DecisionBatch:
-    """The step the ``parts`` (all of them, in order) were split from."""
+    """The step the ``parts`` (all of them, in order) were split from, as one batch that keeps
+    ``parts`` (how many records it came from; ``part`` is 0)."""
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
     decisions = tuple(d for part in parts for d in part.decisions)
-    return DecisionBatch(as_of=first.as_of, digest=first.digest, decisions=decisions, policy=first.policy)
+    return msgspec.structs.replace(first, decisions=decisions, part=0)
 
 
 class StepJoiner:

@@ -187,10 +187,35 @@ async def mass_requeue(factory: StoreFactory, jobs: int) -> SchedulerLoop:
     return loop
 
 
+def cli(*args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", "from fleetlog.cli import main; main()", *args],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert out.returncode == 0, (args, out.stdout[-2000:], out.stderr[-2000:])
+    return out.stdout
+
+
 async def test_a_mass_requeue_on_the_file_log(tmp_path: Path) -> None:
+    """Every reader of the decisions log handles the split step: status, explain, state-at,
+    what-if and dump, each in its own process."""
     directory = tmp_path / "log"
     loop = await mass_requeue(lambda: FileLogStore(directory), 40_000)
     take_over_in_child(directory, loop)
+    where, last = ("--log", str(directory)), f"{LONG}{40_000 - 1:07d}"
+    assert json.loads(cli("status", last, *where, "--json"))["state"] == "pending"
+    story = json.loads(cli("replay", "explain", last, *where, "--json", "--no-why"))
+    assert [s["what"].split(":")[0] for s in story["steps"] if s["log"] == DECISIONS] == ["placed", "pending"]
+    state = json.loads(cli("replay", "state-at", str(loop.offset), *where, "--json"))
+    assert state["digest"] == digest(loop.state)
+    other = json.loads(cli("replay", "what-if", *where, "--policy", "fgd", "--json"))
+    assert other["recorded"]
+    assert other["replayed"]
+    dumped = cli("replay", "dump", *where, "--from-log", "decisions").splitlines()
+    dumped = [json.loads(line) for line in dumped]
+    assert all("error" not in d for d in dumped)
+    assert [d["event"].get("part", 0) for d in dumped].count(0) == 2  # two steps, each in parts
+    assert len(dumped) > 2
 
 
 @pytest.mark.kafka
