@@ -20,7 +20,7 @@ from typing import Final
 import msgspec
 
 from fleetlog.events.codec import MAX_EVENT_BYTES, encode, envelope
-from fleetlog.events.model import MAX_DECISION_PARTS, Decision, DecisionBatch
+from fleetlog.events.model import MAX_DECISION_PARTS, MAX_DECISIONS_PER_BATCH, Decision, DecisionBatch
 
 DECISION_RECORD_BYTES: Final = 3_670_016
 """The largest decision record the scheduler writes (3.5 MiB): under ``MAX_EVENT_BYTES`` (4 MiB),
@@ -57,8 +57,9 @@ def encode_step(batch: DecisionBatch, producer_id: str, limit: int = DECISION_RE
 
 
 def _chunks(batch: DecisionBatch, producer_id: str, limit: int) -> list[tuple[Decision, ...]]:
-    """Greedy runs of decisions whose parts stay within ``limit``: a decision's bytes inside
-    the array are its bytes alone, and the rest of a part is at most ``overhead``."""
+    """Greedy runs of decisions whose parts stay within ``limit`` (and the decoder's count
+    limit): a decision's bytes inside the array are its bytes alone, and the rest of a part is at
+    most ``overhead``."""
     widest = msgspec.structs.replace(
         batch, decisions=(), part=MAX_DECISION_PARTS - 1, parts=MAX_DECISION_PARTS
     )
@@ -73,7 +74,7 @@ def _chunks(batch: DecisionBatch, producer_id: str, limit: int) -> list[tuple[De
                 f"decision #{i} ({type(decision).__name__} of job {decision.job_id!r}) is {size} "
                 f"bytes encoded; a decision record holds at most {room}"
             )
-        if used + size > room:
+        if used + size > room or i - start == MAX_DECISIONS_PER_BATCH:
             chunks.append(batch.decisions[start:i])
             start, used = i, 0
         used += size

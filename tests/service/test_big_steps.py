@@ -13,23 +13,31 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from fleetlog.core.digest import digest
+from fleetlog.core.digest import digest, snapshot
 from fleetlog.core.policy import Policy
 from fleetlog.events import DecisionBatch, Event, JobPending, JobPlaced, decode, encode, envelope
 from fleetlog.events.model import MAX_TASKS_PER_JOB
 from fleetlog.events.parts import DECISION_RECORD_BYTES, encode_step
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message, Record
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
+from fleetlog.replay.parallel import verify_in_parallel
+from fleetlog.replay.source import open_file_source
 from fleetlog.replay.verify import verify
 from fleetlog.service.loop import LoopConfig, SchedulerLoop, StepResult
+from fleetlog.service.service import recover
 from tests.core.builders import job, node, quota
 from tests.log.conftest import StoreFactory
 
-LONG = "n" * 190  # long node names and job ids make big decisions
+LONG = "n" * 190
+
+
+def make_loop(store: LogStore) -> SchedulerLoop:
+    return SchedulerLoop(store, Policy())  # long node names and job ids make big decisions
 TAKE_OVER = textwrap.dedent(
     """
     import asyncio, sys
-    from fleetlog.core.digest import digest
+    from fleetlog.core.digest import digest, snapshot
     from fleetlog.core.policy import Policy
     from fleetlog.log.file import FileLogStore
     from fleetlog.service.loop import SchedulerLoop
@@ -162,9 +170,10 @@ async def test_200k_pending_jobs_and_a_quota_set(tmp_path: Path) -> None:
     take_over_in_child(directory, loop)
 
 
-async def mass_requeue(factory: StoreFactory, jobs: int) -> SchedulerLoop:
+async def mass_requeue(factory: StoreFactory, jobs: int, snapshots: Path | None = None) -> SchedulerLoop:
     """``jobs`` single-GPU jobs with long ids run on 8-GPU nodes, then every node reports
-    unhealthy: all of them are requeued in one step, and wait (nothing else has room)."""
+    unhealthy: all of them are requeued in one step, and wait (nothing else has room).  With
+    ``snapshots``, one is taken between the two steps (as the service does)."""
     store = factory()
     await store.open()
     try:
@@ -175,6 +184,9 @@ async def mass_requeue(factory: StoreFactory, jobs: int) -> SchedulerLoop:
         placed = await step(loop)
         assert placed.decisions == jobs
         before = loop.decisions_next
+        if snapshots is not None:
+            header = SnapshotHeader(loop.offset, loop.decisions_next, loop.policy.name, 0)
+            await DirectorySnapshots(snapshots).save(encode_snapshot(Snapshot(header, snapshot(loop.state))))
         await append(store, [node(f"n{i}", gpus=8, healthy=False) for i in range(nodes)])
         requeued = await step(loop)
         assert requeued.decisions == jobs
@@ -200,8 +212,20 @@ async def test_a_mass_requeue_on_the_file_log(tmp_path: Path) -> None:
     """Every reader of the decisions log handles the split step: status, explain, state-at,
     what-if and dump, each in its own process."""
     directory = tmp_path / "log"
-    loop = await mass_requeue(lambda: FileLogStore(directory), 40_000)
+    loop = await mass_requeue(lambda: FileLogStore(directory), 40_000, directory / "snapshots")
     take_over_in_child(directory, loop)
+    async with FileLogStore(directory) as store:  # the service's restart: the snapshot, then the tail
+        again, used = await recover(store, DirectorySnapshots(directory / "snapshots"), make_loop)
+        assert used is not None
+        assert digest(again.state) == digest(loop.state)
+    source = await open_file_source(directory)  # parallel verify: cut at the snapshot
+    try:
+        both = await verify_in_parallel(source, None, None, 2)
+    finally:
+        await source.close()
+    assert both is not None
+    assert both.ok, both.divergence
+    assert both.final_digest == digest(loop.state)
     where, last = ("--log", str(directory)), f"{LONG}{40_000 - 1:07d}"
     assert json.loads(cli("status", last, *where, "--json"))["state"] == "pending"
     story = json.loads(cli("replay", "explain", last, *where, "--json", "--no-why"))
