@@ -29,8 +29,8 @@ from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, KafkaSnapshots, SnapshotStore
 
 READ_CHUNK = 10_000
-READ_DECISIONS = 256
-"""Decision records read at a time (each up to 3.5 MiB)."""
+READ_DECISIONS = 1000
+"""Decision records read at a time."""
 Progress = Callable[[int], None]
 """Called with how many more units of work were done (inputs folded, records read)."""
 

@@ -26,8 +26,8 @@ from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
 
 DEFAULT_GROUP: Final = "fleetlog-scheduler"
-READ_DECISIONS: Final = 256
-"""Decision records read at a time by recovery (each up to 3.5 MiB: a bounded read)."""
+READ_DECISIONS: Final = 1000
+"""Decision records read at a time by recovery."""
 
 
 class LoopConfig(msgspec.Struct, frozen=True):
@@ -86,7 +86,7 @@ class SchedulerLoop:
             self.state, self.offset, self.decisions_next = state, inputs, decisions
         log, joiner = self.store.log(DECISIONS), StepJoiner()
         end, at = await log.end_offset(), self.decisions_next
-        while at < end:
+        while at < end or joiner.pending:  # a read may stop inside a step: read the rest of it
             records = await log.read(at, READ_DECISIONS)
             if not records:
                 break

@@ -19,10 +19,11 @@ from fleetlog.events import DecisionBatch, Event, JobPending, JobPlaced, decode,
 from fleetlog.events.model import MAX_TASKS_PER_JOB
 from fleetlog.events.parts import DECISION_RECORD_BYTES, encode_step
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message, Record
+from fleetlog.log.consumer import CorruptDecisionsError
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
 from fleetlog.replay.parallel import verify_in_parallel
-from fleetlog.replay.source import open_file_source
+from fleetlog.replay.source import ReplayError, open_file_source
 from fleetlog.replay.verify import verify
 from fleetlog.service.loop import LoopConfig, SchedulerLoop, StepResult
 from fleetlog.service.service import recover
@@ -300,3 +301,15 @@ async def test_a_decisions_topic_too_small_for_a_record_is_refused_before_writin
         with pytest.raises(LogError, match=r"max.message.bytes=1048588; decision records need 4194304"):
             await store.append_transactional(DECISIONS, encode_step_of(1), group="g", consumed=0)
         assert await store.log(DECISIONS).end_offset() == 0
+
+
+async def test_a_step_missing_its_last_part_is_corrupt_for_recovery_and_replay(tmp_path: Path) -> None:
+    """The scheduler never writes half a step; a log that holds one (a foreign writer, a bad
+    copy) is named as corrupt, with the offsets, by recovery and by replay."""
+    async with FileLogStore(tmp_path / "log") as store:
+        await store.append_transactional(DECISIONS, encode_step_of(3)[:2], group="g", consumed=0)
+        half = r"the step at decisions@0 has 3 parts, only 2 are in the log"
+        with pytest.raises(CorruptDecisionsError, match=half):
+            await SchedulerLoop(store, Policy()).recover()
+        with pytest.raises(ReplayError, match=f"corrupt: {half}"):
+            await verify(store)
