@@ -76,9 +76,9 @@ def parts_of(records: list[Record]) -> list[DecisionBatch]:
     return found  # type: ignore[return-value]
 
 
-async def check_restart(factory: StoreFactory, loop: SchedulerLoop) -> None:
+async def check_restart(factory: StoreFactory, loop: SchedulerLoop, steps: int) -> None:
     """A fresh scheduler on the same logs recovers the state the first one had, and replay
-    verify finds every step reproduced."""
+    verify finds every step reproduced (a step in parts counts as one batch)."""
     store = factory()
     await store.open()
     try:
@@ -90,6 +90,7 @@ async def check_restart(factory: StoreFactory, loop: SchedulerLoop) -> None:
         report = await verify(store)
         assert report.ok, report.divergence
         assert report.final_digest == digest(loop.state)
+        assert report.batches == steps
     finally:
         await store.close()
 
@@ -142,7 +143,7 @@ async def test_twenty_jobs_at_the_task_limit_place_over_many_records(tmp_path: P
         assert f"at most {MAX_TASKS_PER_JOB} tasks" in str(dead[0].headers)
     finally:
         await store.close()
-    await check_restart(factory, loop)
+    await check_restart(factory, loop, 1)
     take_over_in_child(directory, loop)
 
 
@@ -167,7 +168,7 @@ async def test_200k_pending_jobs_and_a_quota_set(tmp_path: Path) -> None:
         assert reasons == {"quota_exhausted"}
     finally:
         await store.close()
-    await check_restart(factory, loop)
+    await check_restart(factory, loop, 2)
     take_over_in_child(directory, loop)
 
 
@@ -196,7 +197,7 @@ async def mass_requeue(factory: StoreFactory, jobs: int, snapshots: Path | None 
         assert sum(isinstance(d, JobPending) for p in parts for d in p.decisions) == jobs
     finally:
         await store.close()
-    await check_restart(factory, loop)
+    await check_restart(factory, loop, 2)
     return loop
 
 
