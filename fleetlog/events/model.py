@@ -76,6 +76,13 @@ class _Event(_Struct, frozen=True, tag_field="type", tag=True):
 
 # --- inputs -----------------------------------------------------------------------------
 
+MAX_TASKS_PER_JOB: Final = 10_000
+"""The most tasks one job may have (over all its groups).  A job's placement is one
+``JobPlaced`` decision, which can never be split over decision records, so this bounds the
+largest decision: 10,000 tasks on 253-character node names with 64 GPU indices each encode in
+3.3 MB, inside one decision record (``fleetlog.events.parts.DECISION_RECORD_BYTES``, 3.5 MiB).
+``tests/events/test_parts.py`` checks that worst case."""
+
 
 class TaskGroup(_Struct, frozen=True):
     """``count`` identical tasks. ``gpu_milli`` is the share of *each* of the ``gpu_count`` GPUs:
@@ -111,8 +118,9 @@ class JobSubmitted(_Event, frozen=True):
     expected_duration_ms: DurationMs | None = None
 
     def __post_init__(self) -> None:
-        if sum(g.count for g in self.task_groups) > MAX_TASKS_PER_GROUP:
-            raise ValueError(f"a job may have at most {MAX_TASKS_PER_GROUP} tasks")
+        tasks = sum(g.count for g in self.task_groups)
+        if tasks > MAX_TASKS_PER_JOB:
+            raise ValueError(f"a job may have at most {MAX_TASKS_PER_JOB} tasks, not {tasks}")
 
 
 class JobCancelled(_Event, frozen=True):
@@ -231,17 +239,33 @@ Decision = JobPlaced | TaskPreempted | JobRejected | JobPending
 DECISION_TYPES: Final = (JobPlaced, TaskPreempted, JobRejected, JobPending)
 
 
+MAX_DECISION_PARTS: Final = 1 << 16
+"""The most records one step's decisions may be split over (64 Ki x 3.5 MiB: far past any step)."""
+
+
 class DecisionBatch(_Event, frozen=True):
     """The decisions computed after folding the inputs log up to (excluding) offset ``as_of``.
 
     ``digest`` is the state digest after folding those inputs, before these decisions, so
     replay finds the first divergence at once.
+
+    One step's decisions too large for one record are split, in order, over ``parts`` records
+    (``part`` 0 to ``parts - 1``, consecutive in the decisions log, written in one transaction),
+    each with the same ``as_of``, ``digest`` and ``policy``: folding the parts one after the
+    other is folding the step (see :mod:`fleetlog.events.parts`).  A step in one record leaves
+    both at their defaults, so it encodes exactly as before the fields existed.
     """
 
     as_of: Offset
     digest: Annotated[str, Meta(max_length=128)]
     decisions: Annotated[tuple[Decision, ...], Meta(max_length=MAX_DECISIONS_PER_BATCH)] = ()
     policy: Annotated[str, Meta(max_length=253)] = ""
+    part: Annotated[int, Meta(ge=0, lt=MAX_DECISION_PARTS)] = 0
+    parts: Annotated[int, Meta(ge=1, le=MAX_DECISION_PARTS)] = 1
+
+    def __post_init__(self) -> None:
+        if self.part >= self.parts:
+            raise ValueError(f"part {self.part} of a step in {self.parts} parts (parts count from 0)")
 
 
 InputEvent = (

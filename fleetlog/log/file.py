@@ -113,6 +113,10 @@ __all__ = [
 FsyncPolicy = Literal["never", "batch", "always"]
 
 MiB: Final = 1 << 20
+MAX_FRAME_BYTES: Final = 1024 * MiB
+"""The default frame limit.  One step's decisions are one transactional frame (all its parts, so a
+crash never keeps half a step): 200,000 pending jobs whose reason changes make 34 MB, so the
+limit is far above 64 MiB; readers must use the same limit (a longer frame reads as damage)."""
 MAGIC: Final = b"FLOG"
 VERSION: Final = 1
 HEADER: Final = struct.Struct("<4sBBHIIQqII")
@@ -156,7 +160,7 @@ class FileLogConfig:
     fsync: FsyncPolicy = "batch"
     segment_bytes: int = 64 * MiB
     index_interval_bytes: int = 4096
-    max_frame_bytes: int = 64 * MiB
+    max_frame_bytes: int = MAX_FRAME_BYTES
     read_only: bool = False
     poll_interval_ms: int = 50
 
@@ -954,7 +958,7 @@ class FileLogStore(LogStore):
         fsync: FsyncPolicy = "batch",
         segment_bytes: int = 64 * MiB,
         index_interval_bytes: int = 4096,
-        max_frame_bytes: int = 64 * MiB,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
         read_only: bool = False,
         yields: bool = False,
     ) -> None:

@@ -72,6 +72,13 @@ broker holds it); a larger one is named by its offsets only (it stays in its top
 _UNREADABLE_BATCH: Final = (UnsupportedCodecError, CorruptRecordException)
 
 
+DECISION_TOPIC_BYTES: Final = 4 << 20
+"""The least ``max.message.bytes`` the decisions topic may have: a decision record is at most
+3.5 MiB (``fleetlog.events.parts.DECISION_RECORD_BYTES``; this layer does not import the events),
+a Kafka batch around it adds well under 1 KiB."""
+_MAX_MESSAGE_BYTES: Final = "max.message.bytes"
+
+
 class FencedError(LogError):
     """Another producer with the same transactional id took over: this store must stop."""
 
@@ -101,13 +108,21 @@ class KafkaConfig(msgspec.Struct, frozen=True, kw_only=True):
     visibility_timeout_ms: int = 30_000
     """How long a committed transaction may take to become visible to readers."""
     max_batch_bytes: int = 1_000_000
-    max_decision_bytes: int = 64 * 1024 * 1024
-    """The largest decision batch record (the decisions topic's ``max.message.bytes``): a batch
-    holds one decision per job whose state or pending reason changed, so a long queue makes
-    batches of megabytes."""
+    max_decision_bytes: int = DECISION_TOPIC_BYTES
+    """The decisions topic's ``max.message.bytes`` when the store creates it, and the transactional
+    producer's ``max_request_size``: at least :data:`DECISION_TOPIC_BYTES` (4 MiB), room for the
+    largest decision record the scheduler writes (3.5 MiB; a larger step is split over several
+    records, ``fleetlog.events.parts``) with Kafka's record and batch headers."""
     fetch_max_bytes: int = 64 * 1024 * 1024
     max_partition_fetch_bytes: int = 16 * 1024 * 1024
     compression_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_decision_bytes < DECISION_TOPIC_BYTES:
+            raise ValueError(
+                f"max_decision_bytes is {self.max_decision_bytes}; the scheduler's decision records "
+                f"need at least {DECISION_TOPIC_BYTES}"
+            )
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}.{name}"
@@ -587,6 +602,7 @@ class KafkaLogStore(LogStore):
     async def _transactional_producer(self) -> AIOKafkaProducer:
         async with self._start_lock:
             if self._txn_producer is None:
+                await self._check_decisions_limit()
                 producer = AIOKafkaProducer(
                     **(self._producer_options() | {"max_request_size": self.config.max_decision_bytes}),
                     transactional_id=self.config.effective_transactional_id,
@@ -667,7 +683,7 @@ class KafkaLogStore(LogStore):
     def _new_topic(self, name: str) -> NewTopic:
         configs = {_TIMESTAMP_TYPE: _LOG_APPEND_TIME}
         if name == DECISIONS:
-            configs["max.message.bytes"] = str(self.config.max_decision_bytes)
+            configs[_MAX_MESSAGE_BYTES] = str(self.config.max_decision_bytes)
         return NewTopic(self.config.topic(name), self.config.shards, self.config.replication_factor,
                         topic_configs=configs)
 
@@ -707,6 +723,20 @@ class KafkaLogStore(LogStore):
             raise LogError(
                 f"topic {self.config.topic(INPUTS)} has {_TIMESTAMP_TYPE}={stamp}; "
                 f"the inputs log needs {_LOG_APPEND_TIME} (event time is the broker's append time)"
+            )
+
+    async def _check_decisions_limit(self) -> None:
+        """Refuse to write decisions to a topic too small for them (one made by hand with the
+        broker's 1 MiB default): the first large step would fail, and every retry with it."""
+        admin, topic = self._admin, self.config.topic(DECISIONS)
+        assert admin is not None
+        with _translated(f"read the configuration of {topic}"):
+            found = await self._topic_config(admin, topic, _MAX_MESSAGE_BYTES)
+        if found is not None and int(found) < DECISION_TOPIC_BYTES:
+            raise LogError(
+                f"topic {topic} has {_MAX_MESSAGE_BYTES}={found}; decision records need "
+                f"{DECISION_TOPIC_BYTES} (kafka-configs.sh --alter --entity-type topics --entity-name "
+                f"{topic} --add-config {_MAX_MESSAGE_BYTES}={DECISION_TOPIC_BYTES})"
             )
 
     @staticmethod

@@ -116,7 +116,7 @@ async def _decision_steps(source: Source, job_id: str, why: bool) -> list[Step]:
     needle, out = job_id.encode(), []
     placements: list[tuple[int, int, DecisionBatch, int]] = []
     async for offset, record, batch in batches(source.store):
-        if needle not in record.value:
+        if batch.parts == 1 and needle not in record.value:  # ``record``: a split step's first part
             continue
         for index, decision in enumerate(batch.decisions):
             step = _decision_step(decision, job_id, offset, record.timestamp_ms)

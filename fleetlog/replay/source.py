@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 
 from fleetlog.events.codec import BadEventError
 from fleetlog.events.model import DecisionBatch, InputEvent
+from fleetlog.events.parts import PartsError, StepJoiner
 from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record
 from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
 from fleetlog.log.file import FileLogStore, RecoveryWarning
@@ -28,6 +29,8 @@ from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, KafkaSnapshots, SnapshotStore
 
 READ_CHUNK = 10_000
+READ_DECISIONS = 1000
+"""Decision records read at a time."""
 Progress = Callable[[int], None]
 """Called with how many more units of work were done (inputs folded, records read)."""
 
@@ -124,18 +127,29 @@ async def read(store: LogStore, name: str, offset: int, limit: int = READ_CHUNK)
 async def batches(
     store: LogStore, start: int = 0, stop: int | None = None
 ) -> AsyncIterator[tuple[int, Record, DecisionBatch]]:
-    """(offset, record, batch) of every decision batch from ``start`` (to ``stop``, excluded)."""
+    """(offset, record, batch) of every step's decision batch from ``start`` (to ``stop``,
+    excluded): a step split over several records is joined back into one batch, given with the
+    offset and record of its first part (:mod:`fleetlog.events.parts`)."""
     end = await end_offset(store, DECISIONS) if stop is None else stop
-    at = start
+    at, joiner, first = start, StepJoiner(), None
     while at < end:
-        records = await read(store, DECISIONS, at, 1000)
+        records = await read(store, DECISIONS, at, READ_DECISIONS)
         if not records:
-            return
+            break
         for record in records:
             if record.offset >= end:
-                return
-            yield record.offset, record, decode_batch(record)
+                break
+            first = record if first is None else first
+            try:
+                step = joiner.add(record.offset, decode_batch(record))
+            except PartsError as exc:
+                raise ReplayError(f"the decisions log is corrupt: {exc}") from None
+            if step is not None:
+                yield step[0], first, step[2]
+                first = None
         at = records[-1].offset + 1
+    if joiner.pending:
+        raise ReplayError(f"the decisions log is corrupt: {joiner.incomplete()}")
 
 
 def decode_batch(record: Record) -> DecisionBatch:

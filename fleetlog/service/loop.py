@@ -1,9 +1,10 @@
 """The scheduling loop: read inputs, fold, decide, publish decisions — one loop for every log.
 
 ``fleetlog simulate`` drives it on a virtual clock over the file log; ``fleetlog run`` drives
-it over Kafka.  Each step publishes at most one :class:`DecisionBatch`, in one transaction
-with the input offset it was computed at (``as_of``), so a crash anywhere leaves neither a
-duplicate nor a gap, and replay reproduces every batch.
+it over Kafka.  Each step publishes at most one :class:`DecisionBatch` — split over several
+records when it is larger than one record may be (:mod:`fleetlog.events.parts`) — in one
+transaction with the input offset it was computed at (``as_of``), so a crash anywhere leaves
+neither a duplicate, nor a gap, nor half a step, and replay reproduces every batch.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from fleetlog.core.fold import fold, fold_lists
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, encode, envelope
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
 from fleetlog.events.model import DecisionBatch
+from fleetlog.events.parts import PartsError, StepJoiner, encode_step
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
-from fleetlog.log.consumer import EventConsumer, decision_batches
+from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
 
 DEFAULT_GROUP: Final = "fleetlog-scheduler"
+READ_DECISIONS: Final = 1000
+"""Decision records read at a time by recovery."""
 
 
 class LoopConfig(msgspec.Struct, frozen=True):
@@ -86,29 +90,40 @@ class SchedulerLoop:
         decisions log raises :class:`SnapshotMismatchError`."""
         if state is not None:
             self.state, self.offset, self.decisions_next = state, inputs, decisions
-        log = self.store.log(DECISIONS)
+        log, joiner = self.store.log(DECISIONS), StepJoiner()
         inputs_end = await self.store.log(INPUTS).end_offset()
         end, at = await log.end_offset(), self.decisions_next
         check_ahead("a snapshot covers inputs", self.offset, INPUTS, inputs_end)
         check_ahead("a snapshot covers decisions", self.decisions_next, DECISIONS, end)
-        while at < end:
-            records = await log.read(at, 10_000)
+        while at < end or joiner.pending:  # a read may stop inside a step: read the rest of it
+            records = await log.read(at, READ_DECISIONS)
             if not records:
                 break
-            for offset, batch in decision_batches(records):
-                if batch.as_of <= self.offset and self.offset:
-                    raise SnapshotMismatchError(
-                        f"decisions@{offset} was computed at inputs offset {batch.as_of}, "
-                        f"not after the {self.offset} already folded"
-                    )
-                await self._fold_inputs_until(batch.as_of)
-                fold(self.state, batch, self.state.now_ms)
-                self.decisions_next = offset + 1
+            for offset, part in decision_batches(records):
+                try:
+                    step = joiner.add(offset, part)
+                except PartsError as exc:
+                    raise CorruptDecisionsError(str(exc)) from None
+                if step is not None:
+                    await self._fold_step(*step)
             at = records[-1].offset + 1
+        if joiner.pending:
+            raise CorruptDecisionsError(joiner.incomplete())
         committed = await self.store.committed_offset(self.config.group)
         check_ahead(f"group {self.config.group!r} committed inputs", committed or 0, INPUTS, inputs_end)
         await self._fold_inputs_until(committed or 0)
         self.committed = max(committed or 0, self.offset)
+
+    async def _fold_step(self, first: int, last: int, batch: DecisionBatch) -> None:
+        """Fold one recorded step (records ``first`` to ``last``) after the inputs it saw."""
+        if batch.as_of <= self.offset and self.offset:
+            raise SnapshotMismatchError(
+                f"decisions@{first} was computed at inputs offset {batch.as_of}, "
+                f"not after the {self.offset} already folded"
+            )
+        await self._fold_inputs_until(batch.as_of)
+        fold(self.state, batch, self.state.now_ms)
+        self.decisions_next = last + 1
 
     async def catch_up(self) -> None:
         """Fold every input there is, deciding nothing (read-only views: status, state-at)."""
@@ -145,10 +160,11 @@ class SchedulerLoop:
         batch = DecisionBatch(
             as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions), policy=self.policy.name
         )
+        messages = self.batch_messages(batch)
         first = await self.store.append_transactional(
-            DECISIONS, [self.batch_message(batch)], group=self.config.group, consumed=self.offset
+            DECISIONS, messages, group=self.config.group, consumed=self.offset
         )
-        self.committed, self.decisions_next = self.offset, first + 1
+        self.committed, self.decisions_next = self.offset, first + len(messages)
         fold(self.state, batch, self.state.now_ms)
         if self.config.check_invariants:
             check(self.state)
@@ -161,9 +177,10 @@ class SchedulerLoop:
         await self.store.append_transactional(DECISIONS, [], group=self.config.group, consumed=self.offset)
         self.committed = self.offset
 
-    def batch_message(self, batch: DecisionBatch) -> Message:
-        value = encode(envelope(batch, self.config.producer_id))
-        return Message(value=value, headers=((CONTENT_TYPE_HEADER, MSGPACK),))
+    def batch_messages(self, batch: DecisionBatch) -> list[Message]:
+        """The records of one step: one, or its parts when it is larger than a record may be."""
+        headers = ((CONTENT_TYPE_HEADER, MSGPACK),)
+        return [Message(value=v, headers=headers) for v in encode_step(batch, self.config.producer_id)]
 
 
 def check_ahead(what: str, offset: int, name: str, end: int) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
+
 from fleetlog.backends.simulated import SchedulerFactory
 from fleetlog.core.policy import policy_named
-from fleetlog.events import Event
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, decode
-from fleetlog.log.base import DECISIONS, INPUTS, LogStore
+from fleetlog.events import DecisionBatch, Event, encode, envelope
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, decode
+from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import decision_batches
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 
@@ -71,3 +73,26 @@ def log_files(directory: Path) -> dict[str, bytes]:
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != "LOCK"
     }
+
+
+class OneDecisionPerRecord(SchedulerLoop):
+    """Writes every step of several decisions as that many parts (one transaction), as the
+    scheduler does for a step too large for one record — here with small steps, so backend
+    tests meet split steps without megabytes of decisions."""
+
+    def batch_messages(self, batch: DecisionBatch) -> list[Message]:
+        n = len(batch.decisions)
+        if n < 2:
+            return super().batch_messages(batch)
+        parts = [
+            msgspec.structs.replace(batch, decisions=(d,), part=i, parts=n)
+            for i, d in enumerate(batch.decisions)
+        ]
+        headers = ((CONTENT_TYPE_HEADER, MSGPACK),)
+        return [Message(encode(envelope(p, self.config.producer_id)), headers=headers) for p in parts]
+
+
+async def split_steps(store: LogStore) -> list[DecisionBatch]:
+    """The parts of split steps in the decisions log."""
+    records = await store.log(DECISIONS).read(0, 100_000)
+    return [b for _, b in decision_batches(records) if b.parts > 1]

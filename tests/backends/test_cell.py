@@ -46,12 +46,17 @@ class Bench:
 
     async def decide(self, *decisions: Decision) -> None:
         """Publish a decision batch as the scheduler would, and let the cell consume it."""
-        batch = DecisionBatch(
-            as_of=await self.store.log(INPUTS).end_offset(), digest="-", decisions=decisions
-        )
-        await self.store.append_transactional(
-            DECISIONS, [Message(encode(envelope(batch, "test")))], group="g", consumed=batch.as_of
-        )
+        await self.decide_in_parts(decisions)
+
+    async def decide_in_parts(self, *parts: tuple[Decision, ...]) -> None:
+        """Publish one step split over ``len(parts)`` records (one transaction), and consume it."""
+        as_of = await self.store.log(INPUTS).end_offset()
+        batches = [
+            DecisionBatch(as_of=as_of, digest="-", decisions=part, part=i, parts=len(parts))
+            for i, part in enumerate(parts)
+        ]
+        messages = [Message(encode(envelope(batch, "test"))) for batch in batches]
+        await self.store.append_transactional(DECISIONS, messages, group="g", consumed=as_of)
         await self.cell.consume(self.store)
 
     async def run_until(self, until_ms: int) -> None:
@@ -198,3 +203,30 @@ async def test_seeded_failures_happen_at_the_same_virtual_times_for_a_seed() -> 
     assert first
     assert first == await failure_times(3)
     assert first != await failure_times(4)
+
+
+async def test_a_step_split_over_records_has_the_effects_of_the_whole_step() -> None:
+    """Placements, a preemption and a placement again, in one step: split over three records
+    they start, stop and report exactly what the one-record step does."""
+    decisions = (
+        placed("a", "n0"),
+        TaskPreempted(job_id="a", task_index=0, by_job_id="b", cause="priority"),
+        placed("b", "n0"),
+        placed("c", "n1"),
+    )
+    whole, split = await make_bench(cluster()), await make_bench(cluster())
+    try:
+        for bench in (whole, split):
+            for job_id in "abc":
+                bench.submit(job_id)
+        await whole.decide(*decisions)
+        await split.decide_in_parts(decisions[:1], decisions[1:3], decisions[3:])
+        assert split.cell.decisions_seen == whole.cell.decisions_seen == 4
+        for bench in (whole, split):
+            await bench.run_until(DURATION_MS + MAX_DELAY_MS + 1)
+        assert await inputs(split.store) == await inputs(whole.store)
+        assert split.recorder.counts == whole.recorder.counts
+        assert split.recorder.counts[JobStatus.DONE] == 2
+    finally:
+        await whole.store.close()
+        await split.store.close()

@@ -53,11 +53,11 @@ class TamperingLoop(SchedulerLoop):
     tamper: Tamper | None = None
     published = 0
 
-    def batch_message(self, batch: DecisionBatch) -> Message:
+    def batch_messages(self, batch: DecisionBatch) -> list[Message]:
         if self.tamper is not None:
             batch = self.tamper(self.published, batch)
         self.published += 1
-        return super().batch_message(batch)
+        return super().batch_messages(batch)
 
 
 def beats(healthy_except: str = "") -> list[Event]:

@@ -11,7 +11,7 @@ import msgspec
 from fleetlog.backends.kubernetes.api import KubeApi, KubeApiError
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.backends.kubernetes.objects import Pod
-from fleetlog.events.model import MAX_TASKS_PER_GROUP
+from fleetlog.events.model import MAX_TASKS_PER_JOB
 
 PODGROUPS: Final = "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/{name}"
 NOT_FOUND: Final = 404
@@ -30,7 +30,7 @@ POD_GROUP: Final = msgspec.json.Decoder(PodGroup)
 
 def annotated_size(pod: Pod, cfg: KubeBackendConfig) -> int | None:
     text = pod.metadata.annotations.get(cfg.group_size_annotation, "")
-    return int(text) if text.isdigit() and 1 <= int(text) <= MAX_TASKS_PER_GROUP else None
+    return int(text) if text.isdigit() and 1 <= int(text) <= MAX_TASKS_PER_JOB else None
 
 
 async def group_size(api: KubeApi, pod: Pod, cfg: KubeBackendConfig) -> int | None:
@@ -46,4 +46,4 @@ async def group_size(api: KubeApi, pod: Pod, cfg: KubeBackendConfig) -> int | No
         if e.status == NOT_FOUND:  # no such PodGroup, or the CRD is not installed
             return None
         raise
-    return found.spec.min_member if 1 <= found.spec.min_member <= MAX_TASKS_PER_GROUP else None
+    return found.spec.min_member if 1 <= found.spec.min_member <= MAX_TASKS_PER_JOB else None
