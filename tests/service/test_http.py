@@ -23,6 +23,7 @@ import pytest
 
 from fleetlog.client import HttpTransport, keyed
 from fleetlog.events import encode, envelope
+from fleetlog.events.model import MAX_TASKS_PER_JOB
 from fleetlog.log.base import INPUTS
 from fleetlog.service.config import ServiceSettings
 from fleetlog.service.http import HttpLimits, HttpServer, Request, Response, json_response
@@ -321,9 +322,14 @@ async def test_a_body_over_the_limit_is_refused_413_however_framed(guarded: Runn
 
 
 async def test_too_many_tasks_in_one_request_is_413_and_too_much_pending_work_429(guarded: Running) -> None:
-    huge = events_body(*[job(f"big-{i}", tasks=100_000 if i == 0 else 1) for i in range(20)])
+    huge = events_body(*[job(f"big-{i}", tasks=MAX_TASKS_PER_JOB if i == 0 else 1) for i in range(20)])
     status, body, _ = await asyncio.to_thread(post, guarded, huge)
     assert (status, body["reason"], body["limit"]) == (413, "too_many_tasks", 1_000)
+    # one job past the per-job bound is a bad event, whatever the request limits
+    vast = events_body(job("vast", tasks=1)).replace(b'"count":1', b'"count":100000')
+    status, body, _ = await asyncio.to_thread(post, guarded, vast)
+    assert (status, body["reason"]) == (400, "invalid_event"), body
+    assert f"at most {MAX_TASKS_PER_JOB} tasks" in body["error"]
     # no node: every job stays pending; 1,000 tasks fit, the next 600 pass the 1,500 limit
     for i in range(2):
         batch = events_body(*[job(f"p{i}-{k}", tasks=500) for k in range(2 if i == 0 else 1)])
