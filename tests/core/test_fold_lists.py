@@ -15,9 +15,11 @@ from fleetlog.events import (
     DecisionBatch,
     Event,
     JobCancelled,
+    JobPlaced,
     NodeRemoved,
     TaskFailed,
     TaskFinished,
+    TaskPreempted,
     TaskStarted,
 )
 from tests.core.builders import job, node, quota
@@ -356,3 +358,34 @@ def test_every_chunking_folds_to_the_state_of_fold_one_by_one(case: tuple[Log, l
             state = _fold_chunked(log, chunking, how, digests)
             check(state)
             assert _readable(state) == _readable(one)
+
+
+def test_a_backlog_longer_than_the_node_timeout_folded_in_one_step_keeps_every_gang_running() -> None:
+    """The probe of issue 14: after an outage of the scheduler, during which producers kept
+    heartbeating and submitting, one step folds 90 s of log time (the node timeout is 60 s).
+    Folded one by one nothing goes down; folded as one run, the sweeps inside the runs of
+    submissions read the heartbeat times as they were before the step, so every node was
+    marked down and every running gang requeued, and decide placed them all again."""
+    fleet = [node(f"h{i}", rack=f"r{i % 4}") for i in range(64)]
+    gangs = [job(f"gang{i}", tasks=2, gpus=8, topology="rack") for i in range(32)]
+    one, step = State(), State()
+    for state in (one, step):
+        fold_many(state, [(e, 1_000) for e in (*fleet, *gangs)])
+    placed = tuple(decide(one, Policy()))
+    assert sum(isinstance(d, JobPlaced) for d in placed) == 32
+    for state in (one, step):
+        fold(state, DecisionBatch(as_of=state.offset, digest="", decisions=placed), state.now_ms)
+    events: list[Event] = []
+    times: list[int] = []
+    for second in range(90):  # each second: 100 submissions, then every node's steady heartbeat
+        events += [job(f"s{second}-{k}", gpus=0, cpu=100) for k in range(100)] + fleet
+        times += [2_000 + 1_000 * second] * (100 + len(fleet))
+    for event, at in zip(events, times, strict=True):
+        fold(one, event, at)
+    fold_lists(step, events, times)
+    assert int((step.nodes.view("status") == 1).sum()) == 64
+    running = step.jobs.view("state")[: len(gangs)]
+    assert (running == JobState.RUNNING).all()
+    _same(one, step)
+    again = decide(step, Policy())
+    assert not [d for d in again if isinstance(d, TaskPreempted) or d.job_id.startswith("gang")]
