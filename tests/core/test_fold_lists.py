@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_lists, fold_many
+from fleetlog.core.fold import fold, fold_decision, fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, JobState, State
@@ -353,6 +353,14 @@ def test_every_chunking_folds_to_the_state_of_fold_one_by_one(case: tuple[Log, l
         fold(one, event, at)
         if i in cuts or i == len(log):
             digests[i] = digest(one)
+    singly = State(CHUNK_CONFIG)  # every decision of a batch on its own (no on_placed_many)
+    for event, at in log:
+        if isinstance(event, DecisionBatch):
+            for decision in event.decisions:
+                fold_decision(singly, decision)
+        else:
+            fold(singly, event, at)
+    assert digest(singly) == digests[len(log)]
     for chunking in (cuts, [], list(range(1, len(log)))):  # drawn cuts, the whole log, chunks of 1
         for how in ("many", "lists"):
             state = _fold_chunked(log, chunking, how, digests)
