@@ -397,3 +397,15 @@ def test_a_backlog_longer_than_the_node_timeout_folded_in_one_step_keeps_every_g
     _same(one, step)
     again = decide(step, Policy())
     assert not [d for d in again if isinstance(d, TaskPreempted) or d.job_id.startswith("gang")]
+
+
+def test_folding_without_fold_lists_keeps_no_growing_record() -> None:
+    """``steady_gone`` is fold_lists' note of what left the steady cache while it runs; folding
+    one by one (the reference, what-if, tests) used to append to it at every heartbeat."""
+    state = State()
+    for at in range(1, 5_001):
+        fold(state, BEATS[NODES[at % len(NODES)]], at)
+        fold(state, job(f"j{at}", gpus=0), at)
+    fold_many(state, [(RESHAPED[name], 5_001) for name in NODES])
+    assert not state.steady_gone
+    assert sorted(state.steady_ids.values()) == sorted(row for row, _ in state.beat_cache.values())
