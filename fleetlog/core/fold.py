@@ -100,32 +100,41 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
     The hot path is the steady heartbeat of a known, up node that reports what it reported
     last time (often the very same object: readers decode repeated bytes once): only its
     heartbeat time changes, so those are gathered and written at once, and the offset and
-    log time are kept in locals until some other event needs the state.
+    log time are kept in locals until some other event needs the state. Runs of submissions
+    are folded together (:func:`fold_submissions`).
+
+    Nothing deferred crosses a node sweep: the first event at or after the sweep time is
+    folded by :func:`fold` after every deferred write, whatever its type, so the sweep reads
+    the heartbeat times the events before it wrote — however the inputs were chunked.
     """
     beats: dict[int, int] = {}
     cache = state.beat_cache
     now, sweep, steady = state.now_ms, state.next_sweep_ms, 0
     run: list[JobSubmitted] = []  # consecutive submissions, folded together
     run_at: list[int] = []
+    # (at most one of ``run`` and ``steady`` is open: each closes the other's offset and clock)
     for event, at_ms in events:
-        if type(event) is JobSubmitted:
-            if steady:
-                state.offset += steady
-                state.now_ms, steady = now, 0
-            run.append(event)
-            run_at.append(at_ms)
-            continue
+        if at_ms < sweep:
+            if type(event) is JobSubmitted:
+                if steady:
+                    state.offset += steady
+                    state.now_ms, steady = now, 0
+                run.append(event)
+                run_at.append(at_ms)
+                continue
+            if type(event) is NodeHeartbeat:
+                hit = cache.get(event.node)
+                if hit is not None and (hit[1] is event or hit[1] == event):
+                    if run:
+                        fold_submissions(state, run, run_at)
+                        run, run_at, now = [], [], state.now_ms
+                    steady += 1
+                    now = at_ms if at_ms > now else now  # max() costs a call per heartbeat
+                    beats[hit[0]] = now
+                    continue
         if run:
             fold_submissions(state, run, run_at)
             run, run_at = [], []
-            now, sweep = state.now_ms, state.next_sweep_ms
-        if at_ms < sweep and type(event) is NodeHeartbeat:
-            hit = cache.get(event.node)
-            if hit is not None and (hit[1] is event or hit[1] == event):
-                steady += 1
-                now = at_ms if at_ms > now else now  # max() costs a call per heartbeat
-                beats[hit[0]] = now
-                continue
         if steady:
             state.offset += steady
             state.now_ms, steady = now, 0
@@ -281,6 +290,19 @@ def fold_lists(state: State, events: Sequence[Event], times: Sequence[int]) -> N
     if len(slow) > n // 2 or any(type(events[i]) is DecisionBatch for i in slow):
         fold_many(state, zip(events, times, strict=True))
         return
+    state.steady_gone = []  # (what a fold takes out of steady_ids, recorded while this runs)
+    try:
+        _fold_steady_runs(state, events, times, rows, slow)
+    finally:
+        state.steady_gone = None
+
+
+def _fold_steady_runs(
+    state: State, events: Sequence[Event], times: Sequence[int], rows: Array, slow: list[int]
+) -> None:
+    """:func:`fold_lists`' fast path: ``rows`` holds each steady heartbeat's node row (-1 for
+    the others, whose indices are ``slow``)."""
+    n = len(events)
     at = np.fromiter(times, dtype=np.int64, count=n)
     now0, offset0 = state.now_ms, state.offset
     now_after = np.maximum.accumulate(np.maximum(at, now0))  # the clock after each event
@@ -294,7 +316,6 @@ def fold_lists(state: State, events: Sequence[Event], times: Sequence[int]) -> N
         np.maximum.at(hb, seg[steady], now_after[flushed:end][steady])  # times only grow
         flushed = end
 
-    state.steady_gone.clear()
     sweep = state.next_sweep_ms
     sweep_at = _first_at_or_after(at, 0, sweep)
     k = 0
@@ -424,16 +445,19 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
     elif e.healthy and status != NodeStatus.UP:
         nodes.cols["status"][row] = _UP
     if e.healthy:
-        forget_beat(state, e.node)
-        state.beat_cache[e.node] = (row, e)
-        state.steady_ids[id(e)] = row
+        hit = state.beat_cache.get(e.node)
+        if hit is None or hit[1] is not e:  # (the same object again stays steady for fold_lists)
+            forget_beat(state, e.node)
+            state.beat_cache[e.node] = (row, e)
+            state.steady_ids[id(e)] = row
 
 
 def forget_beat(state: State, node: str) -> None:
     """Drop ``node``'s steady heartbeat from the fast-path caches."""
     hit = state.beat_cache.pop(node, None)
-    if hit is not None and state.steady_ids.pop(id(hit[1]), None) is not None:
-        state.steady_gone.append(id(hit[1]))
+    gone = state.steady_gone
+    if hit is not None and state.steady_ids.pop(id(hit[1]), None) is not None and gone is not None:
+        gone.append(id(hit[1]))
 
 
 def set_node_shape(state: State, row: int, e: NodeHeartbeat) -> None:

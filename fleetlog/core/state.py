@@ -217,8 +217,9 @@ class State:
         """``id()`` of each heartbeat object in ``beat_cache`` -> its node row (derived: the cache
         holds the objects, so their ids stay theirs): ``fold_lists`` finds steady heartbeats
         with C-level lookups."""
-        self.steady_gone: list[int] = []
-        """ids taken out of ``steady_ids`` since ``fold_lists`` last looked (derived)."""
+        self.steady_gone: list[int] | None = None
+        """While ``fold_lists`` runs, the ids taken out of ``steady_ids`` since it last looked
+        (derived; None otherwise, so folding without it keeps no record that grows)."""
         self.decide_memo: object | None = None
         """What the last ``decide`` call learned of node scores, for the next call to reuse
         where nodes did not change (``fleetlog.core.decide.MemoCache``; derived, not state:

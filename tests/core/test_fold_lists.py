@@ -7,12 +7,22 @@ from hypothesis import strategies as st
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_lists
+from fleetlog.core.fold import fold, fold_decision, fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, JobState, State
-from fleetlog.events import DecisionBatch, Event, JobCancelled, NodeRemoved
-from tests.core.builders import job, node
+from fleetlog.events import (
+    DecisionBatch,
+    Event,
+    JobCancelled,
+    JobPlaced,
+    NodeRemoved,
+    TaskFailed,
+    TaskFinished,
+    TaskPreempted,
+    TaskStarted,
+)
+from tests.core.builders import job, node, quota
 
 NODES = [f"n{i}" for i in range(6)]
 # Heartbeat objects are reused, as readers that decode repeated bytes once hand them out: the
@@ -187,3 +197,215 @@ def test_runs_of_submissions_fold_as_one_by_one() -> None:
     assert at_once.duplicates == one_by_one.duplicates > 10
     assert at_once.shape_mix == one_by_one.shape_mix
     assert digest(at_once) == digest(one_by_one)
+
+
+# --- chunking: fold one by one == fold_many == fold_lists, however the log is cut -------------
+
+CHUNK_CONFIG = CoreConfig(node_timeout_ms=3_000, shape_window=16, shape_mix_every=5)
+CHUNK_POLICY = Policy(thrash_window_ms=1_000)
+Log = list[tuple[Event, int]]
+
+
+class _LogWriter:
+    """Builds a log as producers and the scheduler would write it: every input folded one by
+    one into a reference state as it is written, decision batches decided on that state."""
+
+    def __init__(self) -> None:
+        self.ref, self.at, self.jobs = State(CHUNK_CONFIG), 1_000, 0
+        self.log: Log = []
+
+    def put(self, event: Event, step: int = 0, back: int = 0) -> None:
+        self.at += step
+        at = self.at - back  # (log time may even go back)
+        fold(self.ref, event, at)
+        self.log.append((event, at))
+
+    def decide(self) -> None:
+        decisions = tuple(decide(self.ref, CHUNK_POLICY))
+        self.put(DecisionBatch(as_of=self.ref.offset, digest=digest(self.ref), decisions=decisions))
+
+
+def _task_event(draw: st.DrawFn, w: _LogWriter, kind: str) -> Event:
+    j, t = f"j{draw(st.integers(0, max(0, w.jobs - 1)))}", draw(st.integers(0, 2))
+    if kind == "t":
+        return TaskStarted(job_id=j, task_index=t, node="n0")
+    if kind == "f":
+        return TaskFinished(job_id=j, task_index=t, exit_code=draw(st.sampled_from([0, 0, 1])))
+    if kind == "F":
+        return TaskFailed(job_id=j, task_index=t)
+    return JobCancelled(job_id=j)
+
+
+def _submission(draw: st.DrawFn, w: _LogWriter) -> Event:
+    w.jobs += 1
+    gpus = draw(st.sampled_from([0, 1, 2, 4, 8]))
+    return job(
+        f"j{w.jobs - 1}",
+        tenant=draw(st.sampled_from(["a", "b"])),
+        tasks=draw(st.integers(1, 3)),
+        gpus=gpus,
+        milli=draw(st.sampled_from([250, 500, 1000])) if gpus == 1 else 1000,
+        priority=draw(st.integers(0, 3)),  # (higher ones preempt when the fleet is full)
+    )
+
+
+@st.composite
+def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
+    """A log of every kind of event, with gaps longer than the node timeout (many times), node
+    sweeps falling inside runs of submissions and of steady heartbeats, and decision batches
+    with placements and preemptions; and cut points."""
+    w = _LogWriter()
+    for name in NODES:
+        w.put(BEATS[name], 1)
+    for name in NODES:  # a full fleet, so that later jobs of higher priority preempt
+        w.put(job(f"fill-{name}", tasks=draw(st.integers(1, 2)), gpus=8 // len(NODES[:2])), 1)
+    w.decide()
+    beat_weight = draw(st.sampled_from([1, 6, 30]))  # (fold_lists' fast path and its fallback)
+    for _ in range(draw(st.integers(10, 120))):
+        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGdd"))
+        name = draw(st.sampled_from(NODES))
+        step, back = draw(st.integers(0, 40)), draw(st.sampled_from([0, 0, 0, 50]))
+        if kind == "b":
+            w.put(BEATS[name], step, back)
+        elif kind == "S":  # a run of submissions, 200-2,000 ms apart: past a sweep, maybe the timeout
+            for _ in range(draw(st.integers(2, 12))):
+                w.put(_submission(draw, w), draw(st.sampled_from([0, 200, 2_000])))
+        elif kind == "J":
+            w.put(_submission(draw, w), step, back)
+        elif kind == "P":  # urgent: preempts
+            w.jobs += 1
+            w.put(job(f"j{w.jobs - 1}", tasks=draw(st.integers(1, 3)), gpus=8, priority=9), step)
+        elif kind in "tfFc":
+            w.put(_task_event(draw, w, kind), step, back)
+        elif kind == "q":
+            w.put(quota(draw(st.sampled_from(["a", "b"])), draw(st.integers(0, 24)), cohort="co"), step)
+        elif kind == "e":  # an equal heartbeat, not the same object
+            w.put(node(name, gpus=8), step, back)
+        elif kind in "RUx":
+            w.put(
+                {"R": RESHAPED, "U": SICK}[kind][name] if kind != "x" else NodeRemoved(cell="c1", node=name)
+            )
+        elif kind == "g":  # an outage: nothing for longer than the node timeout
+            w.put(BEATS[name], draw(st.sampled_from([3_500, 9_000, 30_000])))
+        elif kind == "G":  # the fleet beats steadily across several sweeps and past the timeout
+            for _ in range(draw(st.integers(2, 12))):
+                for beat in BEATS.values():
+                    w.put(beat, draw(st.sampled_from([0, 10, 150])))
+                if draw(st.booleans()):
+                    w.put(_submission(draw, w), draw(st.sampled_from([0, 600])))
+        else:
+            w.decide()
+    cuts = draw(st.lists(st.integers(1, len(w.log) - 1), max_size=12))
+    return w.log, sorted(set(cuts))
+
+
+def _readable(state: State) -> tuple[object, ...]:
+    """A few fields a person reads: position, clock, nodes up, jobs running and pending."""
+    return (
+        state.offset,
+        state.now_ms,
+        state.next_sweep_ms,
+        int((state.nodes.view("status") == 1).sum()),
+        int((state.jobs.view("state") == JobState.RUNNING).sum()),
+        state.pending_count,
+        state.nodes.view("last_heartbeat_ms").tolist(),
+        state.shape_mix,
+    )
+
+
+def _fold_as_the_loop_does(state: State, chunk: Log) -> None:
+    """``fold_lists`` of each run of inputs, ``fold`` of each decision batch between them (at
+    the state's clock), as the scheduler loop and replay do."""
+    run: Log = []
+    for event, at in [*chunk, (None, 0)]:
+        if isinstance(event, DecisionBatch | None):
+            fold_lists(state, [e for e, _ in run], [t for _, t in run])
+            run = []
+            if event is not None:
+                fold(state, event, state.now_ms)
+        else:
+            run.append((event, at))
+
+
+def _fold_chunked(log: Log, cuts: list[int], how: str, digests: dict[int, str]) -> State:
+    """Fold ``log`` cut at ``cuts`` with ``how`` ("many" or "lists"), checking the digest at
+    the end of every chunk against ``digests`` (of fold one by one) where it has one."""
+    state = State(CHUNK_CONFIG)
+    for start, end in zip([0, *cuts], [*cuts, len(log)], strict=True):
+        chunk = log[start:end]
+        if how == "many":
+            fold_many(state, chunk)
+        else:
+            _fold_as_the_loop_does(state, chunk)
+        if end in digests:
+            assert digest(state) == digests[end], f"{how}, chunk [{start}, {end}) of {len(log)}"
+    return state
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(case=chunked_logs())
+def test_every_chunking_folds_to_the_state_of_fold_one_by_one(case: tuple[Log, list[int]]) -> None:
+    log, cuts = case
+    one, digests = State(CHUNK_CONFIG), {}
+    for i, (event, at) in enumerate(log, 1):
+        fold(one, event, at)
+        if i in cuts or i == len(log):
+            digests[i] = digest(one)
+    singly = State(CHUNK_CONFIG)  # every decision of a batch on its own (no on_placed_many)
+    for event, at in log:
+        if isinstance(event, DecisionBatch):
+            for decision in event.decisions:
+                fold_decision(singly, decision)
+        else:
+            fold(singly, event, at)
+    assert digest(singly) == digests[len(log)]
+    for chunking in (cuts, [], list(range(1, len(log)))):  # drawn cuts, the whole log, chunks of 1
+        for how in ("many", "lists"):
+            state = _fold_chunked(log, chunking, how, digests)
+            check(state)
+            assert _readable(state) == _readable(one)
+
+
+def test_a_backlog_longer_than_the_node_timeout_folded_in_one_step_keeps_every_gang_running() -> None:
+    """The probe of issue 14: after an outage of the scheduler, during which producers kept
+    heartbeating and submitting, one step folds 90 s of log time (the node timeout is 60 s).
+    Folded one by one nothing goes down; folded as one run, the sweeps inside the runs of
+    submissions read the heartbeat times as they were before the step, so every node was
+    marked down and every running gang requeued, and decide placed them all again."""
+    fleet = [node(f"h{i}", rack=f"r{i % 4}") for i in range(64)]
+    gangs = [job(f"gang{i}", tasks=2, gpus=8, topology="rack") for i in range(32)]
+    one, step = State(), State()
+    for state in (one, step):
+        fold_many(state, [(e, 1_000) for e in (*fleet, *gangs)])
+    placed = tuple(decide(one, Policy()))
+    assert sum(isinstance(d, JobPlaced) for d in placed) == 32
+    for state in (one, step):
+        fold(state, DecisionBatch(as_of=state.offset, digest="", decisions=placed), state.now_ms)
+    events: list[Event] = []
+    times: list[int] = []
+    for second in range(90):  # each second: 100 submissions, then every node's steady heartbeat
+        events += [job(f"s{second}-{k}", gpus=0, cpu=100) for k in range(100)] + fleet
+        times += [2_000 + 1_000 * second] * (100 + len(fleet))
+    for event, at in zip(events, times, strict=True):
+        fold(one, event, at)
+    fold_lists(step, events, times)
+    assert int((step.nodes.view("status") == 1).sum()) == 64
+    running = step.jobs.view("state")[: len(gangs)]
+    assert (running == JobState.RUNNING).all()
+    _same(one, step)
+    again = decide(step, Policy())
+    assert not [d for d in again if isinstance(d, TaskPreempted) or d.job_id.startswith("gang")]
+
+
+def test_folding_without_fold_lists_keeps_no_growing_record() -> None:
+    """``steady_gone`` is fold_lists' note of what left the steady cache while it runs; folding
+    one by one (the reference, what-if, tests) used to append to it at every heartbeat."""
+    state = State()
+    for at in range(1, 5_001):
+        fold(state, BEATS[NODES[at % len(NODES)]], at)
+        fold(state, job(f"j{at}", gpus=0), at)
+    fold_many(state, [(RESHAPED[name], 5_001) for name in NODES])
+    assert not state.steady_gone
+    assert sorted(state.steady_ids.values()) == sorted(row for row, _ in state.beat_cache.values())

@@ -1,7 +1,10 @@
-"""Hypothesis state machine: random submit / cancel / heartbeat / node loss / quota / decide.
+"""Hypothesis state machine: random submit / cancel / heartbeat / node loss / quota / decide,
+steady heartbeats across sweeps and outages longer than the node timeout.
 
-After every step the invariants hold; at the end, a snapshot restores to the same digest and
-replaying the recorded inputs and decisions from scratch reproduces every decision batch.
+After every step the invariants hold, and decide gives the same decisions on a restored copy
+(no memo of earlier calls); at the end, a snapshot restores to the same digest, and replaying
+the recorded inputs and decisions from scratch — one by one, and with ``fold_many`` and
+``fold_lists`` over the log cut where the machine chose — reproduces every decision batch.
 """
 
 from __future__ import annotations
@@ -12,11 +15,20 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest, restore, snapshot
-from fleetlog.core.fold import fold
+from fleetlog.core.fold import fold, fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
-from fleetlog.events import DecisionBatch, Event, JobCancelled, NodeRemoved, TaskFailed, TaskFinished
+from fleetlog.events import (
+    DecisionBatch,
+    Event,
+    JobCancelled,
+    NodeHeartbeat,
+    NodeRemoved,
+    TaskFailed,
+    TaskFinished,
+    TaskStarted,
+)
 from tests.core.builders import job, node, quota
 
 NODES = [f"n{i}" for i in range(6)]
@@ -32,6 +44,8 @@ class Scheduler(RuleBasedStateMachine):
         self.now_ms = 0
         self.log: list[tuple[int, Event]] = []
         self.jobs = 0
+        self.beats: dict[int, NodeHeartbeat] = {}  # each node's last heartbeat, the object itself
+        self.cuts: list[int] = []  # where the log is cut for fold_many and fold_lists
 
     def apply(self, event: Event, step_ms: int = 100) -> None:
         self.now_ms += step_ms
@@ -47,9 +61,40 @@ class Scheduler(RuleBasedStateMachine):
     )
     def heartbeat(self, i: int, gpus: int, rack: str, healthy: bool, step: int) -> None:
         # a node keeps its shape unless it changes (then it is drained and reshaped)
-        self.apply(
-            node(NODES[i], gpus=gpus, rack=rack, model="A100" if i % 2 else "T4", healthy=healthy), step
-        )
+        beat = node(NODES[i], gpus=gpus, rack=rack, model="A100" if i % 2 else "T4", healthy=healthy)
+        if healthy:
+            self.beats[i] = beat
+        else:
+            self.beats.pop(i, None)  # (a sick node sends nothing more in ``steady_fleet``)
+        self.apply(beat, step)
+
+    @precondition(lambda self: self.beats)
+    @rule(rounds=st.integers(1, 12), step=st.sampled_from([50, 400, 1_500, 3_000]), submit=st.booleans())
+    def steady_fleet(self, rounds: int, step: int, submit: bool) -> None:
+        """Producers write in rounds ``step`` apart: maybe a submission, then every node's last
+        heartbeat again (the very object) at the same time. Runs of steady heartbeats that cross
+        sweeps and the node timeout, with the sweeps falling on the submissions."""
+        for _ in range(rounds):
+            first = step
+            if submit:
+                self.jobs += 1
+                self.apply(job(f"j{self.jobs}", gpus=0, cpu=500), step)
+                first = 0
+            for i in sorted(self.beats):
+                self.apply(self.beats[i], first)
+                first = 0
+
+    @rule(gap=st.sampled_from([6_000, 20_000, 65_000]), submissions=st.integers(1, 5))
+    def outage(self, gap: int, submissions: int) -> None:
+        """Nothing for longer than the node timeout, then submissions first: a sweep falls in a run
+        of submissions."""
+        for k in range(submissions):
+            self.jobs += 1
+            self.apply(job(f"j{self.jobs}", gpus=1), gap if k == 0 else 10)
+
+    @rule()
+    def cut(self) -> None:
+        self.cuts.append(len(self.log))
 
     @rule(
         tenant=st.sampled_from(TENANTS),
@@ -76,10 +121,11 @@ class Scheduler(RuleBasedStateMachine):
         )  # type: ignore[arg-type]
 
     @precondition(lambda self: self.jobs > 0)
-    @rule(data=st.data(), kind=st.sampled_from(["cancel", "finish", "fail"]))
+    @rule(data=st.data(), kind=st.sampled_from(["start", "cancel", "finish", "fail"]))
     def job_event(self, data: st.DataObject, kind: str) -> None:
         j = f"j{data.draw(st.integers(1, self.jobs))}"
         event: Event = {
+            "start": TaskStarted(job_id=j, task_index=0, node="n0"),
             "cancel": JobCancelled(job_id=j),
             "finish": TaskFinished(job_id=j, task_index=0),
             "fail": TaskFailed(job_id=j, task_index=0),
@@ -100,11 +146,13 @@ class Scheduler(RuleBasedStateMachine):
 
     @rule()
     def run_decide(self) -> None:
+        fresh = tuple(decide(restore(snapshot(self.state)), self.policy))  # (no memo of earlier calls)
         batch = DecisionBatch(
             as_of=self.state.offset,
             digest=digest(self.state),
             decisions=tuple(decide(self.state, self.policy)),
         )
+        assert batch.decisions == fresh
         fold(self.state, batch, self.now_ms)
         self.log.append((self.now_ms, batch))
 
@@ -121,6 +169,29 @@ class Scheduler(RuleBasedStateMachine):
                 assert tuple(decide(replayed, self.policy)) == event.decisions
             fold(replayed, event, at_ms)
         assert digest(replayed) == digest(self.state)
+        for how in ("many", "lists"):
+            assert self.refold(how) == digest(self.state), how
+
+    def refold(self, how: str) -> str:
+        """Fold the log cut at ``cuts``: with ``fold_many`` (decision batches within its runs),
+        or as the loop does (``fold_lists`` of the inputs, ``fold`` of each batch, whose digest
+        is checked); the final digest."""
+        state = State(CONFIG)
+        for start, end in zip([0, *self.cuts], [*self.cuts, len(self.log)], strict=True):
+            run: list[tuple[Event, int]] = []
+            for at_ms, event in self.log[start:end]:
+                if how == "lists" and isinstance(event, DecisionBatch):
+                    fold_lists(state, [e for e, _ in run], [t for _, t in run])
+                    run = []
+                    assert digest(state) == event.digest
+                    fold(state, event, at_ms)
+                else:
+                    run.append((event, at_ms))
+            if how == "many":
+                fold_many(state, run)
+            else:
+                fold_lists(state, [e for e, _ in run], [t for _, t in run])
+        return digest(state)
 
 
 Scheduler.TestCase.settings = settings(
