@@ -266,9 +266,10 @@ async def analyse(run: Run) -> list[str]:
     if final.header.inputs_offset != end or digest(final.state) != digest(ref.state):
         problems.append(f"the final snapshot (inputs {final.header.inputs_offset} of {end}) "
                         "differs from folding the whole log one event at a time")
+    leads = sorted(round(t, 2) for t in run.lead_s)
     print(f"soak seed {run.seed}: {len(acked)} submissions acknowledged, {len(logs.inputs)} inputs, "
           f"{len(logs.batches)} batches, {len(steady)} nodes steady across the long outage and "
-          f"{ref.running_at_mark} jobs running after it, lead times {sorted(round(s, 2) for s in run.lead_s)}")
+          f"{ref.running_at_mark} jobs running after it, lead times (s) {leads}")
     if len(acked) < 1000 or len(steady) < 12 or ref.running_at_mark < 3:
         problems.append(f"the soak tested too little: {len(acked)} submissions acknowledged (want 1000), "
                         f"{len(steady)} nodes heartbeat across the long outage (want 12), "
