@@ -7,7 +7,7 @@
 * ``jobs``: gang and single-task submissions at a steady rate; every one the client
   acknowledged is written to ``--out`` as a JSON line ``{"job": id, "offset": n}``.
 * ``backend``: tails the decisions log (read-only) as a backend would, and reports each placed
-  task started, then most of them finished after a while (some jobs run until the end).
+  task started, then finished 0.5–2 s later (one single-task job in 20: 15–30 s later).
 
 Each send opens the client anew (:meth:`Client.connect`), as a short-lived producer does: it goes
 to the running service over HTTP, or, when ``service.json`` names a dead process, appends to the
@@ -57,13 +57,13 @@ def node_beat(i: int) -> NodeHeartbeat:
 
 
 def a_job(rng: random.Random, job_id: str, tiny: bool = False) -> JobSubmitted:
-    """A gang of whole-GPU tasks in one rack (a fifth), or one small task (GPU, half a GPU, CPU);
+    """A gang of whole-GPU tasks in one rack (a tenth), or one small task (GPU, half a GPU, CPU);
     ``tiny``: a tenth of a core (bulk work that fits anywhere)."""
     if tiny:
         group = TaskGroup(count=1, cpu_milli=100, mem_mib=64)
         return JobSubmitted(job_id=job_id, tenant="bulk", task_groups=(group,))
-    if rng.random() < 0.2:
-        group = TaskGroup(count=rng.randint(2, 4), cpu_milli=8_000, mem_mib=32_768, gpu_count=GPUS,
+    if rng.random() < 0.1:
+        group = TaskGroup(count=rng.randint(2, 3), cpu_milli=8_000, mem_mib=32_768, gpu_count=GPUS,
                           gpu_milli=1000)
         return JobSubmitted(job_id=job_id, tenant=rng.choice(["a", "b"]), task_groups=(group,),
                             required_topology="rack", priority=rng.choice([0, 0, 0, 50]))
@@ -127,11 +127,11 @@ class Backend:
         self.seq = 0
 
     def placed(self, decision: JobPlaced, now: float) -> None:
-        runs_for = None if self.rng.random() < 0.2 else self.rng.uniform(0.5, 3.0)
+        long_run = self.rng.random() < 0.05 and len(decision.tasks) == 1
+        runs_for = self.rng.uniform(15, 30) if long_run else self.rng.uniform(0.5, 2.0)
         for task in decision.tasks:
             self.later(now, TaskStarted(job_id=decision.job_id, task_index=task.task_index, node=task.node))
-            if runs_for is not None:
-                self.later(now + runs_for, TaskFinished(job_id=decision.job_id, task_index=task.task_index))
+            self.later(now + runs_for, TaskFinished(job_id=decision.job_id, task_index=task.task_index))
 
     def later(self, when: float, event: InputEvent) -> None:
         self.seq += 1
