@@ -47,8 +47,9 @@ KILLS = 20
 NODE_TIMEOUT_MS = 3_000
 LONG_OUTAGE_S = 2.5 * NODE_TIMEOUT_MS / 1000
 LEAD_BOUND_S = 3.0
-"""How long a restarted service may take from its ``service_started`` line to leading (waiting for
-the writer lock that busy producers hold, then recovering a log of a few thousand events)."""
+"""How long a restarted service may take from its ``service_started`` line to leading: getting the
+writer lock from producers that append back to back (docs/logs.md promises one append), then
+recovering a log of about 10,000 events from a snapshot at most 3 s old."""
 BULK = (3, 8)
 """Two bulk producers append back to back from before kill 3 to after kill 8."""
 DOOMED = (14, 15)
@@ -147,8 +148,9 @@ async def restart(run: Run, n: int, standby: ServiceProcess | None = None) -> Se
     try:
         health = await asyncio.to_thread(service.wait_leading, LEAD_BOUND_S)
     except AssertionError:
+        last = service.lines()[-1:] or [{}]
         run.violations.append(f"restart {n} did not lead within {LEAD_BOUND_S}s of service_started "
-                              "(stood by on the file log's writer lock)")
+                              f"(last said: {last[0].get('event')} {last[0].get('reason', '')})")
         return None
     run.lead_s.append(time.monotonic() - began)
     end = await inputs_end(run.directory)
