@@ -89,6 +89,9 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     http_port: Port = 9464
     """Metrics, health and ingest; 0 picks any free port."""
     leader_session_timeout_ms: Positive = 6000
+    node_timeout_ms: Positive = 60_000
+    """A node silent this long (log time) is down and its gangs requeued: the fold's
+    ``CoreConfig.node_timeout_ms``.  Replay must be given the same value."""
     http_header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     """A connection must send a whole request head this soon after it opens (or after its
     previous answer), else it is closed: idle and slow-header clients hold nothing."""

@@ -45,7 +45,7 @@ from fleetlog.core.decide import decide
 from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy, policy_named
-from fleetlog.core.state import State
+from fleetlog.core.state import CoreConfig, State
 from fleetlog.core.views import job_status, pending_by_reason, pending_tasks
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
@@ -283,7 +283,8 @@ class Service:
     def make_loop(self, store: LogStore) -> SchedulerLoop:
         s = self.settings
         return SchedulerLoop(store, self.policy, LoopConfig(
-            group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=COMMIT_EVERY))
+            group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=COMMIT_EVERY),
+            CoreConfig(node_timeout_ms=s.node_timeout_ms))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
