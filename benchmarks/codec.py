@@ -6,7 +6,7 @@ does it: ``decode_many`` over polls of 10,000 records, each poll's events droppe
 the next.  Baseline in the same run: the stdlib ``json`` module decoding the same JSON
 bytes into dicts (no validation).
 
-    python -m benchmarks.codec --json [--quick]
+    python -m benchmarks.codec --json [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def measure(envs: list[Envelope], fmt: Format, repeats: int) -> dict[str, float]
 
 def main() -> None:
     args = parse(__doc__ or "")
-    n = 100_000 if args.quick else 1_000_000
-    repeats = 3 if args.quick else args.repeats
+    n = 2_000 if args.smoke else 100_000 if args.quick else 1_000_000
+    repeats = 1 if args.smoke else 3 if args.quick else args.repeats
     envs = workload(n)
     gc.freeze()  # the input data is not what is measured: keep the collector from rescanning it
     result: dict[str, object] = {"benchmark": "codec", "events": n, "repeats": repeats, **machine()}

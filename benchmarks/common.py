@@ -17,7 +17,16 @@ def parse(description: str) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="a smaller run (well under a minute)")
     parser.add_argument("--repeats", type=int, default=5, help="repetitions; the median is reported")
+    add_smoke(parser)
     return parser.parse_args()
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    """``--smoke``: the tiniest run that still takes every code path and prints every key, once
+    (CI runs it so that no benchmark rots; its numbers measure nothing)."""
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiniest run, 1 repeat: a test that it runs (not a measurement)"
+    )
 
 
 def machine() -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Core speed: fold and decide, against the pure-Python kernel reference in the same run.
 
-    python -m benchmarks.core --json [--quick]
+    python -m benchmarks.core --json [--quick | --smoke]
+
+``--smoke`` (CI): 1k nodes only, small streams, 200 jobs for the reference; every key family.
 
 - ``fold_heartbeat_mix_events_per_s``: ``fold_many`` of a heartbeat-heavy stream (98% steady
   heartbeats of known nodes, 2% job submissions) on a 10,000-node fleet; also one event at a
@@ -74,11 +76,11 @@ def time_decide(state: State, policy: Policy) -> tuple[float, int]:
     return time.perf_counter() - start, len(decisions)
 
 
-def bench_fold(quick: bool) -> dict[str, Any]:
+def bench_fold(quick: bool, smoke: bool = False) -> dict[str, Any]:
     """A 10,000-node fleet heartbeating every 10 s produces 1,000 heartbeats/s against tens of
     submissions/s: the mix is 98% steady heartbeats and 2% job submissions. Submissions alone
     are measured too, as is fold one event at a time (the baseline)."""
-    n = 200_000 if quick else 1_000_000
+    n = 2_000 if smoke else 200_000 if quick else 1_000_000
     beats = list(fleet(10_000))
     stream: list[Event] = [
         beats[i % 10_000]
@@ -125,10 +127,10 @@ def bench_gang(nodes: int) -> float:
     return count / elapsed
 
 
-def bench_pending(quick: bool) -> dict[str, Any]:
+def bench_pending(quick: bool, smoke: bool = False) -> dict[str, Any]:
     """One decide over N pending 8-GPU jobs on a 1k-node fleet: 1,000 place, the rest wait."""
     out: dict[str, Any] = {}
-    for count in (1_000, 20_000) if quick else (1_000, 100_000):
+    for count in (1_000, 2_000) if smoke else (1_000, 20_000) if quick else (1_000, 100_000):
         state = state_with(1_000, jobs(count, 1, 8, False))
         elapsed, _ = time_decide(state, Policy())
         out[f"decide_pending_{count // 1000}k_jobs_s"] = elapsed
@@ -139,16 +141,24 @@ def bench_pending(quick: bool) -> dict[str, Any]:
     return out
 
 
-def bench_reference() -> dict[str, Any]:
+def bench_reference(count: int = 2_000) -> dict[str, Any]:
+    """The same single-task best-fit decide with every kernel decide calls swapped for its plain
+    twin in ``kernels_ref``; both must take the same decisions (else the ratio compares nothing)."""
     fast = bench_single(1_000, "best-fit")
+    policy = Policy(scoring="best-fit")
+    expected = decide(state_with(1_000, jobs(count, 1, 1, False)), policy)
     saved = decide_mod.kernels
     decide_mod.kernels = kernels_ref  # type: ignore[assignment]
     try:
-        state = state_with(1_000, jobs(2_000, 1, 1, False))
-        elapsed, _ = time_decide(state, Policy(scoring="best-fit"))
+        state = state_with(1_000, jobs(count, 1, 1, False))
+        start = time.perf_counter()
+        got = decide(state, policy)
+        elapsed = time.perf_counter() - start
     finally:
         decide_mod.kernels = saved
-    slow = 2_000 / elapsed
+    if got != expected:
+        raise SystemExit("the plain-Python kernels decided otherwise than the numba kernels")
+    slow = count / elapsed
     return {"numba_single_1k_per_s": fast, "reference_single_1k_per_s": slow, "numba_speedup": fast / slow}
 
 
@@ -159,18 +169,19 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "core",
         "quick": args.quick,
+        "smoke": args.smoke,
         **machine(),
         "kernels": kernels.__name__,
     }
-    result |= bench_fold(args.quick)
-    sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    result |= bench_fold(args.quick, args.smoke)
+    sizes = (1_000,) if args.smoke else (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
     for n in sizes:
         for scoring in ("best-fit", "fgd"):
             result[f"decide_single_{scoring}_{n // 1000}k_nodes_per_s"] = bench_single(n, scoring)
     for n in sizes:
         result[f"decide_gang_8x8_rack_{n // 1000}k_nodes_per_s"] = bench_gang(n)
-    result |= bench_pending(args.quick)
-    result |= bench_reference()
+    result |= bench_pending(args.quick, args.smoke)
+    result |= bench_reference(200 if args.smoke else 2_000)
     emit(result, args.json)
 
 

@@ -13,7 +13,8 @@ headers), in a fresh temporary directory per repetition, median of ``repeats`` r
   decode path, not the disk);
 * ``read_vs_target``: the read rate over the 1,000,000 events/s target.
 
-Run: ``.venv/bin/python -m benchmarks.file_bench [--quick]`` (prints JSON).
+Run: ``.venv/bin/python -m benchmarks.file_bench [--quick | --smoke]`` (prints JSON; ``--smoke``:
+2,000 events, one run — a test that it runs).
 """
 
 from __future__ import annotations
@@ -77,9 +78,9 @@ def _median_rate(events: int, runs: list[float]) -> float:
     return round(events / statistics.median(runs))
 
 
-def _repeat(make: Callable[[Path], Coroutine[Any, Any, float]]) -> list[float]:
+def _repeat(make: Callable[[Path], Coroutine[Any, Any, float]], repeats: int) -> list[float]:
     runs: list[float] = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="fleetlog-bench-") as tmp:
             runs.append(asyncio.run(make(Path(tmp) / "log")))
     return runs
@@ -93,13 +94,14 @@ def _append_then_read(events: int) -> Callable[[Path], Coroutine[Any, Any, float
     return run
 
 
-def run(quick: bool) -> dict[str, float | int]:
-    """Measure; ``quick`` uses 300,000 events instead of 2,000,000."""
-    events = 300_000 if quick else 2_000_000
-    append_batch = _repeat(lambda d: _append(d, events, "batch", txn=False))
-    append_never = _repeat(lambda d: _append(d, events, "never", txn=False))
-    append_txn = _repeat(lambda d: _append(d, events, "batch", txn=True))
-    read = _repeat(_append_then_read(events))
+def run(quick: bool, smoke: bool = False) -> dict[str, float | int]:
+    """Measure; ``quick`` uses 300,000 events instead of 2,000,000, ``smoke`` 2,000 once."""
+    events = 2_000 if smoke else 300_000 if quick else 2_000_000
+    repeats = 1 if smoke else REPEATS
+    append_batch = _repeat(lambda d: _append(d, events, "batch", txn=False), repeats)
+    append_never = _repeat(lambda d: _append(d, events, "never", txn=False), repeats)
+    append_txn = _repeat(lambda d: _append(d, events, "batch", txn=True), repeats)
+    read = _repeat(_append_then_read(events), repeats)
     read_rate = _median_rate(events, read)
     return {
         "file_append_events_per_s": _median_rate(events, append_batch),
@@ -111,9 +113,9 @@ def run(quick: bool) -> dict[str, float | int]:
         "value_bytes": VALUE_BYTES,
         "batch_records": BATCH_RECORDS,
         "read_max_records": READ_MAX_RECORDS,
-        "repeats": REPEATS,
+        "repeats": repeats,
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(quick="--quick" in sys.argv[1:]), indent=2))
+    print(json.dumps(run(quick="--quick" in sys.argv[1:], smoke="--smoke" in sys.argv[1:]), indent=2))

@@ -6,7 +6,7 @@ standard library's ``http.client`` (one connection per request, as ``fleetlog su
 times ``--requests`` requests per round, and the CPU time the service process spends per request
 (from ``/proc``: what a busy shared machine disturbs least).  The median of ``--repeats`` rounds
 is reported, and the time ``/healthz`` takes to answer while the load runs (median and max of
-one probe per 50 ms).
+one probe per 50 ms). ``--smoke`` (CI): 8 requests, one round — a test that it runs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import emit, machine
+from benchmarks.common import add_smoke, emit, machine
 from fleetlog.events import NodeHeartbeat, encode, envelope
 from tests.service.process import ServiceProcess
 
@@ -93,7 +93,10 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50, help="events per request")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.requests, args.repeats = 8, 1
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "fleetlog.toml"
         config.write_text(f'[log]\ndir = "{tmp}/log"\nfsync = "never"\n')

@@ -17,7 +17,8 @@ Values are JSON-like heartbeat payloads of 100-200 bytes, keyed by node.  The br
 named by ``FLEETLOG_KAFKA`` or one started for the run (``tests/kafka_broker.py``); both the broker
 and this process share the machine's cores.
 
-Run: ``.venv/bin/python -m benchmarks.kafka_bench [--quick]`` (prints JSON).
+Run: ``.venv/bin/python -m benchmarks.kafka_bench [--quick | --smoke]`` (prints JSON; ``--smoke``:
+2,000 events, 3 transactions, one run — a test that it runs).
 """
 
 from __future__ import annotations
@@ -99,9 +100,9 @@ async def _getmany(store: KafkaLogStore, events: int) -> float:
         await consumer.stop()
 
 
-async def _transactions(store: KafkaLogStore, messages: list[Message]) -> float:
+async def _transactions(store: KafkaLogStore, messages: list[Message], batches: int) -> float:
     started = time.perf_counter()
-    for i in range(TXN_BATCHES):
+    for i in range(batches):
         chunk = messages[i * BATCH_RECORDS % len(messages) :][:BATCH_RECORDS]
         await store.append_transactional(DECISIONS, chunk, group="bench", consumed=i)
     return time.perf_counter() - started
@@ -116,7 +117,7 @@ async def _drop_topics(config: KafkaConfig) -> None:
         await admin.close()
 
 
-async def _one_run(bootstrap: str, messages: list[Message], txn: bool) -> dict[str, float]:
+async def _one_run(bootstrap: str, messages: list[Message], txn_batches: int) -> dict[str, float]:
     config = KafkaConfig(bootstrap_servers=bootstrap, topic_prefix=f"bench-{uuid.uuid4().hex[:8]}")
     events = len(messages)
     try:
@@ -124,8 +125,8 @@ async def _one_run(bootstrap: str, messages: list[Message], txn: bool) -> dict[s
             times = {"produce": await _produce(store, messages)}
             times["consume"] = await _consume(store, events)
             times["getmany"] = await _getmany(store, events)
-            if txn:
-                times["txn"] = await _transactions(store, messages)
+            if txn_batches:
+                times["txn"] = await _transactions(store, messages, txn_batches)
     finally:
         await _drop_topics(config)
     return times
@@ -135,10 +136,10 @@ def _rate(events: int, seconds: list[float]) -> float:
     return round(events / statistics.median(seconds))
 
 
-async def _measure(bootstrap: str, events: int) -> dict[str, Any]:
+async def _measure(bootstrap: str, events: int, repeats: int, txn_batches: int) -> dict[str, Any]:
     messages = _values(events)
-    runs = [await _one_run(bootstrap, messages, txn=True) for _ in range(REPEATS)]
-    txn_events = TXN_BATCHES * min(BATCH_RECORDS, events)
+    runs = [await _one_run(bootstrap, messages, txn_batches) for _ in range(repeats)]
+    txn_events = txn_batches * min(BATCH_RECORDS, events)
     consume = _rate(events, [r["consume"] for r in runs])
     return {
         "kafka_produce_events_per_s": _rate(events, [r["produce"] for r in runs]),
@@ -151,13 +152,14 @@ async def _measure(bootstrap: str, events: int) -> dict[str, Any]:
     }
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, smoke: bool = False) -> dict[str, Any]:
     """Start (or reuse ``FLEETLOG_KAFKA``) a broker, measure, stop it; the result as a dict."""
-    events = 100_000 if quick else 1_000_000
+    events = 2_000 if smoke else 100_000 if quick else 1_000_000
+    repeats, txn_batches = (1, 3) if smoke else (REPEATS, TXN_BATCHES)
     broker = KafkaBroker(ephemeral=True, heap="1g")
     bootstrap = broker.start()
     try:
-        measured = asyncio.run(_measure(bootstrap, events))
+        measured = asyncio.run(_measure(bootstrap, events, repeats, txn_batches))
     finally:
         broker.close()
     return {
@@ -165,11 +167,11 @@ def run(quick: bool) -> dict[str, Any]:
         "events": events,
         "batch_records": BATCH_RECORDS,
         "read_max_records": READ_MAX_RECORDS,
-        "repeats": REPEATS,
+        "repeats": repeats,
         "external_broker": broker.external is not None,
         **measured,
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(quick="--quick" in sys.argv[1:]), indent=2))
+    print(json.dumps(run(quick="--quick" in sys.argv[1:], smoke="--smoke" in sys.argv[1:]), indent=2))

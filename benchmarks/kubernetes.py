@@ -16,13 +16,15 @@ What it measures, median of ``--repeats`` runs:
 kube-scheduler's CI threshold for its basic 5,000-node test is 270 pods/s; the target here is
 ≥ 1,000 pods/s, where the API server and not fleetlog is the limit.
 
-Run: ``python -m benchmarks.kubernetes --json`` (``--quick``: 1,000 pods, one run, < 120 s).
+Run: ``python -m benchmarks.kubernetes --json`` (``--quick``: 1,000 pods, one run, < 120 s;
+``--smoke``: 64 pods after a 16-pod warm-up, one run — a test that it runs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import statistics
 import tempfile
@@ -40,6 +42,7 @@ from tests.kube_apiserver import REPO, KubeControlPlane
 NODES = 1_000
 PODS = 5_000
 QUICK_PODS = 1_000
+SMOKE_PODS = 64
 CONCURRENCY = 64
 WARMUP_PODS = 200
 
@@ -167,13 +170,15 @@ async def clear(api: KubeApi, namespace: str) -> None:
     await api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", query=[("gracePeriodSeconds", "0")])
 
 
-async def measure(kube: KubeControlPlane, repeats: int, pods: int) -> dict[str, Any]:
+async def measure(
+    kube: KubeControlPlane, repeats: int, pods: int, warm_up: int = WARMUP_PODS
+) -> dict[str, Any]:
     admin = await KubeApi.connect(str(kube.kubeconfig), max_connections=CONCURRENCY)
     try:
         started = time.perf_counter()
         await create_nodes(admin)
         setup_nodes_s = time.perf_counter() - started
-        await fleetlog_run(kube, admin, -1, WARMUP_PODS)  # compiles the numba kernels, warms the server
+        await fleetlog_run(kube, admin, -1, warm_up)  # compiles the numba kernels, warms the server
         fleet, raw = [], []
         for run in range(repeats):
             fleet.append(await fleetlog_run(kube, admin, run, pods))
@@ -192,12 +197,12 @@ async def measure(kube: KubeControlPlane, repeats: int, pods: int) -> dict[str, 
 
 def main() -> None:
     args = parse("fleetlog pods bound per second against a real kube-apiserver")
-    pods = QUICK_PODS if args.quick else PODS
-    repeats = 1 if args.quick else args.repeats
-    kube = KubeControlPlane(REPO / "var" / "kube-bench")
+    pods = SMOKE_PODS if args.smoke else QUICK_PODS if args.quick else PODS
+    repeats = 1 if args.quick or args.smoke else args.repeats
+    kube = KubeControlPlane(REPO / "var" / f"kube-bench-{os.getpid()}")  # (its own: tests may run beside)
     kube.start(fresh=True)
     try:
-        result = asyncio.run(measure(kube, repeats, pods))
+        result = asyncio.run(measure(kube, repeats, pods, SMOKE_PODS // 4 if args.smoke else WARMUP_PODS))
     finally:
         kube.close()
     result |= {"nodes": NODES, "pods": pods, "repeats": repeats, "machine": machine()}

@@ -16,6 +16,9 @@ snapshot every 100,000 inputs (all kept).  Built once per run in a temporary dir
   restore the newest snapshot before it and fold the rest.  Baseline: the same point folded from
   the start (``--no-snapshots``).  Medians of ``--repeats`` runs.
 
+``--smoke`` (CI): 12,000 events in rounds of 1,000, a snapshot every 4,000, one repeat — a
+test that it runs.
+
 Rates are given per wall-clock second and per CPU second of this process and its children:
 on a shared machine the second says what the code does when it gets the CPU.
 """
@@ -47,22 +50,24 @@ ROUND = 10_000
 SNAPSHOT_EVERY = 100_000
 
 
-async def build(directory: Path, events: int) -> dict[str, Any]:
+async def build(
+    directory: Path, events: int, round_: int = ROUND, snapshot_every: int = SNAPSHOT_EVERY
+) -> dict[str, Any]:
     """Append ``events`` loadgen events in rounds, each decided by the loop; snapshots as we go."""
     started = time.perf_counter()
     now = [1_767_225_600_000]
     store = FileLogStore(directory, clock=lambda: now[0], fsync="never")
-    snapshots = DirectorySnapshots(directory / "snapshots", keep=events // SNAPSHOT_EVERY + 1)
+    snapshots = DirectorySnapshots(directory / "snapshots", keep=events // snapshot_every + 1)
     await store.open()
-    loop = SchedulerLoop(store, policy_named("default"), LoopConfig(max_batch=ROUND))
+    loop = SchedulerLoop(store, policy_named("default"), LoopConfig(max_batch=round_))
     appended = 0
-    for messages in batches(LOAD, ROUND):
+    for messages in batches(LOAD, round_):
         await store.log("inputs").append(messages[: events - appended])
-        appended += min(ROUND, events - appended)
+        appended += min(round_, events - appended)
         while (await loop.step()).inputs:
             pass
         now[0] += 1_000
-        if appended % SNAPSHOT_EVERY == 0:
+        if appended % snapshot_every == 0:
             header = SnapshotHeader(loop.offset, loop.decisions_next, loop.policy.name, 0)
             await snapshots.save(encode_snapshot(Snapshot(header, snapshot(loop.state))))
         if appended >= events:
@@ -132,11 +137,12 @@ async def measure(directory: Path, events: int, repeats: int, jobs: int) -> dict
 
 async def main() -> dict[str, Any]:
     args = parse(__doc__ or "")
-    events = 200_000 if args.quick else 1_000_000
-    repeats = 2 if args.quick else args.repeats
+    events = 12_000 if args.smoke else 200_000 if args.quick else 1_000_000
+    repeats = 1 if args.smoke else 2 if args.quick else args.repeats
+    round_, every = (1_000, 4_000) if args.smoke else (ROUND, SNAPSHOT_EVERY)
     with tempfile.TemporaryDirectory(prefix="fleetlog-replay-bench-") as tmp:
-        built = await build(Path(tmp) / "log", events)
-        result = {"benchmark": "replay", "quick": args.quick, **built}
+        built = await build(Path(tmp) / "log", events, round_, every)
+        result = {"benchmark": "replay", "quick": args.quick, "smoke": args.smoke, **built}
         result |= await measure(Path(tmp) / "log", events, repeats, min(4, len(os.sched_getaffinity(0))))
     result["targets"] = {"verify_events_per_s": ">= 500000", "state_at_snapshot_s": "<= 1.0"}
     result["machine"] = machine()

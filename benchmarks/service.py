@@ -16,6 +16,8 @@
   baseline), both in this process; and ``fleetlog run`` from spawn to leading again.
 
 The broker is ``FLEETLOG_KAFKA`` or one started for the run (``tests/kafka_broker.py``).
+``--smoke`` (CI): 20,000-event rounds, 1,000 nodes and pending jobs, 3 s of probes — a test
+that it runs.
 """
 
 from __future__ import annotations
@@ -239,16 +241,17 @@ async def restart(bootstrap: str, events: int) -> dict[str, Any]:
 # -- main -----------------------------------------------------------------------------------
 
 
-async def measure(bootstrap: str, quick: bool) -> dict[str, Any]:
-    events = 200_000 if quick else 1_000_000
-    rounds = 1 if quick else 3
+async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str, Any]:
+    events = 20_000 if smoke else 200_000 if quick else 1_000_000
+    rounds = 1 if quick or smoke else 3
     # Not counted: a broker's JVM runs interpreted until its hot paths are compiled, which takes
     # seconds of traffic; a freshly started broker made the first round up to 2.5x slower.
-    warm_up = await throughput(bootstrap, WARM_UP_EVENTS)
+    warm_up = await throughput(bootstrap, 10_000 if smoke else WARM_UP_EVENTS)
     runs = [await throughput(bootstrap, events) for _ in range(rounds)]
     rates = sorted(r["events_per_s"] for r in runs)
-    lat = await latency(bootstrap, 10_000, 10_000, 10 if quick else 30)
-    rst = await restart(bootstrap, 200_000 if quick else 1_000_000)
+    size = 1_000 if smoke else 10_000
+    lat = await latency(bootstrap, size, size, 3 if smoke else 10 if quick else 30)
+    rst = await restart(bootstrap, 20_000 if smoke else 200_000 if quick else 1_000_000)
     return {
         "benchmark": "service",
         "machine": machine(),
@@ -259,12 +262,12 @@ async def measure(bootstrap: str, quick: bool) -> dict[str, Any]:
     }
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, smoke: bool = False) -> dict[str, Any]:
     external = os.environ.get("FLEETLOG_KAFKA")
     broker = None if external else KafkaBroker(ephemeral=True, heap="1g")
     bootstrap = external or broker.start()  # type: ignore[union-attr]
     try:
-        return uvloop.run(measure(bootstrap, quick))
+        return uvloop.run(measure(bootstrap, quick, smoke))
     finally:
         if broker is not None:
             broker.close()
@@ -274,7 +277,7 @@ def main() -> None:
     args = parse(__doc__ or "")
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
                         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    emit(run(args.quick), args.json)
+    emit(run(args.quick, args.smoke), args.json)
 
 
 if __name__ == "__main__":

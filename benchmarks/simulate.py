@@ -1,6 +1,6 @@
 """The FGD paper's inflate experiment on the openb traces, and placement throughput end to end.
 
-    python -m benchmarks.simulate --json [--quick] [--traces PATH] [--seeds N] [--batch N]
+    python -m benchmarks.simulate --json [--quick | --smoke] [--traces PATH] [--seeds N] [--batch N]
 
 - ``allocation``: for openb ``default`` and each variant of issue 4, the GPU allocation ratio
   when arrived demand reaches 130% of the 6,212 GPUs of ``openb_node_list_gpu_node.csv``,
@@ -23,8 +23,10 @@
   per step, with decide's run kernel (``place_run``: FGD placement of one-task jobs), its
   one-job kernel (``best_node_memo``) and the cell's consume on their own.
 
-Traces are read from ``--traces``, ``$FLEETLOG_TRACES`` or
-``/work/shared/traces/alibaba-gpu-v2023-openb/csv`` — never copied into the repository.
+Traces are read from ``--traces``, ``$FLEETLOG_TRACES``, ``../shared/traces/alibaba-gpu-v2023-openb/csv``
+beside the clone or ``/work/shared/traces/alibaba-gpu-v2023-openb/csv`` — never copied into the
+repository. ``--smoke`` (CI): every part on 5% of the arrivals (``ratio=0.05``), default variant,
+2 seeds, 2 runs of the 64-per-step row — a test that it runs.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import emit, machine
+from benchmarks.common import add_smoke, emit, machine
 from fleetlog.backends.simulated import (
     RunConfig,
     RunSummary,
@@ -54,7 +56,9 @@ from fleetlog.backends.simulated import (
 from fleetlog.core.policy import policy_named
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 
+OPENB = Path("shared") / "traces" / "alibaba-gpu-v2023-openb" / "csv"
 DEFAULT_TRACES = "/work/shared/traces/alibaba-gpu-v2023-openb/csv"
+SMOKE_RATIO = "&ratio=0.05"  # --smoke: 5% of the arrivals of every run
 POLICIES = ("best-fit", "default")  # fgd scores like default; run it with --policies
 PUBLISHED = {  # workload: (BestFit, FGD) GPU allocation % at 130% arrived, mean of 10 seeds (ATC'23)
     "default": (93.08, 95.39),
@@ -76,6 +80,13 @@ PAPER_PODS_PER_S = 18.0  # the authors' simulator on 2 vCPUs (about 10 minutes p
 QUICK_VARIANTS = ("default",)
 
 
+def find_traces() -> str:
+    """``$FLEETLOG_TRACES``, else the openb CSVs beside the clone (``../shared/traces``, as CI
+    has them), else the development machine's copy."""
+    beside = Path(__file__).resolve().parents[2] / OPENB
+    return os.environ.get("FLEETLOG_TRACES") or (str(beside) if beside.is_dir() else DEFAULT_TRACES)
+
+
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,7 +96,7 @@ def parse() -> argparse.Namespace:
         "--quick", action="store_true", help="default variant, 2 seeds, short protocol run (<60 s)"
     )
     parser.add_argument(
-        "--traces", default=os.environ.get("FLEETLOG_TRACES", DEFAULT_TRACES), help="the openb CSV folder"
+        "--traces", default=find_traces(), help="the openb CSV folder"
     )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per variant and policy (10; quick: 2)")
     parser.add_argument(
@@ -98,6 +109,7 @@ def parse() -> argparse.Namespace:
         "--only", choices=("allocation", "throughput"), default=None, help="run one part of the benchmark"
     )
     parser.add_argument("--repeats", type=int, default=None, help="runs of the 64-per-step row (5; quick: 2)")
+    add_smoke(parser)
     return parser.parse_args()
 
 
@@ -115,22 +127,23 @@ def inflate_run(
     return asyncio.run(run_simulation(config, scheduler(policy)))
 
 
-def _ratio(job: tuple[Path, str, str, int, int]) -> float:
-    traces, variant, policy, seed, batch = job
-    return inflate_run(traces, variant, policy, seed, f"inflate?batch={batch}").gpu_alloc_ratio * 100
+def _ratio(job: tuple[Path, str, str, int, int, str]) -> float:
+    traces, variant, policy, seed, batch, extra = job
+    return inflate_run(traces, variant, policy, seed, f"inflate?batch={batch}{extra}").gpu_alloc_ratio * 100
 
 
 def allocation(
-    traces: Path, variants: list[str], policies: list[str], seeds: int, batch: int, jobs: int
+    traces: Path, variants: list[str], policies: list[str], seeds: int, batch: int, jobs: int, extra: str = ""
 ) -> dict[str, Any]:
-    """Mean GPU allocation at 130% per variant and policy, next to the published figures."""
-    runs = [(traces, v, p, s, batch) for v in variants for p in policies for s in range(1, seeds + 1)]
+    """Mean GPU allocation at 130% per variant and policy, next to the published figures
+    (``extra``: more mode parameters, as ``--smoke``'s ratio)."""
+    runs = [(traces, v, p, s, batch, extra) for v in variants for p in policies for s in range(1, seeds + 1)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             ratios = list(pool.map(_ratio, runs))
     else:
         ratios = [_ratio(run) for run in runs]
-    by_run = dict(zip([(v, p, s) for _, v, p, s, _ in runs], ratios, strict=True))
+    by_run = dict(zip([(v, p, s) for _, v, p, s, _, _ in runs], ratios, strict=True))
     out: dict[str, Any] = {}
     for variant in variants:
         row: dict[str, Any] = {}
@@ -149,14 +162,15 @@ def allocation(
     return out
 
 
-def throughput(traces: Path, quick: bool, repeats: int) -> dict[str, Any]:
+def throughput(traces: Path, quick: bool, repeats: int, extra: str = "") -> dict[str, Any]:
     """Placement decisions per wall second through the file log, by arrivals per step (and, all
     at once, with the cheaper best-fit score: the cost of FGD's scoring kernel)."""
+    protocol = "inflate?batch=1" + (extra or ("&ratio=0.2" if quick else ""))
     cases = [
-        ("protocol_batch1", "default", "inflate?batch=1&ratio=0.2" if quick else "inflate?batch=1", 1),
-        ("batch64", "default", "inflate?batch=64", repeats),
-        ("all_at_once", "default", "inflate?batch=1000000", 1),
-        ("all_at_once_best_fit", "best-fit", "inflate?batch=1000000", 1),
+        ("protocol_batch1", "default", protocol, 1),
+        ("batch64", "default", "inflate?batch=64" + extra, repeats),
+        ("all_at_once", "default", "inflate?batch=1000000" + extra, 1),
+        ("all_at_once_best_fit", "best-fit", "inflate?batch=1000000" + extra, 1),
     ]
     out: dict[str, Any] = {}
     for name, policy, mode, runs in cases:
@@ -281,9 +295,9 @@ def patched(timer: Timer) -> Iterator[None]:
             setattr(obj, name, original)
 
 
-def step_cost(traces: Path, quick: bool) -> dict[str, Any]:
+def step_cost(traces: Path, quick: bool, extra: str = "") -> dict[str, Any]:
     """Milliseconds per step of the protocol (one pod per step), by part, and their share of the run."""
-    mode = "inflate?batch=1&ratio=0.2" if quick else "inflate?batch=1"
+    mode = "inflate?batch=1" + (extra or ("&ratio=0.2" if quick else ""))
     run, timer = profiled_run(traces, mode)
     per_step = {
         label: round(s * 1000 / run.steps, 3)
@@ -300,9 +314,9 @@ def step_cost(traces: Path, quick: bool) -> dict[str, Any]:
     }
 
 
-def pod_cost(traces: Path) -> dict[str, Any]:
+def pod_cost(traces: Path, extra: str = "") -> dict[str, Any]:
     """Microseconds per pod at 64 arrivals per step (issue 4's target: 50 us per pod), by part."""
-    run, timer = profiled_run(traces, "inflate?batch=64")
+    run, timer = profiled_run(traces, "inflate?batch=64" + extra)
     ranked = sorted(timer.seconds.items(), key=lambda kv: -kv[1])
     per_pod = {label: round(s * 1e6 / run.jobs, 1) for label, s in ranked}
     calls = {label: timer.calls[label] for label in per_pod}
@@ -330,14 +344,15 @@ def main() -> None:
     traces = Path(args.traces)
     if not (traces / "openb_node_list_gpu_node.csv").is_file():
         raise SystemExit(f"no openb traces in {traces}: pass --traces PATH or set FLEETLOG_TRACES")
-    seeds = args.seeds or (2 if args.quick else 10)
-    variants = (
-        args.variants.split(",") if args.variants else list(QUICK_VARIANTS if args.quick else PUBLISHED)
-    )
+    seeds = args.seeds or (2 if args.quick or args.smoke else 10)
+    small = args.quick or args.smoke
+    variants = args.variants.split(",") if args.variants else list(QUICK_VARIANTS if small else PUBLISHED)
+    extra = SMOKE_RATIO if args.smoke else ""
     inflate_run(traces, "default", "fgd", 1, "inflate?batch=64&ratio=0.05")  # load every kernel: steps of 64
     result: dict[str, Any] = {
         "benchmark": "simulate",
         "quick": args.quick,
+        "smoke": args.smoke,
         **machine(),
         "traces": str(traces),
         "seeds": seeds,
@@ -345,13 +360,13 @@ def main() -> None:
     }
     if args.only in (None, "allocation"):
         policies = args.policies.split(",")
-        result["allocation"] = allocation(traces, variants, policies, seeds, args.batch, args.jobs)
+        result["allocation"] = allocation(traces, variants, policies, seeds, args.batch, args.jobs, extra)
         result["published_others_on_default"] = PUBLISHED_OTHERS
     if args.only in (None, "throughput"):
-        repeats = args.repeats or (2 if args.quick else 5)
-        result["throughput"] = throughput(traces, args.quick, repeats)
-        result["step_cost"] = step_cost(traces, args.quick)
-        result["step_cost_batch64"] = pod_cost(traces)
+        repeats = args.repeats or (2 if small else 5)  # (smoke: 2 runs, so the per-run keys appear)
+        result["throughput"] = throughput(traces, args.quick, repeats, extra)
+        result["step_cost"] = step_cost(traces, args.quick, extra)
+        result["step_cost_batch64"] = pod_cost(traces, extra)
     if args.json:
         emit(result, True)
     else:

@@ -1,6 +1,8 @@
 """Jobs submitted and observed running per second through the Slurm backend, on a real cluster.
 
-    python -m benchmarks.slurm --json [--quick] [--repeats N]
+    python -m benchmarks.slurm --json [--quick | --smoke] [--repeats N]
+
+``--smoke`` (CI): 4 jobs, one run after a 2-job warm-up — a test that it runs.
 
 One run: a fresh embedded file log; the backend's heartbeats bring in the cluster's nodes; then
 ``JOBS`` one-task jobs (1 CPU, 100 MiB, ``sleep 600``) are appended to the inputs log at once and
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import statistics
 import tempfile
 import time
@@ -112,11 +115,12 @@ async def cancel_all(cluster: SlurmCluster, prefix: str) -> None:
         await asyncio.sleep(0.5)
 
 
-async def measure(n: int, repeats: int) -> dict[str, Any]:
-    cluster = SlurmCluster(REPO / "var" / "slurm-bench", nodes=NODES, cpus=CPUS, mem_mib=32768, gpus=0)
+async def measure(n: int, repeats: int, warm_up: int = 16) -> dict[str, Any]:
+    run_dir = REPO / "var" / f"slurm-bench-{os.getpid()}"  # (its own: a test session may run beside)
+    cluster = SlurmCluster(run_dir, nodes=NODES, cpus=CPUS, mem_mib=32768, gpus=0)
     cluster.start()
     try:
-        await raw_sbatch(cluster, 16)  # warm-up: the first jobs after a start launch slowly
+        await raw_sbatch(cluster, warm_up)  # warm-up: the first jobs after a start launch slowly
         backend_s, raw_s = [], []
         for _ in range(repeats):
             raw_s.append(await raw_sbatch(cluster, n))
@@ -142,8 +146,8 @@ async def measure(n: int, repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     args = parse(__doc__.splitlines()[0])
-    n, repeats = (64, 3) if args.quick else (200, args.repeats)
-    emit(asyncio.run(measure(n, repeats)), args.json)
+    n, repeats, warm_up = (4, 1, 2) if args.smoke else (64, 3, 16) if args.quick else (200, args.repeats, 16)
+    emit(asyncio.run(measure(n, repeats, warm_up)), args.json)
 
 
 if __name__ == "__main__":

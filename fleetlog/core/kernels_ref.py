@@ -21,14 +21,22 @@ from fleetlog.core.kernels import (
     I32,
     I64,
     MAX_GPUS,
+    MEMO_COLUMNS,
     NO_DOMAIN,
     NO_NODE,
+    RUN_COLUMNS,
+    RUN_SKIP,
+    RUN_SLOT,
     U64,
 )
 
 __all__ = [
     "BEST_FIT",
     "FGD",
+    "MEMO_COLUMNS",
+    "RUN_COLUMNS",
+    "RUN_SKIP",
+    "RUN_SLOT",
     "allocate",
     "best_node",
     "best_node_memo",
@@ -38,6 +46,8 @@ __all__ = [
     "pick_gpus",
     "place_gang",
     "place_gang_memo",
+    "row_totals",
+    "versions_after",
 ]
 
 Score = tuple[int, int]
@@ -373,3 +383,28 @@ def place_gang_memo(
     free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     tasks = (t_cpu, t_mem, t_gpus, t_milli, t_models)
     return place_gang(cands, domain, *free, *tasks, policy, shapes, out_node, out_mask)
+
+
+def row_totals(gpu_free: I16) -> I64:
+    """Each node's free GPU milli in all: the plain sum of its row."""
+    return np.array([sum(int(free) for free in row) for row in gpu_free], dtype=np.int64)
+
+
+def versions_after(
+    version: I64,
+    cpu_was: I64,
+    cpu: I64,
+    mem_was: I64,
+    mem: I64,
+    gpu_was: I16,
+    gpu: I16,
+    count_was: I32,
+    count: I32,
+    model_was: I32,
+    model: I32,
+) -> I64:
+    """Each node's version, plus one if anything of its free capacity, GPU count or model changed."""
+    before = zip(cpu_was, mem_was, gpu_was.tolist(), count_was, model_was, strict=True)
+    after = zip(cpu, mem, gpu.tolist(), count, model, strict=True)
+    changed = [int(was != now) for was, now in zip(before, after, strict=True)]
+    return np.array([int(v) + c for v, c in zip(version, changed, strict=True)], dtype=np.int64)

@@ -754,3 +754,57 @@ def test_gangs_read_pruned_rows_of_single_tasks_of_their_shape(
         for n, mask in zip(outs[0][0].tolist(), outs[0][1].tolist(), strict=True):
             nb.allocate(n, np.uint64(mask), task.cpu, task.mem, task.milli, cpu_free, mem_free, gpu_free, -1)
             version[n] += 1
+
+
+INT16 = st.integers(np.iinfo(np.int16).min, np.iinfo(np.int16).max)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        np.zeros((0, MAX_GPUS), dtype=np.int16),  # no node
+        np.zeros((0, 1), dtype=np.int16),
+        np.array([[FULL_GPU] * MAX_GPUS], dtype=np.int16),  # one node, every GPU free
+        np.array([[1000, 250, 0]], dtype=np.int16),
+        np.full((3, MAX_GPUS), np.iinfo(np.int16).max, dtype=np.int16),  # past int16 once summed
+    ],
+    ids=["empty", "empty-narrow", "one-row-full", "one-row", "large-values"],
+)
+def test_row_totals_edges_match_reference(rows: Array) -> None:
+    got = nb.row_totals(rows)
+    assert got.dtype == np.int64
+    assert got.tolist() == ref.row_totals(rows).tolist() == [sum(int(x) for x in r) for r in rows]
+
+
+@PROPERTY
+@given(
+    shape=st.tuples(st.integers(0, 40), st.integers(1, MAX_GPUS)),
+    data=st.data(),
+)
+def test_row_totals_matches_reference(shape: tuple[int, int], data: st.DataObject) -> None:
+    """``decide``'s per-node free-GPU totals: the numba kernel equals its plain twin (which
+    ``benchmarks.core`` swaps in for its reference run)."""
+    values = data.draw(st.lists(SHARES | INT16, min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]))
+    rows = np.array(values, dtype=np.int16).reshape(shape)
+    assert nb.row_totals(rows).tolist() == ref.row_totals(rows).tolist()
+
+
+@PROPERTY
+@given(cluster=clusters(), data=st.data())
+def test_versions_after_matches_reference(cluster: Cluster, data: st.DataObject) -> None:
+    """A node's version moves exactly when its free capacity, GPU count or model changed."""
+    was = cluster.arrays()
+    now = [a.copy() for a in was]
+    n = len(cluster.gpus)
+    for node in data.draw(st.lists(st.integers(0, n - 1), max_size=n)):
+        column = data.draw(st.integers(0, 4))
+        if column == 2:
+            now[2][node, data.draw(st.integers(0, MAX_GPUS - 1))] += 1
+        else:
+            now[column][node] += 1
+    version = np.array(data.draw(st.lists(st.integers(0, 1 << 40), min_size=n, max_size=n)), dtype=np.int64)
+    args = [x for pair in zip(was, now, strict=True) for x in pair]
+    got = nb.versions_after(version, *args)
+    assert got.tolist() == ref.versions_after(version, *args).tolist()
+    changed = [any(not np.array_equal(w[i], c[i]) for w, c in zip(was, now, strict=True)) for i in range(n)]
+    assert (got - version).tolist() == [int(c) for c in changed]

@@ -1,0 +1,198 @@
+"""Every benchmark runs in CI at its tiniest size (``--smoke``) and prints the keys its full run
+documents (benchmarks/README.md), so that none rots between measurements.
+
+Each runs as ``python -m benchmarks.<name> --json --smoke`` with this test's Python; the Kafka
+ones use the suite's broker (``FLEETLOG_KAFKA``); kubernetes and slurm start their own control
+plane and cluster under ``var/<name>-bench-<pid>`` on free ports and stop them by PID. The numbers
+are not checked against any target: only that they are there and sane.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.simulate import find_traces
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 540
+
+
+def smoke(name: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one benchmark's smoke size; its one JSON object. On a timeout it gets SIGINT first,
+    so that its ``finally`` blocks stop the servers it started."""
+    argv = [sys.executable, "-m", f"benchmarks.{name}", "--json", "--smoke"]
+    with subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGINT)
+            try:
+                out, err = child.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, err = child.communicate()
+            pytest.fail(f"benchmarks.{name} --smoke ran over {TIMEOUT_S} s:\n{err[-4000:]}")
+    assert child.returncode == 0, f"benchmarks.{name} --smoke exited {child.returncode}:\n{err[-4000:]}"
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, (
+        f"benchmarks.{name} printed {len(lines)} lines, not one JSON object:\n{out[-2000:]}"
+    )
+    result = json.loads(lines[0])
+    assert isinstance(result, dict)
+    return result
+
+
+def positive(result: dict[str, Any], *keys: str) -> None:
+    """Each key (dotted: nested, unless the key itself has the dot) is a finite number above zero."""
+    for key in keys:
+        value: Any = result
+        for part in [key] if key in result else key.split("."):
+            assert isinstance(value, dict), (key, value)
+            assert part in value, f"no {key!r} in {sorted(result)}"
+            value = value[part]
+        assert isinstance(value, int | float), (key, value)
+        assert not isinstance(value, bool), (key, value)
+        assert math.isfinite(value), (key, value)
+        assert value > 0, (key, value)
+
+
+def keys_like(result: dict[str, Any], pattern: str) -> list[str]:
+    found = [k for k in result if re.fullmatch(pattern, k)]
+    assert found, f"no key like {pattern!r} in {sorted(result)}"
+    return found
+
+
+def test_codec() -> None:
+    r = smoke("codec")
+    assert r["benchmark"] == "codec"
+    assert r["repeats"] == 1
+    positive(
+        r,
+        "events",
+        *(
+            f"{f}_{k}"
+            for f in ("msgpack", "json")
+            for k in ("encode_events_per_s", "decode_events_per_s", "mean_bytes")
+        ),
+    )
+    positive(r, "stdlib_json_loads_events_per_s", "msgpack_decode_vs_stdlib_json")
+
+
+def test_core() -> None:
+    """The reference run too (it crashed: ``kernels_ref`` had no ``row_totals``)."""
+    r = smoke("core")
+    assert r["benchmark"] == "core"
+    assert r["kernels"] == "fleetlog.core.kernels"
+    positive(
+        r,
+        "fold_heartbeat_mix_events_per_s",
+        "fold_one_by_one_events_per_s",
+        "fold_submissions_only_events_per_s",
+    )
+    for scoring in ("best-fit", "fgd"):
+        positive(r, *keys_like(r, rf"decide_single_{scoring}_\d+k_nodes_per_s"))
+    positive(r, *keys_like(r, r"decide_gang_8x8_rack_\d+k_nodes_per_s"))
+    assert len(keys_like(r, r"decide_pending_\d+k_jobs_s")) == 2
+    positive(r, *keys_like(r, r"decide_pending_\d+k_jobs_s"))
+    positive(r, "bytes_per_node", "bytes_per_pending_job", "python_bytes_per_job")
+    positive(r, "numba_single_1k_per_s", "reference_single_1k_per_s", "numba_speedup")
+    assert r["numba_speedup"] > 1, r["numba_speedup"]
+
+
+def test_log(kafka_bootstrap: str) -> None:
+    r = smoke("log", {"FLEETLOG_KAFKA": kafka_bootstrap})
+    positive(r, *(f"file.file_{k}_events_per_s" for k in ("append", "append_never", "append_txn", "read")))
+    positive(r, "file.read_vs_target", "file.events")
+    assert r["file.repeats"] == 1
+    positive(
+        r,
+        *(
+            f"kafka.{k}_events_per_s"
+            for k in ("kafka_produce", "kafka_consume", "aiokafka_getmany", "kafka_append_txn")
+        ),
+    )
+    positive(r, "kafka.consume_vs_target", "kafka.mean_value_bytes")
+    assert r["kafka.external_broker"] is True  # the suite's broker, not a second one
+    assert len(r["kafka.runs_seconds"]) == r["kafka.repeats"] == 1
+    assert set(r["kafka.runs_seconds"][0]) == {"produce", "consume", "getmany", "txn"}
+
+
+def test_replay() -> None:
+    r = smoke("replay")
+    positive(r, "events", "verify_jobs", "verify_events_per_s", "verify_events_per_cpu_s", "verify_batches")
+    positive(r, "verify_one_process_events_per_s", "verify_one_process_events_per_cpu_s")
+    positive(r, "fold_only_events_per_s", "fold_only_events_per_cpu_s", "verify_vs_fold_only")
+    positive(r, "state_at_offset", "state_at_snapshot_s", "state_at_from_start_s", "state_at_speedup")
+    assert set(r["targets"]) == {"verify_events_per_s", "state_at_snapshot_s"}
+
+
+def test_service(kafka_bootstrap: str) -> None:
+    r = smoke("service", {"FLEETLOG_KAFKA": kafka_bootstrap})
+    positive(r, "throughput.median_events_per_s", "throughput.warm_up.events_per_s")
+    (run,) = r["throughput"]["runs"]
+    positive(run, "events_per_s", "produce_events_per_s", "decisions", "seconds")
+    positive(r, "latency.probes", "latency.placed", "latency.p50_ms", "latency.p99_ms", "latency.max_ms")
+    assert r["latency"]["p50_ms"] <= r["latency"]["p99_ms"] <= r["latency"]["max_ms"] + 1e-9
+    positive(r, "restart.recover_from_snapshot_s", "restart.recover_full_replay_s", "restart.speedup")
+    positive(r, "restart.process_spawn_to_leading_s", "restart.process_recovery_s")
+
+
+def test_http_ingest() -> None:
+    r = smoke("http_ingest")
+    positive(r, "requests_per_s", "events_per_s", "healthz_ms_median", "healthz_ms_max")
+    cpu = r["service_cpu_ms_per_request"]  # (in clock ticks: 8 small requests may take none)
+    assert isinstance(cpu, int | float)
+    assert math.isfinite(cpu)
+    assert cpu >= 0
+
+
+def test_slurm() -> None:
+    r = smoke("slurm")
+    positive(r, "backend_jobs_running_per_s", "raw_sbatch_jobs_running_per_s", "ratio")
+    assert len(r["backend_seconds"]) == len(r["raw_seconds"]) == r["repeats"] == 1
+    assert not list((REPO / "var").glob("slurm-bench-*")), "the benchmark left its cluster's directory"
+
+
+def test_kubernetes() -> None:
+    r = smoke("kubernetes")
+    positive(
+        r, "fleetlog_pods_bound_per_s", "raw_bindings_per_s", "ratio_vs_raw_bindings", "create_1000_nodes_s"
+    )
+    assert len(r["fleetlog_runs"]) == len(r["raw_runs"]) == r["repeats"] == 1
+    assert not list((REPO / "var").glob("kube-bench-*")), "the benchmark left its control plane's directory"
+
+
+def test_simulate() -> None:
+    """On the real openb traces (beside the clone in CI), 5% of the arrivals."""
+    traces = Path(find_traces())
+    assert (traces / "openb_node_list_gpu_node.csv").is_file(), f"no openb traces in {traces}"
+    r = smoke("simulate", {"FLEETLOG_TRACES": str(traces)})
+    row = r["allocation"]["default"]
+    for policy in ("best-fit", "default"):
+        positive(row, f"{policy}.mean", f"{policy}.min")
+        assert 0 < row[policy]["mean"] <= 100
+    assert math.isfinite(row["default_minus_published_fgd"])
+    for case in ("protocol_batch1", "batch64", "all_at_once", "all_at_once_best_fit"):
+        positive(r["throughput"][case], "decisions_per_s", "x_paper", "pods", "steps", "wall_s")
+    positive(r["throughput"]["batch64"], "decisions_per_cpu_s")
+    assert len(r["throughput"]["batch64"]["runs_decisions_per_s"]) == 2
+    positive(r, "step_cost.ms_per_step_total", "step_cost_batch64.us_per_pod_total")
+    assert "decide (total)" in r["step_cost"]["ms_per_step"]
+    assert "decide: kernel place_run" in r["step_cost_batch64"]["us_per_pod"]
