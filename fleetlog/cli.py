@@ -202,6 +202,7 @@ def _replay_place(args: argparse.Namespace) -> Any:
         config = configure(args.config, args.log, args.kafka)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
+    args.node_timeout_ms = config.service.node_timeout_ms  # fold as the service that wrote the log did
     return config.kafka if config.kafka is not None else Path(str(config.log.dir))
 
 

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
+from fleetlog.core.state import CoreConfig
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.log.base import INPUTS
 from fleetlog.log.kafka import KafkaConfig
@@ -51,6 +52,9 @@ async def _with_source(place: Place, args: argparse.Namespace, handler: Handler)
         source = await src.open_file_source(place, snapshots)
     else:
         source = await src.open_kafka_source(place, snapshots)
+    timeout = getattr(args, "node_timeout_ms", None)
+    if timeout is not None:
+        source.core = CoreConfig(node_timeout_ms=timeout)
     try:
         for note in source.warnings:
             print(f"warning: {note}", file=sys.stderr)

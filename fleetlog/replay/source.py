@@ -19,6 +19,7 @@ import msgspec
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from fleetlog.core.state import CoreConfig
 from fleetlog.events.codec import BadEventError
 from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
@@ -49,6 +50,8 @@ class Source:
     warnings: tuple[str, ...] = ()
     reopen: Callable[[], Awaitable[Source]] | None = None
     """Open the same logs again (another process's own handles: parallel verify)."""
+    core: CoreConfig | None = None
+    """The settings the log was folded with (``service.node_timeout_ms``…); ``None``: defaults."""
 
     async def close(self) -> None:
         if self.snapshots is not None:

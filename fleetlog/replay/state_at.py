@@ -62,12 +62,12 @@ async def start_before(
     """The newest snapshot covering no input at or after ``offset`` (nor decision batch at or
     after ``max_decisions``) that restores; else a fresh state."""
     if source.snapshots is None:
-        return Start.fresh()
+        return Start.fresh(source.core)
     try:
         candidates = await source.snapshots.candidates()
     except LogError as exc:
         notes.append(f"snapshots unavailable ({exc}); folding from the start")
-        return Start.fresh()
+        return Start.fresh(source.core)
     for name, load in candidates:
         try:
             snap = decode_snapshot(load())
@@ -77,7 +77,7 @@ async def start_before(
             return Start(restore(snap.state), snap.header.inputs_offset, snap.header.decisions_offset, name)
         except (SnapshotError, LogError, OSError) as exc:
             notes.append(f"snapshot {name} skipped: {exc}")
-    return Start.fresh()
+    return Start.fresh(source.core)
 
 
 async def state_at(
@@ -86,7 +86,7 @@ async def state_at(
     started = time.perf_counter()
     offset = await resolve(source, point)
     notes: list[str] = []
-    start = await start_before(source, offset, notes) if use_snapshots else Start.fresh()
+    start = await start_before(source, offset, notes) if use_snapshots else Start.fresh(source.core)
     done = await replay(source, start, offset, progress=progress)
     return StateAt(
         offset, done.state, start.snapshot, done.inputs, done.batches, time.perf_counter() - started, notes

@@ -23,7 +23,7 @@ COUNTERS_PID = 0
 async def record(source: Source, progress: Progress | None = None) -> tuple[Slices, Measures]:
     """Replay the whole log, keeping task slices and measures."""
     slices, measures = Slices(), Measures()
-    done = await replay(source, Start.fresh(), observers=(slices, measures), progress=progress)
+    done = await replay(source, Start.fresh(source.core), observers=(slices, measures), progress=progress)
     slices.finish(done.state)
     measures.finish(done.state)
     return slices, measures

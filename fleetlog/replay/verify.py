@@ -103,6 +103,8 @@ async def verify(
     ``jobs`` stretches verified at once by forked processes (:mod:`fleetlog.replay.parallel`);
     any divergence, or a snapshot that differs from the replayed state, is then reported by
     the plain serial run, so the report is the same either way."""
+    if core is None and isinstance(store, Source):
+        core = store.core  # the settings the log was written with (--config, FLEETLOG_SERVICE_*)
     with long_lived_frozen():  # what exists is not re-scanned by the GC (nor copied by a fork)
         if jobs > 1 and isinstance(store, Source) and limit_batches is None:
             from fleetlog.replay.parallel import verify_in_parallel  # noqa: PLC0415 - it imports this module

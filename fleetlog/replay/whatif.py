@@ -29,7 +29,7 @@ from fleetlog.backends.simulated import (
 from fleetlog.core.decide import decide
 from fleetlog.core.fold import fold, fold_many
 from fleetlog.core.policy import Policy
-from fleetlog.core.state import JobState, State
+from fleetlog.core.state import CoreConfig, JobState, State
 from fleetlog.core.views import nodes_table
 from fleetlog.events.codec import decode
 from fleetlog.events.model import (
@@ -135,9 +135,9 @@ class _Cells:
 class _Run:
     """The what-if side: state, moved jobs, and the simulated cells."""
 
-    def __init__(self, policy: Policy, cells: _Cells) -> None:
+    def __init__(self, policy: Policy, cells: _Cells, core: CoreConfig | None = None) -> None:
         self.policy, self.cells = policy, cells
-        self.state = State()
+        self.state = State(core)
         self.measures = Measures()
         self.moved: set[str] = set()  # membership only
         self.placed: dict[str, JobPlaced] = {}
@@ -199,9 +199,9 @@ class _Run:
 
 async def what_if(source: Source, policy: Policy, progress: Progress | None = None) -> WhatIf:
     durations, recorded = Durations(), Measures()
-    done = await replay(source, Start.fresh(), observers=(durations, recorded), progress=progress)
+    done = await replay(source, Start.fresh(source.core), observers=(durations, recorded), progress=progress)
     recorded.finish(done.state)
-    run = _Run(policy, _Cells(done.state, durations))
+    run = _Run(policy, _Cells(done.state, durations), source.core)
     reader = InputReader(source.store)
     count, recorded_policy = 0, ""
     async for offset, _, batch in batches(source.store):
