@@ -60,7 +60,7 @@ from fleetlog.events.model import (
     TopologyLevel,
 )
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
-from fleetlog.log.file import FileLogStore, HandOverError, LockedError
+from fleetlog.log.file import FileLogStore, HandOverError, LockedError, process_alive
 from fleetlog.service.config import Config, make_store
 
 DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
@@ -308,20 +308,10 @@ def running_service(directory: Path) -> tuple[str, int] | None:
         pid, address = int(info["pid"]), str(info["http"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not _alive(pid):
+    if not process_alive(pid):
         return None
     host, _, port = address.rpartition(":")
     return (host or "127.0.0.1", int(port)) if port.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
 
 
 class FileTransport:

@@ -881,7 +881,8 @@ class HandOverError(LockedError):
     directly gives the log up to it (and sends to the service once it announces itself)."""
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -897,7 +898,7 @@ def waiting_service(directory: Path) -> int | None:
         pid = int((directory / INTENT_NAME).read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if pid != os.getpid() and pid > 0 and _alive(pid) else None
+    return pid if pid != os.getpid() and pid > 0 and process_alive(pid) else None
 
 
 def announce_intent(directory: Path) -> None:
