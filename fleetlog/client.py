@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
