@@ -31,6 +31,7 @@ from fleetlog.events import (
     envelope,
 )
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
+from fleetlog.events.model import MAX_TASKS_PER_JOB
 from fleetlog.events.schema import json_schema
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Record
 from fleetlog.log.consumer import EventConsumer, decision_batches
@@ -148,9 +149,9 @@ BAD_SUBMITS = [
         "$.event.required_topology",
     ),
     (
-        {"job_id": "j", "tenant": "t", "task_groups": (TaskGroup(count=60_000, cpu_milli=1, mem_mib=1),) * 2},
+        {"job_id": "j", "tenant": "t", "task_groups": (TaskGroup(count=6_000, cpu_milli=1, mem_mib=1),) * 2},
         "invalid_event",
-        "at most 100000 tasks",
+        f"at most {MAX_TASKS_PER_JOB} tasks, not 12000",
     ),
 ]
 
