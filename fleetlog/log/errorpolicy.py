@@ -97,8 +97,11 @@ async def persist(
         retry=retry_if_exception_type(Exception), wait=wait, sleep=sleep,
         stop=lambda _: stopped(), before_sleep=lambda state: report(state, *status(state)),
     )
+    async def attempt() -> None:  # a coroutine function: tenacity would not await a lambda's coroutine
+        await call()
+
     try:
-        await retrying(call)
+        await retrying(attempt)
     except RetryError:  # stopped while failing
         return False
     return True
