@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-
-from tenacity import RetryCallState
 
 from fleetlog.backends.kubernetes.ledger import Ledger
 from fleetlog.events import InputEvent, encode, envelope
-from fleetlog.log import errorpolicy
 from fleetlog.log.base import INPUTS, LogStore, Message
-
-log = logging.getLogger("fleetlog.backends.kubernetes")
 
 
 class Emitter:
@@ -41,22 +35,12 @@ class Emitter:
         async with self.lock:
             batch, self.queue = self.queue, []
             if batch:
-                try:
-                    await self.store.log(INPUTS).append(batch)
-                except BaseException:
-                    self.queue = batch + self.queue  # kept for the next flush, in order
-                    raise
+                await self.store.log(INPUTS).append(batch)
                 self.appended += len(batch)
             return len(batch)
 
     async def run(self, period_ms: int) -> None:
-        """Flush every ``period_ms`` until cancelled; a log that is away is retried with the
-        shared policy's back-off (:mod:`fleetlog.log.errorpolicy`), never the end of the task."""
+        """Flush every ``period_ms`` until cancelled."""
         while True:
             await asyncio.sleep(period_ms / 1000)
-            await errorpolicy.persist(self.flush, self.failed, stopped=lambda: False)
-
-    def failed(self, state: RetryCallState, status: str, action: str) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        log.warning("kubernetes emitter: appending %d observations failed (%s: %s); %s",
-                    len(self.queue), type(error).__name__, error, action)
+            await self.flush()
