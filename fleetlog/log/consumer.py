@@ -175,6 +175,11 @@ class EventConsumer:
 class CorruptDecisionsError(RuntimeError):
     """The decisions log holds something this build cannot read: recovery stops and says where."""
 
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.offset = offset
+        """The decisions record that cannot be read, when one is to blame."""
+
 
 def decision_batches(records: list[Record]) -> Iterator[tuple[int, DecisionBatch]]:
     """Decode the decision batches of ``records`` (the scheduler wrote them: bad bytes are fatal)."""
@@ -184,8 +189,10 @@ def decision_batches(records: list[Record]) -> Iterator[tuple[int, DecisionBatch
         except (BadEventError, RecursionError) as exc:  # any decode failure names the record
             raise CorruptDecisionsError(
                 f"decisions@{record.offset} ({len(record.value)} bytes) cannot be read: "
-                f"{type(exc).__name__}: {str(exc)[:500]}"
+                f"{type(exc).__name__}: {str(exc)[:500]}", record.offset
             ) from exc
         if not isinstance(env.event, DecisionBatch):
-            raise CorruptDecisionsError(f"decisions@{record.offset} holds {type(env.event).__name__}")
+            raise CorruptDecisionsError(
+                f"decisions@{record.offset} holds {type(env.event).__name__}", record.offset
+            )
         yield record.offset, env.event

@@ -38,7 +38,6 @@ from tenacity import (
     RetryCallState,
     RetryError,
     retry_if_exception_type,
-    wait_exponential_jitter,
 )
 
 from fleetlog.core.decide import decide
@@ -49,11 +48,11 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.core.views import job_status, pending_by_reason, pending_tasks
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
+from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message, OffsetOutOfRangeError
-from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
+from fleetlog.log.consumer import decision_batches
 from fleetlog.log.file import (
     TRUNCATIONS_NAME,
-    CorruptLogError,
     FileLogStore,
     LockedError,
     announce_intent,
@@ -84,11 +83,6 @@ from fleetlog.service.loop import (
 from fleetlog.service.metrics import Metrics
 
 SERVICE_FILE: Final = "service.json"
-RETRY_INITIAL_S: Final = 0.1
-RETRY_MAX_S: Final = 5.0
-"""A fault that may pass is retried after 0.1, 0.2, 0.4 … s, at most 5 s, plus up to 0.25 s jitter."""
-STALL_RECHECK_S: Final = 5.0
-"""A fault an operator must fix is re-checked after 1, 2, 4, then every 5 s (plus up to 0.5 s jitter)."""
 LOCK_POLL_S: Final = 0.02
 """How often a service waiting for the file log's lock tries it (producers hand it over)."""
 GAUGE_PERIOD_S: Final = 1.0
@@ -233,22 +227,14 @@ class Problem(msgspec.Struct, frozen=True):
 _ACTIONS: Final = (
     (LogBehindError, "restore the log from a backup; or, to accept the loss, move away what lies past "
                      "its end (the snapshots named; a decisions log past it); re-checked every few seconds"),
-    (CorruptDecisionsError, "the decisions log holds a record this build cannot read: restore the log "
-                            "or run a build that reads it; re-checked every few seconds"),
-    (CorruptLogError, "restore the damaged segment or move it away; re-checked every few seconds"),
 )
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
-    """``(status, action)`` for an error that ended a cycle: ``retrying`` for a fault that may
-    pass by itself, ``stalled`` for one that needs an operator (an unexpected error included:
-    retrying it blindly would spin, stopping would stop health and status too)."""
-    for kind, action in _ACTIONS:
-        if isinstance(exc, kind):
-            return "stalled", action
-    if isinstance(exc, (LogError, OSError)):
-        return "retrying", "retried with exponential back-off (jittered, at most 5 s)"
-    return "stalled", "unexpected error (see loop_stalled in the log); re-checked every few seconds"
+    """``(status, action)`` for an error that ended a cycle: the policy every loop that reads
+    the logs shares (:func:`fleetlog.log.errorpolicy.classify`), plus the service's own
+    ``LogBehindError``."""
+    return errorpolicy.classify(exc, _ACTIONS)
 
 
 class Service:
@@ -277,8 +263,7 @@ class Service:
         self._recovering: SchedulerLoop | None = None
         self._failed_at: str | None = None
         self._truncations: list[dict[str, object]] = []
-        self._backoff = wait_exponential_jitter(multiplier=RETRY_INITIAL_S, max=RETRY_MAX_S, jitter=0.25)
-        self._recheck = wait_exponential_jitter(multiplier=1.0, max=STALL_RECHECK_S, jitter=0.5)
+        self._backoff, self._recheck = errorpolicy.backoff(), errorpolicy.recheck()
 
     def make_loop(self, store: LogStore) -> SchedulerLoop:
         s = self.settings

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
+from tenacity import RetryCallState
 
 from fleetlog.backends.slurm.client import (
     SlurmClient,
@@ -65,7 +66,8 @@ from fleetlog.events import (
     encode,
     envelope,
 )
-from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message
+from fleetlog.log import errorpolicy
+from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import Delivered, EventConsumer, decision_batches
 
 log = logging.getLogger("fleetlog.backends.slurm")
@@ -118,6 +120,8 @@ class Stats:
     last_error: str = ""
     delays_s: list[float] = field(default_factory=list)
     """The backoff delays slept after failed steps (the last 100)."""
+    stalled: str = ""
+    """Why the backend stands by (a record it cannot read ...), until a step succeeds again."""
 
 
 class Backoff:
@@ -164,25 +168,50 @@ class SlurmBackend:
     # --- the loop ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step every ``poll_ms`` until ``stop`` is set; Slurm or log trouble is logged and retried
-        with capped exponential backoff, never raised."""
-        while not stop.is_set():
-            try:
-                await self.step()
-                self.backoff.reset()
-                delay = self.config.poll_ms / 1000
-            except (SlurmError, LogError) as e:
-                delay = self.failed(e)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+        """Step every ``poll_ms`` until ``stop`` is set, never raising: Slurm or log trouble is
+        retried with capped exponential backoff; a decision record it cannot read (or any other
+        error an operator must look at) keeps the backend at that record, said once, re-checked
+        every few seconds (the policy every log reader shares: :mod:`fleetlog.log.errorpolicy`)."""
 
-    def failed(self, error: Exception) -> float:
-        delay = self.backoff.next()
+        async def sleep(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), seconds)
+
+        while not stop.is_set():
+            stepped = await errorpolicy.persist(
+                self.step, self.failed, stopped=stop.is_set, sleep=sleep, retryable=(SlurmError,),
+                retry_wait=lambda _: self.backoff.next(),
+            )
+            if not stepped:
+                break
+            self.resumed()
+            await sleep(self.config.poll_ms / 1000)
+
+    def failed(self, state: RetryCallState, status: str, action: str) -> None:
+        """Count and say why a step failed: every retry as a warning; a stall once, as an error
+        naming the log, the offset and the error (re-checks repeat it only in the debug log)."""
+        error = state.outcome.exception() if state.outcome is not None else None
+        delay = state.upcoming_sleep
         self.stats.failures += 1
         self.stats.last_error = str(error)
         self.stats.delays_s = [*self.stats.delays_s[-99:], delay]
-        log.warning("slurm backend step failed (retry in %.2fs): %s", delay, error)
-        return delay
+        if status == "retrying":
+            log.warning("slurm backend step failed (retry in %.2fs): %s", delay, error)
+            return
+        repeat = self.stats.stalled == str(error)
+        self.stats.stalled = str(error)
+        name, offset = errorpolicy.where(error) if error is not None else ("", None)
+        (log.debug if repeat else log.error)(
+            "slurm_backend_stalled log=%s offset=%s error_type=%s error=%r action=%r recheck_s=%.2f",
+            name or "-", "-" if offset is None else offset, type(error).__name__, str(error)[:2000],
+            action, delay,
+        )
+
+    def resumed(self) -> None:
+        self.backoff.reset()
+        if self.stats.stalled:
+            log.info("slurm_backend_resumed decisions_offset=%d", self.decisions_offset)
+            self.stats.stalled = ""
 
     async def step(self) -> None:
         """Catch up with the logs, observe Slurm, report, then submit and cancel what differs."""
