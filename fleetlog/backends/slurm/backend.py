@@ -68,7 +68,7 @@ from fleetlog.events import (
 )
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
-from fleetlog.log.consumer import Delivered, EventConsumer, decision_batches
+from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
 
 log = logging.getLogger("fleetlog.backends.slurm")
 TaskEvent = TaskStarted | TaskFinished | TaskFailed
@@ -214,8 +214,16 @@ class SlurmBackend:
             self.stats.stalled = ""
 
     async def step(self) -> None:
-        """Catch up with the logs, observe Slurm, report, then submit and cancel what differs."""
-        await self.catch_up()
+        """Catch up with the logs, observe Slurm, report, then submit and cancel what differs.
+
+        Stalled at a decision record it cannot read, it still reports its nodes' heartbeats (at
+        each re-check): they do not depend on decisions, and without them the scheduler would
+        take every node down after its node timeout and requeue what runs there."""
+        try:
+            await self.catch_up()
+        except CorruptDecisionsError:
+            await self.append(self.observe_nodes(await self.client.nodes()))
+            raise
         nodes, jobs = await asyncio.gather(self.client.nodes(), self.client.jobs())
         ours = self.our_jobs(jobs)
         events = self.observe_nodes(nodes)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetlog.events import TaskFinished, encode, envelope
+from fleetlog.events import NodeHeartbeat, TaskFinished, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MAX_EVENT_BYTES
 from fleetlog.log.base import DECISIONS, Message
 from tests.backends.slurm.harness import Harness, job, of_type
@@ -74,6 +74,11 @@ async def test_an_unreadable_decision_stalls_the_backend_at_it_until_the_log_is_
             assert len(errors) == 1  # one clear line, not one per re-check
             assert f"log=decisions offset={offset} error_type=CorruptDecisionsError" in errors[0].getMessage()
             assert "restore the log" in errors[0].getMessage()
+            # stalled, it still reports its nodes (else the scheduler would take them down)
+            beats = len(of_type(await h.inputs(), NodeHeartbeat))
+            await eventually(lambda: h.backend.stats.failures >= 3, timeout_s=30)  # one more re-check
+            assert len(of_type(await h.inputs(), NodeHeartbeat)) >= beats + 4
+            assert h.backend.decisions_offset == offset
             await h.store.close()  # the operator restores the decisions log from a backup
             restore(segment(h.directory / "log"), good)
             await h.store.open()
