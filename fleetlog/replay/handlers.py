@@ -31,6 +31,7 @@ from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_tabl
 from fleetlog.log.base import INPUTS
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.replay import source as src
+from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
 from fleetlog.replay.source import ReplayError, Source
@@ -319,9 +320,10 @@ async def cmd_timeline(args: argparse.Namespace, source: Source) -> int:
 
 
 async def cmd_report(args: argparse.Namespace, source: Source) -> int:
+    quotas = Quotas()
     with progress_bar("report", await _inputs_total(source)) as bar:
-        _, measures = await record(source, bar)
-    files = _write(lambda: write_report(Path(args.out), measures), args.out)
+        _, measures = await record(source, bar, (quotas,))
+    files = _write(lambda: write_report(Path(args.out), measures, quotas), args.out)
     out = {"out": args.out, "files": [str(f) for f in files], "summary": measures.summary()}
     print(json.dumps(out) if args.json else "wrote " + ", ".join(str(f) for f in files))
     return 0
