@@ -97,7 +97,7 @@ def _check_format(e: Event) -> None:
     assert e["ts"] >= 0
     if e["ph"] == "X":
         assert isinstance(e["dur"], int)
-        assert e["dur"] >= 1
+        assert e["dur"] >= 0
     elif e["ph"] == "C":
         assert all(isinstance(v, int | float) for v in e["args"].values())
     else:
