@@ -21,10 +21,19 @@ import pytest
 from fleetlog.cli import main
 from fleetlog.core.state import State
 from fleetlog.events.model import QuotaSet, Resources
-from fleetlog.replay.charts import FLOOR_S, Quotas, pending_ecdf, tenant_bars
+from fleetlog.replay.charts import (
+    FLOOR_S,
+    Ecdf,
+    Quotas,
+    TenantBar,
+    draw_pending,
+    draw_tenants,
+    pending_ecdf,
+    tenant_bars,
+)
 from fleetlog.replay.observe import Measures, Slice
 from fleetlog.replay.source import open_file_source
-from fleetlog.replay.timeline import lanes, record
+from fleetlog.replay.timeline import lanes, lay_out, record
 
 ROOT = Path(__file__).parents[2]
 WORKLOAD = "synthetic?jobs=60&cpu=0.2&prod=0.3&load=3&gang=0.2"
@@ -63,7 +72,14 @@ def facts(log: Path) -> dict[str, Any]:
     assert preempted
     assert submitted - placed
     assert quotas
-    return {"submitted": submitted, "placed": placed, "preempted": preempted, "quotas": quotas}
+    cells = {d["job_id"]: d["cell"] for d in decisions if d["type"] == "JobPlaced"}
+    return {
+        "submitted": submitted,
+        "placed": placed,
+        "preempted": preempted,
+        "quotas": quotas,
+        "cells": cells,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +144,14 @@ def badly_overlapping(track: list[Event]) -> list[Event]:
     return bad
 
 
-def test_no_two_slices_on_a_track_overlap_without_nesting(trace: list[Event]) -> None:
+def test_no_two_slices_on_a_track_overlap_without_nesting(trace: list[Event], facts: dict[str, Any]) -> None:
     by_track = tracks(trace)
     assert sum(len(badly_overlapping(t)) for t in by_track.values()) == 0
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace if e["name"] == "thread_name"}
     assert set(by_track) <= set(names)
+    nodes = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name" and e["pid"]}
+    for (pid, _), track in by_track.items():
+        assert {nodes[pid]} == {f"node {e['args']['node']} (cell {facts['cells'][e['name']]})" for e in track}
     shared = [n for n in names.values() if n.startswith("gpu") and "·" in n]
     cpu = [n for n in names.values() if n.startswith("cpu")]
     assert shared
@@ -162,6 +181,9 @@ def test_every_preemption_is_an_arrow_between_two_real_slices(
         assert victim["ts"] + victim["dur"] <= arrive["ts"]
         assert leave["ts"] < preemptor["ts"] + 1
         arrows[(victim["name"], preemptor["name"])] += 1
+        here = [e for t, track in by_track.items() if t[0] == victim["pid"] for e in track]
+        if any(e["name"] == preemptor["name"] and e["ts"] == preemptor["ts"] for e in here):
+            assert arrive["pid"] == victim["pid"]  # on the victim's node when placed there
     assert arrows == facts["preempted"]
 
 
@@ -253,3 +275,28 @@ def test_lanes_never_overlap(intervals: list[tuple[int, int]]) -> None:
         assert all(x[0] + x[1] <= y[0] for x, y in itertools.pairwise(lane))
     most_at_once = max(sum(1 for p in pieces if p[0] <= q[0] < p[0] + p[1]) for q in pieces)
     assert len(laid) == most_at_once  # first fit on sorted starts uses no more lanes than needed
+
+
+def test_a_slice_placed_and_ended_in_one_millisecond_is_drawn_1_us_long() -> None:
+    drawn = lay_out([_slice("quick", 5, 5), _slice("next", 5, 9)]).drawn
+    assert {(d.slice.job_id, d.ts, d.dur) for d in drawn} == {("quick", 5000, 1), ("next", 5000, 4000)}
+    assert len({d.tid for d in drawn}) == 2  # they overlap for 1 us, so they are on two CPU lanes
+
+
+def test_the_charts_mark_never_placed_jobs_and_tenants_without_quota() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (pending, tenants) = plt.subplots(1, 2)
+    try:
+        draw_pending(pending, Ecdf((FLOOR_S, 3.0), (0.5, 0.6), 6, 10))
+        assert pending.get_xscale() == "log"
+        assert [t.get_text() for t in pending.texts] == ["4 of 10 never placed"]
+        assert [line.get_ydata()[0] for line in pending.get_lines()][1] == 0.6  # the dotted level
+        draw_tenants(tenants, [TenantBar("a", 0.75, 0.25), TenantBar("d", 0.25, None)])
+        assert [t.get_text() for t in tenants.get_xticklabels()] == ["a", "d\n(no quota)"]
+        assert [b.get_height() for b in tenants.patches] == [0.75, 0.25, 0.25, 0.0]
+    finally:
+        plt.close(fig)
