@@ -277,6 +277,11 @@ def test_lanes_never_overlap(intervals: list[tuple[int, int]]) -> None:
     assert len(laid) == most_at_once  # first fit on sorted starts uses no more lanes than needed
 
 
+def test_the_page_shows_the_run_these_tests_draw() -> None:
+    text = " ".join((ROOT / "docs" / "replay.md").read_text().split())
+    assert f"--seed 3 --cluster 'synthetic?nodes=4' --mode 'replay?drain_h=0' --workload '{WORKLOAD}'" in text
+
+
 def test_a_slice_placed_and_ended_in_one_millisecond_is_drawn_1_us_long() -> None:
     drawn = lay_out([_slice("quick", 5, 5), _slice("next", 5, 9)]).drawn
     assert {(d.slice.job_id, d.ts, d.dur) for d in drawn} == {("quick", 5000, 1), ("next", 5000, 4000)}
