@@ -25,12 +25,14 @@ from fleetlog.replay.observe import Measures, Preemption, Slice, Slices
 from fleetlog.replay.source import Progress, Source
 
 COUNTERS_PID = 0
-MIN_DUR_US = 1
-"""A slice placed and ended within one millisecond is drawn 1 us long, so it has an inside."""
-LEAVE_US, ARRIVE_US = 0.5, 0.75
-"""How far inside the victim's end and the preemptor's start a flow's ends sit: strictly inside
-their slices (Perfetto binds each to the slice enclosing it), and in time order even when the
-victim's slice is the 1 us minimum."""
+MIN_DUR_US = 3
+"""A slice placed and ended within one millisecond is drawn 3 us long, so a flow has an inside
+to bind to."""
+ARRIVE_US = 2
+"""A flow arrives this far inside the preemptor's slice and leaves 1 us before the victim's end
+(1 us after its start when it lasted no time): whole microseconds, so every reader turns them
+into the same nanoseconds, strictly inside the slices (Perfetto binds a flow's end to the slice
+enclosing it) and in time order."""
 
 
 async def record(
@@ -159,7 +161,8 @@ def preemption_flows(preemptions: Sequence[Preemption], layout: Layout) -> list[
             continue
         common = {"cat": "preemption", "name": "preemption", "id": n}
         args = {"args": {"victim": p.job_id, "task": p.task, "preempted_by": p.by_job_id}}
-        leave, arrive = victim.ts + victim.dur - LEAVE_US, preemptor.ts + ARRIVE_US
+        instant = victim.slice.end_ms == victim.slice.start_ms
+        leave, arrive = (victim.ts + 1 if instant else victim.ts + victim.dur - 1), preemptor.ts + ARRIVE_US
         out.append({"ph": "s", "pid": victim.pid, "tid": victim.tid, "ts": leave} | common | args)
         out.append({"ph": "f", "bp": "e", "pid": preemptor.pid, "tid": preemptor.tid, "ts": arrive} | common)
     return out

@@ -31,9 +31,9 @@ from fleetlog.replay.charts import (
     pending_ecdf,
     tenant_bars,
 )
-from fleetlog.replay.observe import Measures, Slice
+from fleetlog.replay.observe import Measures, Preemption, Slice, Slices
 from fleetlog.replay.source import open_file_source
-from fleetlog.replay.timeline import lanes, lay_out, record
+from fleetlog.replay.timeline import lanes, lay_out, record, trace_events
 
 ROOT = Path(__file__).parents[2]
 WORKLOAD = "synthetic?jobs=60&cpu=0.2&prod=0.3&load=3&gang=0.2"
@@ -109,7 +109,7 @@ def _check_format(e: Event) -> None:
         assert set(e["args"]) <= {"name", "sort_index"}
         assert e["args"]
         return
-    assert isinstance(e["ts"], int | float)
+    assert isinstance(e["ts"], int)  # whole microseconds: every reader gets the same nanoseconds
     assert e["ts"] >= 0
     if e["ph"] == "X":
         assert isinstance(e["dur"], int)
@@ -282,10 +282,10 @@ def test_the_page_shows_the_run_these_tests_draw() -> None:
     assert f"--seed 3 --cluster 'synthetic?nodes=4' --mode 'replay?drain_h=0' --workload '{WORKLOAD}'" in text
 
 
-def test_a_slice_placed_and_ended_in_one_millisecond_is_drawn_1_us_long() -> None:
+def test_a_slice_placed_and_ended_in_one_millisecond_is_drawn_3_us_long() -> None:
     drawn = lay_out([_slice("quick", 5, 5), _slice("next", 5, 9)]).drawn
-    assert {(d.slice.job_id, d.ts, d.dur) for d in drawn} == {("quick", 5000, 1), ("next", 5000, 4000)}
-    assert len({d.tid for d in drawn}) == 2  # they overlap for 1 us, so they are on two CPU lanes
+    assert {(d.slice.job_id, d.ts, d.dur) for d in drawn} == {("quick", 5000, 3), ("next", 5000, 4000)}
+    assert len({d.tid for d in drawn}) == 2  # they overlap for 3 us, so they are on two CPU lanes
 
 
 def test_the_charts_mark_never_placed_jobs_and_tenants_without_quota() -> None:
@@ -305,3 +305,23 @@ def test_the_charts_mark_never_placed_jobs_and_tenants_without_quota() -> None:
         assert [b.get_height() for b in tenants.patches] == [0.75, 0.25, 0.25, 0.0]
     finally:
         plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    ("victim_ms", "preemptor_ms"), [((5, 5), (5, 9)), ((5, 5), (5, 5)), ((1, 5), (5, 5))]
+)
+def test_an_arrow_binds_even_to_slices_that_lasted_no_time(
+    victim_ms: tuple[int, int], preemptor_ms: tuple[int, int]
+) -> None:
+    victim = Slice("v", 0, "n", "c", *victim_ms, "preempted by p", (0,))
+    preemptor = Slice("p", 0, "n", "c", *preemptor_ms, "finished", (0,))
+    events = trace_events(
+        Slices(done=[victim, preemptor], preemptions=[Preemption("v", 0, "p", 5)]), Measures()
+    )
+    for e in events:
+        _check_format(e)
+    by_track = tracks(events)
+    assert sum(len(badly_overlapping(t)) for t in by_track.values()) == 0
+    leave, arrive = (next(e for e in events if e["ph"] == ph) for ph in "sf")
+    assert leave["ts"] < arrive["ts"]
+    assert (_enclosing(by_track, leave)["name"], _enclosing(by_track, arrive)["name"]) == ("v", "p")
