@@ -256,7 +256,8 @@ async def cmd_explain(args: argparse.Namespace, source: Source) -> int:
         return 0
     print(f"job {found.job_id}: {len(found.steps)} steps")
     for step in found.steps:
-        print(f"  {step.log}@{step.offset:<8} {log_time(step.time_ms)}  {step.what}  {step.detail}")
+        where = f"{step.log}@{step.offset}"
+        print(f"  {where:<18} {log_time(step.time_ms)}  {step.what}  {step.detail}")
         if step.why:
             _print_why(step.why)
     return 0

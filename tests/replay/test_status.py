@@ -38,19 +38,19 @@ async def _record(directory: Path) -> None:
     await store.open()
     loop = SchedulerLoop(store, Policy(), LoopConfig())
     beats = [node("n1"), node("n2")]
-    jobs = [job(j) for j in ("exits-3", "oom", "cancel-running", "runs")]
-    placed = (("gang", 2), ("exits-3", 1), ("oom", 1), ("cancel-running", 1), ("runs", 1))
+    jobs = [job(j) for j in ("train-42", "oom", "cancel-running", "runs")]
+    placed = (("gang", 2), ("train-42", 1), ("oom", 1), ("cancel-running", 1), ("runs", 1))
     rounds: list[tuple[int, list[Event]]] = [
         (0, [*beats, quota("t1", 16), quota("t2", 0), job("gang", tasks=2), *jobs,
              job("cancel-waiting", tenant="t2")]),
         (10, [TaskStarted(job_id=j, task_index=i, node="n1") for j, n in placed for i in range(n)]),
         (25, [*beats, TaskFinished(job_id="gang", task_index=0),
-              TaskFinished(job_id="exits-3", task_index=0, exit_code=3),
+              TaskFinished(job_id="train-42", task_index=0, exit_code=3),
               TaskFailed(job_id="oom", task_index=0, reason="OOM killed"),
               JobCancelled(job_id="cancel-running", reason="user asked"),
               JobCancelled(job_id="cancel-waiting")]),
         (40, [*beats, TaskFinished(job_id="gang", task_index=1),
-              TaskFinished(job_id="exits-3", task_index=0)]),
+              TaskFinished(job_id="train-42", task_index=0)]),
         (55, [*beats, TaskFinished(job_id="gang", task_index=1)]),
     ]
     try:
@@ -93,7 +93,7 @@ def status_text(capsys: pytest.CaptureFixture[str], log_dir: str, job_id: str) -
 ENDS = [
     # job, state, ended (s), elapsed (s) or None, exit code or None, how it ended
     ("gang", "succeeded", 40, 40, 0, "every task exited 0"),
-    ("exits-3", "failed", 25, 25, 3, "task 0 exited 3"),
+    ("train-42", "failed", 25, 25, 3, "task 0 exited 3"),
     ("oom", "failed", 25, 25, None, "task 0 failed: OOM killed"),
     ("cancel-running", "cancelled", 25, 25, None, "cancelled: user asked"),
     ("cancel-waiting", "cancelled", 25, None, None, "cancelled"),
@@ -135,3 +135,18 @@ def test_a_running_job_shows_how_long_it_has_run_by_the_log(
     assert text["placed at"] == "2026-01-01T00:00:00Z"
     assert text["elapsed"] == "55s"
     assert text["task 0"] == "state started, node n1"
+
+
+def test_the_status_example_in_docs_service_md_is_a_real_output(
+    capsys: pytest.CaptureFixture[str], log_dir: str
+) -> None:
+    """docs/service.md shows ``fleetlog status`` of a job whose task exited 3: each line shown is a
+    line of the real output, in order."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    section = page.split("## `fleetlog status JOB`", 1)[1]
+    shown = section.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert main(["status", "train-42", "--log", log_dir]) == 0
+    real = capsys.readouterr().out.splitlines()
+    assert shown
+    positions = [real.index(line) for line in shown]  # ValueError: a line shown is not printed
+    assert positions == sorted(positions)
