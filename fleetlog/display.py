@@ -73,6 +73,10 @@ def cell(key: str, value: Any) -> str:
         return "-"
     if isinstance(value, int) and not isinstance(value, bool) and key.endswith("_ms"):
         return log_time(value) if is_time(key) else duration(value)
+    if isinstance(value, (list, tuple)):
+        return "; ".join(cell(key, v) for v in value) or "-"
+    if isinstance(value, Mapping):
+        return _pairs(value) or "-"
     return str(value)
 
 
@@ -87,10 +91,8 @@ def describe(facts: Mapping[str, Any]) -> list[str]:
     (``task 0  state finished, node n2``), a nested object as ``key value`` pairs."""
     rows: list[tuple[str, str]] = []
     for key, value in facts.items():
-        if isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
-            rows += [_item(item) for item in value] or [(label(key), "-")]
-        elif isinstance(value, Mapping):
-            rows.append((label(key), _pairs(value)))
+        if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            rows += [_item(item) for item in value]
         else:
             rows.append((label(key).replace("_", " "), cell(key, value)))
     width = max((len(name) for name, _ in rows), default=0)

@@ -126,5 +126,14 @@ def test_rows_and_facts_for_people() -> None:
                               "cell": "-"}
     assert cell("done_ms", True) == "True"  # a bool is no duration, whatever its key
     lines = describe({"job_id": "j1", "task_nodes": [{"task": 0, "state": "placed", "node": "n1"}],
-                      "counts": {"a_b": 1}, "empty": []})
-    assert lines == ["job id  j1", "task 0  state placed, node n1", "counts  a b 1", "empty   -"]
+                      "counts": {"a_b": 1, "when_at_ms": 0}, "empty": [], "steps": ["lost", "placed"],
+                      "nested": [{"step": "x", "why": {"gone_ms": 1000}, "nodes": ["n1", "n2"]}]})
+    assert lines == [
+        "job id  j1",
+        "task 0  state placed, node n1",
+        "counts  a b 1, when at 1970-01-01T00:00:00Z",
+        "empty   -",
+        "steps   lost; placed",
+        "step x  why gone 1s, nodes n1; n2",
+    ]
+    assert not any("[" in line or "{" in line or "'" in line for line in lines)
