@@ -29,20 +29,20 @@ def at(seconds: int) -> int:
     return START + seconds * SECOND
 
 
-async def _record(directory: Path) -> None:
+async def _record(directory: Path, policy: Policy | None = None, extra: tuple[Event, ...] = ()) -> None:
     """Six jobs placed at 0 s (one waits: its tenant has no quota); at 25 s one task finishes, one
     exits 3, one fails with no exit code, two jobs are cancelled; at 40 s the last task of the gang
     finishes (and at 55 s its duplicate report, which must not move the end)."""
     clock = ClockBox()
     store = FileLogStore(directory, clock=clock, fsync="never")
     await store.open()
-    loop = SchedulerLoop(store, Policy(), LoopConfig())
+    loop = SchedulerLoop(store, policy or Policy(), LoopConfig())
     beats = [node("n1"), node("n2")]
     jobs = [job(j) for j in ("train-42", "oom", "cancel-running", "runs")]
     placed = (("gang", 2), ("train-42", 1), ("oom", 1), ("cancel-running", 1), ("runs", 1))
     rounds: list[tuple[int, list[Event]]] = [
         (0, [*beats, quota("t1", 16), quota("t2", 0), job("gang", tasks=2), *jobs,
-             job("cancel-waiting", tenant="t2")]),
+             job("cancel-waiting", tenant="t2"), *extra]),
         (10, [TaskStarted(job_id=j, task_index=i, node="n1") for j, n in placed for i in range(n)]),
         (25, [*beats, TaskFinished(job_id="gang", task_index=0),
               TaskFinished(job_id="train-42", task_index=0, exit_code=3),
@@ -68,6 +68,18 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     directory = tmp_path_factory.mktemp("status") / "log"
     asyncio.run(_record(directory))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def rejecting_log(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The same run under a policy that rejects what does not fit now (the FGD paper's protocol),
+    with a gang larger than the fleet."""
+    import asyncio
+
+    directory = tmp_path_factory.mktemp("status") / "rejecting"
+    too_big = job("too-big", tasks=4, gpus=8)
+    asyncio.run(_record(directory, Policy(fail_unplaced=True), (too_big,)))
     return str(directory)
 
 
@@ -150,3 +162,17 @@ def test_the_status_example_in_docs_service_md_is_a_real_output(
     assert shown
     positions = [real.index(line) for line in shown]  # ValueError: a line shown is not printed
     assert positions == sorted(positions)
+
+
+def test_a_rejected_job_ended_when_it_was_rejected_and_never_ran(
+    capsys: pytest.CaptureFixture[str], rejecting_log: str
+) -> None:
+    found = status_json(capsys, rejecting_log, "too-big")
+    assert found["state"] == "rejected"
+    assert found["ended_at_ms"] == at(0)
+    assert found["elapsed_ms"] is None
+    assert found["exit_code"] is None
+    assert found["end"].startswith("rejected: ")
+    assert "placed_at_ms" not in found
+    text = status_text(capsys, rejecting_log, "too-big")
+    assert (text["ended at"], text["elapsed"], text["exit code"]) == ("2026-01-01T00:00:00Z", "-", "-")
