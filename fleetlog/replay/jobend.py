@@ -91,7 +91,8 @@ class _Walk:
             case TaskPreempted() if self.state == "running":
                 self.state = "pending"
             case JobRejected() if self.state == "pending":
-                return "rejected", None, f"rejected: {event.reason}"
+                why = f" ({event.message})" if event.message else ""
+                return "rejected", None, f"rejected: {event.reason}{why}"
             case JobCancelled():
                 return "cancelled", None, f"cancelled: {event.reason}" if event.reason else "cancelled"
             case TaskFailed() if self._runs(event.task_index):

@@ -172,7 +172,7 @@ def test_a_rejected_job_ended_when_it_was_rejected_and_never_ran(
     assert found["ended_at_ms"] == at(0)
     assert found["elapsed_ms"] is None
     assert found["exit_code"] is None
-    assert found["end"].startswith("rejected: ")
+    assert found["end"].startswith("rejected: unplaceable (")
     assert "placed_at_ms" not in found
     text = status_text(capsys, rejecting_log, "too-big")
     assert (text["ended at"], text["elapsed"], text["exit code"]) == ("2026-01-01T00:00:00Z", "-", "-")
