@@ -58,8 +58,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _print_demo(result: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetlog.display import console
 
     table = Table(title=f"fleetlog demo — file log at {result.log_dir} (seed {result.seed})")
     table.add_column("what")
@@ -71,7 +72,7 @@ def _print_demo(result: Any) -> None:
     table.add_row("GPUs in fleet / requested", f"{result.gpus_in_fleet:,} / {result.gpus_requested:,}")
     table.add_row("append events/s", f"{result.write_events_per_s:,.0f}")
     table.add_row("read+decode events/s", f"{result.read_events_per_s:,.0f}")
-    Console().print(table)
+    console().print(table)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -21,19 +21,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.state import CoreConfig
+from fleetlog.core.state import CoreConfig, State
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
+from fleetlog.display import console, describe, human_row, log_time
 from fleetlog.log.base import INPUTS
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.replay import source as src
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
+from fleetlog.replay.jobend import job_end, job_events
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, log_time_of, state_at
 from fleetlog.replay.timeline import record, write_report, write_trace
@@ -74,7 +75,7 @@ def progress_bar(what: str, total: int | None) -> Iterator[Callable[[int], None]
         yield None
         return
     columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
         task = bar.add_task(what, total=total)
         yield lambda n: bar.advance(task, n)
 
@@ -117,7 +118,7 @@ def _print_verify(report: Any) -> None:
         print(f"  state {row.kind} {row.key}: recorded {row.recorded} vs replayed {row.replayed}")
     print(f"  inputs since the previous batch (as_of {d.previous_as_of}): {d.inputs_since_count}")
     for seen in d.inputs_since:
-        print(f"    inputs@{seen.offset} t={seen.timestamp_ms} {json.dumps(seen.event)}")
+        print(f"    inputs@{seen.offset} {log_time(seen.timestamp_ms)}  {json.dumps(seen.event)}")
 
 
 # --- state-at ------------------------------------------------------------------------------
@@ -173,17 +174,45 @@ async def cmd_state_at(args: argparse.Namespace, source: Source) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, source: Source) -> int:
-    """``fleetlog status JOB``: the job as the state at the end of the logs holds it."""
+    """``fleetlog status JOB``: the job as the state at the end of the logs holds it, and for a
+    job that ended, when, after how long and with which exit code (from its events)."""
     end = await src.end_offset(source.store, INPUTS)
-    found = job_status((await state_at(source, Point(offset=end))).state, args.job)
+    state = (await state_at(source, Point(offset=end))).state
+    found = job_status(state, args.job)
     if found is None:
         raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log")
+    anchor = "placed_at_ms" if "placed_at_ms" in found else "submitted_at_ms"
+    found = _after(found, anchor, await _run_facts(source, state, found))
     if args.json:
         _print_json(found)
     else:
-        for key, value in found.items():
-            print(f"{key:>16}  {value}")
+        print("\n".join(describe(found)))
     return 0
+
+
+def _after(facts: dict[str, Any], key: str, more: dict[str, Any]) -> dict[str, Any]:
+    """``facts`` with ``more`` placed after ``key`` (or at the end when it has no ``key``)."""
+    keys = list(facts)
+    at = keys.index(key) + 1 if key in facts else len(keys)
+    return {k: facts[k] for k in keys[:at]} | more | {k: facts[k] for k in keys[at:]}
+
+
+async def _run_facts(source: Source, state: State, found: dict[str, Any]) -> dict[str, Any]:
+    """``elapsed_ms`` of a running job (to the log time of the state); ``ended_at_ms``,
+    ``elapsed_ms`` (its last run, if it ran), ``exit_code`` and ``end`` of a job that ended."""
+    placed: int | None = found.get("placed_at_ms")
+    if found["state"] in ("pending", "running"):
+        running = found["state"] == "running"
+        return {"elapsed_ms": state.now_ms - placed} if running and placed is not None else {}
+    ended = job_end(await job_events(source, found["job_id"]), found["state"], found["tasks"])
+    if ended is None:  # not from its own events (the log was cut?): say so rather than guess
+        return {"ended_at_ms": None, "elapsed_ms": None, "exit_code": None, "end": "unknown"}
+    return {
+        "ended_at_ms": ended.at_ms,
+        "elapsed_ms": ended.at_ms - placed if ended.running and placed is not None else None,
+        "exit_code": ended.exit_code,
+        "end": ended.what,
+    }
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -195,25 +224,26 @@ def _sections(text: str) -> tuple[str, ...]:
 
 
 def _print_state(out: dict[str, Any], sections: tuple[str, ...], limit: int) -> None:
-    console = Console()
+    screen = console()
     via = f"snapshot {out['snapshot']}" if out["snapshot"] else "the start of the log"
-    console.print(
-        f"state at inputs offset {out['offset']} (log time {out['log_time_ms']} ms), "
+    when = "" if out["log_time_ms"] is None else f" (log time {log_time(out['log_time_ms'])})"
+    screen.print(
+        f"state at inputs offset {out['offset']}{when}, "
         f"digest {out['digest'][:16]}…; from {via}: {out['inputs_folded']:,} inputs and "
         f"{out['batches_folded']:,} batches folded in {out['seconds']} s"
     )
     for note in out["notes"]:
-        console.print(f"note: {note}")
+        screen.print(f"note: {note}")
     for name in sections:
-        rows = out[name]
+        rows = [human_row(row) for row in out[name]]
         table = Table(title=f"{name} ({len(rows):,})")
         for column in rows[0] if rows else ():
             table.add_column(column)
         for row in rows[:limit]:
-            table.add_row(*(str(v) for v in row.values()))
-        console.print(table)
+            table.add_row(*row.values())
+        screen.print(table)
         if len(rows) > limit:
-            console.print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)")
+            screen.print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)")
 
 
 # --- explain -------------------------------------------------------------------------------
@@ -227,7 +257,8 @@ async def cmd_explain(args: argparse.Namespace, source: Source) -> int:
         return 0
     print(f"job {found.job_id}: {len(found.steps)} steps")
     for step in found.steps:
-        print(f"  {step.log}@{step.offset:<8} t={step.time_ms}  {step.what}  {step.detail}")
+        where = f"{step.log}@{step.offset}"
+        print(f"  {where:<18} {log_time(step.time_ms)}  {step.what}  {step.detail}")
         if step.why:
             _print_why(step.why)
     return 0
@@ -285,7 +316,7 @@ async def cmd_what_if(args: argparse.Namespace, source: Source) -> int:
         table.add_column(column)
     for key in result.recorded:
         table.add_row(key, _cell(result.recorded[key]), _cell(result.replayed[key]))
-    Console().print(table)
+    console().print(table)
     first = result.first_divergence
     print(
         "no decision differs: the policies agree on this log"

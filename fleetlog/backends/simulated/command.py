@@ -23,6 +23,7 @@ from fleetlog.backends.simulated.report import MEAN_FIELDS, RunSummary, aggregat
 from fleetlog.backends.simulated.runner import RunConfig, clear_log_dir, run_simulation
 from fleetlog.backends.simulated.spec import SimulationInputError
 from fleetlog.backends.simulated.workload import load_workload
+from fleetlog.display import console
 from fleetlog.log.base import LogError
 
 
@@ -46,7 +47,7 @@ def simulate(options: Options, policy: str, make_scheduler: SchedulerFactory) ->
     configs = [config_for(options, cluster, seed, policy) for seed in seed_list(options)]  # bad input: here
     try:
         clear_log_dir(options.log)
-        with bar(Console(stderr=True), options.as_json) as progress:
+        with bar(console(stderr=True), options.as_json) as progress:
             runs = [
                 asyncio.run(run_simulation(c, make_scheduler, tracker(progress, c.seed))) for c in configs
             ]
@@ -58,7 +59,7 @@ def simulate(options: Options, policy: str, make_scheduler: SchedulerFactory) ->
     if options.as_json:
         print(json.dumps(aggregate(runs)))
     else:
-        print_summary(Console(), runs, [options.log, *written])
+        print_summary(console(), runs, [options.log, *written])
     return runs
 
 
