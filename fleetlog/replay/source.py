@@ -8,6 +8,7 @@ message; the command prints it and exits with 2.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import cast, overload
 
 import msgspec
+import numpy as np
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
@@ -191,6 +193,21 @@ class Chunk(Sequence[Input]):
 
     def __iter__(self) -> Iterator[Input]:
         return zip(self.offsets, self.events, self.times, strict=True)
+
+
+def instants(chunk: Chunk) -> Iterator[Chunk]:
+    """``chunk`` cut where its log time changes: the inputs of one log time at a time (an
+    observer that samples the state after each part sees it at every instant, whatever the
+    chunking of the reads; one log time split over two reads is two parts, the second of which
+    replaces the first's sample)."""
+    times = chunk.times
+    at = np.asarray(times, dtype=np.int64)
+    changes = np.flatnonzero(at[1:] != at[:-1]) + 1
+    if not changes.size:
+        yield chunk
+        return
+    for a, b in itertools.pairwise([0, *changes.tolist(), len(times)]):
+        yield Chunk(chunk.offsets[a:b], chunk.events[a:b], times[a:b])
 
 
 class InputReader:

@@ -127,9 +127,9 @@ def write_report(directory: Path, measures: Measures) -> list[Path]:
     ax.set(xlabel="seconds pending before the first placement", ylabel="share of jobs", title="pending time")
     save("pending.png", fig)
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    share = measures.summary()["tenant_share"]
+    share = measures.summary()["tenant_share_pct"]
     ax.bar(list(share), list(share.values()))
-    ax.set(ylabel="share of GPU-time", title="per-tenant share")
+    ax.set(ylabel="share of GPU-time (%)", title="per-tenant share")
     save("tenants.png", fig)
     summary = directory / "summary.json"
     summary.write_text(json.dumps(measures.summary(), indent=2))
