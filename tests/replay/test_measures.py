@@ -167,3 +167,14 @@ def test_simulate_and_replay_report_show_the_same_numbers(
     assert main(["replay", "report", "--log", log, "--out", report]) == 0
     assert shown(capsys.readouterr().out) == simulated_table
     assert simulated_table["GPU allocation, time-weighted (%)"] == f"{simulated['gpu_allocation_pct']:.2f}%"
+
+
+def test_docs_define_every_shared_measure_under_its_key_and_row() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "replay.md").read_text()
+    section = page.split("## The measures", 1)[1].split("\n## ", 1)[0]
+    documented = [
+        tuple(cell.strip().strip("`") for cell in line.split("|")[1:3])
+        for line in section.splitlines()
+        if line.startswith("| `")
+    ]
+    assert documented == [(key, label) for label, key, _ in ROWS]
