@@ -62,7 +62,7 @@ async def fold_inputs(
     before = reader.offset
     split = any(getattr(observer, "per_instant", False) for observer in observers)
     async for events in reader.until(stop):
-        for part in instants(events) if split else (events,):
+        for part in instants(events, state) if split else (events,):
             fold_lists(state, part.events, part.times)
             for observer in observers:
                 observer.inputs(state, part)

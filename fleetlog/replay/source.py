@@ -8,7 +8,6 @@ message; the command prints it and exits with 2.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -17,11 +16,10 @@ from pathlib import Path
 from typing import cast, overload
 
 import msgspec
-import numpy as np
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from fleetlog.core.state import CoreConfig
+from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.codec import BadEventError
 from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
@@ -195,19 +193,24 @@ class Chunk(Sequence[Input]):
         return zip(self.offsets, self.events, self.times, strict=True)
 
 
-def instants(chunk: Chunk) -> Iterator[Chunk]:
-    """``chunk`` cut where its log time changes: the inputs of one log time at a time (an
-    observer that samples the state after each part sees it at every instant, whatever the
-    chunking of the reads; one log time split over two reads is two parts, the second of which
-    replaces the first's sample)."""
-    times = chunk.times
-    at = np.asarray(times, dtype=np.int64)
-    changes = np.flatnonzero(at[1:] != at[:-1]) + 1
-    if not changes.size:
-        yield chunk
-        return
-    for a, b in itertools.pairwise([0, *changes.tolist(), len(times)]):
-        yield Chunk(chunk.offsets[a:b], chunk.events[a:b], times[a:b])
+def instants(chunk: Chunk, state: State) -> Iterator[Chunk]:
+    """``chunk`` in parts, each folded into ``state`` before the next is cut: the inputs of one
+    log time at a time, except that a run of steady heartbeats (the fold's fast path: they move
+    no job, free no GPU, bring no node up or down) before the next node sweep is one part, so
+    an observer that samples the state after each part sees every change at its log time,
+    whatever the chunking of the reads, for about the cost of one fold. One log time split over
+    two reads is two parts; the second one's sample replaces the first's."""
+    events, times, n, i = chunk.events, chunk.times, len(chunk.events), 0
+    while i < n:
+        j, steady, sweep = i, state.steady_ids, state.next_sweep_ms
+        while j < n and id(events[j]) in steady and times[j] < sweep:
+            j += 1
+        if j == i:
+            j = i + 1
+            while j < n and times[j] == times[i]:
+                j += 1
+        yield chunk if (i, j) == (0, n) else Chunk(chunk.offsets[i:j], events[i:j], times[i:j])
+        i = j
 
 
 class InputReader:

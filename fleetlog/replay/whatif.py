@@ -206,14 +206,14 @@ async def what_if(source: Source, policy: Policy, progress: Progress | None = No
     count, recorded_policy = 0, ""
     async for offset, _, batch in batches(source.store):
         async for events in reader.until(batch.as_of):
-            for part in instants(events):  # measured at every log time, as the recorded side
+            for part in instants(events, run.state):  # measured at every log time, as the recorded side
                 run.fold_inputs(part)
             if progress is not None:
                 progress(len(events))
         run.decide_at(offset, batch)
         count, recorded_policy = count + 1, batch.policy
     async for events in reader.until(await end_offset(source.store, INPUTS)):
-        for part in instants(events):
+        for part in instants(events, run.state):
             run.fold_inputs(part)
     run.measures.finish(run.state)
     return WhatIf(

@@ -13,7 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fleetlog.backends.simulated import (
+    RunConfig,
+    Simulation,
+    arrivals,
+    load_cluster,
+    load_workload,
+    parse_mode,
+)
 from fleetlog.backends.simulated.clock import VirtualClock
+from fleetlog.backends.simulated.driver import open_store
 from fleetlog.cli import main
 from fleetlog.core.policy import policy_named
 from fleetlog.events import Event, TaskFinished, TaskPreempted, TaskStarted, encode, envelope
@@ -21,7 +30,9 @@ from fleetlog.log.base import DECISIONS, INPUTS, Message
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.memory import MemoryLogStore
 from fleetlog.measures import KEYS, ROWS, percentile, wait_percentiles_s
-from fleetlog.replay.summary import measure_store
+from fleetlog.replay import source
+from fleetlog.replay.source import Source
+from fleetlog.replay.summary import measure, measure_store
 from fleetlog.service.loop import SchedulerLoop
 from tests.core.builders import job, node
 
@@ -178,3 +189,25 @@ def test_docs_define_every_shared_measure_under_its_key_and_row() -> None:
         if line.startswith("| `")
     ]
     assert documented == [(key, label) for label, key, _ in ROWS]
+
+
+async def test_the_measures_do_not_depend_on_how_the_log_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads of 1, 7, 333 and 10,000 records cut the log's times differently: the same samples
+    and the same summary (node failures, gangs, preemptions and steady heartbeats included)."""
+    cluster = load_cluster(BUSY_CLUSTER)
+    config = RunConfig(cluster, load_workload(BUSY_WORKLOAD, cluster, 3), parse_mode("replay"), 3, "default")
+    clock = VirtualClock()
+    seen = []
+    async with open_store(None, clock) as store:
+        sim = Simulation(cluster, arrivals(config.mode, config.workload, cluster, 3), config.mode,
+                         store=store, clock=clock, seed=3)
+        await sim.run(SchedulerLoop(store, policy_named("default")))
+        assert sim.recorder.node_failures > 0
+        for chunk in (1, 7, 333, 10_000):
+            monkeypatch.setattr(source, "READ_CHUNK", chunk)
+            measures = await measure(Source(store, None, "memory"))
+            seen.append((measures.samples, measures.summary()))
+    assert all(s == seen[0] for s in seen[1:])
+    assert seen[0][1]["preemptions"] > 0
