@@ -20,6 +20,7 @@ CURVE_STEP_PCT: Final = 1.0
 MAX_TIMELINE_POINTS: Final = 400
 MEAN_FIELDS: Final = (
     "gpu_allocation_pct",
+    "jobs_submitted",
     "jobs_placed",
     "jobs_never_placed",
     "placements",
