@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "&mtbf_h=H&mttr_s=S&heartbeat_s=S&start_delay_s=S] (default: synthetic)")
     sim.add_argument("--workload", default="synthetic", metavar="PATH|SPEC",
                      help="an openb pod-list CSV, 'openb[:VARIANT]', or synthetic[?jobs=N&load=F&tenants=N"
-                          "&prod=F&gang=F&frac=F&durations=builtin|philly|PATH] (default: synthetic)")
+                          "&prod=F&gang=F&frac=F&cpu=F&durations=builtin|philly|PATH] (default: synthetic)")
     sim.add_argument("--mode", default="replay", metavar="inflate|replay",
                      help="inflate[?ratio=1.3&order=shuffle|file&batch=N] (the FGD paper's protocol) or "
                           "replay[?speed=S&drain_h=H&tick_ms=T] (trace times, with departures; default)")

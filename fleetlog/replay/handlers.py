@@ -33,11 +33,11 @@ from fleetlog.log.kafka import KafkaConfig
 from fleetlog.measures import ROWS as MEASURE_ROWS
 from fleetlog.measures import rows as measure_rows
 from fleetlog.replay import source as src
+from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, log_time_of, state_at
-from fleetlog.replay.summary import measure
 from fleetlog.replay.timeline import record, write_report, write_trace
 from fleetlog.replay.verify import verify
 from fleetlog.replay.whatif import what_if
@@ -316,9 +316,10 @@ async def cmd_timeline(args: argparse.Namespace, source: Source) -> int:
 
 
 async def cmd_report(args: argparse.Namespace, source: Source) -> int:
+    quotas = Quotas()
     with progress_bar("report", await _inputs_total(source)) as bar:
-        measures = await measure(source, bar)
-    files = _write(lambda: write_report(Path(args.out), measures), args.out)
+        _, measures = await record(source, bar, (quotas,))  # Measures: as simulate computes them
+    files = _write(lambda: write_report(Path(args.out), measures, quotas), args.out)
     summary = measures.summary()
     if args.json:
         print(json.dumps({"out": args.out, "files": [str(f) for f in files], "summary": summary}))

@@ -137,15 +137,29 @@ class Slice:
     start_ms: int
     end_ms: int
     end: str
+    gpus: tuple[int, ...] = ()
+    """The GPU indices the task holds on its node (one for a fractional GPU, none for CPU only)."""
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """One ``TaskPreempted`` decision: which task stopped, for which job, when."""
+
+    job_id: str
+    task: int
+    by_job_id: str
+    at_ms: int
 
 
 @dataclass
 class Slices:
     """Each task's time on a node: from its placement to its finish, failure, preemption,
-    cancellation or its node's loss (seen when the job stops running)."""
+    cancellation or its node's loss (seen when the job stops running); and every preemption,
+    so the timeline can draw an arrow from the preemptor to its victim."""
 
     open: dict[str, dict[int, Slice]] = field(default_factory=dict)
     done: list[Slice] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
 
     def inputs(self, state: State, events: Sequence[Input]) -> None:
         for _, e, at_ms in events:
@@ -160,11 +174,14 @@ class Slices:
     def decided(self, state: State, batch: DecisionBatch) -> None:
         for d in batch.decisions:
             if isinstance(d, TaskPreempted):
+                self.preemptions.append(Preemption(d.job_id, d.task_index, d.by_job_id, state.now_ms))
                 self._close_job(d.job_id, state.now_ms, f"preempted by {d.by_job_id}")
             elif isinstance(d, JobPlaced):
                 self._close_job(d.job_id, state.now_ms, "placed again")
                 self.open[d.job_id] = {
-                    t.task_index: Slice(d.job_id, t.task_index, t.node, d.cell, state.now_ms, -1, "")
+                    t.task_index: Slice(
+                        d.job_id, t.task_index, t.node, d.cell, state.now_ms, -1, "", tuple(t.gpu_indices)
+                    )
                     for t in d.tasks
                 }
 
