@@ -82,6 +82,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fleetlog.backends.simulated.spec import SimulationInputError
     from fleetlog.core.policy import UnknownPolicyError, policy_named
     from fleetlog.log.base import LogStore
+    from fleetlog.replay.summary import measure_store
     from fleetlog.service.loop import LoopConfig, SchedulerLoop
 
     try:
@@ -94,7 +95,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         def scheduler(store: LogStore) -> SchedulerLoop:
             return SchedulerLoop(store, policy, LoopConfig(check_invariants=args.check_invariants))
 
-        simulate(options, policy.name, scheduler)
+        simulate(options, policy.name, scheduler, measure_store)
     except (SimulationInputError, UnknownPolicyError) as exc:
         raise UsageError(str(exc)) from None
     return 0

@@ -7,6 +7,7 @@ reason code, the error message and where it came from.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from itertools import compress, count, repeat
 from operator import attrgetter, is_
@@ -48,13 +49,22 @@ class Polled(msgspec.Struct, frozen=True):
 class Inputs:
     """One poll's good input events and their log times as parallel lists (no object per event),
     how many records were parked, and where to read next: what the scheduling loop folds
-    (``fold_lists``)."""
+    (``fold_lists``).  ``read_at`` is when the read returned (``time.perf_counter()``): the loop
+    times its work from there, so waiting for input is not counted as work."""
 
-    __slots__ = ("dead_lettered", "events", "next_offset", "times")
+    __slots__ = ("dead_lettered", "events", "next_offset", "read_at", "times")
 
-    def __init__(self, events: list[Event], times: list[int], dead_lettered: int, next_offset: int) -> None:
+    def __init__(
+        self,
+        events: list[Event],
+        times: list[int],
+        dead_lettered: int,
+        next_offset: int,
+        read_at: float = 0.0,
+    ) -> None:
         self.events, self.times = events, times
         self.dead_lettered, self.next_offset = dead_lettered, next_offset
+        self.read_at = read_at
 
 
 def dead_letter(record: Record, source: str, error: BadEventError) -> Message:
@@ -114,14 +124,16 @@ class EventConsumer:
         and a repeat is a dictionary lookup (handing the fold the very object it saw last time,
         which its steady-heartbeat path recognises by identity)."""
         records = await self._store.log(self._source).read(offset, max_records, timeout_ms)
+        read_at = time.perf_counter()
         next_offset = records[-1].offset + 1 if records else offset
         events = self.decode_memoised(records)
         if events is not None:
-            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset)
+            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset, read_at)
         good, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
-        return Inputs([d.envelope.event for d in good], [d.timestamp_ms for d in good], len(bad), next_offset)
+        good_events, times = [d.envelope.event for d in good], [d.timestamp_ms for d in good]
+        return Inputs(good_events, times, len(bad), next_offset, read_at)
 
     def decode_memoised(self, records: Sequence[Record]) -> list[Event] | None:
         """The events of ``records``, a heartbeat's bytes (with its content type) decoded once

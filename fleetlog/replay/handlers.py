@@ -30,6 +30,8 @@ from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_tabl
 from fleetlog.display import console, describe, human_row, log_time
 from fleetlog.log.base import INPUTS
 from fleetlog.log.kafka import KafkaConfig
+from fleetlog.measures import ROWS as MEASURE_ROWS
+from fleetlog.measures import rows as measure_rows
 from fleetlog.replay import source as src
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
@@ -314,8 +316,8 @@ async def cmd_what_if(args: argparse.Namespace, source: Source) -> int:
     table = Table(title=f"what-if: {result.policy} vs recorded {result.recorded_policy or 'default'}")
     for column in ("measure", "recorded", "what-if"):
         table.add_column(column)
-    for key in result.recorded:
-        table.add_row(key, _cell(result.recorded[key]), _cell(result.replayed[key]))
+    for label, key, fmt in MEASURE_ROWS:  # the measures replay report and simulate print
+        table.add_row(label, fmt(result.recorded.get(key)), fmt(result.replayed.get(key)))
     console().print(table)
     first = result.first_divergence
     print(
@@ -325,12 +327,6 @@ async def cmd_what_if(args: argparse.Namespace, source: Source) -> int:
         f"{result.moved_jobs} jobs moved (their observations simulated)"
     )
     return 0
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
-    return f"{value:,.4g}" if isinstance(value, float) else str(value)
 
 
 # --- timeline, report, dump ----------------------------------------------------------------
@@ -353,10 +349,19 @@ async def cmd_timeline(args: argparse.Namespace, source: Source) -> int:
 async def cmd_report(args: argparse.Namespace, source: Source) -> int:
     quotas = Quotas()
     with progress_bar("report", await _inputs_total(source)) as bar:
-        _, measures = await record(source, bar, (quotas,))
+        _, measures = await record(source, bar, (quotas,))  # Measures: as simulate computes them
     files = _write(lambda: write_report(Path(args.out), measures, quotas), args.out)
-    out = {"out": args.out, "files": [str(f) for f in files], "summary": measures.summary()}
-    print(json.dumps(out) if args.json else "wrote " + ", ".join(str(f) for f in files))
+    summary = measures.summary()
+    if args.json:
+        print(json.dumps({"out": args.out, "files": [str(f) for f in files], "summary": summary}))
+        return 0
+    table = Table(title=f"fleetlog replay report — {source.where}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for label, text in measure_rows(summary):  # the rows and numbers fleetlog simulate prints
+        table.add_row(label, text)
+    console().print(table)
+    print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 

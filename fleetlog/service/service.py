@@ -470,9 +470,8 @@ class Service:
     async def _serve(self, loop: SchedulerLoop) -> None:
         next_gauges = 0.0
         while not self._lost():
-            started = time.perf_counter()
             result = await loop.step(timeout_ms=self.settings.idle_wait_ms)
-            self._observe(result, time.perf_counter() - started)
+            self._observe(result, result.work_s)  # the work, not the idle wait for input
             now = time.monotonic()
             if now >= next_gauges:
                 next_gauges = now + GAUGE_PERIOD_S
