@@ -2,11 +2,13 @@
 
 A bad record is never dropped silently and never stops the reader: it is copied,
 bytes, key and headers untouched, to the dead-letter log with headers naming the
-reason code, the error message and where it came from.
+reason code, the error message and where it came from — and a warning line on the
+``fleetlog.dead_letters`` logger says so, one per record parked.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from itertools import compress, count, repeat
 from operator import attrgetter, is_
@@ -24,6 +26,7 @@ SOURCE_HEADER: Final = "fleetlog-dead-letter-source"
 MEMO_LIMIT: Final = 1 << 16
 """The most distinct heartbeat values :class:`EventConsumer` keeps decoded (then it starts over)."""
 
+LOG: Final = logging.getLogger("fleetlog.dead_letters")
 _VALUE = attrgetter("value")
 _TIMESTAMP = attrgetter("timestamp_ms")
 _HEADERS = attrgetter("headers")
@@ -67,6 +70,16 @@ def dead_letter(record: Record, source: str, error: BadEventError) -> Message:
     return Message(value=record.value, key=record.key, headers=record.headers + extra)
 
 
+def _warn_parked(bad: Sequence[Message], dead_letters: str) -> None:
+    """One warning line per record parked: where it came from, why, and where it went."""
+    for message in bad:
+        found = dict(message.headers)  # (the dead-letter headers come last: they win)
+        source, reason, error = (found.get(h, b"") for h in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER))
+        key = f" key {message.key.decode('utf-8', 'replace')!r}" if message.key else ""
+        LOG.warning("dead-lettered %s%s to the %s log (%s): %s", source.decode(), key, dead_letters,
+                    reason.decode(), error[:300].decode("utf-8", "replace"))
+
+
 class UnreadableRecordsError(BadEventError):
     """Bytes the log itself could not read (a Kafka batch that does not decompress or parse):
     the log hands back one record standing for them, which names the offsets it covers."""
@@ -102,6 +115,7 @@ class EventConsumer:
         events, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
+            _warn_parked(bad, self._dead_letters)
         next_offset = records[-1].offset + 1 if records else offset
         return Polled(events, len(bad), next_offset)
 
@@ -121,6 +135,7 @@ class EventConsumer:
         good, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
+            _warn_parked(bad, self._dead_letters)
         return Inputs([d.envelope.event for d in good], [d.timestamp_ms for d in good], len(bad), next_offset)
 
     def decode_memoised(self, records: Sequence[Record]) -> list[Event] | None:
