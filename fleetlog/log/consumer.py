@@ -187,6 +187,57 @@ class EventConsumer:
         return events, bad
 
 
+class Parked(msgspec.Struct, frozen=True):
+    """A dead-lettered record that names a job: why it was refused and where it is."""
+
+    offset: int
+    """Its offset in the dead-letter log."""
+    source: str
+    """Where it was read: ``inputs@OFFSET``."""
+    reason: str
+    error: str
+
+
+async def parked_for_job(store: LogStore, job_id: str, dead_letters: str = DEAD_LETTERS) -> Parked | None:
+    """The newest dead-lettered record about ``job_id`` (its key ``submit/JOB``/``cancel/JOB``, or
+    an ``event.job_id`` in bytes that still parse as JSON or msgpack), ``None`` if there is none."""
+    log, offset, found = store.log(dead_letters), 0, None
+    end = await log.end_offset()
+    needle = job_id.encode()
+    while offset < end:
+        records = await log.read(offset, 10_000)
+        if not records:
+            break
+        for record in records:
+            mentioned = needle in record.value or needle in (record.key or b"")
+            if mentioned and (record.key in (b"submit/" + needle, b"cancel/" + needle)
+                              or _names_job(record, job_id)):
+                found = record
+        offset = records[-1].offset + 1
+    if found is None:
+        return None
+    text = {name: (found.header(name) or b"").decode("utf-8", "replace")
+            for name in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER)}
+    return Parked(found.offset, text[SOURCE_HEADER], text[REASON_HEADER], text[ERROR_HEADER])
+
+
+def _names_job(record: Record, job_id: str) -> bool:
+    """Whether the bytes, parsed without a schema, are an envelope whose event (or whose key)
+    names ``job_id``."""
+    doc: object = None
+    for parse in (msgspec.json.decode, msgspec.msgpack.decode):
+        try:
+            doc = parse(record.value)
+            break
+        except (msgspec.DecodeError, RecursionError, ValueError):
+            continue
+    if not isinstance(doc, dict):
+        return False
+    event = doc.get("event")
+    return doc.get("key") in (f"submit/{job_id}", f"cancel/{job_id}") or (
+        isinstance(event, dict) and event.get("job_id") == job_id)
+
+
 class CorruptDecisionsError(RuntimeError):
     """The decisions log holds something this build cannot read: recovery stops and says where."""
 
