@@ -639,8 +639,10 @@ class Service:
         log_ = store.log(INPUTS)
         first = await log_.append(batch.messages) if batch.messages else await log_.end_offset()
         self.ingest.appended(first, batch)
-        return json_response(200, {"appended": len(batch.messages), "first_offset": first,
-                                   "duplicates": duplicates})
+        answer: dict[str, object] = {"appended": len(batch.messages), "first_offset": first}
+        if duplicates:  # (only then: the answer stays what it always was for new events)
+            answer["duplicates"] = duplicates
+        return json_response(200, answer)
 
 
 def _not_allowed() -> Response:
