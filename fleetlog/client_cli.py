@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from fleetlog.cli import _add_log_options
-from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
+from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed, running_service
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
 from fleetlog.log.base import DECISIONS, INPUTS
@@ -147,6 +147,8 @@ def check_log_dir(config: Config, create: bool) -> None:
     if config.log.dir is None or create:
         return
     path = Path(config.log.dir)
+    if running_service(path) is not None:
+        return  # the service that holds it answers
     if not path.is_dir() or not any((path / name).is_dir() for name in (INPUTS, DECISIONS)):
         raise CommandLineError(f"no file log at {path} (expected {INPUTS}/ and {DECISIONS}/ directories; "
                                "--create starts a new one)")

@@ -17,8 +17,16 @@ from pathlib import Path
 import pytest
 
 from fleetlog.core.views import as_folded, folded_spec
-from fleetlog.events import DecisionBatch, JobCancelled, JobSubmitted, TaskFinished, TaskGroup, TaskStarted
-from fleetlog.events import encode, envelope
+from fleetlog.events import (
+    DecisionBatch,
+    JobCancelled,
+    JobSubmitted,
+    TaskFinished,
+    TaskGroup,
+    TaskStarted,
+    encode,
+    envelope,
+)
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON
 from fleetlog.events.spec import same_submission, submission_spec
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, Message
@@ -96,7 +104,8 @@ async def test_cancel_unknown_repeated_and_ended_jobs(service: Running) -> None:
     assert loop is not None
     await service.until(lambda: (service.service.loop is not None
                                  and service.service.loop.state.jobs.cols["placed_at_ms"][1] >= 0))
-    done = events_body(TaskStarted(job_id="b", task_index=0, node="n1"), TaskFinished(job_id="b", task_index=0))
+    done = events_body(TaskStarted(job_id="b", task_index=0, node="n1"),
+                       TaskFinished(job_id="b", task_index=0))
     assert (await service.request("/v1/events", done))[0] == 200
     await folded(service, 6)
     status, answer = await service.request("/v1/events", events_body(JobCancelled(job_id="b")))
@@ -119,13 +128,15 @@ def test_the_folded_spec_is_the_events_spec() -> None:
     from fleetlog.core.fold import fold
     from fleetlog.core.state import State
 
-    groups = (TaskGroup(count=2, cpu_milli=1, mem_mib=2, gpu_count=1, gpu_milli=500, gpu_models=("B", "A", "A")),
-              TaskGroup(count=1, cpu_milli=1, mem_mib=2, gpu_count=1, gpu_milli=500, gpu_models=("A", "B")),
+    def half(count: int, *models: str) -> TaskGroup:
+        return TaskGroup(count=count, cpu_milli=1, mem_mib=2, gpu_count=1, gpu_milli=500, gpu_models=models)
+
+    groups = (half(2, "B", "A", "A"), half(1, "A", "B"),
               TaskGroup(count=1, cpu_milli=3, mem_mib=2))
     first = JobSubmitted(job_id="x", tenant="t", task_groups=groups, allowed_cells=("c2", "c1", "c2"),
                          required_topology="rack", expected_duration_ms=5, priority=3, queue="q")
     regrouped = JobSubmitted(job_id="x", tenant="t", task_groups=(
-        TaskGroup(count=3, cpu_milli=1, mem_mib=2, gpu_count=1, gpu_milli=500, gpu_models=("A", "B")),
+        half(3, "A", "B"),
         TaskGroup(count=1, cpu_milli=3, mem_mib=2, name="other")), allowed_cells=("c1", "c2"),
         required_topology="rack", expected_duration_ms=5, priority=3, queue="q")
     state = State()
