@@ -75,11 +75,12 @@ def folded_spec(state: State, job_id: str) -> SubmissionSpec | None:
         return None
     cols, tasks, names = state.jobs.cols, state.tasks.cols, state.names
     topology = {code: name for name, code in TOPOLOGY_CODES.items()}
-    shapes = [
-        TaskShape(1, int(tasks["cpu"][t]), int(tasks["mem"][t]), int(tasks["gpus"][t]),
-                  int(tasks["milli"][t]), _model_names(state, int(tasks["models"][t])))
-        for t in state.job_tasks(row)
-    ]
+    span = state.job_tasks(row)
+    rows = zip(*(tasks[c][span.start:span.stop].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")),
+               strict=True)
+    names_of: dict[int, tuple[str, ...]] = {}
+    shapes = [TaskShape(1, cpu, mem, gpus, milli, names_of.get(models) or names_of.setdefault(
+        models, _model_names(state, models))) for cpu, mem, gpus, milli, models in rows]
     return SubmissionSpec(
         tenant=names["tenant"].names[int(cols["tenant"][row])],
         queue=names["queue"].names[int(cols["queue"][row])],

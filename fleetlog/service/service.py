@@ -64,7 +64,7 @@ from fleetlog.events.model import (
     NodeHeartbeat,
     TaskGroup,
 )
-from fleetlog.events.spec import SubmissionSpec, spec_differences, submission_spec
+from fleetlog.events.spec import spec_differences, submission_spec
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message, OffsetOutOfRangeError
 from fleetlog.log.consumer import decision_batches
@@ -665,21 +665,22 @@ class IngestBatch(msgspec.Struct, frozen=True):
     """The events of ``messages``, in order."""
 
 
-def screened(state: State, unfolded: dict[str, SubmissionSpec], batch: IngestBatch
+def screened(state: State, unfolded: dict[str, JobSubmitted], batch: IngestBatch
              ) -> tuple[IngestBatch, list[dict[str, object]]]:
     """``batch`` without the identical resubmissions of jobs the service already has (folded,
     appended but not folded yet, or earlier in the batch), and those as ``{"index", "job_id"}``.
     A job id submitted again with another spec (409 ``already_exists``), a cancel of a job never
     submitted (404 ``unknown_job``) or of one that already ended otherwise than cancelled (409
-    ``already_ended``) refuses the whole batch.  A cancel of a cancelled job is an identical resend."""
-    seen: dict[str, SubmissionSpec] = {}
+    ``already_ended``) refuses the whole batch.  A cancel of a cancelled job is an identical resend.
+    A new job costs dictionary lookups only: specs are compared when an id is seen again."""
+    seen: dict[str, JobSubmitted] = {}
     skip: list[int] = []
     for index, event in enumerate(batch.events):
         if isinstance(event, JobSubmitted):
             if _resubmitted(state, seen.get(event.job_id) or unfolded.get(event.job_id), event, index):
                 skip.append(index)
             else:
-                seen.setdefault(event.job_id, submission_spec(event))
+                seen[event.job_id] = event
         elif (isinstance(event, JobCancelled) and event.job_id not in seen and event.job_id not in unfolded
               and _cancelled_already(state, event.job_id, index)):
             skip.append(index)
@@ -693,18 +694,21 @@ def screened(state: State, unfolded: dict[str, SubmissionSpec], batch: IngestBat
     return IngestBatch([batch.messages[i] for i in keep], tasks, events), dropped
 
 
-def _resubmitted(state: State, pending: SubmissionSpec | None, event: JobSubmitted, index: int) -> bool:
-    """Whether ``event`` resubmits a job the service has, with the same spec; an
-    :class:`IngestError` if with another spec; ``False`` for a new job."""
-    spec = submission_spec(event)
-    if pending is None:
+def _resubmitted(state: State, earlier: JobSubmitted | None, event: JobSubmitted, index: int) -> bool:
+    """Whether ``event`` resubmits a job the service has (``earlier``, not folded yet, or else in
+    the state), with the same spec; an :class:`IngestError` if with another spec; ``False`` for
+    a new job."""
+    if earlier is not None:
+        before, after = submission_spec(earlier), submission_spec(event)
+    elif state.job_row(event.job_id) < 0:
+        return False
+    else:
         folded = folded_spec(state, event.job_id)
-        if folded is None:
-            return False
-        pending, spec = folded, as_folded(state, spec)
-    if pending == spec:
+        assert folded is not None
+        before, after = folded, as_folded(state, submission_spec(event))
+    if before == after:
         return True
-    changed = "; ".join(spec_differences(pending, spec))
+    changed = "; ".join(spec_differences(before, after))
     raise IngestError(f"event {index}: job {event.job_id!r} already exists with another spec ({changed}); "
                       "a job id is submitted once: cancel it and submit under a new id", "already_exists",
                       409, job_id=event.job_id, index=index)
@@ -805,7 +809,8 @@ class IngestGate:
         self.settings = settings
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleetlog-ingest")
         self._unfolded: deque[tuple[int, int]] = deque()  # (end offset, tasks) of appended requests
-        self._jobs: dict[str, tuple[int, SubmissionSpec]] = {}  # job id -> (end offset, spec), not folded
+        self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission
+        self._job_ends: deque[tuple[int, str]] = deque()  # (end offset, job id) of those, in order
 
     def pending(self, loop: SchedulerLoop) -> int:
         while self._unfolded and self._unfolded[0][0] <= loop.offset:
@@ -823,16 +828,19 @@ class IngestGate:
         return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
                        f"the limit of {limit}", pending=pending, limit=limit)
 
-    def unfolded_jobs(self, loop: SchedulerLoop) -> dict[str, SubmissionSpec]:
-        """The jobs appended through ingest that the loop has not folded yet, with their specs."""
-        if self._jobs and min(end for end, _ in self._jobs.values()) <= loop.offset:
-            self._jobs = {job: entry for job, entry in self._jobs.items() if entry[0] > loop.offset}
-        return {job: spec for job, (_, spec) in self._jobs.items()}
+    def unfolded_jobs(self, loop: SchedulerLoop) -> dict[str, JobSubmitted]:
+        """The jobs appended through ingest that the loop has not folded yet, with their submission
+        (the folded ones are in its state).  Read it, do not keep it."""
+        ends = self._job_ends
+        while ends and ends[0][0] <= loop.offset:
+            del self._jobs[ends.popleft()[1]]
+        return self._jobs
 
     def appended(self, first: int, batch: IngestBatch) -> None:
         end = first + len(batch.messages)
         if batch.tasks:
             self._unfolded.append((end, batch.tasks))
         for event in batch.events:
-            if isinstance(event, JobSubmitted):
-                self._jobs.setdefault(event.job_id, (end, submission_spec(event)))
+            if isinstance(event, JobSubmitted) and event.job_id not in self._jobs:
+                self._jobs[event.job_id] = event
+                self._job_ends.append((end, event.job_id))
