@@ -185,8 +185,9 @@ def test_the_docs_pipe_of_json_lines_into_submit_file_stdin(log_dir: Path) -> No
 
     assert "generate-jobs | fleetlog submit --file -" in (ROOT / "docs" / "service.md").read_text()
     stdin = "".join(json.dumps({**JOB, "job_id": f"p{i}"}) + "\n" for i in range(3))
-    done = subprocess.run([sys.executable, "-m", "fleetlog.cli", "submit", "--file", "-", "--log", str(log_dir)],
-                          input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    argv = [sys.executable, "-m", "fleetlog.cli", "submit", "--file", "-", "--log", str(log_dir)]
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          check=False)
     assert (done.returncode, done.stderr) == (0, "")
     assert len(done.stdout.splitlines()) == 3
     assert [e.key for e in logged(log_dir)] == ["submit/j1", "submit/p0", "submit/p1", "submit/p2"]
