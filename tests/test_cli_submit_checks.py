@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetlog.client import envelope_from_json, message_of
 from fleetlog.events import JobCancelled, JobSubmitted
+from fleetlog.log.base import INPUTS
+from fleetlog.log.file import FileLogStore
 from tests.service.test_service import embedded, start
 from tests.test_cli_client import logged, run
 
@@ -26,13 +29,26 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def log_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    """A file log holding ``JOB`` (made with ``--create``)."""
+def log_dir(tmp_path: Path) -> Path:
+    """A file log holding ``JOB``, as ``fleetlog submit --file JOB.json --create`` writes it."""
     directory = tmp_path / "log"
+    env = envelope_from_json(json.dumps(JOB).encode(), "fleetlog-cli", default_type="JobSubmitted")
+
+    async def write() -> None:
+        async with FileLogStore(directory) as store:
+            await store.log(INPUTS).append([message_of(env)])
+
+    asyncio.run(write())
+    return directory
+
+
+def test_create_starts_a_new_log(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     job = tmp_path / "job.json"
     job.write_text(json.dumps(JOB))
-    assert run(capsys, "submit", "--file", str(job), "--log", str(directory), "--create")[0] == 0
-    return directory
+    code, out, _ = run(capsys, "submit", "--file", str(job), "--log", str(tmp_path / "new"), "--create")
+    assert code == 0
+    assert "appended at inputs offset 0" in out
+    assert [e.key for e in logged(tmp_path / "new")] == ["submit/j1"]
 
 
 def one_line(err: str) -> str:
@@ -117,7 +133,7 @@ async def test_through_the_running_service_alike(capsys: pytest.CaptureFixture[s
         assert code == 1
         assert "(HTTP 404): event 0: cannot cancel job 'ghost': no such job" in one_line(err)
         assert service.service.store is not None
-        assert await service.service.store.log("inputs").end_offset() == 2
+        assert await service.service.store.log(INPUTS).end_offset() == 2
     finally:
         await service.stop()
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from fleetlog.core.views import as_folded, folded_spec
 from fleetlog.events import (
     DecisionBatch,
     JobCancelled,
@@ -28,7 +27,6 @@ from fleetlog.events import (
     envelope,
 )
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON
-from fleetlog.events.spec import same_submission, submission_spec
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, Message
 from fleetlog.log.file import FileLogStore
 from tests.core.builders import job, node
@@ -127,6 +125,8 @@ def test_the_folded_spec_is_the_events_spec() -> None:
     submitted event's (:func:`submission_spec`), however its tasks were grouped."""
     from fleetlog.core.fold import fold
     from fleetlog.core.state import State
+    from fleetlog.core.views import as_folded, folded_spec
+    from fleetlog.events.spec import same_submission, submission_spec
 
     def half(count: int, *models: str) -> TaskGroup:
         return TaskGroup(count=count, cpu_milli=1, mem_mib=2, gpu_count=1, gpu_milli=500, gpu_models=models)
