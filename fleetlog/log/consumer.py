@@ -99,8 +99,12 @@ def _not_an_input(env: Envelope) -> InvalidEventError:
 class EventConsumer:
     """Decodes the records of one log, parking bad ones in ``dead_letters``."""
 
-    def __init__(self, store: LogStore, source: str = INPUTS, dead_letters: str = DEAD_LETTERS) -> None:
+    def __init__(self, store: LogStore, source: str = INPUTS, dead_letters: str = DEAD_LETTERS,
+                 warn: bool = True) -> None:
+        """``warn=False``: no warning line per parked record (``fleetlog demo``, which parks
+        malformed records on purpose and counts them in its summary)."""
         self._store = store
+        self._warn = warn
         self._source = source
         self._dead_letters = dead_letters
         self._memo: dict[object, InputEvent] = {}
@@ -115,7 +119,8 @@ class EventConsumer:
         events, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
-            _warn_parked(bad, self._dead_letters)
+            if self._warn:
+                _warn_parked(bad, self._dead_letters)
         next_offset = records[-1].offset + 1 if records else offset
         return Polled(events, len(bad), next_offset)
 
@@ -135,7 +140,8 @@ class EventConsumer:
         good, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
-            _warn_parked(bad, self._dead_letters)
+            if self._warn:
+                _warn_parked(bad, self._dead_letters)
         return Inputs([d.envelope.event for d in good], [d.timestamp_ms for d in good], len(bad), next_offset)
 
     def decode_memoised(self, records: Sequence[Record]) -> list[Event] | None:
