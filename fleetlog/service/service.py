@@ -637,7 +637,12 @@ class Service:
         if refused is not None:
             return refused
         log_ = store.log(INPUTS)
-        first = await log_.append(batch.messages) if batch.messages else await log_.end_offset()
+        self.ingest.reserve(batch)  # before the await: a concurrent request sees these jobs
+        try:
+            first = await log_.append(batch.messages) if batch.messages else await log_.end_offset()
+        except BaseException:
+            self.ingest.release(batch)
+            raise
         self.ingest.appended(first, batch)
         answer: dict[str, object] = {"appended": len(batch.messages), "first_offset": first}
         if duplicates:  # (only then: the answer stays what it always was for new events)
@@ -811,6 +816,7 @@ class IngestGate:
         self._unfolded: deque[tuple[int, int]] = deque()  # (end offset, tasks) of appended requests
         self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission
         self._job_ends: deque[tuple[int, str]] = deque()  # (end offset, job id) of those, in order
+        self._appending: set[str] = set()  # ids in ``_jobs`` whose append has not returned yet
 
     def pending(self, loop: SchedulerLoop) -> int:
         while self._unfolded and self._unfolded[0][0] <= loop.offset:
@@ -836,11 +842,25 @@ class IngestGate:
             del self._jobs[ends.popleft()[1]]
         return self._jobs
 
+    def reserve(self, batch: IngestBatch) -> None:
+        """Count the jobs of ``batch`` as the service's while it is being appended."""
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id not in self._jobs:
+                self._jobs[event.job_id] = event
+                self._appending.add(event.job_id)
+
+    def release(self, batch: IngestBatch) -> None:
+        """``batch`` was not appended after all: forget what :meth:`reserve` counted."""
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id in self._appending:
+                self._appending.discard(event.job_id)
+                del self._jobs[event.job_id]
+
     def appended(self, first: int, batch: IngestBatch) -> None:
         end = first + len(batch.messages)
         if batch.tasks:
             self._unfolded.append((end, batch.tasks))
         for event in batch.events:
-            if isinstance(event, JobSubmitted) and event.job_id not in self._jobs:
-                self._jobs[event.job_id] = event
+            if isinstance(event, JobSubmitted) and event.job_id in self._appending:
+                self._appending.discard(event.job_id)
                 self._job_ends.append((end, event.job_id))

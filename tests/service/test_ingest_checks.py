@@ -81,6 +81,19 @@ async def test_another_spec_under_an_existing_id_is_refused_409(service: Running
     assert await inputs_end(service) == 2, "nothing of a refused batch is appended"
 
 
+async def test_concurrent_submissions_of_one_id_take_one(service: Running) -> None:
+    """Requests racing with one job id: one is appended; the others are refused (another spec)
+    or told it is a duplicate (the same spec) — never two appended."""
+    bodies = [events_body(job("race", priority=p)) for p in range(8)]
+    bodies += [events_body(job("race", priority=0))] * 4
+    answers = await asyncio.gather(*(service.request("/v1/events", b) for b in bodies))
+    appended = [a for status, a in answers if status == 200 and a["appended"] == 1]
+    assert len(appended) == 1
+    assert await inputs_end(service) == 1
+    for status, answer in answers:
+        assert (status, answer.get("reason")) in {(200, None), (409, "already_exists")}
+
+
 async def test_another_spec_twice_in_one_batch_is_refused(service: Running) -> None:
     status, answer = await service.request("/v1/events", events_body(job("j1"), job("j1", tenant="t2")))
     assert (status, answer["reason"], answer["index"]) == (409, "already_exists", 1)
