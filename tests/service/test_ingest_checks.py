@@ -11,6 +11,7 @@ import json
 import logging
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from fleetlog.events import (
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, Message
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig
+from fleetlog.service.config import Config, ServiceSettings
 from tests.core.builders import job, node
 from tests.service.process import REPO
 from tests.service.test_service import Running, embedded, events_body, start
@@ -81,7 +84,7 @@ async def test_another_spec_under_an_existing_id_is_refused_409(service: Running
     assert await inputs_end(service) == 2, "nothing of a refused batch is appended"
 
 
-async def test_concurrent_submissions_of_one_id_take_one(service: Running) -> None:
+async def race(service: Running) -> None:
     """Requests racing with one job id: one is appended; the others are refused (another spec)
     or told it is a duplicate (the same spec) — never two appended."""
     bodies = [events_body(job("race", priority=p)) for p in range(8)]
@@ -92,6 +95,23 @@ async def test_concurrent_submissions_of_one_id_take_one(service: Running) -> No
     assert await inputs_end(service) == 1
     for status, answer in answers:
         assert (status, answer.get("reason")) in {(200, None), (409, "already_exists")}
+
+
+async def test_concurrent_submissions_of_one_id_take_one(service: Running) -> None:
+    await race(service)
+
+
+@pytest.mark.kafka
+async def test_concurrent_submissions_of_one_id_take_one_on_kafka(kafka_bootstrap: str) -> None:
+    """On Kafka an append awaits the broker: the requests really interleave there."""
+    kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"race-{uuid.uuid4().hex[:8]}")
+    config = Config(kafka=kafka, service=ServiceSettings(http_port=0, idle_wait_ms=20))
+    running = await start(config)
+    try:
+        await running.until(lambda: running.service.loop is not None, timeout_s=120)
+        await race(running)
+    finally:
+        await running.stop()
 
 
 async def test_another_spec_twice_in_one_batch_is_refused(service: Running) -> None:
