@@ -28,7 +28,7 @@ from rich.table import Table
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.state import CoreConfig
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
-from fleetlog.log.base import INPUTS
+from fleetlog.log.base import INPUTS, LogError
 from fleetlog.log.consumer import parked_for_job
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.replay import source as src
@@ -186,7 +186,10 @@ async def cmd_status(args: argparse.Namespace, source: Source) -> int:
     end = await src.end_offset(source.store, INPUTS)
     found = job_status((await state_at(source, Point(offset=end))).state, args.job)
     if found is None:
-        parked = await parked_for_job(source.store, args.job)
+        try:
+            parked = await parked_for_job(source.store, args.job)
+        except LogError:  # no dead-letter log to read (a Kafka topic never created): nothing parked
+            parked = None
         if parked is not None:  # refused, not unknown: say why and where to look
             raise ReplayError(
                 f"job {args.job!r} was refused: its record {parked.source} is in the dead-letter log at "
