@@ -2,11 +2,13 @@
 
 A bad record is never dropped silently and never stops the reader: it is copied,
 bytes, key and headers untouched, to the dead-letter log with headers naming the
-reason code, the error message and where it came from.
+reason code, the error message and where it came from — and a warning line on the
+``fleetlog.dead_letters`` logger says so, one per record parked.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from itertools import compress, count, repeat
@@ -25,6 +27,7 @@ SOURCE_HEADER: Final = "fleetlog-dead-letter-source"
 MEMO_LIMIT: Final = 1 << 16
 """The most distinct heartbeat values :class:`EventConsumer` keeps decoded (then it starts over)."""
 
+LOG: Final = logging.getLogger("fleetlog.dead_letters")
 _VALUE = attrgetter("value")
 _TIMESTAMP = attrgetter("timestamp_ms")
 _HEADERS = attrgetter("headers")
@@ -77,6 +80,16 @@ def dead_letter(record: Record, source: str, error: BadEventError) -> Message:
     return Message(value=record.value, key=record.key, headers=record.headers + extra)
 
 
+def _warn_parked(bad: Sequence[Message], dead_letters: str) -> None:
+    """One warning line per record parked: where it came from, why, and where it went."""
+    for message in bad:
+        found = dict(message.headers)  # (the dead-letter headers come last: they win)
+        source, reason, error = (found.get(h, b"") for h in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER))
+        key = f" key {message.key.decode('utf-8', 'replace')!r}" if message.key else ""
+        LOG.warning("dead-lettered %s%s to the %s log (%s): %s", source.decode(), key, dead_letters,
+                    reason.decode(), error[:300].decode("utf-8", "replace"))
+
+
 class UnreadableRecordsError(BadEventError):
     """Bytes the log itself could not read (a Kafka batch that does not decompress or parse):
     the log hands back one record standing for them, which names the offsets it covers."""
@@ -96,8 +109,12 @@ def _not_an_input(env: Envelope) -> InvalidEventError:
 class EventConsumer:
     """Decodes the records of one log, parking bad ones in ``dead_letters``."""
 
-    def __init__(self, store: LogStore, source: str = INPUTS, dead_letters: str = DEAD_LETTERS) -> None:
+    def __init__(self, store: LogStore, source: str = INPUTS, dead_letters: str = DEAD_LETTERS,
+                 warn: bool = True) -> None:
+        """``warn=False``: no warning line per parked record (``fleetlog demo``, which parks
+        malformed records on purpose and counts them in its summary)."""
         self._store = store
+        self._warn = warn
         self._source = source
         self._dead_letters = dead_letters
         self._memo: dict[object, InputEvent] = {}
@@ -112,6 +129,8 @@ class EventConsumer:
         events, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
+            if self._warn:
+                _warn_parked(bad, self._dead_letters)
         next_offset = records[-1].offset + 1 if records else offset
         return Polled(events, len(bad), next_offset)
 
@@ -132,6 +151,8 @@ class EventConsumer:
         good, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
+            if self._warn:
+                _warn_parked(bad, self._dead_letters)
         good_events, times = [d.envelope.event for d in good], [d.timestamp_ms for d in good]
         return Inputs(good_events, times, len(bad), next_offset, read_at)
 
@@ -182,6 +203,57 @@ class EventConsumer:
             else:
                 events.append(Delivered(record.offset, record.timestamp_ms, env))
         return events, bad
+
+
+class Parked(msgspec.Struct, frozen=True):
+    """A dead-lettered record that names a job: why it was refused and where it is."""
+
+    offset: int
+    """Its offset in the dead-letter log."""
+    source: str
+    """Where it was read: ``inputs@OFFSET``."""
+    reason: str
+    error: str
+
+
+async def parked_for_job(store: LogStore, job_id: str, dead_letters: str = DEAD_LETTERS) -> Parked | None:
+    """The newest dead-lettered record about ``job_id`` (its key ``submit/JOB``/``cancel/JOB``, or
+    an ``event.job_id`` in bytes that still parse as JSON or msgpack), ``None`` if there is none."""
+    log, offset, found = store.log(dead_letters), 0, None
+    end = await log.end_offset()
+    needle = job_id.encode()
+    while offset < end:
+        records = await log.read(offset, 10_000)
+        if not records:
+            break
+        for record in records:
+            mentioned = needle in record.value or needle in (record.key or b"")
+            if mentioned and (record.key in (b"submit/" + needle, b"cancel/" + needle)
+                              or _names_job(record, job_id)):
+                found = record
+        offset = records[-1].offset + 1
+    if found is None:
+        return None
+    text = {name: (found.header(name) or b"").decode("utf-8", "replace")
+            for name in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER)}
+    return Parked(found.offset, text[SOURCE_HEADER], text[REASON_HEADER], text[ERROR_HEADER])
+
+
+def _names_job(record: Record, job_id: str) -> bool:
+    """Whether the bytes, parsed without a schema, are an envelope whose event (or whose key)
+    names ``job_id``."""
+    doc: object = None
+    for parse in (msgspec.json.decode, msgspec.msgpack.decode):
+        try:
+            doc = parse(record.value)
+            break
+        except (msgspec.DecodeError, RecursionError, ValueError):
+            continue
+    if not isinstance(doc, dict):
+        return False
+    event = doc.get("event")
+    return doc.get("key") in (f"submit/{job_id}", f"cancel/{job_id}") or (
+        isinstance(event, dict) and event.get("job_id") == job_id)
 
 
 class CorruptDecisionsError(RuntimeError):

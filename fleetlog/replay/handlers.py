@@ -28,7 +28,8 @@ from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.display import console, describe, human_row, log_time
-from fleetlog.log.base import INPUTS
+from fleetlog.log.base import INPUTS, LogError
+from fleetlog.log.consumer import parked_for_job
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.measures import ROWS as MEASURE_ROWS
 from fleetlog.measures import rows as measure_rows
@@ -44,6 +45,7 @@ from fleetlog.replay.verify import verify
 from fleetlog.replay.whatif import what_if
 
 EXIT_DIVERGED = 1
+EXIT_NOTHING_TO_VERIFY = 3
 Place = Path | KafkaConfig
 Handler = Callable[[argparse.Namespace, Source], Awaitable[int]]
 T = TypeVar("T")
@@ -96,15 +98,23 @@ def _print_json(data: Any) -> None:
 async def cmd_verify(args: argparse.Namespace, source: Source) -> int:
     with progress_bar("verify", await _inputs_total(source)) as bar:
         report = await verify(source, progress=bar, jobs=args.jobs)
+    if report.empty:  # nothing was checked: not a pass (docs/replay.md, exit code 3)
+        inputs = await src.end_offset(source.store, INPUTS)
+        report = msgspec.structs.replace(report, inputs=max(report.inputs, inputs))
     if args.json:
-        _print_json({"ok": report.ok, **msgspec.to_builtins(report)})
+        _print_json({"ok": report.ok and not report.empty, "nothing_to_verify": report.empty,
+                     **msgspec.to_builtins(report)})
     else:
         _print_verify(report)
-    return 0 if report.ok else EXIT_DIVERGED
+    return EXIT_NOTHING_TO_VERIFY if report.empty else 0 if report.ok else EXIT_DIVERGED
 
 
 def _print_verify(report: Any) -> None:
     summary = f"{report.batches:,} batches, {report.decisions:,} decisions, {report.inputs:,} inputs"
+    if report.empty:
+        print(f"NOTHING TO VERIFY: {report.inputs:,} inputs and no decision batch: no scheduler has "
+              "decided on this log yet (`fleetlog run` does)")
+        return
     if report.ok:
         print(f"OK: {summary} replayed bit-exactly; final digest {report.final_digest}")
         return
@@ -182,6 +192,15 @@ async def cmd_status(args: argparse.Namespace, source: Source) -> int:
     state = (await state_at(source, Point(offset=end))).state
     found = job_status(state, args.job)
     if found is None:
+        try:
+            parked = await parked_for_job(source.store, args.job)
+        except LogError:  # no dead-letter log to read (a Kafka topic never created): nothing parked
+            parked = None
+        if parked is not None:  # refused, not unknown: say why and where to look
+            raise ReplayError(
+                f"job {args.job!r} was refused: its record {parked.source} is in the dead-letter log at "
+                f"offset {parked.offset} ({parked.reason}: {parked.error[:300]}); see `fleetlog replay dump "
+                f"--from-log dead-letters --start {parked.offset}`")
         raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log")
     anchor = "placed_at_ms" if "placed_at_ms" in found else "submitted_at_ms"
     found = _after(found, anchor, await _run_facts(source, state, found))

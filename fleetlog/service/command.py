@@ -44,6 +44,15 @@ def configure_logging(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # fleetlog's stdlib loggers (the consumer's dead-letter warnings) as JSON lines too
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processor=structlog.processors.JSONRenderer(sort_keys=True),
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
+                           structlog.processors.TimeStamper(fmt="iso", utc=True)]))
+    dead_letters = logging.getLogger("fleetlog.dead_letters")
+    dead_letters.addHandler(handler)
+    dead_letters.propagate = False
 
 
 def run_service(config: Config) -> None:
