@@ -19,6 +19,7 @@ import msgspec
 from fleetlog.usage import EXIT_USAGE, Parser, print_error
 
 __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
+EXIT_FAILURE = 1
 
 
 class UsageError(Exception):
@@ -108,13 +109,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """The scheduler service over Kafka or the embedded file log, until SIGTERM/SIGINT."""
     from fleetlog.service.command import CommandError, configure, configure_logging, run_service
+    from fleetlog.service.http import BindError
 
     try:
         config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(args.log_level)
-    run_service(config)
+    try:
+        run_service(config)
+    except BindError as exc:  # leading without HTTP would strand producers: say so and exit
+        print_error("fleetlog run", str(exc))
+        return EXIT_FAILURE
     return 0
 
 
