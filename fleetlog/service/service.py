@@ -330,7 +330,7 @@ class Service:
         or session), then gives up with :class:`BindError`, which ends the process (exit 1)."""
         if self.http.serving:
             return
-        deadline = time.monotonic() + HTTP_BIND_WAIT_S
+        deadline, waiting = time.monotonic() + HTTP_BIND_WAIT_S, False
         while True:
             try:
                 await self.http.start()
@@ -340,7 +340,13 @@ class Service:
                     log.warning("http_port_in_use", error=str(exc), action="standing by without HTTP; "
                                 "the port is bound when this process leads")
                     return
-                if time.monotonic() >= deadline or self.stopping.is_set():
+                if not waiting:
+                    waiting = True
+                    log.warning("http_port_in_use", error=str(exc), action=f"leading: waiting up to "
+                                f"{HTTP_BIND_WAIT_S:.0f} s for the port, then exiting")
+                if self.stopping.is_set():
+                    return
+                if time.monotonic() >= deadline:
                     raise PortInUseError(
                         f"{exc} by another process, still {HTTP_BIND_WAIT_S:.0f} s after this one took the "
                         "lead: free it or give this process another port (--http-port, service.http_port)"
@@ -416,6 +422,8 @@ class Service:
             return
         try:
             await self._serve_http(leading=True)
+            if not self.http.serving:  # stopped while waiting for the port
+                return
             self._note_truncations(store)
             self._stage = "checking the logs against the snapshots"
             candidates = await self.snapshots.candidates()

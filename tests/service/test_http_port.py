@@ -126,3 +126,22 @@ def test_an_address_that_cannot_be_bound_is_one_line_and_exit_1_at_start(tmp_pat
     assert said[0].startswith("fleetlog run: error: cannot serve HTTP on no-such-host.invalid:9: "), said
     assert "service_started" not in done.stderr  # at start, before it joins the election
     assert "Traceback" not in done.stderr
+
+
+def test_stopped_while_waiting_for_the_port_it_exits_0(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        args = ["--log", str(tmp_path / "log"), "--http-port", str(port)]
+        proc = ServiceProcess(tmp_path / "service.log", args, ENV).start()
+        try:
+            wait_for("waiting for the port", proc, lambda: any(
+                line.get("event") == "http_port_in_use" and "leading" in line.get("action", "")
+                for line in proc.lines()))
+            assert proc.stop() == 0
+        finally:
+            proc.kill_if_running()
+    text = (tmp_path / "service.log").read_text()
+    assert "error:" not in text
+    assert "Traceback" not in text
