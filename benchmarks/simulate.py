@@ -89,7 +89,7 @@ def find_traces() -> str:
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(

@@ -12,21 +12,28 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 
-EXIT_USAGE = 2
+from fleetlog.usage import EXIT_USAGE, Parser, print_error
+
+__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
+EXIT_FAILURE = 1
 
 
 class UsageError(Exception):
     """A bad argument or input file: reported in one line, exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``'s, once installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetlog")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH that was never installed
+        return "unknown (not installed)"
 
 
 def _positive(text: str) -> int:
@@ -104,13 +111,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """The scheduler service over Kafka or the embedded file log, until SIGTERM/SIGINT."""
     from fleetlog.service.command import CommandError, configure, configure_logging, run_service
+    from fleetlog.service.http import BindError
 
     try:
         config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(args.log_level)
-    run_service(config)
+    try:
+        run_service(config)
+    except BindError as exc:  # leading without HTTP would strand producers: say so and exit
+        print_error("fleetlog run", str(exc))
+        return EXIT_FAILURE
     return 0
 
 
@@ -151,8 +163,9 @@ def _add_service_commands(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fleetlog", description="An event-sourced scheduler for ML and batch fleets.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="fleetlog", description="An event-sourced scheduler for ML and batch fleets.")
+    parser.add_argument("--version", action="version", version=f"fleetlog {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
     schema = sub.add_parser("schema", help="print the JSON Schema of every event")
     schema.add_argument("--compact", action="store_true", help="one line instead of indented JSON")
     schema.set_defaults(func=cmd_schema)
@@ -214,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except UsageError as exc:
-        print(f"fleetlog {args.command}: error: {exc}", file=sys.stderr)
+        print_error(f"fleetlog {args.command}", str(exc))
         return EXIT_USAGE
 
 

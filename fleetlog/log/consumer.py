@@ -17,9 +17,24 @@ from typing import Final
 
 import msgspec
 
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, InvalidEventError, decode, decode_many
+from fleetlog.events.codec import (
+    CONTENT_TYPE_HEADER,
+    BadEventError,
+    InvalidEventError,
+    UndecodableError,
+    decode,
+    decode_many,
+)
 from fleetlog.events.model import INPUT_TYPES, DecisionBatch, Envelope, Event, InputEvent, NodeHeartbeat
-from fleetlog.log.base import DEAD_LETTERS, INPUTS, UNREADABLE_HEADER, LogStore, Message, Record
+from fleetlog.log.base import (
+    DEAD_LETTERS,
+    INPUTS,
+    NULL_VALUE_HEADER,
+    UNREADABLE_HEADER,
+    LogStore,
+    Message,
+    Record,
+)
 
 REASON_HEADER: Final = "fleetlog-dead-letter-reason"
 ERROR_HEADER: Final = "fleetlog-dead-letter-error"
@@ -99,6 +114,11 @@ class UnreadableRecordsError(BadEventError):
 
 def _unreadable(note: bytes) -> UnreadableRecordsError:
     return UnreadableRecordsError(note.decode("utf-8", "replace"))
+
+
+def _null_value() -> UndecodableError:
+    return UndecodableError("a null value (a Kafka tombstone, the delete marker of compacted topics), "
+                            "not an event: inputs are never deleted by key")
 
 
 def _not_an_input(env: Envelope) -> InvalidEventError:
@@ -198,6 +218,8 @@ class EventConsumer:
             note = record.header(UNREADABLE_HEADER) if record.headers else None
             if note is not None:  # its value (a raw batch, or nothing) never decodes: say why
                 env = _unreadable(note)
+            elif record.headers and record.header(NULL_VALUE_HEADER) is not None:
+                env = _null_value()
             if isinstance(env, BadEventError):
                 bad.append(dead_letter(record, self._source, env))
             else:
@@ -269,6 +291,8 @@ def decision_batches(records: list[Record]) -> Iterator[tuple[int, DecisionBatch
     """Decode the decision batches of ``records`` (the scheduler wrote them: bad bytes are fatal)."""
     for record in records:
         try:
+            if record.headers and record.header(NULL_VALUE_HEADER) is not None:
+                raise _null_value()
             env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
         except (BadEventError, RecursionError) as exc:  # any decode failure names the record
             raise CorruptDecisionsError(

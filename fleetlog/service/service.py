@@ -38,6 +38,7 @@ from tenacity import (
     RetryCallState,
     RetryError,
     retry_if_exception_type,
+    retry_if_not_exception_type,
 )
 
 from fleetlog.core.decide import decide
@@ -53,7 +54,16 @@ from fleetlog.core.views import (
     pending_by_reason,
     pending_tasks,
 )
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
+from fleetlog.events.codec import (
+    CONTENT_TYPE_HEADER,
+    CONTENT_TYPES,
+    JSON,
+    MSGPACK,
+    BadEventError,
+    decode,
+    encode,
+    format_of,
+)
 from fleetlog.events.model import (
     INPUT_TYPES,
     DecisionBatch,
@@ -87,7 +97,16 @@ from fleetlog.log.snapshots import (
     encode_snapshot,
 )
 from fleetlog.service.config import Config, ServiceSettings, make_store
-from fleetlog.service.http import HttpLimits, HttpServer, Request, Response, json_response, refusal
+from fleetlog.service.http import (
+    BindError,
+    HttpLimits,
+    HttpServer,
+    PortInUseError,
+    Request,
+    Response,
+    json_response,
+    refusal,
+)
 from fleetlog.service.leader import KafkaElection
 from fleetlog.service.loop import (
     LogBehindError,
@@ -103,6 +122,8 @@ SERVICE_FILE: Final = "service.json"
 LOCK_POLL_S: Final = 0.02
 """How often a service waiting for the file log's lock tries it (producers hand it over)."""
 GAUGE_PERIOD_S: Final = 1.0
+HTTP_BIND_WAIT_S: Final = 5.0
+"""How long a process that takes the lead waits for its HTTP port to be free."""
 COMMIT_EVERY: Final = 50_000
 INLINE_DECODE_BYTES: Final = 64 * 1024
 """Ingest bodies up to this size are decoded on the loop (a few ms); larger ones in a thread."""
@@ -295,8 +316,8 @@ class Service:
         started = time.monotonic()
         warm_up(self.policy)
         log.info("kernels_ready", seconds=round(time.monotonic() - started, 3))
-        await self.http.start()
-        log.info("service_started", http=f"{self.settings.http_host}:{self.http.port}", pid=os.getpid(),
+        await self._serve_http(leading=False)
+        log.info("service_started", http=self._http_address(), pid=os.getpid(),
                  policy=self.policy.name, config=self.config.redacted())
         try:
             while not self.stopping.is_set():
@@ -315,11 +336,49 @@ class Service:
     def stop(self) -> None:
         self.stopping.set()
 
+    def _http_address(self) -> str | None:
+        return f"{self.settings.http_host}:{self.http.port}" if self.http.serving else None
+
+    async def _serve_http(self, leading: bool) -> None:
+        """Bind the HTTP port unless bound.  Stand-by does not depend on the port: a process that
+        does not lead and finds it taken (most often by the ``fleetlog run`` that leads, on the
+        same host) stands by without HTTP.  Leading, it must serve: it waits up to
+        ``HTTP_BIND_WAIT_S`` for the port (the old leader's socket closes a moment after its lock
+        or session), then gives up with :class:`BindError`, which ends the process (exit 1)."""
+        if self.http.serving:
+            return
+        deadline, waiting = time.monotonic() + HTTP_BIND_WAIT_S, False
+        while True:
+            try:
+                await self.http.start()
+                break
+            except PortInUseError as exc:
+                if not leading:
+                    log.warning("http_port_in_use", error=str(exc), action="standing by without HTTP; "
+                                "the port is bound when this process leads")
+                    return
+                if not waiting:
+                    waiting = True
+                    log.warning("http_port_in_use", error=str(exc), action=f"leading: waiting up to "
+                                f"{HTTP_BIND_WAIT_S:.0f} s for the port, then exiting")
+                if self.stopping.is_set():
+                    return
+                if time.monotonic() >= deadline:
+                    raise PortInUseError(
+                        f"{exc} by another process, still {HTTP_BIND_WAIT_S:.0f} s after this one took the "
+                        "lead: free it or give this process another port (--http-port, service.http_port)"
+                    ) from None
+                await self._sleep(0.1)
+        if leading:
+            log.info("http_serving", http=self._http_address())
+
     def _retrying(self) -> AsyncRetrying:
         """Every exception of a cycle is retried (until :meth:`stop`), each after the wait its
-        class calls for; :meth:`_report` says why in health, metrics and the log first."""
+        class calls for; :meth:`_report` says why in health, metrics and the log first — but
+        a leader that cannot serve HTTP (:class:`BindError`) ends the process."""
         return AsyncRetrying(
-            retry=retry_if_exception_type(Exception), wait=self._wait, sleep=self._sleep,
+            retry=retry_if_exception_type(Exception) & retry_if_not_exception_type(BindError),
+            wait=self._wait, sleep=self._sleep,
             stop=lambda _: self.stopping.is_set(), before_sleep=self._report,
         )
 
@@ -379,6 +438,9 @@ class Service:
         if store is None:
             return
         try:
+            await self._serve_http(leading=True)
+            if not self.http.serving:  # stopped while waiting for the port
+                return
             self._note_truncations(store)
             self._stage = "checking the logs against the snapshots"
             candidates = await self.snapshots.candidates()
@@ -748,14 +810,12 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
     ``max_request_events`` events or ``max_request_tasks`` tasks: 413.  Runs in a worker thread:
     the array is split without building its items, and each event is decoded on its own, so no
     single call holds the GIL for long."""
-    kind = (content_type or "application/json").split(";")[0].strip().encode()
-    if kind == MSGPACK:
-        parts: list[bytes] | list[msgspec.Raw] = [body]
-    elif kind == JSON:
-        parts = _json_parts(body)
-    else:
-        raise IngestError(f"content-type {kind.decode()!r} is neither application/json nor msgpack",
-                          "unknown_content_type")
+    try:  # case-insensitive, with parameters (RFC 9110); none at all: JSON
+        fmt = format_of(content_type.encode("utf-8", "replace") if content_type is not None else JSON)
+    except BadEventError as exc:
+        raise IngestError(str(exc), exc.reason) from None
+    kind = CONTENT_TYPES[fmt]
+    parts: list[bytes] | list[msgspec.Raw] = [body] if fmt == "msgpack" else _json_parts(body)
     if len(parts) > settings.max_request_events:
         raise IngestError(f"{len(parts)} events in one request; the limit is {settings.max_request_events}",
                           "too_many_events", 413, limit=settings.max_request_events)
