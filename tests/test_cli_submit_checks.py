@@ -193,13 +193,13 @@ def test_replay_verify_with_no_batch_says_nothing_was_verified(
 
 
 def test_the_docs_pipe_of_json_lines_into_submit_file_stdin(log_dir: Path) -> None:
-    """docs/service.md: ``generate-jobs | fleetlog submit --file -`` (JSON lines on stdin)."""
+    """docs/service.md: ``... | fleetlog submit --file -`` (JSON lines on stdin)."""
     import subprocess
     import sys
 
     from tests.test_cli_client import ROOT
 
-    assert "generate-jobs | fleetlog submit --file -" in (ROOT / "docs" / "service.md").read_text()
+    assert "done | fleetlog submit --file - --log" in (ROOT / "docs" / "service.md").read_text()
     stdin = "".join(json.dumps({**JOB, "job_id": f"p{i}"}) + "\n" for i in range(3))
     argv = [sys.executable, "-m", "fleetlog.cli", "submit", "--file", "-", "--log", str(log_dir)]
     done = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120,
