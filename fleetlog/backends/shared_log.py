@@ -147,8 +147,7 @@ class SharedFileStore(LogStore):
                 first = await self._transport.append(envelopes)
             except ClientError as exc:
                 if exc.reason not in RETRIED:
-                    where = self._transport.describe()
-                    raise LogError(f"{where} refused the backend's events: {exc}") from None
+                    raise LogError(f"the backend's observations were refused: {exc}") from None
                 self._wait_note(str(exc), deadline)
                 await self._transport.close()
                 await asyncio.sleep(RETRY_SLEEP_S)

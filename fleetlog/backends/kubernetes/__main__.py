@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 
@@ -24,6 +25,7 @@ from fleetlog.backends.store_args import add_store_arguments, open_store, run_ba
 from fleetlog.service.config import Config
 
 PROG = "python -m fleetlog.backends.kubernetes"
+FAILURE_CHECK_S = 1.0
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,11 +51,22 @@ async def serve(args: argparse.Namespace, config: Config) -> None:
             backend = KubernetesBackend(store, api, cfg)
             try:
                 await backend.start()
-                await stop.wait()
+                await until_stopped_or_failed(backend, stop)
             finally:
                 await backend.stop()
     finally:
         await api.close()
+
+
+async def until_stopped_or_failed(backend: KubernetesBackend, stop: asyncio.Event) -> None:
+    """Wait for a signal; a background task that died (an append the service refused, ...)
+    ends the process with its error instead of leaving it running deaf or dumb."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), FAILURE_CHECK_S)
+        failed = backend.failed()
+        if failed is not None:
+            raise failed
 
 
 def main(argv: list[str] | None = None) -> int:
