@@ -78,6 +78,8 @@ def test_bad_settings_are_refused_like_the_service_refuses_them(tmp_path: Path) 
 def test_usage_and_configuration_errors_exit_2_in_one_line(module: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[kafka]\nbootstrap_servers = "b:9093"\nsasl_mechanizm = "PLAIN"\n')
+    service = tmp_path / "service.toml"  # the service's table is checked too: one file serves both
+    service.write_text('[log]\ndir = "d"\n[service]\npolicy = "fastest"\n')
     cases = [
         ((), {}, "set exactly one place for the logs"),
         (("--config", str(bad)), {}, "line 3: unknown key kafka.sasl_mechanizm"),
@@ -85,6 +87,7 @@ def test_usage_and_configuration_errors_exit_2_in_one_line(module: str, tmp_path
          "FLEETLOG_KAFKA_SECURITY_PROTOCOL: kafka.security_protocol = 'TLS'"),
         (("--log", str(tmp_path / "log"), "--topic-prefix", "p"), {}, "--topic-prefix applies to Kafka only"),
         (("--config", str(tmp_path / "missing.toml")), {}, "cannot read config file"),
+        (("--config", str(service)), {}, "line 4: service.policy = 'fastest'"),
     ]
     for argv, env, message in cases:
         done = run(module, *argv, env=env)
@@ -99,6 +102,11 @@ def test_a_failure_that_stops_the_backend_exits_1_in_one_line(tmp_path: Path) ->
     assert done.returncode == 1, done.stderr
     assert f"kubeconfig {missing}: no such file" in one_line(done.stderr)
     assert not (tmp_path / "log").exists()
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    done = run(BACKENDS[1], "--log", str(not_a_dir), "--slurm-conf", str(tmp_path / "slurm.conf"))
+    assert done.returncode == 1, done.stderr
+    assert str(not_a_dir) in one_line(done.stderr)
     garbage = tmp_path / "kubeconfig"
     garbage.write_text("clusters: [\n")
     done = run(BACKENDS[0], "--log", str(tmp_path / "log"), "--kubeconfig", str(garbage))
