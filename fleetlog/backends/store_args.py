@@ -33,9 +33,13 @@ class UsageError(Exception):
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config FILE`` and ``--log DIR`` or ``--kafka HOST:PORT`` (on top of the file), and
     ``--topic-prefix``: the options of ``fleetlog run`` that say where the logs are."""
-    parser.add_argument("--config", metavar="FILE", help="the service's TOML configuration file ([log] or [kafka])")
+    parser.add_argument(
+        "--config", metavar="FILE", help="the service's TOML configuration file ([log] or [kafka])"
+    )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--log", metavar="DIR", help="directory of the embedded file log (shared with `fleetlog run --log`)")
+    where.add_argument(
+        "--log", metavar="DIR", help="directory of the embedded file log (shared with `fleetlog run --log`)"
+    )
     where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers, host:port[,host:port]")
     parser.add_argument("--topic-prefix", metavar="PREFIX", help="Kafka topic prefix (default fleetlog)")
 
