@@ -1,25 +1,89 @@
 """Where a backend process reads decisions and writes observations: the shared command-line
-options of ``python -m fleetlog.backends.<name>`` and the store they name."""
+options of ``python -m fleetlog.backends.<name>``, the configuration they make (the service's
+own loader: the same ``--config`` file and ``FLEETLOG_*`` variables as ``fleetlog run``), the
+store it names, and the exit codes of the command."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, Final
 
+import msgspec
+
+from fleetlog.backends.shared_log import SharedFileStore
 from fleetlog.log.base import LogStore
-from fleetlog.log.file import FileLogStore
-from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.log.kafka import KafkaLogStore
+from fleetlog.service.config import Config, ConfigError, describe, load_config
+
+EXIT_OPERATIONAL: Final = 1
+EXIT_USAGE: Final = 2
+log = logging.getLogger("fleetlog.backends")
+
+
+class UsageError(Exception):
+    """Options that cannot work together: one line, exit code 2."""
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--log DIR`` or ``--kafka HOST:PORT`` (one is required), and ``--topic-prefix``."""
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--log", help="directory of the embedded file log")
-    where.add_argument("--kafka", help="Kafka bootstrap servers, host:port[,host:port]")
-    parser.add_argument("--topic-prefix", default="fleetlog", help="Kafka topic prefix (default fleetlog)")
+    """``--config FILE`` and ``--log DIR`` or ``--kafka HOST:PORT`` (on top of the file), and
+    ``--topic-prefix``: the options of ``fleetlog run`` that say where the logs are."""
+    parser.add_argument(
+        "--config", metavar="FILE", help="the service's TOML configuration file ([log] or [kafka])"
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--log", metavar="DIR", help="directory of the embedded file log (shared with `fleetlog run --log`)"
+    )
+    where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers, host:port[,host:port]")
+    parser.add_argument("--topic-prefix", metavar="PREFIX", help="Kafka topic prefix (default fleetlog)")
 
 
-def open_store(args: argparse.Namespace) -> LogStore:
-    """The (unopened) store the options of :func:`add_store_arguments` name."""
-    if args.log:
-        return FileLogStore(args.log)
-    return KafkaLogStore(KafkaConfig(bootstrap_servers=args.kafka, topic_prefix=args.topic_prefix))
+def store_config(args: argparse.Namespace) -> Config:
+    """The configuration of ``--config`` and ``FLEETLOG_*`` with ``--log``/``--kafka`` on top; a
+    :class:`ConfigError` or :class:`UsageError` saying what is wrong."""
+    path = Path(args.config) if args.config else None
+    config = load_config(path, os.environ, log_dir=args.log, kafka=args.kafka)
+    if args.topic_prefix is not None:
+        if config.kafka is None:
+            raise UsageError("--topic-prefix applies to Kafka only (--kafka or a [kafka] table)")
+        kafka = msgspec.structs.replace(config.kafka, topic_prefix=args.topic_prefix)
+        config = msgspec.structs.replace(config, kafka=kafka)
+    return config
+
+
+def open_store(config: Config) -> LogStore:
+    """The (unopened) store a backend uses: Kafka, or the file log shared with the service."""
+    if config.kafka is not None:
+        return KafkaLogStore(config.kafka)
+    return SharedFileStore(config)
+
+
+def run_backend(prog: str, serve: Callable[[Config], Coroutine[Any, Any, None]],
+                args: argparse.Namespace) -> int:
+    """Run ``serve`` until it returns; the exit code.  Never a traceback: a configuration or
+    usage problem is one line and 2, anything that stops the backend one line and 1."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = store_config(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    log.info("logs: %s", describe(config))
+    try:
+        asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        return EXIT_OPERATIONAL
+    except Exception as exc:  # the one place the backend stops: say why in one line
+        print(f"{prog}: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_OPERATIONAL
+    return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or repr(exc)

@@ -4,8 +4,15 @@ Observations (nodes, pods) become input events; decisions become Bindings, Evict
 ``PodScheduled=False`` conditions.  See docs/kubernetes.md.
 """
 
-from fleetlog.backends.kubernetes.api import KubeApi, KubeApiError, KubeUnreachableError
+from fleetlog.backends.kubernetes.api import KubeApi, KubeApiError, KubeConfigError, KubeUnreachableError
 from fleetlog.backends.kubernetes.backend import KubernetesBackend
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
 
-__all__ = ["KubeApi", "KubeApiError", "KubeBackendConfig", "KubeUnreachableError", "KubernetesBackend"]
+__all__ = [
+    "KubeApi",
+    "KubeApiError",
+    "KubeBackendConfig",
+    "KubeConfigError",
+    "KubeUnreachableError",
+    "KubernetesBackend",
+]

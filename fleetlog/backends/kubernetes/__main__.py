@@ -1,27 +1,39 @@
 """``python -m fleetlog.backends.kubernetes``: run the backend against one cluster until stopped.
 
-    python -m fleetlog.backends.kubernetes --log DIR | --kafka HOST:PORT [--kubeconfig PATH]
-        [--cell NAME] [--scheduler-name NAME] [--topic-prefix PREFIX]
+    python -m fleetlog.backends.kubernetes [--config FILE] [--log DIR | --kafka HOST:PORT]
+        [--topic-prefix PREFIX] [--kubeconfig PATH] [--cell NAME] [--scheduler-name NAME]
 
-Without ``--kubeconfig``, inside a pod it uses the service account; elsewhere ``~/.kube/config``.
+Where the logs are is configured as for ``fleetlog run`` (the same ``--config`` file and
+``FLEETLOG_*`` variables, Kafka security included); next to ``fleetlog run --log DIR`` it reads
+the file log and sends its observations to the service.  Without ``--kubeconfig``, inside a pod
+it uses the service account; elsewhere ``~/.kube/config``.  SIGTERM or SIGINT stops it; a bad
+option or configuration exits 2, a failure that stops it exits 1 (one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import contextlib
 import signal
+import sys
 
 from fleetlog.backends.kubernetes.api import KubeApi
 from fleetlog.backends.kubernetes.backend import KubernetesBackend
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
-from fleetlog.backends.store_args import add_store_arguments, open_store
+from fleetlog.backends.store_args import add_store_arguments, open_store, run_backend
+from fleetlog.service.config import Config
 from fleetlog.usage import Parser
+
+PROG = "python -m fleetlog.backends.kubernetes"
+FAILURE_CHECK_S = 1.0
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = Parser(prog="python -m fleetlog.backends.kubernetes", description=__doc__)
+    parser = Parser(
+        prog=PROG, description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_store_arguments(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
     parser.add_argument("--cell", default="kubernetes", help="the fleetlog cell this cluster is")
@@ -29,26 +41,39 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, config: Config) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     cfg = KubeBackendConfig(cell=args.cell, scheduler_name=args.scheduler_name)
-    async with open_store(args) as store:
-        api = await KubeApi.connect(args.kubeconfig)
-        backend = KubernetesBackend(store, api, cfg)
-        try:
-            await backend.start()
-            await stop.wait()
-        finally:
-            await backend.stop()
-            await api.close()
+    api = await KubeApi.connect(args.kubeconfig)  # first: a bad kubeconfig creates no log
+    try:
+        async with open_store(config) as store:
+            backend = KubernetesBackend(store, api, cfg)
+            try:
+                await backend.start()
+                await until_stopped_or_failed(backend, stop)
+            finally:
+                await backend.stop()
+    finally:
+        await api.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve(arguments(argv)))
+async def until_stopped_or_failed(backend: KubernetesBackend, stop: asyncio.Event) -> None:
+    """Wait for a signal; a background task that died (an append the service refused, ...)
+    ends the process with its error instead of leaving it running deaf or dumb."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), FAILURE_CHECK_S)
+        failed = backend.failed()
+        if failed is not None:
+            raise failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    return run_backend(PROG, lambda config: serve(args, config), args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

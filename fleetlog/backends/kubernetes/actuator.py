@@ -17,6 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
+from tenacity import RetryCallState
+
 from fleetlog.backends.kubernetes.api import (
     STRATEGIC_PATCH,
     KubeApi,
@@ -28,8 +30,9 @@ from fleetlog.backends.kubernetes.objects import Pod
 from fleetlog.backends.kubernetes.observer import Observer, waiting
 from fleetlog.events import JobPending, JobPlaced, JobRejected, TaskFailed, TaskPreempted
 from fleetlog.events.model import Decision
+from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, LogStore
-from fleetlog.log.consumer import decision_batches
+from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
 
 log = logging.getLogger("fleetlog.backends.kubernetes")
 CONFLICT: Final = 409
@@ -56,18 +59,27 @@ class Actuator:
         """Node -> keys of pods evicted from it that may still be there (terminating)."""
         self.waiting: set[asyncio.Task[None]] = set()
         self.running = True  # cleared before the owner cancels (see Watcher.running)
+        self.caught_up = False
+        self.failures = 0
+        self.stalled = ""
+        """Why the actuator stands by (a decision record it cannot read ...), until it reads again."""
 
     # --- reading decisions ------------------------------------------------------------------
 
     async def catch_up(self, store: LogStore) -> int:
         """Apply the decisions log up to its current end, keeping per job only what still
-        matters (its last placement or preemption, and its last reason); return how many."""
+        matters (its last placement or preemption, and its last reason); return how many.
+        What precedes a record it cannot read is applied before the error is raised."""
         end = await store.log(DECISIONS).end_offset()
         latest: dict[tuple[str, bool], tuple[int, Decision]] = {}
-        position = 0
+        position, error = 0, None
         while self.offset < end:
             before = self.offset
-            decisions = await self._read(store, 0)
+            try:
+                decisions = await self._read(store, 0)
+            except CorruptDecisionsError as exc:
+                error = exc
+                break
             if self.offset == before:
                 break  # only transaction markers are left (Kafka): nothing more to read
             for decision in decisions:
@@ -75,6 +87,9 @@ class Actuator:
                 latest[(decision.job_id, explains)] = (position, decision)
                 position += 1
         await self.apply_all(d for _, d in sorted(latest.values(), key=lambda pd: pd[0]))
+        if error is not None:
+            raise error
+        self.caught_up = True
         return len(latest)
 
     async def follow(self, store: LogStore, timeout_ms: int = 200) -> int:
@@ -84,16 +99,65 @@ class Actuator:
         return len(decisions)
 
     async def _read(self, store: LogStore, timeout_ms: int) -> list[Decision]:
+        """The decisions of the next records; the offset moves past what was read, and never
+        past a record that cannot be read (that one raises once nothing before it is left)."""
         records = await store.log(DECISIONS).read(self.offset, 1000, timeout_ms)
         if not records:
             return []
+        decisions: list[Decision] = []
+        try:
+            for offset, batch in decision_batches(records):
+                decisions.extend(batch.decisions)
+                self.offset = offset + 1
+        except CorruptDecisionsError:
+            if not decisions:
+                raise
+            return decisions  # the next read starts at the bad record, and raises
         self.offset = records[-1].offset + 1
-        return [d for _, batch in decision_batches(records) for d in batch.decisions]
+        return decisions
 
     async def run(self, store: LogStore) -> None:
+        """Follow the decisions log until stopped, never raising: a log that is away is retried
+        with back-off; a record it cannot read keeps the actuator at that record, said once and
+        re-checked every few seconds (:mod:`fleetlog.log.errorpolicy`, the service's policy)."""
         while self.running:
+            stepped = await errorpolicy.persist(
+                lambda: self.step(store), self.failed, stopped=lambda: not self.running
+            )
+            if stepped:
+                self.resumed()
+
+    async def step(self, store: LogStore) -> None:
+        if self.caught_up:
             await self.follow(store)
-            await self.emitter.flush()
+        else:
+            await self.catch_up(store)
+        await self.emitter.flush()
+
+    def failed(self, state: RetryCallState, status: str, action: str) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        assert error is not None
+        self.report(error, status, action, state.upcoming_sleep)
+
+    def report(self, error: BaseException, status: str, action: str, retry_s: float) -> None:
+        """Every retry as a warning; a stall once, as an error naming the log, the offset and
+        the error (its re-checks only in the debug log)."""
+        self.failures += 1
+        if status == "retrying":
+            log.warning("kubernetes actuator: %s (retry in %.2fs)", error, retry_s)
+            return
+        repeat, self.stalled = self.stalled == str(error), str(error)
+        name, offset = errorpolicy.where(error)
+        (log.debug if repeat else log.error)(
+            "kubernetes_actuator_stalled log=%s offset=%s error_type=%s error=%r action=%r recheck_s=%.2f",
+            name or "-", "-" if offset is None else offset, type(error).__name__, str(error)[:2000],
+            action, retry_s,
+        )
+
+    def resumed(self) -> None:
+        if self.stalled:
+            log.info("kubernetes_actuator_resumed decisions_offset=%d", self.offset)
+            self.stalled = ""
 
     # --- effects ----------------------------------------------------------------------------
 

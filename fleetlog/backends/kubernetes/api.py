@@ -33,6 +33,10 @@ class KubeApiError(Exception):
         self.status, self.reason, self.message = status, reason, message
 
 
+class KubeConfigError(Exception):
+    """The credentials to reach the API server cannot be loaded (the message says from where)."""
+
+
 class KubeUnreachableError(Exception):
     """The API server could not be reached (refused, reset, timed out)."""
 
@@ -55,12 +59,19 @@ class KubeApi:
     async def connect(cls, kubeconfig: str | None = None, max_connections: int = 100) -> KubeApi:
         """From ``kubeconfig`` (a path), else in a pod the service account, else ``~/.kube/config``."""
         configuration = Configuration()
-        if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
-            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            await kube_config.load_kube_config(
-                config_file=kubeconfig, client_configuration=configuration, persist_config=False
-            )
+        in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+        where = "the in-cluster service account" if in_cluster else (kubeconfig or "~/.kube/config")
+        if kubeconfig is not None and not os.path.isfile(kubeconfig):
+            raise KubeConfigError(f"kubeconfig {kubeconfig}: no such file")
+        try:
+            if in_cluster:
+                kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            else:
+                await kube_config.load_kube_config(
+                    config_file=kubeconfig, client_configuration=configuration, persist_config=False
+                )
+        except Exception as exc:  # ConfigException, a YAML error, OSError...: the file is the problem
+            raise KubeConfigError(f"cannot load the Kubernetes credentials from {where}: {exc}") from None
         configuration.connection_pool_maxsize = max_connections
         return cls(ApiClient(configuration))
 

@@ -17,6 +17,7 @@ from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.backends.kubernetes.emitter import Emitter
 from fleetlog.backends.kubernetes.ledger import read_ledger
 from fleetlog.backends.kubernetes.observer import Observer
+from fleetlog.log import errorpolicy
 from fleetlog.log.base import LogStore
 
 log = logging.getLogger("fleetlog.backends.kubernetes")
@@ -38,8 +39,10 @@ class KubernetesBackend:
         await self._first_lists(observer)
         await emitter.flush()
         actuator = self.actuator = Actuator(self.api, self.cfg, observer)
-        await actuator.catch_up(self.store)
-        await emitter.flush()
+        try:
+            await actuator.step(self.store)
+        except Exception as exc:  # the actuator's loop re-checks with the policy's waits
+            actuator.report(exc, *errorpolicy.classify(exc), 0.0)
         self.tasks = [
             asyncio.create_task(observer.node_watch.run(), name="fleetlog-kube-nodes"),
             asyncio.create_task(observer.pod_watch.run(), name="fleetlog-kube-pods"),

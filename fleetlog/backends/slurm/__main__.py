@@ -1,30 +1,39 @@
 """``python -m fleetlog.backends.slurm``: run the Slurm backend against one cluster until stopped.
 
-    python -m fleetlog.backends.slurm --log DIR | --kafka HOST:PORT [--topic-prefix PREFIX]
-        [--slurm-conf PATH] [--cell NAME] [--prefix NAME] [--partition NAME] [--gpu-type TYPE]
-        [--output PATTERN] [--command SHELL]
+    python -m fleetlog.backends.slurm [--config FILE] [--log DIR | --kafka HOST:PORT]
+        [--topic-prefix PREFIX] [--slurm-conf PATH] [--cell NAME] [--prefix NAME] [--partition NAME]
+        [--gpu-type TYPE] [--output PATTERN] [--command SHELL]
 
 Every task runs ``--command`` (a shell line; ``$FLEETLOG_JOB_ID``, ``$FLEETLOG_TASK_INDEX``,
 ``$FLEETLOG_NODE`` and ``$FLEETLOG_GPU_INDICES`` are set), by default a sleep for the job's
-expected duration.  SIGTERM or SIGINT stops it.
+expected duration.  Where the logs are is configured as for ``fleetlog run`` (the same
+``--config`` file and ``FLEETLOG_*`` variables, Kafka security included); next to ``fleetlog run
+--log DIR`` it reads the file log and sends its observations to the service.  SIGTERM or SIGINT
+stops it; a bad option or configuration exits 2, a failure that stops it exits 1 (one line).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
+import sys
 
 from fleetlog.backends.slurm.backend import SlurmBackend, SlurmConfig
 from fleetlog.backends.slurm.mapping import SubmitSettings, Workload, sleep_for_expected_duration
-from fleetlog.backends.store_args import add_store_arguments, open_store
+from fleetlog.backends.store_args import add_store_arguments, open_store, run_backend
 from fleetlog.events import JobSubmitted
+from fleetlog.service.config import Config
 from fleetlog.usage import Parser
+
+PROG = "python -m fleetlog.backends.slurm"
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = Parser(prog="python -m fleetlog.backends.slurm", description=__doc__)
+    parser = Parser(
+        prog=PROG, description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_store_arguments(parser)
     parser.add_argument("--slurm-conf", default="", help="SLURM_CONF for the client commands")
     parser.add_argument("--cell", default="slurm", help="the fleetlog cell this cluster is (default slurm)")
@@ -53,18 +62,18 @@ def config(args: argparse.Namespace) -> SlurmConfig:
     return SlurmConfig(cell=args.cell, prefix=args.prefix, slurm_conf=args.slurm_conf, submit=submit)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, logs: Config) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    async with open_store(args) as store:
+    async with open_store(logs) as store:
         await SlurmBackend(store, config(args), workload(args.command)).run(stop)
 
 
-def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve(arguments(argv)))
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    return run_backend(PROG, lambda logs: serve(args, logs), args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

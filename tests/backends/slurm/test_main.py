@@ -58,5 +58,5 @@ def test_a_usage_error_exits_2_with_a_message() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "one of the arguments --log --kafka is required" in done.stderr
+    assert "set exactly one place for the logs" in done.stderr
     assert "Traceback" not in done.stderr
