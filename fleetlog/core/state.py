@@ -61,6 +61,27 @@ class CoreConfig(msgspec.Struct, frozen=True):
     two refreshes the mix is fixed, so decide can remember node scores from one call to the next."""
 
 
+class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Why a placed job went back to pending (kept until it is placed again or ends): what
+    ``status`` and ``explain`` say before the next decide explains the wait.  Kept by fold and
+    snapshotted, but not digested: it never changes a decision (derived from the log alone)."""
+
+    cause: str
+    """``preempted``, ``node_lost`` (no heartbeat), ``node_unhealthy``, ``node_reshaped`` or
+    ``node_removed``."""
+    at_ms: int
+    inputs_offset: int
+    """Inputs folded when it happened: a preemption's decision batch was computed at it (``as_of``)."""
+    message: str
+    node: str = ""
+    silent_ms: int = 0
+    """``node_lost``: how long the node had been silent."""
+    by_job_id: str = ""
+    """``preempted``: the job it made room for."""
+    preempt_cause: str = ""
+    """``preempted``: ``priority`` or ``reclaim``."""
+
+
 class Quota(msgspec.Struct):
     """A tenant's quota in one cell (cell -1 = every cell). Resources in (cpu milli, MiB, GPU milli)."""
 
@@ -201,6 +222,8 @@ class State:
         digest hashes instead of those collections (derived, kept by fold)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
         self.pending_count = 0
+        self.requeues: dict[int, Requeue] = {}
+        """job row -> why it was last requeued, while it waits (see :class:`Requeue`)."""
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
         self.job_keys = RowIds()
