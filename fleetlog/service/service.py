@@ -42,6 +42,7 @@ from tenacity import (
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
+from fleetlog.core.fit import Fleet, never_fits_submitted
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy, policy_named
 from fleetlog.core.state import CoreConfig, State
@@ -615,6 +616,9 @@ class Service:
         refused = self.ingest.admit(loop, batch.tasks)
         if refused is not None:
             return refused
+        refused = never_fitting(loop.state, batch.jobs)  # (truth: a job no node shape can hold)
+        if refused is not None:
+            return refused
         first = await store.log(INPUTS).append(batch.messages)
         self.ingest.appended(first + len(batch.messages), batch.tasks)
         return json_response(200, {"appended": len(batch.messages), "first_offset": first})
@@ -636,6 +640,8 @@ class IngestBatch(msgspec.Struct, frozen=True):
     messages: list[Message]
     tasks: int
     """Tasks of the jobs it submits: the pending work it can create."""
+    jobs: list[JobSubmitted] = []
+    """The submissions, for :func:`never_fitting`."""
 
 
 _RAW_LIST: Final = msgspec.json.Decoder(list[msgspec.Raw])
@@ -664,20 +670,39 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
     if len(parts) > settings.max_request_events:
         raise IngestError(f"{len(parts)} events in one request; the limit is {settings.max_request_events}",
                           "too_many_events", 413, limit=settings.max_request_events)
-    messages, tasks = [], 0
+    messages, tasks, jobs = [], 0, []
     for index, part in enumerate(parts):
         try:
             env = decode(bytes(part), kind)
         except BadEventError as exc:
             raise IngestError(f"event {index}: {exc}", exc.reason) from None
         if isinstance(env.event, JobSubmitted):
+            jobs.append(env.event)
             tasks += sum(group.count for group in env.event.task_groups)
             if tasks > settings.max_request_tasks:
                 raise IngestError(f"the jobs of this request have over {settings.max_request_tasks} tasks "
                                   f"(event {index} passes it); split it", "too_many_tasks", 413,
                                   limit=settings.max_request_tasks)
         messages.append(Message(encode(env), headers=((CONTENT_TYPE_HEADER, MSGPACK),)))
-    return IngestBatch(messages, tasks)
+    return IngestBatch(messages, tasks, jobs)
+
+
+def never_fitting(state: State, jobs: list[JobSubmitted]) -> Response | None:
+    """422 ``never_fits`` when a submitted job can never fit on the fleet the service knows (node
+    shapes, not usage: :mod:`fleetlog.core.fit`), as ``sbatch`` refuses a job no node can run;
+    nothing of the request is appended.  Jobs of one shape are judged once."""
+    if not jobs or state.nodes.size == 0:
+        return None
+    fleet, judged = Fleet(state), dict[tuple[object, ...], str | None]()
+    for index, job in enumerate(jobs):
+        key = (job.task_groups, job.required_topology, job.allowed_cells)
+        if key not in judged:
+            judged[key] = never_fits_submitted(state, job, fleet)
+        why = judged[key]
+        if why is not None:
+            return refusal(422, "never_fits", f"job {job.job_id!r} (submission {index} of the request) can "
+                           f"never fit on the current fleet: {why}", job_id=job.job_id)
+    return None
 
 
 def _json_parts(body: bytes) -> list[bytes] | list[msgspec.Raw]:
