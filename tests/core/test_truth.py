@@ -57,12 +57,15 @@ def test_the_next_decide_explains_the_wait_and_the_requeue_stays_until_placed() 
     reasons = d.reasons(d.decide())
     assert reasons == {"low": "insufficient_capacity"}
     found = job_status(d.state, "low")
-    assert found is not None and found["pending_reason"] == "insufficient_capacity"
+    assert found is not None
+    assert found["pending_reason"] == "insufficient_capacity"
     assert found["requeued"]["by_job_id"] == "high"
     d.feed(node("n2", gpus=8))
     assert "low" in d.placed(d.decide())
     found = job_status(d.state, "low")
-    assert found is not None and "requeued" not in found and found["placed_at_ms"] == d.now_ms
+    assert found is not None
+    assert "requeued" not in found
+    assert found["placed_at_ms"] == d.now_ms
     assert d.state.requeues == {}
 
 
@@ -75,9 +78,11 @@ def test_a_job_whose_node_stopped_heartbeating_says_node_lost() -> None:
     for _ in range(5):  # only the other node keeps beating, once a second
         d.feed(node(other), step_ms=1_000)
     found = job_status(d.state, "j1")
-    assert found is not None and found["state"] == "pending"
+    assert found is not None
+    assert found["state"] == "pending"
     silent = found["requeued"]["silent_ms"]
-    assert 3_000 < silent <= 4_000 and silent == found["requeued"]["at_ms"] - last_beat
+    assert 3_000 < silent <= 4_000
+    assert silent == found["requeued"]["at_ms"] - last_beat
     assert found["pending_reason"] == "node_lost"
     assert found["pending_message"] == f"node {placed} lost (no heartbeat for {silent / 1000:g} s)"
     assert found["requeued"]["node"] == placed
@@ -89,7 +94,8 @@ def test_a_removed_node_requeues_with_its_own_reason() -> None:
     d.decide()
     d.feed(NodeRemoved(cell="c1", node="n1"))
     found = job_status(d.state, "j1")
-    assert found is not None and found["pending_reason"] == "node_removed"
+    assert found is not None
+    assert found["pending_reason"] == "node_removed"
     assert found["pending_message"] == "node n1 was removed"
 
 
@@ -99,12 +105,14 @@ def test_a_removed_node_requeues_with_its_own_reason() -> None:
 def test_a_host_gang_larger_than_any_host_never_fits() -> None:
     """The issue's case: 16 one-GPU tasks that must share a host, on 8-GPU hosts."""
     d = Driver()
-    d.feed(node("n1"), node("n2"), job("big", tasks=16, topology="host"), job("fits", tasks=8, topology="host"))
+    d.feed(node("n1"), node("n2"))
+    d.feed(job("big", tasks=16, topology="host"), job("fits", tasks=8, topology="host"))
     decisions = d.decide()
     assert d.reasons(decisions) == {"big": "never_fits"}
     assert "fits" in d.placed(decisions)
     found = job_status(d.state, "big")
-    assert found is not None and found["pending_message"] == (
+    assert found is not None
+    assert found["pending_message"] == (
         "can never fit on the current fleet: no host can hold all 16 tasks even when empty (the best holds 8)"
     )
 
@@ -131,7 +139,8 @@ def test_fractional_tasks_at_the_limit_of_one_gpu_host(tasks: int, milli: int, n
 
 def test_a_down_node_still_counts_as_fleet_a_removed_one_does_not() -> None:
     d = Driver()
-    d.feed(node("small", gpus=8), node("big", gpus=16, rack="r2"), node("big", gpus=16, rack="r2", healthy=False))
+    d.feed(node("small", gpus=8), node("big", gpus=16, rack="r2"))
+    d.feed(node("big", gpus=16, rack="r2", healthy=False))
     d.feed(job("j", gpus=16))
     assert d.reasons(d.decide()) == {"j": "insufficient_capacity"}  # it may come back
     d.feed(NodeRemoved(cell="c1", node="big"), job("k", gpus=16))
@@ -144,11 +153,13 @@ def test_never_fits_submitted_judges_only_a_known_fleet() -> None:
     assert never_fits_submitted(state, big) is None  # no node known: no judgement
     d = Driver()
     d.feed(node("n1"), node("n2", cell="c2"))
-    assert never_fits_submitted(d.state, big) == "no host can hold all 16 tasks even when empty (the best holds 8)"
+    why = "no host can hold all 16 tasks even when empty (the best holds 8)"
+    assert never_fits_submitted(d.state, big) == why
     assert never_fits_submitted(d.state, job("ok", tasks=8, topology="host")) is None
     assert never_fits_submitted(d.state, job("c3", tasks=16, topology="host", cells=("c3",))) is None
     assert never_fits_submitted(d.state, job("h100", gpus=16, models=("H100",))) is None
     assert never_fits_submitted(d.state, job("a100", gpus=16, models=("A100",))) is not None
     assert never_fits_submitted(d.state, job("cell", tasks=9, gpus=1, cells=("c2",))) is not None
-    assert never_fits_submitted(d.state, job("cells", tasks=16, gpus=1)) is not None  # a gang never spans cells
+    # a gang never spans cells
+    assert never_fits_submitted(d.state, job("cells", tasks=16, gpus=1)) is not None
     assert Fleet(d.state).never_fits([], 0, None) is None

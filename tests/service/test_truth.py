@@ -49,7 +49,8 @@ async def test_a_gang_no_host_can_hold_is_refused_at_submit_once_the_fleet_is_kn
     status, answer = await running.request("/v1/events", events_body(job("ok", tasks=8, topology="host"),
                                                                       job("big2", tasks=16, topology="host")))
     assert status == 422, answer
-    assert answer["reason"] == "never_fits" and answer["job_id"] == "big2"
+    assert answer["reason"] == "never_fits"
+    assert answer["job_id"] == "big2"
     assert answer["error"] == (
         "job 'big2' (submission 1 of the request) can never fit on the current fleet: no host can hold "
         "all 16 tasks even when empty (the best holds 8)"
@@ -59,7 +60,8 @@ async def test_a_gang_no_host_can_hold_is_refused_at_submit_once_the_fleet_is_kn
     assert status == 200, "a gang one host can hold is taken"
     await _folded(running)
     status, found = await running.request("/v1/jobs/big")  # the one taken before the fleet was known
-    assert status == 200 and found["pending_reason"] == "never_fits", found
+    assert status == 200
+    assert found["pending_reason"] == "never_fits", found
 
 
 async def test_submit_through_the_service_reports_never_fits_in_one_line(
@@ -73,7 +75,8 @@ async def test_submit_through_the_service_reports_never_fits_in_one_line(
     code = await asyncio.to_thread(main, argv)
     err = capsys.readouterr().err
     assert code != 0, err  # (1 or 2: the exit code of a refusal is the client's rule, docs/service.md)
-    assert len(err.strip().splitlines()) == 1 and "never fit on the current fleet" in err
+    assert len(err.strip().splitlines()) == 1
+    assert "never fit on the current fleet" in err
 
 
 async def test_a_preempted_jobs_status_says_so_at_once_in_a_quiet_service(running: Running) -> None:
@@ -89,4 +92,5 @@ async def test_a_preempted_jobs_status_says_so_at_once_in_a_quiet_service(runnin
     assert status == 200
     assert (found["state"], found["pending_reason"]) == ("pending", "preempted"), found
     assert found["pending_message"] == "preempted by job high (priority)"
-    assert found["requeued"]["by_job_id"] == "high" and "placed_at_ms" not in found
+    assert found["requeued"]["by_job_id"] == "high"
+    assert "placed_at_ms" not in found
