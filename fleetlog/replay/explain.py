@@ -89,7 +89,8 @@ async def _requeue_steps(source: Source, job_id: str, steps: list[Step]) -> list
     (lost its heartbeat, reported unhealthy or a new shape, was removed).  Seen as a decision
     about the job after its placement with no preemption or cancel between; the state that
     decision was computed on says why (``State.requeues``), at which input and log time."""
-    out, placed = [], False
+    out: list[Step] = []
+    placed = False
     for step in steps:
         if step.log == DECISIONS and placed:  # (a decision about a placed job: it was requeued)
             if step.what != "preempted":
@@ -114,7 +115,8 @@ async def _requeue_step(source: Source, job_id: str, after: Step) -> list[Step]:
 
 async def _input_steps(source: Source, job_id: str, progress: Progress | None) -> list[Step]:
     needle, consumer = job_id.encode(), EventConsumer(source.store)
-    end, at, out = await end_offset(source.store, INPUTS), 0, []
+    end, at = await end_offset(source.store, INPUTS), 0
+    out: list[Step] = []
     while at < end:
         records = await read(source.store, INPUTS, at)
         if not records:
