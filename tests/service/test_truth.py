@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from fleetlog.cli import main
+from fleetlog.events.schema import json_schema
 from fleetlog.log.base import INPUTS
 from tests.core.builders import job, node
+from tests.service.process import REPO, ServiceProcess
 from tests.service.test_service import Running, embedded, events_body, start
 
 
@@ -94,3 +96,20 @@ async def test_a_preempted_jobs_status_says_so_at_once_in_a_quiet_service(runnin
     assert found["pending_message"] == "preempted by job high (priority)"
     assert found["requeued"]["by_job_id"] == "high"
     assert "placed_at_ms" not in found
+
+
+def test_fleetlog_run_takes_the_node_timeout_in_seconds(tmp_path: Path) -> None:
+    service = ServiceProcess(tmp_path / "run.log", ["--log", str(tmp_path / "log"), "--node-timeout", "2.5"],
+                             {"PYTHONPATH": str(REPO)}).start()
+    try:
+        service.address()
+        (started,) = [x for x in service.lines() if x.get("event") == "service_started"]
+        assert started["config"]["service"]["node_timeout_ms"] == 2_500
+    finally:
+        assert service.stop() == 0, service.tail()
+
+
+def test_the_schema_tells_producers_to_keep_sending_heartbeats() -> None:
+    description = json_schema()["$defs"]["NodeHeartbeat"]["description"]
+    assert "Keep sending it, for every node, well within the scheduler's node timeout" in description
+    assert "--node-timeout" in description
