@@ -33,7 +33,7 @@ import numpy as np
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.explain import Outcome, explain_failure, run_gang
-from fleetlog.core.fit import Fleet
+from fleetlog.core.fit import Fleet, fleet_of
 from fleetlog.core.fold import mask_gpus
 from fleetlog.core.order import drf_runs
 from fleetlog.core.policy import Policy
@@ -197,7 +197,7 @@ class Scratch:
     def fleet(self) -> Fleet:
         """The node shapes :mod:`fleetlog.core.fit` judges "never fits" on, taken once per call."""
         if self._fleet is None:
-            self._fleet = Fleet(self.state)
+            self._fleet = fleet_of(self.state)
         return self._fleet
 
     def floor_table(self) -> Array:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fleetlog.core import kernels
-from fleetlog.core.fit import job_shapes
 from fleetlog.core.quota import quota_check
 from fleetlog.core.shapes import LEVELS, task_arrays
 
@@ -60,7 +59,7 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
         wanted = ", ".join(state.names["model"].names[m] for m in range(64) if int(models[0]) >> m & 1)
         return Outcome("no_eligible_nodes", f"no up node with GPU model {wanted or 'any'} in cells {names}")
     level = int(state.jobs.cols["topology"][job])
-    never = sc.fleet().never_fits(job_shapes(state, job), level, state.job_cells.get(job))
+    never = sc.fleet().never_fits_job(state, job)
     if never is not None:
         return Outcome("never_fits", f"can never fit on the current fleet: {never}")
     best, best_cell = 0, cells[0]

@@ -14,6 +14,7 @@ the fleet has never reported may still join (decide says ``no_eligible_nodes`` m
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
@@ -50,6 +51,25 @@ class Fleet:
         self.gpus = c["gpu_count"][self.rows].astype(np.int64)
         self.model = c["model"][self.rows].astype(np.int64)
         self.domains = {lv: c[name][self.rows].astype(np.int64) for lv, name in _LEVEL_NAMES.items()}
+        h = hashlib.blake2b(digest_size=16)
+        for col in (self.rows, self.cell, self.cpu, self.mem, self.gpus, self.model, *self.domains.values()):
+            h.update(col.tobytes())
+        self.fingerprint = h.digest()
+        self.judged: dict[int, str | None] = {}
+        """decide key id -> :meth:`never_fits` of such jobs (valid while the fingerprint is)."""
+
+    def never_fits_job(self, state: State, job: int) -> str | None:
+        """:meth:`never_fits` of job row ``job``, remembered by its decide key (equal keys:
+        equal shapes, topology and allowed cells)."""
+        keys = state.job_keys.col  # (decide gave the job its key id before it failed)
+        key = int(keys[job]) if job < keys.size else -1
+        if key >= 0 and key in self.judged:
+            return self.judged[key]
+        level = int(state.jobs.cols["topology"][job])
+        found = self.never_fits(job_shapes(state, job), level, state.job_cells.get(job))
+        if key >= 0:
+            self.judged[key] = found
+        return found
 
     def never_fits(self, shapes: Sequence[Shape], level: int, cells: tuple[int, ...] | None) -> str | None:
         """Why the gang of ``shapes`` can never be placed (``level``: its required topology,
@@ -141,6 +161,16 @@ class Fleet:
 
 def _describe(s: Shape) -> str:
     return f"{s.gpus} GPU x {s.milli} milli, {s.cpu} mCPU, {s.mem} MiB"
+
+
+def fleet_of(state: State) -> Fleet:
+    """The fleet of ``state`` — the previous call's, with what it judged, while no node changed
+    shape, status (removed or not), cell or topology (``State.fit_memo``: derived, not state)."""
+    fresh, kept = Fleet(state), state.fit_memo
+    if isinstance(kept, Fleet) and kept.fingerprint == fresh.fingerprint:
+        return kept
+    state.fit_memo = fresh
+    return fresh
 
 
 def job_shapes(state: State, job: int) -> list[Shape]:

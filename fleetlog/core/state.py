@@ -243,6 +243,9 @@ class State:
         self.steady_gone: list[int] | None = None
         """While ``fold_lists`` runs, the ids taken out of ``steady_ids`` since it last looked
         (derived; None otherwise, so folding without it keeps no record that grows)."""
+        self.fit_memo: object | None = None
+        """The fleet's node shapes and which decide keys can never fit on them
+        (``fleetlog.core.fit.fleet_of``; derived, not state: checked by a fingerprint)."""
         self.decide_memo: object | None = None
         """What the last ``decide`` call learned of node scores, for the next call to reuse
         where nodes did not change (``fleetlog.core.decide.MemoCache``; derived, not state:
