@@ -434,7 +434,8 @@ def node_down(state: State, row: int, status: NodeStatus, cause: str) -> None:
     if not jobs:
         return
     silent = state.now_ms - int(state.nodes.cols["last_heartbeat_ms"][row]) if cause == "node_lost" else 0
-    text = _NODE_DOWN_TEXT[cause].format(node=name, silent=f"{silent / 1000:g}")
+    seconds = f"{silent // 1000}.{silent % 1000:03d}".rstrip("0").rstrip(".")  # 80, 63.5, 3.001
+    text = _NODE_DOWN_TEXT[cause].format(node=name, silent=seconds)
     note = Requeue(cause, state.now_ms, state.offset, text, node=name, silent_ms=silent)
     for job in jobs:
         release_job(state, job, JobState.PENDING)
