@@ -160,3 +160,15 @@ def test_a_down_node_still_counts_as_fleet_a_removed_one_does_not() -> None:
     assert d.reasons(d.decide()) == {"j": "insufficient_capacity"}  # it may come back
     d.feed(NodeRemoved(cell="c1", node="big"), job("k", gpus=16))
     assert d.reasons(d.decide()) == {"j": "never_fits", "k": "never_fits"}
+
+
+def test_a_run_of_placements_folded_at_once_clears_the_requeue_notes() -> None:
+    """Eight or more placements in a batch take fold's batched path (``on_placed_many``)."""
+    d = Driver()
+    d.feed(node("n1"), *[job(f"j{i}") for i in range(8)])
+    assert len(d.placed(d.decide())) == 8
+    d.feed(NodeRemoved(cell="c1", node="n1"))
+    assert sorted(r.cause for r in d.state.requeues.values()) == ["node_removed"] * 8
+    d.feed(node("n2"))
+    assert len(d.placed(d.decide())) == 8
+    assert d.state.requeues == {}
