@@ -121,5 +121,7 @@ def test_replay_with_the_service_node_timeout_flag_verifies_and_without_diverges
     recorded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["replay", "verify", "--log", str(recorded), "--node-timeout", "3"]) == 0, capsys.readouterr()
+    capsys.readouterr()
     assert main(["replay", "verify", "--log", str(recorded)]) == 1, "the default 60 s must not verify it"
+    assert "replay with its --node-timeout SECONDS" in capsys.readouterr().out
     assert main(["replay", "verify", "--log", str(recorded), "--node-timeout", "3.5"]) == 1
