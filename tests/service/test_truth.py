@@ -54,7 +54,7 @@ async def test_a_gang_no_host_can_hold_is_refused_at_submit_once_the_fleet_is_kn
     assert answer["reason"] == "never_fits"
     assert answer["job_id"] == "big2"
     assert answer["error"] == (
-        "job 'big2' (submission 1 of the request) can never fit on the current fleet: no host can hold "
+        "job 'big2' can never fit on the current fleet: no host can hold "
         "all 16 tasks even when empty (the best holds 8)"
     )
     assert await _end(running) == before, "a refused request appends nothing"

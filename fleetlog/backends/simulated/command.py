@@ -20,10 +20,13 @@ from fleetlog.backends.simulated.cluster import Cluster, load_cluster
 from fleetlog.backends.simulated.driver import SchedulerFactory
 from fleetlog.backends.simulated.modes import Mode
 from fleetlog.backends.simulated.report import MEAN_FIELDS, RunSummary, aggregate, write_report
-from fleetlog.backends.simulated.runner import RunConfig, clear_log_dir, run_simulation
+from fleetlog.backends.simulated.runner import Measurer, RunConfig, clear_log_dir, run_simulation
 from fleetlog.backends.simulated.spec import SimulationInputError
 from fleetlog.backends.simulated.workload import load_workload
+from fleetlog.display import console
 from fleetlog.log.base import LogError
+from fleetlog.measures import ROWS as SHARED_ROWS
+from fleetlog.measures import fmt_count, fmt_pct
 
 
 @dataclass(frozen=True)
@@ -40,15 +43,19 @@ class Options:
     as_json: bool
 
 
-def simulate(options: Options, policy: str, make_scheduler: SchedulerFactory) -> list[RunSummary]:
-    """Run every seed (a progress bar on a terminal unless ``--json``); write the report; print."""
+def simulate(
+    options: Options, policy: str, make_scheduler: SchedulerFactory, measure: Measurer | None = None
+) -> list[RunSummary]:
+    """Run every seed (a progress bar on a terminal unless ``--json``), each measured by
+    ``measure`` on its log; write the report; print."""
     cluster = load_cluster(options.cluster)
     configs = [config_for(options, cluster, seed, policy) for seed in seed_list(options)]  # bad input: here
     try:
         clear_log_dir(options.log)
-        with bar(Console(stderr=True), options.as_json) as progress:
+        with bar(console(stderr=True), options.as_json) as progress:
             runs = [
-                asyncio.run(run_simulation(c, make_scheduler, tracker(progress, c.seed))) for c in configs
+                asyncio.run(run_simulation(c, make_scheduler, tracker(progress, c.seed), measure))
+                for c in configs
             ]
         written = write_report(options.report, runs)
     except OSError as exc:  # an unwritable --log or --report: one line, not a traceback
@@ -58,7 +65,7 @@ def simulate(options: Options, policy: str, make_scheduler: SchedulerFactory) ->
     if options.as_json:
         print(json.dumps(aggregate(runs)))
     else:
-        print_summary(Console(), runs, [options.log, *written])
+        print_summary(console(), runs, [options.log, *written])
     return runs
 
 
@@ -116,6 +123,8 @@ def print_summary(console: Console, runs: Sequence[RunSummary], paths: Sequence[
     if mean is not None:
         table.add_column("mean", justify="right")
     for label, key, fmt in ROWS:
+        if all(getattr(r, key) is None for r in runs):
+            continue  # not measured in this mode (the inflate target in replay), or at all
         cells = [fmt(getattr(r, key)) for r in runs]
         averaged = [fmt(mean[key]) if key in MEAN_FIELDS else "-"] if mean is not None else []
         table.add_row(label, *cells, *averaged)
@@ -124,34 +133,18 @@ def print_summary(console: Console, runs: Sequence[RunSummary], paths: Sequence[
         console.print(f"wrote {path}")
 
 
-def _pct(value: object) -> str:
-    return f"{float(value) * 100:.2f}%"  # type: ignore[arg-type]
-
-
-def _count(value: object) -> str:
-    return f"{float(value):,.0f}"  # type: ignore[arg-type]
-
-
-def _wait(value: object) -> str:
-    waits = value if isinstance(value, dict) else {}
-    return " / ".join(f"{waits[k] / 1000:,.0f}" for k in ("p50", "p90", "p99") if k in waits) or "-"
-
-
 ROWS: list[tuple[str, str, Callable[[object], str]]] = [
-    ("GPU allocation (inflate: at target; replay: mean)", "gpu_alloc_ratio", _pct),
-    ("GPU allocation at the end", "gpu_alloc_final", _pct),
-    ("jobs submitted", "jobs", _count),
-    ("placed", "placed", _count),
-    ("failed (rejected)", "failed", _count),
-    ("pending at the end", "pending", _count),
-    ("running at the end", "running", _count),
-    ("finished", "done", _count),
-    ("preempted", "preempted", _count),
-    ("lost with a failed node", "lost", _count),
-    ("node failures", "node_failures", _count),
-    ("wait for placement p50 / p90 / p99 (s)", "wait_ms", _wait),
-    ("events (inputs + decisions)", "events", _count),
-    ("placement decisions/s (wall)", "decisions_per_s", _count),
-    ("virtual time (s)", "virtual_s", _count),
+    *SHARED_ROWS,  # the measures replay report shows too: the same labels, units and numbers
+    ("simulation: GPU allocation at the inflate target (%)", "gpu_alloc_at_target_pct", fmt_pct),
+    ("simulation: GPU allocation at the end (%)", "gpu_alloc_final_pct", fmt_pct),
+    ("simulation: failed (rejected)", "failed", fmt_count),
+    ("simulation: pending at the end", "pending", fmt_count),
+    ("simulation: running at the end", "running", fmt_count),
+    ("simulation: finished", "done", fmt_count),
+    ("simulation: gangs lost with a failed node", "lost", fmt_count),
+    ("simulation: node failures", "node_failures", fmt_count),
+    ("events (inputs + decisions)", "events", fmt_count),
+    ("placement decisions/s (wall)", "decisions_per_s", lambda v: f"{float(v):,.0f}"),  # type: ignore[arg-type]
+    ("virtual time (s)", "virtual_s", lambda v: f"{float(v):,.0f}"),  # type: ignore[arg-type]
     ("wall time (s)", "wall_s", lambda v: f"{float(v):.2f}"),  # type: ignore[arg-type]
 ]

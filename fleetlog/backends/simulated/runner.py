@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -18,11 +19,13 @@ from fleetlog.backends.simulated.driver import (
     setup_messages,
 )
 from fleetlog.backends.simulated.modes import Mode, arrivals
-from fleetlog.backends.simulated.report import RunSummary, summarise
+from fleetlog.backends.simulated.report import Measured, RunSummary, summarise
 from fleetlog.backends.simulated.spec import SpecError
 from fleetlog.backends.simulated.workload import Workload
-from fleetlog.log.base import LOG_NAMES
+from fleetlog.log.base import LOG_NAMES, LogStore
 
+Measurer = Callable[[LogStore], Awaitable[Measured]]
+"""The shared measures of a run's log store (``fleetlog.replay.summary.measure_store``, injected)."""
 LOG_ENTRIES: Final = frozenset({*LOG_NAMES, "LOCK"})
 MAX_HEARTBEATS: Final = 20_000_000
 """About a minute of appending and folding heartbeats: a replay needing more must be compressed."""
@@ -42,9 +45,13 @@ class RunConfig:
 
 
 async def run_simulation(
-    config: RunConfig, make_scheduler: SchedulerFactory, progress: Progress | None = None
+    config: RunConfig,
+    make_scheduler: SchedulerFactory,
+    progress: Progress | None = None,
+    measure: Measurer | None = None,
 ) -> RunSummary:
-    """Run ``config`` with the scheduler ``make_scheduler`` builds on the run's log store."""
+    """Run ``config`` with the scheduler ``make_scheduler`` builds on the run's log store; then
+    ``measure`` the run's log (the shared measures, as ``replay report`` computes them)."""
     jobs = arrivals(config.mode, config.workload, config.cluster, config.seed)
     check_heartbeats(config, jobs[-1].arrival_ms if jobs else 0)
     if config.log_dir is not None:
@@ -61,6 +68,7 @@ async def run_simulation(
             setup=setup_messages(config.workload),
         )
         stats = await sim.run(make_scheduler(store), progress)
+        measured = await measure(store) if measure is not None else None
     cluster = config.cluster
     head = {
         "seed": config.seed,
@@ -79,7 +87,7 @@ async def run_simulation(
         "wall_s": round(stats.wall_s, 4),
     }
     target = config.mode.ratio if config.mode.name == "inflate" else None
-    return summarise(head, sim.recorder, target, counters)
+    return summarise(head, sim.recorder, target, counters, measured)
 
 
 def check_heartbeats(config: RunConfig, last_arrival_ms: int) -> None:
