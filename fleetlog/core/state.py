@@ -69,7 +69,8 @@ class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
     cause: str
     """``preempted``, ``node_lost`` (no heartbeat), ``node_unhealthy``, ``node_reshaped`` or
     ``node_removed``."""
-    at_ms: int
+    requeued_at_ms: int
+    """Log time of the requeue (the input or decision batch that did it)."""
     inputs_offset: int
     """Inputs folded when it happened: a preemption's decision batch was computed at it (``as_of``)."""
     message: str

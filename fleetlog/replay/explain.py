@@ -110,7 +110,7 @@ async def _requeue_step(source: Source, job_id: str, after: Step) -> list[Step]:
         return []
     detail = f"{note.message}; the job was requeued"
     at = note.inputs_offset - 1  # the input whose fold found the node down
-    return [Step(INPUTS, at, note.at_ms, _REQUEUE_WHAT[note.cause], detail, position=at)]
+    return [Step(INPUTS, at, note.requeued_at_ms, _REQUEUE_WHAT[note.cause], detail, position=at)]
 
 
 async def _input_steps(source: Source, job_id: str, progress: Progress | None) -> list[Step]:

@@ -32,7 +32,7 @@ def test_a_preempted_job_says_by_whom_and_why_from_the_batch_that_preempted_it()
     assert found["pending_message"] == "preempted by job high (priority)"
     assert found["requeued"] == {
         "cause": "preempted",
-        "at_ms": d.now_ms,
+        "requeued_at_ms": d.now_ms,
         "inputs_offset": d.batches[-1].as_of,
         "message": "preempted by job high (priority)",
         "by_job_id": "high",
@@ -81,7 +81,7 @@ def test_a_job_whose_node_stopped_heartbeating_says_node_lost() -> None:
     assert found["state"] == "pending"
     silent = found["requeued"]["silent_ms"]
     assert 3_000 < silent <= 4_000
-    assert silent == found["requeued"]["at_ms"] - last_beat
+    assert silent == found["requeued"]["requeued_at_ms"] - last_beat
     assert found["pending_reason"] == "node_lost"
     seconds = f"{silent / 1000:.3f}".rstrip("0").rstrip(".")
     assert found["pending_message"] == f"node {placed} lost (no heartbeat for {seconds} s)"

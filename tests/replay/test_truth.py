@@ -92,6 +92,10 @@ def test_explain_and_status_say_who_preempted_the_job_and_from_which_batch(
     (batch,) = [b for b in batches if preempted["offset"] == b["offset"]]
     assert requeued["inputs_offset"] == batch["event"]["as_of"], "the batch that preempted it"
     assert "placed_at_ms" not in status
+    text = _run(capsys, "status", "j1", "--log", str(recorded), "--node-timeout", "3")
+    (line,) = [x for x in text.splitlines() if x.startswith("requeued")]
+    assert "cause preempted, requeued at 1970-01-01T00:00:07Z" in line
+    assert "message preempted by job high (priority), by job id high" in line
 
 
 def test_a_resubmission_that_reached_the_log_is_marked_duplicate_ignored(
