@@ -114,7 +114,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fleetlog.service.http import BindError
 
     try:
-        config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port)
+        config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port,
+                           node_timeout_ms=args.node_timeout_flag_ms)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(args.log_level)
@@ -146,6 +147,8 @@ def _add_log_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_service_commands(sub: Any) -> None:
+    from fleetlog.replay.command import add_node_timeout
+
     run = sub.add_parser("run", help="the scheduler service (Kafka or the embedded file log)",
                          description="Consume inputs, decide, publish decisions exactly once; snapshots, "
                          "fail-over, metrics on http://HOST:PORT/metrics. Settings: --config FILE and "
@@ -154,10 +157,12 @@ def _add_service_commands(sub: Any) -> None:
     run.add_argument("--policy", metavar="NAME", help="a policy spec (default: the config's, or default)")
     run.add_argument("--http-port", type=int, metavar="PORT", help="metrics/health/ingest port (0: any)")
     run.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_node_timeout(run, "producers must send heartbeats more often (docs/service.md)")
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="a job's state, read from the logs")
     status.add_argument("job", metavar="JOB", help="the job id")
     _add_log_options(status)
+    add_node_timeout(status, "fold as the service that wrote the log did: give it the same value")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(func=cmd_status)
 
@@ -217,7 +222,8 @@ def _replay_place(args: argparse.Namespace) -> Any:
         config = configure(args.config, args.log, args.kafka)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
-    args.node_timeout_ms = config.service.node_timeout_ms  # fold as the service that wrote the log did
+    flag = getattr(args, "node_timeout_flag_ms", None)  # fold as the service that wrote the log did
+    args.node_timeout_ms = config.service.node_timeout_ms if flag is None else flag
     return config.kafka if config.kafka is not None else Path(str(config.log.dir))
 
 

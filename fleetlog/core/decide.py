@@ -33,6 +33,7 @@ import numpy as np
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.explain import Outcome, explain_failure, run_gang
+from fleetlog.core.fit import Fleet, fleet_of
 from fleetlog.core.fold import mask_gpus
 from fleetlog.core.order import drf_runs
 from fleetlog.core.policy import Policy
@@ -138,6 +139,7 @@ class Scratch:
         self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
         self.memos = Memos(n, max(1, min(MAX_MEMOS, MEMO_ROWS // max(1, n))))
         self._floor_table: Array | None = None
+        self._fleet: Fleet | None = None
         self._run_buffer: Array | None = None
         self.swapped = False  # free capacity was swapped for a trial: nothing is kept for the next call
 
@@ -191,6 +193,12 @@ class Scratch:
         if self._run_buffer is None:
             self._run_buffer = np.empty((self.node_version.size, 3), dtype=np.int64)
         return self._run_buffer
+
+    def fleet(self) -> Fleet:
+        """The node shapes :mod:`fleetlog.core.fit` judges "never fits" on, taken once per call."""
+        if self._fleet is None:
+            self._fleet = fleet_of(self.state)
+        return self._fleet
 
     def floor_table(self) -> Array:
         """``kernels.floor_table`` of this call's shape mix, made once."""

@@ -2,7 +2,8 @@
 
 The digest hashes the used rows of every table, the interned names, quotas,
 usage, the shape window and the clock — the same log gives the same digest in
-any process, whatever its hash seed.
+any process, whatever its hash seed.  Snapshots also carry ``State.requeues`` (why waiting
+jobs were requeued), which the digest leaves out: no decision reads it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fleetlog.core.state import (
     SUM_RECENT_SHAPES,
     CoreConfig,
     Quota,
+    Requeue,
     State,
     collection_sums,
 )
@@ -64,6 +66,8 @@ def _scalars(state: State) -> dict[str, Any]:
         "job_cells": sorted(state.job_cells.items()),
         "recent_shapes": state.recent_shapes,
         "reason_text": sorted(state.reason_text.items()),
+        # why waiting jobs were requeued: snapshotted for status, not digested (no decision reads it)
+        "requeues": sorted([row, msgspec.to_builtins(r)] for row, r in state.requeues.items()),
     }
 
 
@@ -233,6 +237,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     for shape in state.recent_shapes:
         count_shape(state, shape, 1)
     state.reason_text = dict(s["reason_text"])
+    state.requeues = {row: msgspec.convert(r, Requeue) for row, r in s.get("requeues", ())}
     number_reason_texts(state)
     state.sums = collection_sums(state)
     state.pending_count, state.duplicates, state.ignored = s["counters"]

@@ -7,6 +7,8 @@ Reason codes (stable; see docs/scheduling.md):
 - ``insufficient_capacity`` — no node has room for the (single) task now;
 - ``gang_does_not_fit`` — not every task of the gang fits at once;
 - ``gang_does_not_fit_topology`` — no block/rack/host has room for the whole gang;
+- ``never_fits`` — the job can never fit on the current fleet, even empty: no node, or no
+  block/rack/host its gang must share, is big enough (node shapes, not usage: ``core/fit.py``);
 - ``waiting_for_reservation`` — the job holds a reservation and waits for it to drain;
 - ``unplaceable`` — (rejection, ``fail_unplaced`` policies) it did not fit on arrival.
 """
@@ -52,7 +54,14 @@ def explain_failure(sc: Scratch, job: int, cells: tuple[int, ...], kind: str) ->
 def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) -> Outcome:
     state = sc.state
     idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
+    shape = f"{int(gpus[0])} GPU x {int(milli[0])} milli, {int(cpu[0])} mCPU, {int(mem[0])} MiB"
+    if not eligible_exists(sc, cells, int(models[0]), int(gpus[0])):
+        wanted = ", ".join(state.names["model"].names[m] for m in range(64) if int(models[0]) >> m & 1)
+        return Outcome("no_eligible_nodes", f"no up node with GPU model {wanted or 'any'} in cells {names}")
     level = int(state.jobs.cols["topology"][job])
+    never = sc.fleet().never_fits_job(state, job)
+    if never is not None:
+        return Outcome("never_fits", f"can never fit on the current fleet: {never}")
     best, best_cell = 0, cells[0]
     if level or idx.size > 1:  # (one task alone: none fits, or it would have been placed)
         best = -1
@@ -60,10 +69,6 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
             fit = partial_fit(sc, job, sc.candidates(cell, False))
             if fit > best:
                 best, best_cell = fit, cell
-    shape = f"{int(gpus[0])} GPU x {int(milli[0])} milli, {int(cpu[0])} mCPU, {int(mem[0])} MiB"
-    if not eligible_exists(sc, cells, int(models[0]), int(gpus[0])):
-        wanted = ", ".join(state.names["model"].names[m] for m in range(64) if int(models[0]) >> m & 1)
-        return Outcome("no_eligible_nodes", f"no up node with GPU model {wanted or 'any'} in cells {names}")
     where = state.names["cell"].names[best_cell]
     if level:
         return Outcome(

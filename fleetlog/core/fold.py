@@ -28,6 +28,7 @@ from fleetlog.core.state import (
     JobState,
     NodeStatus,
     Quota,
+    Requeue,
     State,
     TaskState,
 )
@@ -411,17 +412,34 @@ def advance_time(state: State, at_ms: int) -> None:
         nodes.view("last_heartbeat_ms") < state.now_ms - timeout
     )
     for row in np.flatnonzero(stale).tolist():
-        node_down(state, row, NodeStatus.DOWN)
+        node_down(state, row, NodeStatus.DOWN, "node_lost")
 
 
-def node_down(state: State, row: int, status: NodeStatus) -> None:
-    """Take node ``row`` out of service and requeue every job with a task on it (whole gangs)."""
+_NODE_DOWN_TEXT: Final = {
+    "node_lost": "node {node} lost (no heartbeat for {silent} s)",
+    "node_unhealthy": "node {node} reported itself unhealthy",
+    "node_reshaped": "node {node} reported a new shape (CPU or GPU count)",
+    "node_removed": "node {node} was removed",
+}
+
+
+def node_down(state: State, row: int, status: NodeStatus, cause: str) -> None:
+    """Take node ``row`` out of service and requeue every job with a task on it (whole gangs),
+    noting why (``cause``: a key of ``_NODE_DOWN_TEXT``) for status and explain."""
     state.nodes.cols["status"][row] = int(status)
-    forget_beat(state, state.node_name(row))
+    name = state.node_name(row)
+    forget_beat(state, name)
     on_node = np.flatnonzero(state.tasks.view("node") == row)
     jobs = sorted({int(state.tasks.cols["job"][t]) for t in on_node.tolist()})
+    if not jobs:
+        return
+    silent = state.now_ms - int(state.nodes.cols["last_heartbeat_ms"][row]) if cause == "node_lost" else 0
+    seconds = f"{silent // 1000}.{silent % 1000:03d}".rstrip("0").rstrip(".")  # 80, 63.5, 3.001
+    text = _NODE_DOWN_TEXT[cause].format(node=name, silent=seconds)
+    note = Requeue(cause, state.now_ms, state.offset, text, node=name, silent_ms=silent)
     for job in jobs:
         release_job(state, job, JobState.PENDING)
+        state.requeues[job] = note
 
 
 # --- inputs ------------------------------------------------------------------------------
@@ -436,12 +454,12 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
         nodes.add()
         set_node_shape(state, row, e)
     elif int(nodes.cols["cpu_alloc"][row]) != e.cpu_milli or int(nodes.cols["gpu_count"][row]) != e.gpu_count:
-        node_down(state, row, NodeStatus.DOWN)  # reshaped: drain it, then take the new shape
+        node_down(state, row, NodeStatus.DOWN, "node_reshaped")  # drain it, then take the new shape
         set_node_shape(state, row, e)
     nodes.cols["last_heartbeat_ms"][row] = state.now_ms
     status = int(nodes.cols["status"][row])
     if not e.healthy and status == NodeStatus.UP:
-        node_down(state, row, NodeStatus.DOWN)
+        node_down(state, row, NodeStatus.DOWN, "node_unhealthy")
     elif e.healthy and status != NodeStatus.UP:
         nodes.cols["status"][row] = _UP
     if e.healthy:
@@ -553,7 +571,7 @@ def on_node_removed(state: State, e: NodeRemoved) -> None:
     if row < 0:
         state.ignored += 1
         return
-    node_down(state, row, NodeStatus.REMOVED)
+    node_down(state, row, NodeStatus.REMOVED, "node_removed")
 
 
 def task_row(state: State, job_id: str, index: int) -> int:
@@ -630,6 +648,7 @@ def on_placed(state: State, d: JobPlaced) -> None:
     state.jobs.cols["placed_at_ms"][job] = state.now_ms
     state.jobs.cols["reason"][job] = 0
     drop_reason_text(state, job)
+    state.requeues.pop(job, None)
     state.pending_count -= 1
 
 
@@ -687,6 +706,8 @@ def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
             counter[2] += g
         if job in state.reason_text:
             drop_reason_text(state, job)
+        if job in state.requeues:
+            del state.requeues[job]
     jc["state"][job_rows], jc["cell"][job_rows], jc["placed_at_ms"][job_rows] = _RUNNING, cells, state.now_ms
     jc["reason"][job_rows] = 0
     state.pending_count -= len(jobs)
@@ -707,6 +728,14 @@ def on_preempted(state: State, d: TaskPreempted) -> None:
     release_job(state, job, JobState.PENDING)
     state.jobs.cols["preempted_at_ms"][job] = state.now_ms
     state.jobs.cols["preempt_cause"][job] = CAUSE_CODES.get(d.cause, 0)
+    state.requeues[job] = Requeue(
+        "preempted",
+        state.now_ms,
+        state.offset,  # (a batch is folded at its ``as_of``)
+        f"preempted by job {d.by_job_id} ({d.cause})",
+        by_job_id=d.by_job_id,
+        preempt_cause=d.cause,
+    )
 
 
 def on_rejected(state: State, d: JobRejected) -> None:
@@ -714,6 +743,7 @@ def on_rejected(state: State, d: JobRejected) -> None:
     if job >= 0 and int(state.jobs.cols["state"][job]) == JobState.PENDING:
         state.jobs.cols["state"][job] = _REJECTED
         drop_reason_text(state, job)
+        state.requeues.pop(job, None)
         state.pending_count -= 1
 
 
@@ -822,6 +852,8 @@ def release_job(state: State, job: int, to: JobState) -> None:
         free_task(state, t)
         state.tasks.cols["state"][t] = _TASK_PENDING if to == JobState.PENDING else _FINISHED
     jc["state"][job] = int(to)
+    if to != JobState.PENDING:
+        state.requeues.pop(job, None)
     jc["cell"][job] = -1
     jc["tasks_done"][job] = 0
     if was == JobState.PENDING and to != JobState.PENDING:

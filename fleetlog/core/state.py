@@ -61,6 +61,28 @@ class CoreConfig(msgspec.Struct, frozen=True):
     two refreshes the mix is fixed, so decide can remember node scores from one call to the next."""
 
 
+class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Why a placed job went back to pending (kept until it is placed again or ends): what
+    ``status`` and ``explain`` say before the next decide explains the wait.  Kept by fold and
+    snapshotted, but not digested: it never changes a decision (derived from the log alone)."""
+
+    cause: str
+    """``preempted``, ``node_lost`` (no heartbeat), ``node_unhealthy``, ``node_reshaped`` or
+    ``node_removed``."""
+    requeued_at_ms: int
+    """Log time of the requeue (the input or decision batch that did it)."""
+    inputs_offset: int
+    """Inputs folded when it happened: a preemption's decision batch was computed at it (``as_of``)."""
+    message: str
+    node: str = ""
+    silent_ms: int = 0
+    """``node_lost``: how long the node had been silent."""
+    by_job_id: str = ""
+    """``preempted``: the job it made room for."""
+    preempt_cause: str = ""
+    """``preempted``: ``priority`` or ``reclaim``."""
+
+
 class Quota(msgspec.Struct):
     """A tenant's quota in one cell (cell -1 = every cell). Resources in (cpu milli, MiB, GPU milli)."""
 
@@ -201,6 +223,8 @@ class State:
         digest hashes instead of those collections (derived, kept by fold)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
         self.pending_count = 0
+        self.requeues: dict[int, Requeue] = {}
+        """job row -> why it was last requeued, while it waits (see :class:`Requeue`)."""
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
         self.job_keys = RowIds()
@@ -220,6 +244,9 @@ class State:
         self.steady_gone: list[int] | None = None
         """While ``fold_lists`` runs, the ids taken out of ``steady_ids`` since it last looked
         (derived; None otherwise, so folding without it keeps no record that grows)."""
+        self.fit_memo: object | None = None
+        """The fleet's node shapes and which decide keys can never fit on them
+        (``fleetlog.core.fit.fleet_of``; derived, not state: checked by a fingerprint)."""
         self.decide_memo: object | None = None
         """What the last ``decide`` call learned of node scores, for the next call to reuse
         where nodes did not change (``fleetlog.core.decide.MemoCache``; derived, not state:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from fleetlog.core.state import (
@@ -25,6 +26,17 @@ from fleetlog.events.spec import SubmissionSpec, TaskShape, merged_tasks
 def reason_code(state: State, code: int) -> str:
     """The pending reason recorded in a job's ``reason`` column (0: not explained yet)."""
     return state.reason_codes.names[code - 1] if code > 0 else "not_decided_yet"
+
+
+def pending_reason(state: State, row: int) -> tuple[str, str]:
+    """(reason code, message) of pending job ``row``: what the last decide said, or, when no
+    decide has looked at it since it was requeued, why it was requeued (``preempted``,
+    ``node_lost``...): the decision batch or input that requeued it says so at once."""
+    code = int(state.jobs.cols["reason"][row])
+    note = state.requeues.get(row)
+    if code == 0 and note is not None:
+        return note.cause, note.message
+    return reason_code(state, code), state.reason_text.get(row, "")
 
 
 def pending_by_reason(state: State) -> dict[str, int]:
@@ -58,9 +70,11 @@ def job_status(state: State, job_id: str) -> dict[str, Any] | None:
         "tasks_done": int(cols["tasks_done"][row]),
     }
     if status == JobState.PENDING:
-        out["pending_reason"] = reason_code(state, int(cols["reason"][row]))
-        out["pending_message"] = state.reason_text.get(row, "")
-    if int(cols["placed_at_ms"][row]) >= 0:
+        out["pending_reason"], out["pending_message"] = pending_reason(state, row)
+        note = state.requeues.get(row)
+        if note is not None:
+            out["requeued"] = msgspec.to_builtins(note)
+    elif int(cols["placed_at_ms"][row]) >= 0:  # (a requeued job's last placement is history)
         out["placed_at_ms"] = int(cols["placed_at_ms"][row])
     out["task_nodes"] = _task_nodes(state, row)
     return out
@@ -187,7 +201,7 @@ def jobs_table(state: State, include_finished: bool = True) -> list[dict[str, An
                 "gpu_milli": int(c["req_gpu"][row]),
                 "cell": names["cell"].names[cell] if cell >= 0 else "",
                 "submitted_at_ms": int(c["submitted_at"][row]),
-                "reason": reason_code(state, int(c["reason"][row])) if status == JobState.PENDING else "",
+                "reason": pending_reason(state, row)[0] if status == JobState.PENDING else "",
             }
         )
     return out

@@ -129,7 +129,10 @@ class JobCancelled(_Event, frozen=True):
 
 
 class NodeHeartbeat(_Event, frozen=True):
-    """A node's state as its cell sees it. ``topology`` is its path, e.g. (block, rack, host)."""
+    """A node's state as its cell sees it. ``topology`` is its path, e.g. (block, rack, host).
+    Keep sending it, for every node, well within the scheduler's node timeout (60 s of log time
+    unless ``service.node_timeout_ms`` / ``fleetlog run --node-timeout`` says otherwise): a node
+    silent that long is taken down and every job with a task on it is requeued."""
 
     cell: Name
     node: Name

@@ -52,6 +52,31 @@ def _add_place(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--log", metavar="DIR", help="the embedded file log in DIR")
     where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers")
+    add_node_timeout(parser, "fold as the service that wrote the log did: give it the same value")
+
+
+def add_node_timeout(parser: argparse.ArgumentParser, why: str) -> None:
+    """``--node-timeout SECONDS``: ``service.node_timeout_ms`` (FLEETLOG_SERVICE_NODE_TIMEOUT_MS)
+    from the command line, for ``fleetlog run`` and every command that folds its log."""
+    parser.add_argument(
+        "--node-timeout",
+        type=node_timeout_ms,
+        metavar="SECONDS",
+        dest="node_timeout_flag_ms",
+        help=f"a node silent this long is down and its jobs requeued (default: the configuration's, "
+        f"else 60); {why}",
+    )
+
+
+def node_timeout_ms(text: str) -> int:
+    """Seconds (a decimal number) as whole milliseconds, at least 1 ms."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds * 1000 >= 1 or seconds * 1000 > 1 << 53:  # (also refuses nan and inf)
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0.001 seconds")
+    return round(seconds * 1000)
 
 
 def _runner(name: str, usage_error: type[Exception], locate: Locate) -> Callable[[argparse.Namespace], int]:

@@ -4,7 +4,9 @@ event or, for a record that does not decode, the error (so a corrupt record is s
 ``key`` is the envelope's idempotency key (what a producer set and the fold deduplicates on); a
 record key that differs from it (Kafka's partitioning key) is shown as ``record_key``.  Structs the
 wire format packs as arrays (``TaskPlacement``) are shown as objects with field names: a dump is
-for people and ``jq``, not for sending back."""
+for people and ``jq``, not for sending back.
+A submission of a job id submitted before carries ``"note": "duplicate, ignored: …"``: the
+scheduler's fold keeps the first submission of a job id and ignores the others."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Any
 import msgspec
 
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
-from fleetlog.log.base import LOG_NAMES, Record
+from fleetlog.events.model import JobSubmitted
+from fleetlog.log.base import INPUTS, LOG_NAMES, Record
 from fleetlog.replay.source import ReplayError, Source, end_offset, read
 
 
@@ -71,6 +74,7 @@ async def dump(
     if not 0 <= start <= end or stop < start or stop > end:
         raise ReplayError(f"range {start}..{stop} is out of range: the {log} log has offsets 0 to {end}")
     at = start
+    submitted = await _submitted_before(source, start) if log == INPUTS else {}
     while at < stop:
         records = await read(source.store, log, at, min(10_000, stop - at))
         if not records:
@@ -78,5 +82,31 @@ async def dump(
         for record in records:
             if record.offset >= stop:
                 return
-            yield record_json(record)
+            yield _mark_duplicate(record_json(record), submitted) if log == INPUTS else record_json(record)
         at = records[-1].offset + 1
+
+
+async def _submitted_before(source: Source, start: int) -> dict[str, int]:
+    """Job id -> the inputs offset of its (first, folded) submission, for the inputs before ``start``."""
+    if start == 0:
+        return {}
+    from fleetlog.replay.state_at import Point, state_at  # noqa: PLC0415 - the fold: only past offset 0
+
+    state = (await state_at(source, Point(offset=start))).state
+    seq = state.jobs.cols["seq"]
+    return {name: int(seq[row]) for name, row in state.names["job"].ids.items()}
+
+
+def _mark_duplicate(line: dict[str, Any], submitted: dict[str, int]) -> dict[str, Any]:
+    """Note a submission of a job id the fold already knows (it ignores it), else remember it."""
+    event = line.get("event")
+    if not isinstance(event, dict) or event.get("type") != _SUBMITTED:
+        return line
+    job_id = str(event.get("job_id"))
+    first = submitted.setdefault(job_id, line["offset"])
+    if first != line["offset"]:
+        line["note"] = f"duplicate, ignored: job {job_id!r} was first submitted at inputs offset {first}"
+    return line
+
+
+_SUBMITTED = JobSubmitted.__struct_config__.tag

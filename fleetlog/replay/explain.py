@@ -66,13 +66,57 @@ async def explain(
     if not any(s.what == "submitted" for s in steps):
         raise ReplayError(f"unknown job {job_id!r}: no JobSubmitted for it in the inputs log")
     steps += await _decision_steps(source, job_id, why)
-    steps.sort(key=lambda s: (s.position, s.log == INPUTS, s.offset))
+    steps.sort(key=_ORDER)
+    steps += await _requeue_steps(source, job_id, steps)
+    steps.sort(key=_ORDER)
     return Explanation(job_id, tuple(steps))
+
+
+def _ORDER(s: Step) -> tuple[int, bool, int]:
+    return (s.position, s.log == INPUTS, s.offset)
+
+
+_REQUEUE_WHAT = {
+    "node_lost": "node lost",
+    "node_unhealthy": "node unhealthy",
+    "node_reshaped": "node reshaped",
+    "node_removed": "node removed",
+}
+
+
+async def _requeue_steps(source: Source, job_id: str, steps: list[Step]) -> list[Step]:
+    """The steps no record names: a placed job the fold requeued because its node went down
+    (lost its heartbeat, reported unhealthy or a new shape, was removed).  Seen as a decision
+    about the job after its placement with no preemption or cancel between; the state that
+    decision was computed on says why (``State.requeues``), at which input and log time."""
+    out: list[Step] = []
+    placed = False
+    for step in steps:
+        if step.log == DECISIONS and placed:  # (a decision about a placed job: it was requeued)
+            if step.what != "preempted":
+                out.extend(await _requeue_step(source, job_id, step))
+            placed = False
+        if step.what == "placed":
+            placed = True
+        elif step.what == "cancelled":
+            placed = False
+    return out
+
+
+async def _requeue_step(source: Source, job_id: str, after: Step) -> list[Step]:
+    state = await state_before_batch(source, after.offset, after.position)
+    note = state.requeues.get(state.job_row(job_id))
+    if note is None or note.cause not in _REQUEUE_WHAT:
+        return []
+    detail = f"{note.message}; the job was requeued"
+    at = note.inputs_offset - 1  # the input whose fold found the node down
+    return [Step(INPUTS, at, note.requeued_at_ms, _REQUEUE_WHAT[note.cause], detail, position=at)]
 
 
 async def _input_steps(source: Source, job_id: str, progress: Progress | None) -> list[Step]:
     needle, consumer = job_id.encode(), EventConsumer(source.store)
-    end, at, out = await end_offset(source.store, INPUTS), 0, []
+    end, at = await end_offset(source.store, INPUTS), 0
+    out: list[Step] = []
     while at < end:
         records = await read(source.store, INPUTS, at)
         if not records:
@@ -81,11 +125,22 @@ async def _input_steps(source: Source, job_id: str, progress: Progress | None) -
         for d in events:
             step = _input_step(d.envelope.event, d.offset, d.timestamp_ms, job_id)
             if step is not None:
-                out.append(msgspec.structs.replace(step, position=d.offset))
+                out.append(_duplicate(msgspec.structs.replace(step, position=d.offset), out))
         at = records[-1].offset + 1
         if progress is not None:
             progress(len(records))
     return out
+
+
+def _duplicate(step: Step, before: list[Step]) -> Step:
+    """A submission after the first: the fold ignores it (a job id is submitted once)."""
+    first = next((s for s in before if s.what == "submitted"), None)
+    if step.what != "submitted" or first is None:
+        return step
+    detail = (
+        f"{step.detail}; the job was first submitted at inputs@{first.offset}: the scheduler ignores this one"
+    )
+    return msgspec.structs.replace(step, what="submitted (duplicate, ignored)", detail=detail)
 
 
 def _input_step(event: object, offset: int, at_ms: int, job_id: str) -> Step | None:

@@ -126,6 +126,9 @@ def _print_verify(report: Any) -> None:
     print(f"  what:      {d.what}")
     print(f"  recorded:  {d.recorded}")
     print(f"  replayed:  {d.replayed}")
+    if d.what == "state digest" and report.batches == 0:  # (the digest covers the fold's settings)
+        print("  hint:      a service run with another node timeout diverges here: replay with its "
+              "--node-timeout SECONDS (or service.node_timeout_ms)")
     for row in d.state_diff:
         print(f"  state {row.kind} {row.key}: recorded {row.recorded} vs replayed {row.replayed}")
     print(f"  inputs since the previous batch (as_of {d.previous_as_of}): {d.inputs_since_count}")

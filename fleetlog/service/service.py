@@ -43,6 +43,7 @@ from tenacity import (
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
+from fleetlog.core.fit import Fleet, never_fits_submitted
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy, policy_named
 from fleetlog.core.state import CoreConfig, State
@@ -697,6 +698,9 @@ class Service:
         refused = self.ingest.admit(loop, batch.tasks)
         if refused is not None:
             return refused
+        refused = never_fitting(loop.state, batch.events)  # (truth: a job no node shape can hold)
+        if refused is not None:
+            return refused
         log_ = store.log(INPUTS)
         self.ingest.reserve(batch)  # before the await: a concurrent request sees these jobs
         try:
@@ -837,6 +841,28 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
                                   limit=settings.max_request_tasks)
         messages.append(Message(encode(env), headers=((CONTENT_TYPE_HEADER, MSGPACK),)))
     return IngestBatch(messages, tasks, events)
+
+
+def never_fitting(state: State, events: list[InputEvent]) -> Response | None:
+    """422 ``never_fits`` when a submitted job can never fit on the fleet the service knows (node
+    shapes, not usage: :mod:`fleetlog.core.fit`), as ``sbatch`` refuses a job no node can run;
+    nothing of the request is appended.  Jobs of one shape are judged once."""
+    if state.nodes.size == 0:
+        return None
+    fleet: Fleet | None = None
+    judged: dict[tuple[object, ...], str | None] = {}
+    for job in events:
+        if not isinstance(job, JobSubmitted):
+            continue
+        fleet = fleet or Fleet(state)
+        key = (job.task_groups, job.required_topology, job.allowed_cells)
+        if key not in judged:
+            judged[key] = never_fits_submitted(state, job, fleet)
+        why = judged[key]
+        if why is not None:
+            return refusal(422, "never_fits", f"job {job.job_id!r} can never fit on the current fleet: {why}",
+                           job_id=job.job_id)
+    return None
 
 
 def _json_parts(body: bytes) -> list[bytes] | list[msgspec.Raw]:

@@ -23,12 +23,14 @@ def test_places_a_single_gpu_job_and_records_gpu_indices() -> None:
 
 
 def test_gang_is_all_or_nothing() -> None:
-    d = Driver()
-    d.feed(node("n1", gpus=8), node("n2", gpus=8), job("gang", tasks=3, gpus=8))
+    d = Driver(Policy(reserve=False))  # (three nodes: it would fit the empty fleet: not never_fits)
+    d.feed(node("n1", gpus=8), node("n2", gpus=8), node("n3", gpus=8), job("busy", gpus=8))
+    assert d.placed(d.decide())["busy"].tasks[0].node == "n1"
+    d.feed(job("gang", tasks=3, gpus=8))
     decisions = d.decide()
     assert d.placed(decisions) == {}
     assert d.reasons(decisions) == {"gang": "gang_does_not_fit"}
-    assert (d.state.nodes.cols["gpu_free"][:2, :8] == 1000).all()
+    assert (d.state.nodes.cols["gpu_free"][1:3, :8] == 1000).all()
 
 
 def test_gang_with_rack_topology_lands_in_one_rack() -> None:
@@ -44,8 +46,12 @@ def test_gang_with_rack_topology_lands_in_one_rack() -> None:
 
 
 def test_topology_failure_explains_the_best_rack() -> None:
-    d = Driver()
-    d.feed(node("a1", rack="ra"), node("b1", rack="rb"), job("gang", tasks=2, gpus=8, topology="rack"))
+    d = Driver(Policy(reserve=False))
+    d.feed(node("a1", rack="ra"), node("b1", rack="rb"), node("b2", rack="rb"), job("busy", gpus=8))
+    assert d.placed(d.decide())["busy"].tasks[0].node == "a1"
+    d.feed(job("busy2", gpus=8, cpu=96_000))  # (fits only b1 or b2, whole)
+    assert d.placed(d.decide())["busy2"].tasks[0].node in ("b1", "b2")
+    d.feed(job("gang", tasks=2, gpus=8, topology="rack"))
     decisions = d.decide()
     (pending,) = [x for x in decisions if isinstance(x, JobPending)]
     assert pending.reason == "gang_does_not_fit_topology"
@@ -55,7 +61,9 @@ def test_topology_failure_explains_the_best_rack() -> None:
 
 def test_pending_reason_is_emitted_only_when_it_changes() -> None:
     d = Driver()
-    d.feed(node("n1", gpus=1), job("big", gpus=4))
+    d.feed(node("n1", gpus=1), job("busy", gpus=1))
+    assert "busy" in d.placed(d.decide())
+    d.feed(job("big", gpus=1))
     assert d.reasons(d.decide()) == {"big": "insufficient_capacity"}
     assert d.decide() == []
 
