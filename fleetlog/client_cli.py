@@ -32,7 +32,7 @@ from fleetlog.service.config import Config, ConfigError, load_config
 
 CLI_PRODUCER_ID = "fleetlog-cli"
 EXIT_REFUSED = 1
-REFUSALS = frozenset({"already_exists", "unknown_job", "already_ended"})
+REFUSALS = frozenset({"already_exists", "unknown_job", "already_ended", "never_fits"})
 """Reasons that refuse what the log holds (exit 1), not the command line (exit 2)."""
 MAX_FILE_BYTES = MAX_EVENT_BYTES
 """The most ``submit --file`` reads (one event, a JSON array or JSON lines alike)."""

@@ -11,8 +11,11 @@ The service holds the directory's writer lock, so a backend process cannot open 
   writer that hands the log over as soon as a service waits for it (``LOCK.intent``).
 
 An append that cannot go anywhere yet (the service is starting, recovering or busy) is retried,
-for up to :data:`APPEND_RETRY_S`: observations are facts the scheduler must not lose.  One the
-service refuses (it would be a bug: the backend's events are valid inputs) is a
+for up to :data:`APPEND_RETRY_S`: observations are facts the scheduler must not lose.  An event
+the service refuses for what it says (:data:`REFUSED_EVENT`: a pod group that can never fit the
+fleet, a job id submitted before with another spec, ...) is left out with a warning that names
+it, and the rest of its request is sent: one such pod must not stop the backend, nor hold back
+the heartbeats and task events of every other.  Any other refusal is a
 :class:`~fleetlog.log.base.LogError`.
 """
 
@@ -47,6 +50,19 @@ APPEND_RETRY_S: Final = 300.0
 RETRY_SLEEP_S: Final = 0.2
 RETRIED: Final = frozenset({"unreachable", "standby", "busy", "overloaded", "too_much_pending", "timeout"})
 """Reasons of a failed send that pass: nothing was appended, and sending again may work."""
+REFUSED_EVENT: Final = frozenset({
+    "never_fits", "already_exists", "unknown_job", "already_ended", "not_an_input", "invalid_event",
+    "undecodable", "too_deep", "duplicate_key",
+})
+"""Reasons the service gives for one event's content: that event is left out (see above)."""
+
+
+class _RefusedEvent(Exception):
+    """The service refused a request for the content of one of its events."""
+
+    def __init__(self, error: ClientError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _SharedLog(Log):
@@ -134,10 +150,26 @@ class SharedFileStore(LogStore):
         if not envelopes:
             return await self.reader().log(INPUTS).end_offset()
         firsts = [
-            await self._send(envelopes[at : at + EVENTS_PER_REQUEST])
+            await self._send_or_split(envelopes[at : at + EVENTS_PER_REQUEST])
             for at in range(0, len(envelopes), EVENTS_PER_REQUEST)
         ]
-        return firsts[0]
+        found = [first for first in firsts if first is not None]
+        return found[0] if found else await self.reader().log(INPUTS).end_offset()
+
+    async def _send_or_split(self, envelopes: list[Envelope]) -> int | None:
+        """Send ``envelopes`` in one request; refused for one event's content, send them one by
+        one (in order) and leave out, with a warning, each the service refuses.  The offset of
+        the first appended, ``None`` when none was."""
+        try:
+            return await self._send(envelopes)
+        except _RefusedEvent as refused:
+            if len(envelopes) == 1:
+                event = envelopes[0].event
+                log.warning("the service refused the observation %s (key %s): %s; it is left out",
+                            type(event).__name__, envelopes[0].key, refused.error)
+                return None
+        firsts = [await self._send_or_split([one]) for one in envelopes]
+        return next((first for first in firsts if first is not None), None)
 
     async def _send(self, envelopes: list[Envelope]) -> int:
         deadline = asyncio.get_running_loop().time() + APPEND_RETRY_S
@@ -146,6 +178,8 @@ class SharedFileStore(LogStore):
             try:
                 first = await self._transport.append(envelopes)
             except ClientError as exc:
+                if exc.reason in REFUSED_EVENT:
+                    raise _RefusedEvent(exc) from None
                 if exc.reason not in RETRIED:
                     raise LogError(f"the backend's observations were refused: {exc}") from None
                 self._wait_note(str(exc), deadline)

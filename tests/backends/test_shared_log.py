@@ -91,3 +91,41 @@ async def test_alone_it_writes_the_log_hands_it_to_a_service_and_takes_it_back(
     assert shared.describe() == f"the file log at {log}"
     assert await names(shared) == ["alone-00000", "alone-00001", "alone-00002", "handed-00000",
                                    "handed-00001", "served-00000", "served-00001", "after-00000"]
+
+
+async def test_an_event_the_service_refuses_is_left_out_and_the_rest_of_its_request_goes_in(
+    tmp_path: Path, shared: SharedFileStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pod group no host can ever hold (422 ``never_fits``) or a job id taken under another
+    spec (409 ``already_exists``) must not stop the backend nor hold back the other events of its
+    request: each is left out with a warning naming it, the rest are appended in order."""
+    from tests.core.builders import job
+    from tests.service.test_service import embedded, start
+
+    running = await start(embedded(tmp_path / "log"))
+    try:
+        await shared.open()
+        assert shared.describe().startswith("the running service at http://")
+        await shared.log(INPUTS).append(beats("n", 2))
+        loop = running.service.loop
+        assert loop is not None
+        await running.until(lambda: loop.offset == 2)
+
+        def message(event: object) -> Message:
+            return Message(encode(envelope(event, "test-backend")))  # type: ignore[arg-type]
+
+        batch = [message(job("ok", tasks=8, topology="host")), message(node("n3")),
+                 message(job("huge", tasks=16, topology="host")), message(node("n4")),
+                 message(job("ok", tasks=8, topology="host", priority=5)), message(node("n5"))]
+        first = await shared.log(INPUTS).append(batch)
+        assert first == 2
+        end = await shared.log(INPUTS).end_offset()
+        records = await shared.log(INPUTS).read(0, end + 1)
+        events = [decode(r.value, r.header("content-type")).event for r in records]
+        assert [e.node if isinstance(e, NodeHeartbeat) else getattr(e, "job_id", "?") for e in events] == [
+            "n00000", "n00001", "ok", "n3", "n4", "n5"]
+        warned = [r.getMessage() for r in caplog.records if r.name == "fleetlog.backends"]
+        assert any("JobSubmitted" in w and "never fit" in w for w in warned), warned
+        assert any("already exists" in w for w in warned), warned
+    finally:
+        await running.stop()

@@ -76,7 +76,7 @@ async def test_submit_through_the_service_reports_never_fits_in_one_line(
             "--gpus", "1", "--tasks", "16", "--topology", "host"]
     code = await asyncio.to_thread(main, argv)
     err = capsys.readouterr().err
-    assert code != 0, err  # (1 or 2: the exit code of a refusal is the client's rule, docs/service.md)
+    assert code == 1, err  # a refusal of what the log holds, like sbatch
     assert len(err.strip().splitlines()) == 1
     assert "never fit on the current fleet" in err
 
