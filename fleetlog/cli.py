@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 import msgspec
@@ -243,9 +246,19 @@ def _replay_place(args: argparse.Namespace) -> Any:
     return config.kafka if config.kafka is not None else Path(str(config.log.dir))
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGINT raises at once, wherever the command is.  (Not Python's own handler: ``asyncio.run``
+    replaces that one with a cancel that waits for the next ``await`` that suspends, which a
+    command busy folding or writing a file log may not reach before it ends.)"""
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command.  Ctrl-C anywhere: one line on stderr and exit code 130, no traceback."""
+    """Run one command.  Ctrl-C anywhere: one line on stderr and exit code 130, no traceback
+    (``fleetlog run`` stops cleanly on it instead, and ``simulate`` writes what it has)."""
     prog = "fleetlog"
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupt) if main_thread else None
     try:
         args = build_parser().parse_args(argv)
         prog = f"fleetlog {args.command}"
@@ -257,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":
