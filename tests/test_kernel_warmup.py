@@ -1,0 +1,90 @@
+"""The first run compiles the kernels up front and says so; the compile is kept out of the run's
+wall time and decisions/s (``compile_s`` apart); and the warm-up leaves nothing for the run to
+compile, whatever the policy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import pytest
+from numba.core.registry import CPUDispatcher
+
+from fleetlog.backends.simulated import RunConfig, load_cluster, load_workload, parse_mode, run_simulation
+from fleetlog.core import digest, invariants, kernels
+from fleetlog.core.policy import policy_named
+from fleetlog.kernel_warmup import NOTICE
+from fleetlog.service.loop import LoopConfig, SchedulerLoop
+from fleetlog.service.service import warm_up
+
+ROOT = Path(__file__).resolve().parents[1]
+JIT_OFF = bool(numba.config.DISABLE_JIT)  # type: ignore[attr-defined]
+
+
+def compiled() -> dict[str, set[str]]:
+    """Every kernel's compiled signatures in this process."""
+    return {
+        f"{module.__name__}.{name}": {str(s) for s in fn.signatures}
+        for module in (kernels, digest, invariants)
+        for name, fn in vars(module).items()
+        if isinstance(fn, CPUDispatcher)
+    }
+
+
+@pytest.mark.parametrize(("policy", "mode"), [("default", "replay"), ("fgd", "inflate"), ("best-fit", "inflate")])
+def test_the_warm_up_leaves_nothing_for_a_run_to_compile(policy: str, mode: str) -> None:
+    chosen = policy_named(policy, **({"fail_unplaced": True} if mode == "inflate" else {}))
+    warm_up(chosen)
+    before = compiled()
+    assert JIT_OFF or sum(map(len, before.values())) >= 8  # the placement, digest and FGD kernels
+    cluster = load_cluster("synthetic?nodes=6&hosts_per_rack=2&mtbf_h=2&mttr_s=600")
+    workload = load_workload("synthetic?jobs=80&load=1.5&max_h=1&tenants=3", cluster, 1)
+    config = RunConfig(cluster, workload, parse_mode(mode), 1, chosen.name, None)
+    summary = asyncio.run(
+        run_simulation(config, lambda store: SchedulerLoop(store, chosen, LoopConfig(check_invariants=True)))
+    )
+    assert summary.placed > 0
+    after = compiled()
+    assert {k: v - before.get(k, set()) for k, v in after.items() if v - before.get(k, set())} == {}
+
+
+def fleetlog(cwd: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    env.pop("NUMBA_DISABLE_JIT", None)  # this is about the JIT compiling
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "fleetlog.cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )
+
+
+def test_a_cold_cache_says_compiling_and_keeps_the_compile_out_of_decisions_per_s(tmp_path: Path) -> None:
+    cache = tmp_path / "numba-cache"  # empty: numba compiles every kernel, as on a first install
+    args = ["simulate", "--cluster", "synthetic?nodes=8", "--workload", "synthetic?jobs=40", "--json"]
+    first = fleetlog(tmp_path, cache, *args)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.splitlines()[0] == NOTICE
+    cold = json.loads(first.stdout)
+    assert cold["compile_s"] > 3 * cold["wall_s"]  # the compile happened before the run, not in it
+    decided = cold["placed"] + cold["failed"] + cold["preempted"]
+    assert cold["decisions_per_s"] >= 0.9 * cold["placed"] / cold["wall_s"]
+    assert decided > 0
+    second = fleetlog(tmp_path, cache, *args)
+    assert second.returncode == 0, second.stderr
+    assert NOTICE not in second.stderr  # served from the cache: nothing to say
+    warm = json.loads(second.stdout)
+    assert warm["compile_s"] < cold["compile_s"] / 3
+
+
+def test_demo_compiles_no_kernel(tmp_path: Path) -> None:
+    """demo measures the file log alone: its events/s never include a compile."""
+    cache = tmp_path / "numba-cache"
+    done = fleetlog(tmp_path, cache, "demo", "--nodes", "4", "--jobs", "200", "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert not cache.exists() or not any(cache.rglob("*.nbi"))
