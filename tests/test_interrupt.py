@@ -20,14 +20,17 @@ BIG_WORKLOAD = "synthetic?jobs=20000"
 
 
 def start(cwd: Path, *args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
     return subprocess.Popen(
         [sys.executable, "-m", "fleetlog.cli", *args],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
-def interrupt_when(child: subprocess.Popen[str], ready: Callable[[], bool], timeout_s: float = 300) -> tuple[str, str]:
+def interrupt_when(
+    child: subprocess.Popen[str], ready: Callable[[], bool], timeout_s: float = 300
+) -> tuple[str, str]:
     """Send SIGINT once ``ready()`` (polled), then collect the child's output."""
     deadline = time.monotonic() + timeout_s
     while not ready():
@@ -44,12 +47,15 @@ def grown(path: Path, size: int = 1) -> Callable[[], bool]:
 
 def test_simulate_writes_what_it_has_and_the_log_replays(tmp_path: Path) -> None:
     log, report = tmp_path / "log", tmp_path / "report"
-    child = start(tmp_path, "simulate", "--workload", BIG_WORKLOAD, "--log", str(log), "--report", str(report),
-                  "--json")
+    child = start(
+        tmp_path, "simulate", "--workload", BIG_WORKLOAD, "--log", str(log), "--report", str(report), "--json"
+    )
     segment = log / "inputs" / "00000000000000000000.log"
     out, err = interrupt_when(child, grown(segment, 200_000))  # well into the run
     assert child.returncode == EXIT_INTERRUPTED, err
-    assert err == "fleetlog simulate: interrupted; the log and the report hold what was simulated until then\n"
+    assert err == (
+        "fleetlog simulate: interrupted; the log and the report hold what was simulated until then\n"
+    )
     result = json.loads(out)
     assert result["interrupted"] is True
     assert 0 < result["jobs"] < 20_000  # what had arrived when Ctrl-C came
@@ -68,7 +74,8 @@ def test_a_second_ctrl_c_stops_simulate_at_once(tmp_path: Path) -> None:
     segment = log / "inputs" / "00000000000000000000.log"
     deadline = time.monotonic() + 300
     while not grown(segment, 200_000)():
-        assert child.poll() is None and time.monotonic() < deadline
+        assert child.poll() is None
+        assert time.monotonic() < deadline
         time.sleep(0.05)
     child.send_signal(signal.SIGINT)
     child.send_signal(signal.SIGINT)
@@ -93,7 +100,7 @@ def test_ctrl_c_while_simulate_loads_its_inputs_is_one_line(tmp_path: Path) -> N
     child = start(tmp_path, "simulate", "--workload", "synthetic?jobs=3000000", "--mode", "inflate",
                   "--log", str(tmp_path / "log"), "--report", str(tmp_path / "report"))
     time.sleep(2)  # importing, then generating three million jobs: long before the first append
-    out, err = interrupt_when(child, lambda: True)
+    _, err = interrupt_when(child, lambda: True)
     assert child.returncode == EXIT_INTERRUPTED, err
     assert err == "fleetlog simulate: interrupted\n"
     assert not (tmp_path / "log").exists()
@@ -102,7 +109,7 @@ def test_ctrl_c_while_simulate_loads_its_inputs_is_one_line(tmp_path: Path) -> N
 def test_run_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     log = tmp_path / "log"
     child = start(tmp_path, "run", "--log", str(log), "--http-port", "0")
-    _, err = interrupt_when(child, lambda: (log / "service.json").is_file())
+    _, err = interrupt_when(child, (log / "service.json").is_file)
     assert child.returncode == 0, err
     assert "Traceback" not in err
     assert '"service_stopped"' in err

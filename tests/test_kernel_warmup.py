@@ -36,7 +36,9 @@ def compiled() -> dict[str, set[str]]:
     }
 
 
-@pytest.mark.parametrize(("policy", "mode"), [("default", "replay"), ("fgd", "inflate"), ("best-fit", "inflate")])
+@pytest.mark.parametrize(
+    ("policy", "mode"), [("default", "replay"), ("fgd", "inflate"), ("best-fit", "inflate")]
+)
 def test_the_warm_up_leaves_nothing_for_a_run_to_compile(policy: str, mode: str) -> None:
     chosen = policy_named(policy, **({"fail_unplaced": True} if mode == "inflate" else {}))
     warm_up(chosen)
@@ -71,9 +73,8 @@ def test_a_cold_cache_says_compiling_and_keeps_the_compile_out_of_decisions_per_
     assert first.stderr.splitlines()[0] == NOTICE
     cold = json.loads(first.stdout)
     assert cold["compile_s"] > 3 * cold["wall_s"]  # the compile happened before the run, not in it
-    decided = cold["placed"] + cold["failed"] + cold["preempted"]
-    assert cold["decisions_per_s"] >= 0.9 * cold["placed"] / cold["wall_s"]
-    assert decided > 0
+    assert cold["placed"] > 0
+    assert cold["decisions_per_s"] >= cold["placed"] / cold["wall_s"] * 0.99  # per second of the run alone
     second = fleetlog(tmp_path, cache, *args)
     assert second.returncode == 0, second.stderr
     assert NOTICE not in second.stderr  # served from the cache: nothing to say

@@ -26,7 +26,8 @@ TINY_DEMO = ["--nodes", "4", "--jobs", "100"]
 
 
 def fleetlog(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
     return subprocess.run(
         [sys.executable, "-m", "fleetlog.cli", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetlog.log.base import DECISIONS, INPUTS, Message
-from fleetlog.log.file import FileLogStore, announce_intent
+from fleetlog.log.file import FileLogStore, RecoveryWarning, announce_intent
 from fleetlog.log.logdir import LogDirError, check_overwrite, prepare_log_dir, survey
 from fleetlog.log.private import write_private
 from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
@@ -29,8 +29,8 @@ async def full_log(directory: Path) -> Path:
     await store.close()
     with sorted((directory / INPUTS).glob("*.log"))[-1].open("ab") as f:
         f.write(b"FLOG torn")
-    with pytest.warns(Warning):
-        store = FileLogStore(directory)
+    store = FileLogStore(directory)
+    with pytest.warns(RecoveryWarning, match="torn"):
         await store.open()  # recovers the torn tail: writes truncations.jsonl
     await store.close()
     await DirectorySnapshots(directory / "snapshots").save(
@@ -42,7 +42,8 @@ async def full_log(directory: Path) -> Path:
 
 
 def tree(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    return {str(p.relative_to(directory)): p.read_bytes() for p in files}
 
 
 async def test_every_file_of_a_real_log_is_fleetlogs_and_is_removed_only_when_asked(tmp_path: Path) -> None:
@@ -81,8 +82,9 @@ async def test_a_log_with_anything_else_in_it_is_never_touched_even_with_force(
     (directory / intruder).parent.mkdir(parents=True, exist_ok=True)
     (directory / intruder).write_text("the user's")
     before = tree(directory)
+    refusal = rf"holds {named}, which is not a fleetlog log.*not even with --force"
     for replace in (False, True):
-        with pytest.raises(LogDirError, match=f"holds {named}, which is not a fleetlog log.*not even with --force"):
+        with pytest.raises(LogDirError, match=refusal):
             prepare_log_dir(directory, replace=replace)
     assert tree(directory) == before
 
@@ -100,7 +102,7 @@ def test_a_symlink_is_foreign_wherever_it_is(tmp_path: Path) -> None:
     (directory / "inputs").unlink()
     (directory / "inputs").mkdir()
     (directory / "inputs" / "00000000000000000000.log").symlink_to(outside / "precious")
-    with pytest.raises(LogDirError, match="'inputs/00000000000000000000.log'"):
+    with pytest.raises(LogDirError, match=r"'inputs/00000000000000000000\.log'"):
         prepare_log_dir(directory, replace=True)
     assert (outside / "precious").read_text() == "keep"
 
@@ -111,7 +113,7 @@ def test_missing_and_empty_directories_are_fine_and_a_file_is_refused(tmp_path: 
     (tmp_path / "empty").mkdir()
     prepare_log_dir(tmp_path / "empty", replace=False)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(LogDirError, match="--log .*file: not a directory"):
+    with pytest.raises(LogDirError, match=r"--log .*file: not a directory"):
         prepare_log_dir(tmp_path / "file", replace=True)
     assert (tmp_path / "file").read_text() == "x"
 
@@ -133,7 +135,7 @@ async def test_nested_logs_count_only_where_the_caller_says(tmp_path: Path) -> N
     with pytest.raises(LogDirError, match="'seed-1'"):
         prepare_log_dir(tmp_path / "runs", replace=True)
     (tmp_path / "runs" / "seed-2" / "mine.txt").write_text("x")
-    with pytest.raises(LogDirError, match="'seed-2/mine.txt'"):
+    with pytest.raises(LogDirError, match=r"'seed-2/mine\.txt'"):
         prepare_log_dir(tmp_path / "runs", replace=True, nested=lambda n: n.startswith("seed-"))
     (tmp_path / "runs" / "seed-2" / "mine.txt").unlink()
     prepare_log_dir(tmp_path / "runs", replace=True, nested=lambda n: n.startswith("seed-"))
@@ -148,5 +150,5 @@ def test_overwrite_only_our_own_files_and_only_when_asked(tmp_path: Path) -> Non
         check_overwrite({ours: lambda _: True}, replace=False, flag="--report")
     check_overwrite({ours: lambda _: True}, replace=True, flag="--report")
     theirs.write_text("holiday")
-    with pytest.raises(LogDirError, match="'plot.png', which fleetlog did not write"):
+    with pytest.raises(LogDirError, match=r"'plot\.png', which fleetlog did not write"):
         check_overwrite({theirs: lambda _: False}, replace=True, flag="--report")
