@@ -29,16 +29,27 @@ def start(cwd: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def interrupt_when(
-    child: subprocess.Popen[str], ready: Callable[[], bool], timeout_s: float = 300
+    child: subprocess.Popen[str], ready: Callable[[], bool], timeout_s: float = 300, signals: int = 1
 ) -> tuple[str, str]:
-    """Send SIGINT once ``ready()`` (polled), then collect the child's output."""
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        assert child.poll() is None, child.communicate()
-        assert time.monotonic() < deadline, "the child never got ready"
-        time.sleep(0.05)
-    child.send_signal(signal.SIGINT)
-    return child.communicate(timeout=120)
+    """Send SIGINT (``signals`` times) once ``ready()`` (polled), then collect the child's output;
+    a child still running 120 s later fails the test (and is killed)."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never got ready"
+            time.sleep(0.05)
+        for _ in range(signals):
+            child.send_signal(signal.SIGINT)
+            time.sleep(0.1)  # two signals, not one coalesced
+        try:
+            return child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("still running 120 s after Ctrl-C") from None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
 
 
 def grown(path: Path, size: int = 1) -> Callable[[], bool]:
@@ -72,14 +83,7 @@ def test_a_second_ctrl_c_stops_simulate_at_once(tmp_path: Path) -> None:
     child = start(tmp_path, "simulate", "--workload", BIG_WORKLOAD, "--log", str(log), "--report",
                   str(tmp_path / "report"), "--json")
     segment = log / "inputs" / "00000000000000000000.log"
-    deadline = time.monotonic() + 300
-    while not grown(segment, 200_000)():
-        assert child.poll() is None
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    child.send_signal(signal.SIGINT)
-    child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=120)
+    _, err = interrupt_when(child, grown(segment, 200_000), signals=2)
     assert child.returncode == EXIT_INTERRUPTED
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("fleetlog simulate: interrupted")
