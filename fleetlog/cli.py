@@ -256,19 +256,20 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command.  Ctrl-C anywhere: one line on stderr and exit code 130, no traceback
     (``fleetlog run`` stops cleanly on it instead, and ``simulate`` writes what it has)."""
-    prog = "fleetlog"
+    prog = where = "fleetlog"
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupt) if main_thread else None
     try:
         args = build_parser().parse_args(argv)
         prog = f"fleetlog {args.command}"
+        where = " ".join([prog, *([args.replay_command] if getattr(args, "replay_command", None) else [])])
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{where}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         if main_thread:

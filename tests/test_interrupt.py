@@ -110,6 +110,17 @@ def test_ctrl_c_while_simulate_loads_its_inputs_is_one_line(tmp_path: Path) -> N
     assert not (tmp_path / "log").exists()
 
 
+def test_replay_stops_at_once_with_one_line(tmp_path: Path) -> None:
+    """A command busy folding (no ``await`` that suspends) still stops on the first Ctrl-C."""
+    log = tmp_path / "log"
+    assert main(["demo", "--log", str(log), "--nodes", "64", "--jobs", "300000", "--json"]) == 0
+    child = start(tmp_path, "replay", "state-at", "--log", str(log), "300000")
+    time.sleep(2.5)  # imported, and folding 300,000 jobs: the whole command takes several times longer
+    out, err = interrupt_when(child, lambda: True)
+    assert child.returncode == EXIT_INTERRUPTED, (out, err)
+    assert err == "fleetlog replay state-at: interrupted\n"
+
+
 def test_run_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     log = tmp_path / "log"
     child = start(tmp_path, "run", "--log", str(log), "--http-port", "0")
