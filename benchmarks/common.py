@@ -13,7 +13,7 @@ from typing import Any
 
 
 def parse(description: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="a smaller run (well under a minute)")
     parser.add_argument("--repeats", type=int, default=5, help="repetitions; the median is reported")

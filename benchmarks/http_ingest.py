@@ -87,7 +87,7 @@ def _round(host: str, port: int, args: argparse.Namespace, round_no: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--events", type=int, default=50, help="events per request")

@@ -89,7 +89,7 @@ def find_traces() -> str:
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
@@ -129,7 +129,10 @@ def inflate_run(
 
 def _ratio(job: tuple[Path, str, str, int, int, str]) -> float:
     traces, variant, policy, seed, batch, extra = job
-    return inflate_run(traces, variant, policy, seed, f"inflate?batch={batch}{extra}").gpu_alloc_ratio * 100
+    run = inflate_run(traces, variant, policy, seed, f"inflate?batch={batch}{extra}")
+    at_target = run.gpu_alloc_at_target_pct
+    assert at_target is not None  # an inflate run always has one
+    return at_target
 
 
 def allocation(

@@ -15,11 +15,14 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 
-EXIT_USAGE = 2
+from fleetlog.usage import EXIT_USAGE, Parser, print_error
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 """Ctrl-C: 128 + SIGINT, what shells report for a command a SIGINT ended."""
 DEMO_LOG = ".fleetlog/demo"
@@ -31,10 +34,14 @@ class UsageError(Exception):
     """A bad argument or input file: reported in one line, exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml``'s, once installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetlog")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH that was never installed
+        return "unknown (not installed)"
 
 
 def _positive(text: str) -> int:
@@ -83,8 +90,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _print_demo(result: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from fleetlog.display import console
 
     table = Table(title=f"fleetlog demo — file log at {result.log_dir} (seed {result.seed})")
     table.add_column("what")
@@ -96,7 +104,7 @@ def _print_demo(result: Any) -> None:
     table.add_row("GPUs in fleet / requested", f"{result.gpus_in_fleet:,} / {result.gpus_requested:,}")
     table.add_row("append events/s", f"{result.write_events_per_s:,.0f}")
     table.add_row("read+decode events/s", f"{result.read_events_per_s:,.0f}")
-    Console().print(table)
+    console().print(table)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -107,6 +115,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fleetlog.core.policy import UnknownPolicyError, policy_named
     from fleetlog.kernel_warmup import warm_kernels
     from fleetlog.log.base import LogStore
+    from fleetlog.replay.summary import measure_store
     from fleetlog.service.loop import LoopConfig, SchedulerLoop
     from fleetlog.service.service import warm_up
 
@@ -122,7 +131,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         def scheduler(store: LogStore) -> SchedulerLoop:
             return SchedulerLoop(store, policy, LoopConfig(check_invariants=args.check_invariants))
 
-        runs = simulate(options, policy.name, scheduler, lambda: warm_kernels(lambda: warm_up(policy))[0])
+        warm = lambda: warm_kernels(lambda: warm_up(policy))[0]  # noqa: E731
+        runs = simulate(options, policy.name, scheduler, measure_store, warm)
     except (SimulationInputError, UnknownPolicyError) as exc:
         raise UsageError(str(exc)) from None
     if runs[-1].interrupted:
@@ -135,13 +145,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """The scheduler service over Kafka or the embedded file log, until SIGTERM/SIGINT."""
     from fleetlog.service.command import CommandError, configure, configure_logging, run_service
+    from fleetlog.service.http import BindError
 
     try:
         config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(args.log_level)
-    run_service(config)
+    try:
+        run_service(config)
+    except BindError as exc:  # leading without HTTP would strand producers: say so and exit
+        print_error("fleetlog run", str(exc))
+        return EXIT_FAILURE
     return 0
 
 
@@ -182,8 +197,9 @@ def _add_service_commands(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fleetlog", description="An event-sourced scheduler for ML and batch fleets.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="fleetlog", description="An event-sourced scheduler for ML and batch fleets.")
+    parser.add_argument("--version", action="version", version=f"fleetlog {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
     schema = sub.add_parser("schema", help="print the JSON Schema of every event")
     schema.add_argument("--compact", action="store_true", help="one line instead of indented JSON")
     schema.set_defaults(func=cmd_schema)
@@ -208,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "&mtbf_h=H&mttr_s=S&heartbeat_s=S&start_delay_s=S] (default: synthetic)")
     sim.add_argument("--workload", default="synthetic", metavar="PATH|SPEC",
                      help="an openb pod-list CSV, 'openb[:VARIANT]', or synthetic[?jobs=N&load=F&tenants=N"
-                          "&prod=F&gang=F&frac=F&durations=builtin|philly|PATH] (default: synthetic)")
+                          "&prod=F&gang=F&frac=F&cpu=F&durations=builtin|philly|PATH] (default: synthetic)")
     sim.add_argument("--mode", default="replay", metavar="inflate|replay",
                      help="inflate[?ratio=1.3&order=shuffle|file&batch=N] (the FGD paper's protocol) or "
                           "replay[?speed=S&drain_h=H&tick_ms=T] (trace times, with departures; default)")
@@ -266,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except UsageError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print_error(prog, str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{where}: interrupted", file=sys.stderr)

@@ -58,6 +58,7 @@ from fleetlog.events.model import (
     TaskStarted,
     TopologyLevel,
 )
+from fleetlog.events.spec import same_submission, spec_differences, submission_spec
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
 from fleetlog.log.file import FileLogStore, HandOverError, LockedError, process_alive
 from fleetlog.service.config import Config, make_store
@@ -186,10 +187,27 @@ def envelope_from_json(data: bytes, producer_id: str, default_type: str | None =
 # -- transports ---------------------------------------------------------------------------------
 
 
+class Sent(msgspec.Struct, frozen=True):
+    """What became of envelopes sent: ``appended`` of them went into the log from
+    ``first_offset`` on; the ``duplicates`` (their indexes) repeat, with the same spec, what
+    the log already holds and were not appended.  With nothing appended, ``first_offset`` is where
+    the log ended (or, on a file log read directly, the offset of the original)."""
+
+    first_offset: int
+    appended: int
+    duplicates: tuple[int, ...] = ()
+
+
 class Transport(Protocol):
-    """Where checked envelopes go; returns the offset of the first."""
+    """Where checked envelopes go; :meth:`append` returns the offset of the first."""
 
     async def append(self, envelopes: Sequence[Envelope]) -> int: ...
+
+    async def deliver(self, envelopes: Sequence[Envelope], check: bool = False) -> Sent:
+        """:meth:`append`, saying which were duplicates.  ``check``: refuse a job id submitted
+        again with another spec and a cancel of an unknown job where that costs a read of the
+        log (the file log); the running service always checks."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -209,12 +227,27 @@ class StoreTransport:
         self.store, self.owned, self.what = store, owned, what
 
     async def append(self, envelopes: Sequence[Envelope]) -> int:
+        return (await self.deliver(envelopes)).first_offset
+
+    async def deliver(self, envelopes: Sequence[Envelope], check: bool = False) -> Sent:
+        """Appends ``envelopes``; with ``check``, :func:`screen_log` first (a file log only: it
+        reads the whole inputs log, which on Kafka is the service's work)."""
+        duplicates: dict[int, int] = {}
+        if check and isinstance(self.store, FileLogStore):
+            try:
+                duplicates = await screen_log(self.store, envelopes)
+            except LogError as exc:
+                raise ClientError(f"cannot read {self.what}: {exc}", "unreachable") from None
+        kept = [e for i, e in enumerate(envelopes) if i not in duplicates]
+        if not kept:
+            return Sent(min(duplicates.values()), 0, tuple(sorted(duplicates)))
         try:
-            return await self.store.log(INPUTS).append([message_of(e) for e in envelopes])
+            first = await self.store.log(INPUTS).append([message_of(e) for e in kept])
         except HandOverError:
             raise  # nothing was written: FileTransport sends the batch to the service instead
         except LogError as exc:
             raise ClientError(f"cannot append to {self.what}: {exc}", "unreachable") from None
+        return Sent(first, len(kept), tuple(sorted(duplicates)))
 
     async def close(self) -> None:
         if self.owned:
@@ -242,6 +275,10 @@ class HttpTransport:
         return self._session
 
     async def append(self, envelopes: Sequence[Envelope]) -> int:
+        return (await self.deliver(envelopes)).first_offset
+
+    async def deliver(self, envelopes: Sequence[Envelope], check: bool = False) -> Sent:
+        """POSTs ``envelopes``; the service checks them (``check`` changes nothing)."""
         body = b"[" + b",".join(encode(e, "json") for e in envelopes) + b"]"
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         while True:
@@ -255,7 +292,8 @@ class HttpTransport:
                 f"{self.describe()} refused the events (HTTP {status}): {answer.get('error', answer)}",
                 str(answer.get("reason", "rejected")),
             )
-        return int(answer["first_offset"])
+        duplicates = tuple(int(d["index"]) for d in answer.get("duplicates", ()))
+        return Sent(int(answer["first_offset"]), int(answer.get("appended", len(envelopes))), duplicates)
 
     async def job(self, job_id: str) -> dict[str, Any] | None:
         """The job's state as the running service holds it; ``None`` if it does not know it.  The
@@ -322,18 +360,85 @@ class FileTransport:
         self.config, self.inner = config, inner
 
     async def append(self, envelopes: Sequence[Envelope]) -> int:
+        return (await self.deliver(envelopes)).first_offset
+
+    async def deliver(self, envelopes: Sequence[Envelope], check: bool = False) -> Sent:
         try:
-            return await self.inner.append(envelopes)
+            return await self.inner.deliver(envelopes, check)
         except HandOverError:
             await self.inner.close()
             self.inner = await _after_handover(self.config)
-            return await self.inner.append(envelopes)
+            return await self.inner.deliver(envelopes, check)
 
     async def close(self) -> None:
         await self.inner.close()
 
     def describe(self) -> str:
         return self.inner.describe()
+
+
+SCAN_BATCH: Final = 10_000
+
+
+async def screen_log(store: LogStore, envelopes: Sequence[Envelope]) -> dict[int, int]:
+    """What the service's ingest checks, done by reading the inputs log: the envelopes that
+    resubmit a job with the same spec (:func:`fleetlog.events.spec.same_submission`) or cancel a
+    job already cancelled, as ``{index: offset of the original}`` (-1: earlier in ``envelopes``).
+    A job id submitted again with another spec (``already_exists``) or a cancel of a job never
+    submitted (``unknown_job``) raises :class:`ClientError`."""
+    ids = sorted({e.event.job_id for e in envelopes if isinstance(e.event, JobSubmitted | JobCancelled)})
+    submits, cancels = await _logged_jobs(store, ids)
+    duplicates: dict[int, int] = {}
+    for index, env in enumerate(envelopes):
+        event = env.event
+        if isinstance(event, JobSubmitted):
+            if event.job_id not in submits:
+                submits[event.job_id] = (-1, event)  # later ones in this batch compare with it
+                continue
+            offset, original = submits[event.job_id]
+            if not same_submission(original, event):
+                changed = "; ".join(spec_differences(submission_spec(original), submission_spec(event)))
+                raise ClientError(f"job {event.job_id!r} already exists with another spec ({changed}); a "
+                                  "job id is submitted once: cancel it and submit under a new id",
+                                  "already_exists")
+            duplicates[index] = offset
+        elif isinstance(event, JobCancelled):
+            if event.job_id not in submits:
+                raise ClientError(f"cannot cancel job {event.job_id!r}: no such job", "unknown_job")
+            if event.job_id in cancels:
+                duplicates[index] = cancels[event.job_id]
+    return duplicates
+
+
+async def _logged_jobs(store: LogStore, ids: Sequence[str]
+                       ) -> tuple[dict[str, tuple[int, JobSubmitted]], dict[str, int]]:
+    """The first submission of each of ``ids`` in the inputs log (offset, event), and the
+    offset of the first cancel that follows it — what the fold takes.  A record is decoded only
+    if it holds one of the ids' bytes (or is not msgpack, whose strings are stored as is)."""
+    submits: dict[str, tuple[int, JobSubmitted]] = {}
+    cancels: dict[str, int] = {}
+    if not ids:
+        return submits, cancels
+    log, needles, offset, wanted = store.log(INPUTS), [i.encode() for i in ids], 0, frozenset(ids)
+    end = await log.end_offset()
+    while offset < end:
+        records = await log.read(offset, SCAN_BATCH)
+        if not records:
+            break
+        for record in records:
+            kind = record.header(CONTENT_TYPE_HEADER) if record.headers else None
+            if kind in (None, MSGPACK) and not any(n in record.value for n in needles):
+                continue
+            try:
+                event = decode(record.value, kind).event
+            except BadEventError:
+                continue  # the consumer dead-letters it: the fold never sees it
+            if isinstance(event, JobSubmitted) and event.job_id in wanted:
+                submits.setdefault(event.job_id, (record.offset, event))
+            elif isinstance(event, JobCancelled) and event.job_id in submits:
+                cancels.setdefault(event.job_id, record.offset)
+        offset = records[-1].offset + 1
+    return submits, cancels
 
 
 async def _direct(config: Config) -> StoreTransport:

@@ -1,9 +1,12 @@
 """``fleetlog submit`` and ``fleetlog cancel``: the producer client on the command line.
 
 Both take the logs from ``--config FILE`` and ``FLEETLOG_<TABLE>_<KEY>`` variables, or from the
-shortcuts ``--log DIR`` / ``--kafka HOST:PORT``; both print the inputs offset the event got.  Every
-problem — a bad flag, a bad JSON file, an event the scheduler would refuse, a log that cannot be
-reached — is one line and exit code 2.
+shortcuts ``--log DIR`` / ``--kafka HOST:PORT``; both print the inputs offset the event got.  A bad
+flag, a bad JSON file, an event the scheduler would refuse, a file log that does not exist (without
+``--create``) or a log that cannot be reached is one line and exit code 2.  A refusal of what the
+log already holds — a job id submitted before with another spec, a cancel of a job never submitted
+or already ended — is one line and exit code 1 (as ``kubectl create`` of an existing object).  An
+identical resubmission (or a repeated cancel) appends nothing, says so, and exits 0.
 """
 
 from __future__ import annotations
@@ -18,13 +21,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from fleetlog.cli import _add_log_options
-from fleetlog.client import Client, ClientError, envelope_from_json, keyed
+from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed, running_service
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
+from fleetlog.log.base import DECISIONS, INPUTS
 from fleetlog.service.config import Config, ConfigError, load_config
 
 CLI_PRODUCER_ID = "fleetlog-cli"
+EXIT_REFUSED = 1
+REFUSALS = frozenset({"already_exists", "unknown_job", "already_ended"})
+"""Reasons that refuse what the log holds (exit 1), not the command line (exit 2)."""
+MAX_FILE_BYTES = MAX_EVENT_BYTES
+"""The most ``submit --file`` reads (one event, a JSON array or JSON lines alike)."""
 Command = Callable[[argparse.Namespace], int]
 
 
@@ -61,7 +72,9 @@ def _count(minimum: int) -> Any:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     _add_log_options(parser)
     parser.add_argument("--producer-id", default=CLI_PRODUCER_ID, help=f"default {CLI_PRODUCER_ID}")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (per event)")
+    parser.add_argument("--create", action="store_true",
+                        help="start a new file log in --log DIR if there is none (else: an error)")
 
 
 def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
@@ -70,11 +83,13 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
     submit = sub.add_parser(
         "submit",
         help="submit a job to the inputs log",
-        description="Submit a gang job: from a JSON file (a JobSubmitted, or a full envelope; - reads "
-        "stdin), or from flags for one task group.",
+        description="Submit a gang job: from a JSON file (a JobSubmitted or a full envelope, a JSON array "
+        "of them, or JSON lines; - reads stdin), or from flags for one task group.",
     )
     submit.add_argument("job_id", nargs="?", metavar="JOB_ID", help="the job id (with flags)")
-    submit.add_argument("--file", metavar="JOB.json", help="a JobSubmitted or envelope as JSON; - for stdin")
+    submit.add_argument("--file", metavar="JOB.json",
+                        help="a JobSubmitted or envelope as JSON, a JSON array or JSON lines of them; "
+                        "- for stdin")
     submit.add_argument("--tenant")
     submit.add_argument("--tasks", type=_count(1), default=1, help="tasks in the gang (default 1)")
     submit.add_argument("--cpu-milli", type=_count(0), default=1000, help="per task (default 1000)")
@@ -100,8 +115,7 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    env = _submission(args)
-    return _send(args, env)
+    return _send(args, _submission(args))
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -109,7 +123,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         env = keyed(JobCancelled(job_id=args.job_id, reason=args.reason), args.producer_id)
     except ClientError as exc:
         raise CommandLineError(f"invalid cancel: {exc}") from None
-    return _send(args, env)
+    return _send(args, [env])
 
 
 def configured(args: argparse.Namespace) -> Config:
@@ -127,40 +141,55 @@ def configured(args: argparse.Namespace) -> Config:
         raise CommandLineError(f"{exc}{hint}") from None
 
 
-def _send(args: argparse.Namespace, env: Envelope) -> int:
+def check_log_dir(config: Config, create: bool) -> None:
+    """A file log must exist unless ``create``: a mistyped ``--log`` is an error, as it is for
+    ``fleetlog status``, not a new empty log the scheduler never reads."""
+    if config.log.dir is None or create:
+        return
+    path = Path(config.log.dir)
+    if running_service(path) is not None:
+        return  # the service that holds it answers
+    if not path.is_dir() or not any((path / name).is_dir() for name in (INPUTS, DECISIONS)):
+        raise CommandLineError(f"no file log at {path} (expected {INPUTS}/ and {DECISIONS}/ directories; "
+                               "--create starts a new one)")
+
+
+def _send(args: argparse.Namespace, envelopes: list[Envelope]) -> int:
     config = configured(args)
+    check_log_dir(config, args.create)
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())  # its errors come back as one line
 
-    async def send() -> tuple[int, str]:
+    async def send() -> tuple[Sent, str]:
         client: Client = await Client.connect(config, args.producer_id)
         async with client:
-            return await client.send([env]), client.describe()
+            return await client.transport.deliver(envelopes, check=True), client.describe()
 
     try:
-        offset, where = asyncio.run(send())
+        sent, where = asyncio.run(send())
     except ClientError as exc:
+        if exc.reason in REFUSALS:
+            print(f"fleetlog {args.command}: error: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
         raise CommandLineError(str(exc)) from None
-    _report(args, env, offset, where)
+    _report(args, envelopes, sent, where)
     return 0
 
 
-def _report(args: argparse.Namespace, env: Envelope, offset: int, where: str) -> None:
-    event = env.event
-    job_id = getattr(event, "job_id", None)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "event": type(event).__name__,
-                    "job_id": job_id,
-                    "key": env.key,
-                    "offset": offset,
-                    "log": where,
-                }
-            )
-        )
-    else:
-        print(f"{type(event).__name__} {job_id} (key {env.key}) appended at inputs offset {offset} ({where})")
+def _report(args: argparse.Namespace, envelopes: list[Envelope], sent: Sent, where: str) -> None:
+    offset = sent.first_offset
+    for index, env in enumerate(envelopes):
+        event, duplicate = env.event, index in sent.duplicates
+        job_id = getattr(event, "job_id", None)
+        at = None if duplicate else offset
+        offset += 0 if duplicate else 1
+        if args.json:
+            print(json.dumps({"event": type(event).__name__, "job_id": job_id, "key": env.key, "offset": at,
+                              "duplicate": duplicate, "log": where}))
+        elif duplicate:
+            what = "cancelled already" if isinstance(event, JobCancelled) else "submitted already, same spec"
+            print(f"{type(event).__name__} {job_id} (key {env.key}) {what}: nothing appended ({where})")
+        else:
+            print(f"{type(event).__name__} {job_id} (key {env.key}) appended at inputs offset {at} ({where})")
 
 
 # -- what to submit -----------------------------------------------------------------------------
@@ -168,43 +197,73 @@ def _report(args: argparse.Namespace, env: Envelope, offset: int, where: str) ->
 _JOB_FLAGS = ("tenant", "gpu_milli", "topology", "duration_ms")
 
 
-def _submission(args: argparse.Namespace) -> Envelope:
+def _submission(args: argparse.Namespace) -> list[Envelope]:
     if args.file is not None:
         if args.job_id is not None or any(getattr(args, f) is not None for f in _JOB_FLAGS):
             raise CommandLineError("give either --file or JOB_ID with flags, not both")
         return _from_file(args.file, args.producer_id)
     if args.job_id is None or args.tenant is None:
         raise CommandLineError("submit needs --file JOB.json, or JOB_ID and --tenant")
-    return _from_flags(args)
+    return [_from_flags(args)]
 
 
 def _read(path: str) -> bytes:
-    """At most :data:`MAX_EVENT_BYTES` (no event is larger), so ``/dev/zero`` or a huge file is a
-    one-line error, not a process that reads until memory runs out."""
+    """At most :data:`MAX_FILE_BYTES`, so ``/dev/zero`` or a huge file is a one-line error, not a
+    process that reads until memory runs out."""
     name = "stdin" if path == "-" else path
     try:
         if path == "-":
-            data = sys.stdin.buffer.read(MAX_EVENT_BYTES + 1)
+            data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
         else:
             with open(path, "rb") as file:
-                data = file.read(MAX_EVENT_BYTES + 1)
+                data = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise CommandLineError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_EVENT_BYTES:
-        raise CommandLineError(f"{name} is over {MAX_EVENT_BYTES} bytes, the largest event the scheduler "
-                               "takes: not a job file")
+    if len(data) > MAX_FILE_BYTES:
+        raise CommandLineError(f"{name} is over {MAX_FILE_BYTES} bytes, the most submit --file reads: "
+                               "split it into several files")
     return data
 
 
-def _from_file(path: str, producer_id: str) -> Envelope:
-    name = "stdin" if path == "-" else path
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _documents(data: bytes, name: str) -> list[tuple[str, bytes]]:
+    """The JSON documents of a job file, each with where it is (``item 2``, ``line 3``): one
+    object, a JSON array of objects, or JSON lines (one object per line; blank lines skipped)."""
+    text = data.lstrip()
+    if text.startswith(b"["):
+        try:
+            items = _RAW_LIST.decode(text)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise CommandLineError(f"{name}: not a valid JSON array: {exc} (reason undecodable)") from None
+        return [(f"item {i}", bytes(raw)) for i, raw in enumerate(items)]
+    lines = [(n, line) for n, line in enumerate(data.splitlines(), 1) if line.strip()]
+    if len(lines) <= 1:
+        return [("", data)]
     try:
-        env = envelope_from_json(_read(path), producer_id, default_type="JobSubmitted")
-    except ClientError as exc:
-        raise CommandLineError(f"{name}: {exc} (reason {exc.reason})") from None
-    if not isinstance(env.event, JobSubmitted):
-        raise CommandLineError(f"{name} holds a {type(env.event).__name__}, not a JobSubmitted")
-    return env
+        msgspec.json.decode(data)
+        return [("", data)]  # one object over several lines
+    except (msgspec.DecodeError, RecursionError):
+        return [(f"line {n}", line) for n, line in lines]
+
+
+def _from_file(path: str, producer_id: str) -> list[Envelope]:
+    name = "stdin" if path == "-" else path
+    documents = _documents(_read(path), name)
+    if not documents:
+        raise CommandLineError(f"{name} holds no job (an empty JSON array)")
+    out = []
+    for where, doc in documents:
+        at = f"{name}: {where}" if where else name
+        try:
+            env = envelope_from_json(doc, producer_id, default_type="JobSubmitted")
+        except ClientError as exc:
+            raise CommandLineError(f"{at}: {exc} (reason {exc.reason})") from None
+        if not isinstance(env.event, JobSubmitted):
+            raise CommandLineError(f"{at} holds a {type(env.event).__name__}, not a JobSubmitted")
+        out.append(env)
+    return out
 
 
 def _from_flags(args: argparse.Namespace) -> Envelope:

@@ -130,7 +130,7 @@ async def _write(store: LogStore, batch: list[Message]) -> float:
 
 
 async def _read(store: LogStore) -> tuple[Counter[str], int, float]:
-    consumer, offset, counts, gpus = EventConsumer(store), 0, Counter[str](), 0
+    consumer, offset, counts, gpus = EventConsumer(store, warn=False), 0, Counter[str](), 0
     end = await store.log(INPUTS).end_offset()
     start = time.perf_counter()
     while offset < end:

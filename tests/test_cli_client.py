@@ -89,6 +89,7 @@ def test_submit_from_flags(capsys: pytest.CaptureFixture[str], log_dir: Path) ->
         "A100",
         "--log",
         str(log_dir),
+        "--create",
     )
     assert (code, err) == (0, "")
     assert out == (
@@ -114,7 +115,8 @@ def test_submit_a_bare_job_file_and_cancel_with_json_output(
     path = tmp_path / "job.json"
     path.write_text(json.dumps(JOB_JSON))
     code, out, _ = run(
-        capsys, "submit", "--file", str(path), "--log", str(log_dir), "--json", "--producer-id", "ops"
+        capsys, "submit", "--file", str(path), "--log", str(log_dir), "--json", "--producer-id", "ops",
+        "--create",
     )
     assert code == 0
     assert json.loads(out) == {
@@ -122,6 +124,7 @@ def test_submit_a_bare_job_file_and_cancel_with_json_output(
         "job_id": "file-1",
         "key": "submit/file-1",
         "offset": 0,
+        "duplicate": False,
         "log": f"the file log at {log_dir}",
     }
     code, out, _ = run(
@@ -145,7 +148,7 @@ def test_submit_a_full_envelope_from_stdin_keeps_its_producer_and_key(log_dir: P
         "k-9",
     )
     done = subprocess.run(
-        [sys.executable, "-m", "fleetlog.cli", "submit", "--file", "-", "--log", str(log_dir)],
+        [sys.executable, "-m", "fleetlog.cli", "submit", "--file", "-", "--log", str(log_dir), "--create"],
         input=encode(env, "json"),
         capture_output=True,
         cwd=ROOT,
@@ -161,13 +164,15 @@ def test_the_config_file_and_the_environment_name_the_log(
 ) -> None:
     config = tmp_path / "fleetlog.toml"
     config.write_text(f'[log]\ndir = "{tmp_path / "from-file"}"\nfsync = "always"\n')
-    assert run(capsys, "cancel", "a", "--config", str(config))[0] == 0
+    new = ("--tenant", "t", "--create")
+    assert run(capsys, "submit", "a", *new, "--config", str(config))[0] == 0
     monkeypatch.setenv("FLEETLOG_LOG_DIR", str(tmp_path / "from-env"))
-    assert run(capsys, "cancel", "b", "--config", str(config))[0] == 0
-    assert run(capsys, "cancel", "c", "--config", str(config), "--log", str(tmp_path / "from-flag"))[0] == 0
-    assert [e.key for e in logged(tmp_path / "from-file")] == ["cancel/a"]
-    assert [e.key for e in logged(tmp_path / "from-env")] == ["cancel/b"]
-    assert [e.key for e in logged(tmp_path / "from-flag")] == ["cancel/c"]
+    assert run(capsys, "submit", "b", *new, "--config", str(config))[0] == 0
+    flag = ("--log", str(tmp_path / "from-flag"))
+    assert run(capsys, "submit", "c", *new, "--config", str(config), *flag)[0] == 0
+    assert [e.key for e in logged(tmp_path / "from-file")] == ["submit/a"]
+    assert [e.key for e in logged(tmp_path / "from-env")] == ["submit/b"]
+    assert [e.key for e in logged(tmp_path / "from-flag")] == ["submit/c"]
 
 
 def test_while_the_service_holds_the_log_the_command_posts_to_it(
@@ -264,7 +269,8 @@ def bad_files(tmp_path: Path) -> list[tuple[Path, str]]:
     return [
         (tmp_path / "missing.json", "cannot read {path}: No such file or directory"),
         (file("broken.json", '{"job_id": "x",'), "{path}: not valid JSON"),
-        (file("list.json", "[]"), "{path}: expected a JSON object, got list"),
+        (file("list.json", "[]"), "{path} holds no job (an empty JSON array)"),
+        (file("number.json", "[1]"), "{path}: item 0: expected a JSON object, got int"),
         (
             file("cpu.json", json.dumps(bad_cpu)),
             "{path}: invalid JobSubmitted: Expected `int` >= 0 - at `$.event.task_groups[0].cpu_milli` "
@@ -365,7 +371,8 @@ def test_an_endless_or_huge_job_file_is_a_one_line_error(log_dir: Path, source: 
     feeder = subprocess.Popen(["cat", "/dev/zero"], stdout=subprocess.PIPE) if source == "-" else None
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "fleetlog.cli", "submit", "--file", source, "--log", str(log_dir)],
+            [sys.executable, "-m", "fleetlog.cli", "submit", "--file", source, "--log", str(log_dir),
+             "--create"],
             stdin=feeder.stdout if feeder else subprocess.DEVNULL, capture_output=True, text=True,
             cwd=ROOT, timeout=60, check=False,
         )
@@ -375,8 +382,8 @@ def test_an_endless_or_huge_job_file_is_a_one_line_error(log_dir: Path, source: 
             feeder.wait()
     name = "stdin" if source == "-" else source
     assert done.returncode == 2
-    assert done.stderr == (f"fleetlog submit: error: {name} is over {4 << 20} bytes, the largest event the "
-                           "scheduler takes: not a job file\n")
+    assert done.stderr == (f"fleetlog submit: error: {name} is over {4 << 20} bytes, the most submit --file "
+                           "reads: split it into several files\n")
     assert logged(log_dir) == []
 
 

@@ -70,7 +70,7 @@ def test_simulate_writes_what_it_has_and_the_log_replays(tmp_path: Path) -> None
     result = json.loads(out)
     assert result["interrupted"] is True
     assert 0 < result["jobs"] < 20_000  # what had arrived when Ctrl-C came
-    assert result["placed"] > 0
+    assert result["jobs_placed"] > 0
     summary = json.loads((report / "summary.json").read_text())
     assert summary["summary"]["interrupted"] is True
     assert summary["runs"][0]["jobs"] == result["jobs"]

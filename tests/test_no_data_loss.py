@@ -44,7 +44,7 @@ def project(directory: Path) -> Path:
 
 def submitted(directory: Path) -> Path:
     """A log made the way a user makes one: ``fleetlog submit --log DIR``."""
-    assert main(["submit", "j1", "--tenant", "t", "--gpus", "1", "--log", str(directory)]) == 0
+    assert main(["submit", "j1", "--tenant", "t", "--gpus", "1", "--log", str(directory), "--create"]) == 0
     return directory
 
 

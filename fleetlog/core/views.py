@@ -10,7 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from fleetlog.core.state import JobState, NodeStatus, State, TaskState
+from fleetlog.core.state import (
+    MAX_GPU_MODELS,
+    TERMINAL,
+    TOPOLOGY_CODES,
+    JobState,
+    NodeStatus,
+    State,
+    TaskState,
+)
+from fleetlog.events.spec import SubmissionSpec, TaskShape, merged_tasks
 
 
 def reason_code(state: State, code: int) -> str:
@@ -55,6 +64,64 @@ def job_status(state: State, job_id: str) -> dict[str, Any] | None:
         out["placed_at_ms"] = int(cols["placed_at_ms"][row])
     out["task_nodes"] = _task_nodes(state, row)
     return out
+
+
+def folded_spec(state: State, job_id: str) -> SubmissionSpec | None:
+    """The spec the state folded for ``job_id`` (its first submission), in the canonical form of
+    :func:`fleetlog.events.spec.submission_spec`; ``None`` if it was never submitted.  Compare it
+    with :func:`as_folded` of a new submission's spec."""
+    row = state.job_row(job_id)
+    if row < 0:
+        return None
+    cols, tasks, names = state.jobs.cols, state.tasks.cols, state.names
+    topology = {code: name for name, code in TOPOLOGY_CODES.items()}
+    span = state.job_tasks(row)
+    rows = zip(*(tasks[c][span.start:span.stop].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")),
+               strict=True)
+    names_of: dict[int, tuple[str, ...]] = {}
+    shapes = [TaskShape(1, cpu, mem, gpus, milli, names_of.get(models) or names_of.setdefault(
+        models, _model_names(state, models))) for cpu, mem, gpus, milli, models in rows]
+    return SubmissionSpec(
+        tenant=names["tenant"].names[int(cols["tenant"][row])],
+        queue=names["queue"].names[int(cols["queue"][row])],
+        priority=int(cols["priority"][row]),
+        allowed_cells=tuple(sorted(names["cell"].names[c] for c in state.job_cells.get(row, ()))),
+        required_topology=topology.get(int(cols["topology"][row]), ""),
+        expected_duration_ms=int(cols["expected_ms"][row]),
+        tasks=merged_tasks(shapes),
+    )
+
+
+def as_folded(state: State, spec: SubmissionSpec) -> SubmissionSpec:
+    """``spec`` as the state would keep it: GPU models past the state's 64th share one bit (the
+    documented limit), so they are named by the model that bit stands for."""
+    models = state.names["model"]
+
+    def kept(name: str) -> str:
+        row = models.get(name)
+        return models.names[MAX_GPU_MODELS - 1] if row >= MAX_GPU_MODELS - 1 else name
+
+    tasks = [t._replace(gpu_models=tuple(sorted({kept(m) for m in t.gpu_models}))) for t in spec.tasks]
+    return spec._replace(tasks=merged_tasks(tasks))
+
+
+def _model_names(state: State, mask: int) -> tuple[str, ...]:
+    names = state.names["model"].names
+    return tuple(sorted(names[bit] for bit in range(min(len(names), MAX_GPU_MODELS)) if mask >> bit & 1))
+
+
+def submitted_offset(state: State, job_id: str) -> int:
+    """The inputs offset of the submission the state folded for ``job_id`` (-1: none)."""
+    row = state.job_row(job_id)
+    return int(state.jobs.cols["seq"][row]) if row >= 0 else -1
+
+
+def job_ended(state: State, job_id: str) -> str | None:
+    """The final state (``succeeded``, ``cancelled``…) of ``job_id`` if it has ended, else ``None``."""
+    row = state.job_row(job_id)
+    if row < 0 or int(state.jobs.cols["state"][row]) not in TERMINAL:
+        return None
+    return JobState(int(state.jobs.cols["state"][row])).name.lower()
 
 
 def _task_nodes(state: State, row: int) -> list[dict[str, Any]]:

@@ -40,6 +40,10 @@ JSON: Final = b"application/json"
 CONTENT_TYPES: Final[dict[Format, bytes]] = {"msgpack": MSGPACK, "json": JSON}
 MAX_EVENT_BYTES: Final = 4 << 20
 """Largest encoded envelope accepted (4 MiB, under Kafka's default 1 MiB x 4 batch limits)."""
+UTF8_BOM: Final = b"\xef\xbb\xbf"
+_UTF8_CHARSETS: Final = frozenset({b"utf-8", b"utf8", b"us-ascii"})
+_JSON_SPACE: Final = b" \t\r\n"
+_MSGPACK_MAPS: Final = frozenset({*range(0x80, 0x90), 0xDE, 0xDF})
 
 
 class BadEventError(ValueError):
@@ -126,18 +130,46 @@ def encode(env: Envelope, fmt: Format = "msgpack") -> bytes:
     return _MSGPACK_ENCODER.encode(env) if fmt == "msgpack" else _JSON_ENCODER.encode(env)
 
 
+def media_type(content_type: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    """The media type of a ``content-type`` value and its parameters, as RFC 9110 reads them:
+    type and parameter names are case-insensitive (returned in lower case), a parameter value may
+    be quoted (``Application/JSON; Charset="UTF-8"`` -> ``(b"application/json", {b"charset":
+    b"UTF-8"})``)."""
+    kind, *params = content_type.split(b";")
+    found: dict[bytes, bytes] = {}
+    for param in params:
+        name, _, value = param.partition(b"=")
+        if name.strip():
+            found[name.strip().lower()] = value.strip().removeprefix(b'"').removesuffix(b'"')
+    return kind.strip().lower(), found
+
+
 def format_of(content_type: bytes | None, data: bytes = b"") -> Format:
-    """The format named by a ``content-type`` header value.  Without the header (``None``) it is
-    msgpack, or JSON when ``data`` starts with ``{`` (after JSON whitespace), which can never begin
-    a msgpack envelope: there, ``{`` would be the integer 123."""
+    """The format named by a ``content-type`` header value (case-insensitive, parameters
+    allowed; JSON's ``charset``, if given, must be UTF-8 or its subset US-ASCII).  Without the
+    header (``None``) it is msgpack, or JSON when ``data`` starts with ``{`` (after JSON
+    whitespace), which can never begin a msgpack envelope: there, ``{`` would be the integer 123."""
     if content_type is None:
         return "json" if data[:64].lstrip(b" \t\r\n")[:1] == b"{" else "msgpack"
     if content_type == MSGPACK:
         return "msgpack"
-    if content_type == JSON or content_type.split(b";")[0].strip() == JSON:
+    if content_type == JSON:
         return "json"
+    kind, params = media_type(content_type)
     shown = content_type[:64].decode("utf-8", "replace")
-    raise UnknownContentTypeError(f"content-type {shown!r} is neither {MSGPACK.decode()} nor {JSON.decode()}")
+    if kind == MSGPACK:
+        return "msgpack"
+    if kind != JSON:
+        raise UnknownContentTypeError(
+            f"content-type {shown!r} is neither {MSGPACK.decode()} nor {JSON.decode()}"
+        )
+    charset = params.get(b"charset", b"utf-8").lower()
+    if charset not in _UTF8_CHARSETS:
+        raise UnknownContentTypeError(
+            f"content-type {shown!r}: charset {charset[:32].decode('utf-8', 'replace')!r} is not read; "
+            "JSON events are UTF-8"
+        )
+    return "json"
 
 
 def decode(data: bytes, content_type: bytes | None = None) -> Envelope:
@@ -270,6 +302,9 @@ def diagnose(data: bytes, fmt: Format, exc: Exception) -> BadEventError:
     """Turn a failed fast-path decode into the most specific error we can name."""
     if isinstance(exc, RecursionError):
         return _too_deep()
+    not_a_map = _not_a_map(data, fmt)
+    if not_a_map is not None:
+        return not_a_map
     if fmt == "json":
         repeated = _repeated_key(data)
         if repeated is not None:  # a repeated key may be why it failed ("type" twice, say)
@@ -298,3 +333,34 @@ def diagnose(data: bytes, fmt: Format, exc: Exception) -> BadEventError:
         return UndecodableError(f"cannot decode {tag}: {type(exc).__name__}: {str(exc)[:500]}")
     return InvalidEventError(f"invalid {tag}: {exc}")
 
+
+
+def _not_a_map(data: bytes, fmt: Format) -> UndecodableError | None:
+    """``undecodable`` for bytes that cannot be an envelope at all, whatever they hold (not one
+    map / JSON object: plain text, a JSON array, a number; JSON behind a byte-order mark),
+    said in words — not as an ``invalid_event`` about the integer the first byte would be."""
+    if not data:
+        return None  # "truncated", as the decoder says
+    if data.startswith(UTF8_BOM):
+        return UndecodableError("starts with a UTF-8 byte-order mark (EF BB BF): send JSON without it "
+                                "(RFC 8259 forbids it on the wire)")
+    if fmt == "msgpack":
+        if data[0] in _MSGPACK_MAPS:
+            return None
+        start = data[:64].lstrip(_JSON_SPACE)[:1]
+        if start == b"[":
+            return UndecodableError("a JSON array: a record holds one envelope, a JSON object")
+        if start == b"{":  # only an explicit msgpack content-type reads a '{' as msgpack
+            return UndecodableError(f"JSON under content-type {MSGPACK.decode()}: send it as {JSON.decode()}")
+        if data[:32].isascii() and data[:32].decode().strip().isprintable():
+            return UndecodableError(f"text {data[:32].decode()!r}, neither a msgpack map nor a JSON object: "
+                                    f"an event is one envelope (JSON needs content-type {JSON.decode()} or "
+                                    "a leading '{')")
+        return UndecodableError(f"not valid msgpack for an envelope: the first byte 0x{data[0]:02x} does not "
+                                "start a map")
+    start = data.lstrip(_JSON_SPACE)[:1]
+    if start in (b"{", b""):
+        return None
+    kind = "a JSON array" if start == b"[" else "not a JSON object"
+    shown = data.lstrip(_JSON_SPACE)[:32].decode("utf-8", "replace")
+    return UndecodableError(f"{kind} ({shown!r}...): an event is one envelope, a JSON object")

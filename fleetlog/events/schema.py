@@ -1,23 +1,99 @@
-"""JSON Schema of the envelope and every event, for producers in any language."""
+"""JSON Schema of the envelope and every event, for producers in any language.
+
+The root is what a producer may send: an envelope whose event is an *input* (exactly one of the
+input types); a decision batch is the scheduler's alone, so the root refuses it as the service
+does.  Readers of the decisions log validate against ``$defs/DecisionEnvelope``.
+
+The cross-field rules a JSON Schema can say are stated (``if``/``then`` on ``TaskGroup`` and
+``NodeHeartbeat``); the rest — a job's tasks summed over its groups, an event's encoded size,
+JSON keys repeated, nesting depth — are listed in ``x-fleetlog-rules-not-in-schema`` and in
+docs/events.md, next to each other.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Final
 
 import msgspec
 
-from fleetlog.events.model import EVENT_TYPES, SCHEMA_VERSION, Envelope
+from fleetlog.events.model import (
+    EVENT_TYPES,
+    INPUT_TYPES,
+    MAX_TASKS_PER_JOB,
+    SCHEMA_VERSION,
+    DecisionBatch,
+    Envelope,
+)
+
+_GPU_RULES: Final[list[dict[str, Any]]] = [
+    {  # no GPU: no share of one (an absent gpu_count is 0)
+        "if": {"properties": {"gpu_count": {"const": 0}}},
+        "then": {"properties": {"gpu_milli": {"const": 0}}},
+    },
+    {  # GPUs: a share of each, 1..1000
+        "if": {"properties": {"gpu_count": {"minimum": 1}}, "required": ["gpu_count"]},
+        "then": {"properties": {"gpu_milli": {"minimum": 1}}, "required": ["gpu_milli"]},
+    },
+    {  # several GPUs: whole ones
+        "if": {"properties": {"gpu_count": {"minimum": 2}}, "required": ["gpu_count"]},
+        "then": {"properties": {"gpu_milli": {"const": 1000}}, "required": ["gpu_milli"]},
+    },
+]
+_NODE_RULES: Final[list[dict[str, Any]]] = [
+    {  # a node with GPUs names their model
+        "if": {"properties": {"gpu_count": {"minimum": 1}}, "required": ["gpu_count"]},
+        "then": {"properties": {"gpu_model": {"minLength": 1}}, "required": ["gpu_model"]},
+    },
+]
+NOT_IN_SCHEMA: Final = (
+    f"JobSubmitted: at most {MAX_TASKS_PER_JOB} tasks summed over its task_groups (reason invalid_event)",
+    "an encoded envelope is at most 4 MiB (reason too_large)",
+    "JSON object keys are unique (reason duplicate_key)",
+    "arrays and objects nest no deeper than an event does (reason too_deep)",
+    "the ingest endpoint takes input events only; a decision is refused (reason not_an_input)",
+    "a job id is submitted once: the same spec again is an idempotent duplicate, another spec is "
+    "refused by the service (reason already_exists)",
+)
+"""Rules the codec or the service enforce that the schema cannot state (docs/events.md)."""
 
 
 def json_schema() -> dict[str, Any]:
-    """One JSON Schema document: the envelope at the root, every event under ``$defs``."""
+    """One JSON Schema document: the input envelope at the root, every event under ``$defs``."""
     (root,), components = msgspec.json.schema_components([Envelope], ref_template="#/$defs/{name}")
+    defs = dict(sorted(components.items()))
+    _add_rules(defs)
+    _split_envelopes(defs)
     schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://fleetlog.dev/schema/v{SCHEMA_VERSION}/envelope.json",
-        "title": f"fleetlog event envelope, schema version {SCHEMA_VERSION}",
+        "title": f"fleetlog input envelope, schema version {SCHEMA_VERSION}",
         **root,
-        "$defs": dict(sorted(components.items())),
+        "$defs": defs,
     }
     schema["x-fleetlog-event-types"] = [t.__name__ for t in EVENT_TYPES]
+    schema["x-fleetlog-input-types"] = [t.__name__ for t in INPUT_TYPES]
+    schema["x-fleetlog-decision-envelope"] = "#/$defs/DecisionEnvelope"
+    schema["x-fleetlog-rules-not-in-schema"] = list(NOT_IN_SCHEMA)
     return schema
+
+
+def _add_rules(defs: dict[str, Any]) -> None:
+    defs["TaskGroup"]["allOf"] = copy.deepcopy(_GPU_RULES)
+    defs["NodeHeartbeat"]["allOf"] = copy.deepcopy(_NODE_RULES)
+
+
+def _split_envelopes(defs: dict[str, Any]) -> None:
+    """``Envelope``: an input event, exactly one type; ``DecisionEnvelope``: a decision batch."""
+    envelope = defs["Envelope"]
+    decisions = copy.deepcopy(envelope)
+    inputs = [t.__name__ for t in INPUT_TYPES]
+    envelope["properties"]["event"] = {
+        "oneOf": [{"$ref": f"#/$defs/{name}"} for name in inputs],
+        "discriminator": {"propertyName": "type", "mapping": {n: f"#/$defs/{n}" for n in inputs}},
+    }
+    envelope["description"] += "\n\nThe event is an input: decisions are written by the scheduler alone."
+    decisions["title"] = "DecisionEnvelope"
+    decisions["description"] = "An envelope of the decisions log: the scheduler writes it, never a producer."
+    decisions["properties"]["event"] = {"$ref": f"#/$defs/{DecisionBatch.__name__}"}
+    defs["DecisionEnvelope"] = decisions

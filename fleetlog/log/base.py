@@ -31,6 +31,9 @@ UNREADABLE_HEADER: Final = "fleetlog-unreadable"
 """Marks a record a log made up for bytes it could not read (a Kafka batch that does not
 decompress or parse): its value holds those raw bytes when small, the header says which offsets
 it stands for and why.  Readers park it in the dead-letter log; nothing folds it."""
+NULL_VALUE_HEADER: Final = "fleetlog-null-value"
+"""Marks a Kafka record whose value is null (a tombstone, the delete marker of compacted
+topics): :class:`Record` holds ``b""`` for it, and this header says it was null, not empty."""
 
 Headers = tuple[tuple[str, bytes], ...]
 L = TypeVar("L", bound="Log")

@@ -2,11 +2,14 @@
 
 A bad record is never dropped silently and never stops the reader: it is copied,
 bytes, key and headers untouched, to the dead-letter log with headers naming the
-reason code, the error message and where it came from.
+reason code, the error message and where it came from — and a warning line on the
+``fleetlog.dead_letters`` logger says so, one per record parked.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator, Sequence
 from itertools import compress, count, repeat
 from operator import attrgetter, is_
@@ -14,9 +17,24 @@ from typing import Final
 
 import msgspec
 
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, InvalidEventError, decode, decode_many
+from fleetlog.events.codec import (
+    CONTENT_TYPE_HEADER,
+    BadEventError,
+    InvalidEventError,
+    UndecodableError,
+    decode,
+    decode_many,
+)
 from fleetlog.events.model import INPUT_TYPES, DecisionBatch, Envelope, Event, InputEvent, NodeHeartbeat
-from fleetlog.log.base import DEAD_LETTERS, INPUTS, UNREADABLE_HEADER, LogStore, Message, Record
+from fleetlog.log.base import (
+    DEAD_LETTERS,
+    INPUTS,
+    NULL_VALUE_HEADER,
+    UNREADABLE_HEADER,
+    LogStore,
+    Message,
+    Record,
+)
 
 REASON_HEADER: Final = "fleetlog-dead-letter-reason"
 ERROR_HEADER: Final = "fleetlog-dead-letter-error"
@@ -24,6 +42,7 @@ SOURCE_HEADER: Final = "fleetlog-dead-letter-source"
 MEMO_LIMIT: Final = 1 << 16
 """The most distinct heartbeat values :class:`EventConsumer` keeps decoded (then it starts over)."""
 
+LOG: Final = logging.getLogger("fleetlog.dead_letters")
 _VALUE = attrgetter("value")
 _TIMESTAMP = attrgetter("timestamp_ms")
 _HEADERS = attrgetter("headers")
@@ -48,13 +67,22 @@ class Polled(msgspec.Struct, frozen=True):
 class Inputs:
     """One poll's good input events and their log times as parallel lists (no object per event),
     how many records were parked, and where to read next: what the scheduling loop folds
-    (``fold_lists``)."""
+    (``fold_lists``).  ``read_at`` is when the read returned (``time.perf_counter()``): the loop
+    times its work from there, so waiting for input is not counted as work."""
 
-    __slots__ = ("dead_lettered", "events", "next_offset", "times")
+    __slots__ = ("dead_lettered", "events", "next_offset", "read_at", "times")
 
-    def __init__(self, events: list[Event], times: list[int], dead_lettered: int, next_offset: int) -> None:
+    def __init__(
+        self,
+        events: list[Event],
+        times: list[int],
+        dead_lettered: int,
+        next_offset: int,
+        read_at: float = 0.0,
+    ) -> None:
         self.events, self.times = events, times
         self.dead_lettered, self.next_offset = dead_lettered, next_offset
+        self.read_at = read_at
 
 
 def dead_letter(record: Record, source: str, error: BadEventError) -> Message:
@@ -65,6 +93,16 @@ def dead_letter(record: Record, source: str, error: BadEventError) -> Message:
         (SOURCE_HEADER, f"{source}@{record.offset}".encode()),
     )
     return Message(value=record.value, key=record.key, headers=record.headers + extra)
+
+
+def _warn_parked(bad: Sequence[Message], dead_letters: str) -> None:
+    """One warning line per record parked: where it came from, why, and where it went."""
+    for message in bad:
+        found = dict(message.headers)  # (the dead-letter headers come last: they win)
+        source, reason, error = (found.get(h, b"") for h in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER))
+        key = f" key {message.key.decode('utf-8', 'replace')!r}" if message.key else ""
+        LOG.warning("dead-lettered %s%s to the %s log (%s): %s", source.decode(), key, dead_letters,
+                    reason.decode(), error[:300].decode("utf-8", "replace"))
 
 
 class UnreadableRecordsError(BadEventError):
@@ -78,6 +116,11 @@ def _unreadable(note: bytes) -> UnreadableRecordsError:
     return UnreadableRecordsError(note.decode("utf-8", "replace"))
 
 
+def _null_value() -> UndecodableError:
+    return UndecodableError("a null value (a Kafka tombstone, the delete marker of compacted topics), "
+                            "not an event: inputs are never deleted by key")
+
+
 def _not_an_input(env: Envelope) -> InvalidEventError:
     name = type(env.event).__name__
     return InvalidEventError(f"{name} is a decision, not an input: only the scheduler writes decisions")
@@ -86,8 +129,12 @@ def _not_an_input(env: Envelope) -> InvalidEventError:
 class EventConsumer:
     """Decodes the records of one log, parking bad ones in ``dead_letters``."""
 
-    def __init__(self, store: LogStore, source: str = INPUTS, dead_letters: str = DEAD_LETTERS) -> None:
+    def __init__(self, store: LogStore, source: str = INPUTS, dead_letters: str = DEAD_LETTERS,
+                 warn: bool = True) -> None:
+        """``warn=False``: no warning line per parked record (``fleetlog demo``, which parks
+        malformed records on purpose and counts them in its summary)."""
         self._store = store
+        self._warn = warn
         self._source = source
         self._dead_letters = dead_letters
         self._memo: dict[object, InputEvent] = {}
@@ -102,6 +149,8 @@ class EventConsumer:
         events, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
+            if self._warn:
+                _warn_parked(bad, self._dead_letters)
         next_offset = records[-1].offset + 1 if records else offset
         return Polled(events, len(bad), next_offset)
 
@@ -114,14 +163,18 @@ class EventConsumer:
         and a repeat is a dictionary lookup (handing the fold the very object it saw last time,
         which its steady-heartbeat path recognises by identity)."""
         records = await self._store.log(self._source).read(offset, max_records, timeout_ms)
+        read_at = time.perf_counter()
         next_offset = records[-1].offset + 1 if records else offset
         events = self.decode_memoised(records)
         if events is not None:
-            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset)
+            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset, read_at)
         good, bad = self.split(records)
         if bad and park:
             await self._store.log(self._dead_letters).append(bad)
-        return Inputs([d.envelope.event for d in good], [d.timestamp_ms for d in good], len(bad), next_offset)
+            if self._warn:
+                _warn_parked(bad, self._dead_letters)
+        good_events, times = [d.envelope.event for d in good], [d.timestamp_ms for d in good]
+        return Inputs(good_events, times, len(bad), next_offset, read_at)
 
     def decode_memoised(self, records: Sequence[Record]) -> list[Event] | None:
         """The events of ``records``, a heartbeat's bytes (with its content type) decoded once
@@ -165,11 +218,64 @@ class EventConsumer:
             note = record.header(UNREADABLE_HEADER) if record.headers else None
             if note is not None:  # its value (a raw batch, or nothing) never decodes: say why
                 env = _unreadable(note)
+            elif record.headers and record.header(NULL_VALUE_HEADER) is not None:
+                env = _null_value()
             if isinstance(env, BadEventError):
                 bad.append(dead_letter(record, self._source, env))
             else:
                 events.append(Delivered(record.offset, record.timestamp_ms, env))
         return events, bad
+
+
+class Parked(msgspec.Struct, frozen=True):
+    """A dead-lettered record that names a job: why it was refused and where it is."""
+
+    offset: int
+    """Its offset in the dead-letter log."""
+    source: str
+    """Where it was read: ``inputs@OFFSET``."""
+    reason: str
+    error: str
+
+
+async def parked_for_job(store: LogStore, job_id: str, dead_letters: str = DEAD_LETTERS) -> Parked | None:
+    """The newest dead-lettered record about ``job_id`` (its key ``submit/JOB``/``cancel/JOB``, or
+    an ``event.job_id`` in bytes that still parse as JSON or msgpack), ``None`` if there is none."""
+    log, offset, found = store.log(dead_letters), 0, None
+    end = await log.end_offset()
+    needle = job_id.encode()
+    while offset < end:
+        records = await log.read(offset, 10_000)
+        if not records:
+            break
+        for record in records:
+            mentioned = needle in record.value or needle in (record.key or b"")
+            if mentioned and (record.key in (b"submit/" + needle, b"cancel/" + needle)
+                              or _names_job(record, job_id)):
+                found = record
+        offset = records[-1].offset + 1
+    if found is None:
+        return None
+    text = {name: (found.header(name) or b"").decode("utf-8", "replace")
+            for name in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER)}
+    return Parked(found.offset, text[SOURCE_HEADER], text[REASON_HEADER], text[ERROR_HEADER])
+
+
+def _names_job(record: Record, job_id: str) -> bool:
+    """Whether the bytes, parsed without a schema, are an envelope whose event (or whose key)
+    names ``job_id``."""
+    doc: object = None
+    for parse in (msgspec.json.decode, msgspec.msgpack.decode):
+        try:
+            doc = parse(record.value)
+            break
+        except (msgspec.DecodeError, RecursionError, ValueError):
+            continue
+    if not isinstance(doc, dict):
+        return False
+    event = doc.get("event")
+    return doc.get("key") in (f"submit/{job_id}", f"cancel/{job_id}") or (
+        isinstance(event, dict) and event.get("job_id") == job_id)
 
 
 class CorruptDecisionsError(RuntimeError):
@@ -185,6 +291,8 @@ def decision_batches(records: list[Record]) -> Iterator[tuple[int, DecisionBatch
     """Decode the decision batches of ``records`` (the scheduler wrote them: bad bytes are fatal)."""
     for record in records:
         try:
+            if record.headers and record.header(NULL_VALUE_HEADER) is not None:
+                raise _null_value()
             env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
         except (BadEventError, RecursionError) as exc:  # any decode failure names the record
             raise CorruptDecisionsError(

@@ -49,6 +49,7 @@ from fleetlog.log.base import (
     DECISIONS,
     INPUTS,
     LOG_NAMES,
+    NULL_VALUE_HEADER,
     UNREADABLE_HEADER,
     Log,
     LogClosedError,
@@ -227,15 +228,11 @@ def _batch_problem(batch: Any) -> str | None:
 
 
 def _to_record(r: Any) -> Record:
-    headers = r.headers
+    headers = tuple(r.headers) if r.headers else ()
     value = r.value
-    return Record(
-        r.offset,
-        r.timestamp,
-        b"" if value is None else value,
-        r.key,
-        tuple(headers) if headers else (),
-    )
+    if value is None:  # a tombstone: say so, readers must not mistake it for 0 bytes
+        return Record(r.offset, r.timestamp, b"", r.key, (*headers, (NULL_VALUE_HEADER, b"")))
+    return Record(r.offset, r.timestamp, value, r.key, headers)
 
 
 async def _send_all(

@@ -15,7 +15,7 @@ from fleetlog.core.fold import fold, fold_lists
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import DecisionBatch
 from fleetlog.log.base import INPUTS
-from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset
+from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset, instants
 
 
 class Observer(Protocol):
@@ -57,12 +57,15 @@ async def fold_inputs(
     observers: Sequence[Observer] = (),
     progress: Progress | None = None,
 ) -> int:
-    """Fold inputs up to ``stop``; how many records were consumed."""
+    """Fold inputs up to ``stop``; how many records were consumed.  When an observer asks for it
+    (``per_instant``), the inputs are folded and shown one log time at a time."""
     before = reader.offset
+    split = any(getattr(observer, "per_instant", False) for observer in observers)
     async for events in reader.until(stop):
-        fold_lists(state, events.events, events.times)
-        for observer in observers:
-            observer.inputs(state, events)
+        for part in instants(events, state) if split else (events,):
+            fold_lists(state, part.events, part.times)
+            for observer in observers:
+                observer.inputs(state, part)
         if progress is not None:
             progress(len(events))
     return reader.offset - before

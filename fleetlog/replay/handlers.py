@@ -21,18 +21,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.state import CoreConfig
+from fleetlog.core.state import CoreConfig, State
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
-from fleetlog.log.base import INPUTS
+from fleetlog.display import console, describe, human_row, log_time
+from fleetlog.log.base import INPUTS, LogError
+from fleetlog.log.consumer import parked_for_job
 from fleetlog.log.kafka import KafkaConfig
+from fleetlog.measures import ROWS as MEASURE_ROWS
+from fleetlog.measures import rows as measure_rows
 from fleetlog.replay import source as src
+from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
+from fleetlog.replay.jobend import job_end, job_events
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, log_time_of, state_at
 from fleetlog.replay.timeline import record, write_report, write_trace
@@ -40,6 +45,7 @@ from fleetlog.replay.verify import verify
 from fleetlog.replay.whatif import what_if
 
 EXIT_DIVERGED = 1
+EXIT_NOTHING_TO_VERIFY = 3
 Place = Path | KafkaConfig
 Handler = Callable[[argparse.Namespace, Source], Awaitable[int]]
 T = TypeVar("T")
@@ -73,7 +79,7 @@ def progress_bar(what: str, total: int | None) -> Iterator[Callable[[int], None]
         yield None
         return
     columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
         task = bar.add_task(what, total=total)
         yield lambda n: bar.advance(task, n)
 
@@ -92,15 +98,23 @@ def _print_json(data: Any) -> None:
 async def cmd_verify(args: argparse.Namespace, source: Source) -> int:
     with progress_bar("verify", await _inputs_total(source)) as bar:
         report = await verify(source, progress=bar, jobs=args.jobs)
+    if report.empty:  # nothing was checked: not a pass (docs/replay.md, exit code 3)
+        inputs = await src.end_offset(source.store, INPUTS)
+        report = msgspec.structs.replace(report, inputs=max(report.inputs, inputs))
     if args.json:
-        _print_json({"ok": report.ok, **msgspec.to_builtins(report)})
+        _print_json({"ok": report.ok and not report.empty, "nothing_to_verify": report.empty,
+                     **msgspec.to_builtins(report)})
     else:
         _print_verify(report)
-    return 0 if report.ok else EXIT_DIVERGED
+    return EXIT_NOTHING_TO_VERIFY if report.empty else 0 if report.ok else EXIT_DIVERGED
 
 
 def _print_verify(report: Any) -> None:
     summary = f"{report.batches:,} batches, {report.decisions:,} decisions, {report.inputs:,} inputs"
+    if report.empty:
+        print(f"NOTHING TO VERIFY: {report.inputs:,} inputs and no decision batch: no scheduler has "
+              "decided on this log yet (`fleetlog run` does)")
+        return
     if report.ok:
         print(f"OK: {summary} replayed bit-exactly; final digest {report.final_digest}")
         return
@@ -116,7 +130,7 @@ def _print_verify(report: Any) -> None:
         print(f"  state {row.kind} {row.key}: recorded {row.recorded} vs replayed {row.replayed}")
     print(f"  inputs since the previous batch (as_of {d.previous_as_of}): {d.inputs_since_count}")
     for seen in d.inputs_since:
-        print(f"    inputs@{seen.offset} t={seen.timestamp_ms} {json.dumps(seen.event)}")
+        print(f"    inputs@{seen.offset} {log_time(seen.timestamp_ms)}  {json.dumps(seen.event)}")
 
 
 # --- state-at ------------------------------------------------------------------------------
@@ -172,17 +186,54 @@ async def cmd_state_at(args: argparse.Namespace, source: Source) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, source: Source) -> int:
-    """``fleetlog status JOB``: the job as the state at the end of the logs holds it."""
+    """``fleetlog status JOB``: the job as the state at the end of the logs holds it, and for a
+    job that ended, when, after how long and with which exit code (from its events)."""
     end = await src.end_offset(source.store, INPUTS)
-    found = job_status((await state_at(source, Point(offset=end))).state, args.job)
+    state = (await state_at(source, Point(offset=end))).state
+    found = job_status(state, args.job)
     if found is None:
+        try:
+            parked = await parked_for_job(source.store, args.job)
+        except LogError:  # no dead-letter log to read (a Kafka topic never created): nothing parked
+            parked = None
+        if parked is not None:  # refused, not unknown: say why and where to look
+            raise ReplayError(
+                f"job {args.job!r} was refused: its record {parked.source} is in the dead-letter log at "
+                f"offset {parked.offset} ({parked.reason}: {parked.error[:300]}); see `fleetlog replay dump "
+                f"--from-log dead-letters --start {parked.offset}`")
         raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log")
+    anchor = "placed_at_ms" if "placed_at_ms" in found else "submitted_at_ms"
+    found = _after(found, anchor, await _run_facts(source, state, found))
     if args.json:
         _print_json(found)
     else:
-        for key, value in found.items():
-            print(f"{key:>16}  {value}")
+        print("\n".join(describe(found)))
     return 0
+
+
+def _after(facts: dict[str, Any], key: str, more: dict[str, Any]) -> dict[str, Any]:
+    """``facts`` with ``more`` placed after ``key`` (or at the end when it has no ``key``)."""
+    keys = list(facts)
+    at = keys.index(key) + 1 if key in facts else len(keys)
+    return {k: facts[k] for k in keys[:at]} | more | {k: facts[k] for k in keys[at:]}
+
+
+async def _run_facts(source: Source, state: State, found: dict[str, Any]) -> dict[str, Any]:
+    """``elapsed_ms`` of a running job (to the log time of the state); ``ended_at_ms``,
+    ``elapsed_ms`` (its last run, if it ran), ``exit_code`` and ``end`` of a job that ended."""
+    placed: int | None = found.get("placed_at_ms")
+    if found["state"] in ("pending", "running"):
+        running = found["state"] == "running"
+        return {"elapsed_ms": state.now_ms - placed} if running and placed is not None else {}
+    ended = job_end(await job_events(source, found["job_id"]), found["state"], found["tasks"])
+    if ended is None:  # not from its own events (the log was cut?): say so rather than guess
+        return {"ended_at_ms": None, "elapsed_ms": None, "exit_code": None, "end": "unknown"}
+    return {
+        "ended_at_ms": ended.at_ms,
+        "elapsed_ms": ended.at_ms - placed if ended.running and placed is not None else None,
+        "exit_code": ended.exit_code,
+        "end": ended.what,
+    }
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -194,25 +245,26 @@ def _sections(text: str) -> tuple[str, ...]:
 
 
 def _print_state(out: dict[str, Any], sections: tuple[str, ...], limit: int) -> None:
-    console = Console()
+    screen = console()
     via = f"snapshot {out['snapshot']}" if out["snapshot"] else "the start of the log"
-    console.print(
-        f"state at inputs offset {out['offset']} (log time {out['log_time_ms']} ms), "
+    when = "" if out["log_time_ms"] is None else f" (log time {log_time(out['log_time_ms'])})"
+    screen.print(
+        f"state at inputs offset {out['offset']}{when}, "
         f"digest {out['digest'][:16]}…; from {via}: {out['inputs_folded']:,} inputs and "
         f"{out['batches_folded']:,} batches folded in {out['seconds']} s"
     )
     for note in out["notes"]:
-        console.print(f"note: {note}")
+        screen.print(f"note: {note}")
     for name in sections:
-        rows = out[name]
+        rows = [human_row(row) for row in out[name]]
         table = Table(title=f"{name} ({len(rows):,})")
         for column in rows[0] if rows else ():
             table.add_column(column)
         for row in rows[:limit]:
-            table.add_row(*(str(v) for v in row.values()))
-        console.print(table)
+            table.add_row(*row.values())
+        screen.print(table)
         if len(rows) > limit:
-            console.print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)")
+            screen.print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)")
 
 
 # --- explain -------------------------------------------------------------------------------
@@ -226,7 +278,8 @@ async def cmd_explain(args: argparse.Namespace, source: Source) -> int:
         return 0
     print(f"job {found.job_id}: {len(found.steps)} steps")
     for step in found.steps:
-        print(f"  {step.log}@{step.offset:<8} t={step.time_ms}  {step.what}  {step.detail}")
+        where = f"{step.log}@{step.offset}"
+        print(f"  {where:<18} {log_time(step.time_ms)}  {step.what}  {step.detail}")
         if step.why:
             _print_why(step.why)
     return 0
@@ -282,9 +335,9 @@ async def cmd_what_if(args: argparse.Namespace, source: Source) -> int:
     table = Table(title=f"what-if: {result.policy} vs recorded {result.recorded_policy or 'default'}")
     for column in ("measure", "recorded", "what-if"):
         table.add_column(column)
-    for key in result.recorded:
-        table.add_row(key, _cell(result.recorded[key]), _cell(result.replayed[key]))
-    Console().print(table)
+    for label, key, fmt in MEASURE_ROWS:  # the measures replay report and simulate print
+        table.add_row(label, fmt(result.recorded.get(key)), fmt(result.replayed.get(key)))
+    console().print(table)
     first = result.first_divergence
     print(
         "no decision differs: the policies agree on this log"
@@ -293,12 +346,6 @@ async def cmd_what_if(args: argparse.Namespace, source: Source) -> int:
         f"{result.moved_jobs} jobs moved (their observations simulated)"
     )
     return 0
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
-    return f"{value:,.4g}" if isinstance(value, float) else str(value)
 
 
 # --- timeline, report, dump ----------------------------------------------------------------
@@ -319,11 +366,21 @@ async def cmd_timeline(args: argparse.Namespace, source: Source) -> int:
 
 
 async def cmd_report(args: argparse.Namespace, source: Source) -> int:
+    quotas = Quotas()
     with progress_bar("report", await _inputs_total(source)) as bar:
-        _, measures = await record(source, bar)
-    files = _write(lambda: write_report(Path(args.out), measures), args.out)
-    out = {"out": args.out, "files": [str(f) for f in files], "summary": measures.summary()}
-    print(json.dumps(out) if args.json else "wrote " + ", ".join(str(f) for f in files))
+        _, measures = await record(source, bar, (quotas,))  # Measures: as simulate computes them
+    files = _write(lambda: write_report(Path(args.out), measures, quotas), args.out)
+    summary = measures.summary()
+    if args.json:
+        print(json.dumps({"out": args.out, "files": [str(f) for f in files], "summary": summary}))
+        return 0
+    table = Table(title=f"fleetlog replay report — {source.where}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for label, text in measure_rows(summary):  # the rows and numbers fleetlog simulate prints
+        table.add_row(label, text)
+    console().print(table)
+    print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 

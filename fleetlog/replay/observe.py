@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -24,9 +24,8 @@ from fleetlog.events.model import (
     TaskFinished,
     TaskPreempted,
 )
+from fleetlog.measures import pct, wait_percentiles_s
 from fleetlog.replay.source import Input
-
-PERCENTILES = (50, 90, 99)
 
 
 @dataclass
@@ -40,33 +39,42 @@ class Sample:
 
 @dataclass
 class Measures:
-    """Allocation and queue depth after every batch, pending times, preemptions, tenant GPU-time."""
+    """The measures ``simulate`` and ``replay report`` share (:mod:`fleetlog.measures`), from the
+    logs: allocation and queue depth at every instant — after each decision batch and after the
+    inputs of each log time (the engine hands them over one log time at a time,
+    :attr:`per_instant`) — waits for the first placement, preemptions, tenant GPU-time."""
 
+    per_instant: ClassVar[bool] = True
     samples: list[Sample] = field(default_factory=list)
     submitted_at: dict[str, int] = field(default_factory=dict)
     waits_ms: dict[str, int] = field(default_factory=dict)
     preemptions: int = 0
     placements: int = 0
     tenant_gpu_ms: dict[str, float] = field(default_factory=dict)
-    _last_ms: int | None = None
+    _usage: dict[str, int] = field(default_factory=dict)
+    """Each tenant's GPU milli in use at the last sample (held until the next)."""
 
     def inputs(self, state: State, events: Sequence[Input]) -> None:
         for _, e, at_ms in events:
             if type(e) is JobSubmitted:
                 self.submitted_at.setdefault(e.job_id, at_ms)
+        self.sample(state)
 
     def decided(self, state: State, batch: DecisionBatch) -> None:
-        self._integrate(state)
+        preempted: dict[str, None] = {}  # one preemption of a job, however many of its tasks
         for d in batch.decisions:
             if isinstance(d, JobPlaced):
                 self.placements += 1
                 if d.job_id not in self.waits_ms and d.job_id in self.submitted_at:
                     self.waits_ms[d.job_id] = state.now_ms - self.submitted_at[d.job_id]
             elif isinstance(d, TaskPreempted):
-                self.preemptions += 1
+                preempted[d.job_id] = None
+        self.preemptions += len(preempted)
         self.sample(state)
 
     def sample(self, state: State) -> None:
+        """The allocation and queue depth now (one sample per log time: the last wins)."""
+        self._integrate(state.now_ms)
         total, used = gpu_totals(state)
         running = int(np.count_nonzero(state.jobs.view("state") == JobState.RUNNING))
         point = Sample(state.now_ms, total, used, state.pending_count, running)
@@ -74,50 +82,50 @@ class Measures:
             self.samples[-1] = point
         else:
             self.samples.append(point)
+        names = state.names["tenant"].names
+        held = sorted(state.usage.items())
+        self._usage = {names[tenant]: use[2] for (tenant, cell), use in held if cell == -1 and use[2]}
 
-    def _integrate(self, state: State) -> None:
-        """Tenant GPU-milli x ms since the last batch, at the usage held until now."""
-        if self._last_ms is not None and state.now_ms > self._last_ms:
-            dt = state.now_ms - self._last_ms
-            names = state.names["tenant"].names
-            for (tenant, cell), use in sorted(state.usage.items()):
-                if cell == -1 and use[2]:
-                    self.tenant_gpu_ms[names[tenant]] = (
-                        self.tenant_gpu_ms.get(names[tenant], 0.0) + use[2] * dt
-                    )
-        self._last_ms = state.now_ms
+    def _integrate(self, now_ms: int) -> None:
+        """Tenant GPU-milli x ms since the last sample, at the usage held until now."""
+        last = self.samples[-1].at_ms if self.samples else now_ms
+        if now_ms > last:
+            for tenant, use in self._usage.items():
+                self.tenant_gpu_ms[tenant] = self.tenant_gpu_ms.get(tenant, 0.0) + use * (now_ms - last)
 
     def finish(self, state: State) -> None:
-        self._integrate(state)
+        """The end of the log: the last sample closes the allocation window."""
         self.sample(state)
 
     def summary(self) -> dict[str, Any]:
-        """The comparable numbers: time-weighted allocation, pending-time percentiles, preemptions,
-        each tenant's share of GPU-time."""
-        waits = np.array(sorted(self.waits_ms.values()), dtype=np.float64)
+        """The shared measures (:data:`fleetlog.measures.ROWS`), percent and seconds."""
         share_total = sum(self.tenant_gpu_ms.values())
         return {
-            "gpu_allocation": round(self.allocation(), 4),
-            "placements": self.placements,
+            "gpu_allocation_pct": self.allocation_pct(),
+            "jobs_submitted": len(self.submitted_at),
             "jobs_placed": len(self.waits_ms),
             "jobs_never_placed": len(self.submitted_at) - len(self.waits_ms),
+            "placements": self.placements,
             "preemptions": self.preemptions,
-            "pending_ms": {
-                f"p{p}": (float(np.percentile(waits, p)) if waits.size else None) for p in PERCENTILES
-            },
-            "tenant_share": {t: round(v / share_total, 4) for t, v in sorted(self.tenant_gpu_ms.items())}
-            if share_total
-            else {},
+            "wait_s": wait_percentiles_s(list(self.waits_ms.values())),
+            "tenant_share_pct": {t: pct(v, share_total) for t, v in sorted(self.tenant_gpu_ms.items())},
         }
 
-    def allocation(self) -> float:
-        """Allocated over available GPU, weighted by how long each sample held."""
-        used = total = 0.0
-        for a, b in zip(self.samples, self.samples[1:], strict=False):
-            dt = b.at_ms - a.at_ms
-            used += a.gpu_used_milli * dt
-            total += a.gpu_total_milli * dt
-        return used / total if total else 0.0
+    def allocation_pct(self) -> float | None:
+        """Allocated over available GPU-time (GPUs of up nodes) from the first submission to the
+        end of the log, each sample holding until the next; ``None`` when no GPU-time was
+        available in that window (no job, no GPU node, or a window of no length)."""
+        if not self.submitted_at or not self.samples:
+            return None
+        start, end = min(self.submitted_at.values()), self.samples[-1].at_ms
+        bounds = [s.at_ms for s in self.samples[1:]] + [end]
+        used = total = 0
+        for sample, until in zip(self.samples, bounds, strict=True):
+            lo, hi = max(sample.at_ms, start), min(until, end)
+            if hi > lo:
+                used += sample.gpu_used_milli * (hi - lo)
+                total += sample.gpu_total_milli * (hi - lo)
+        return pct(used, total)
 
 
 @dataclass
@@ -129,15 +137,29 @@ class Slice:
     start_ms: int
     end_ms: int
     end: str
+    gpus: tuple[int, ...] = ()
+    """The GPU indices the task holds on its node (one for a fractional GPU, none for CPU only)."""
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """One ``TaskPreempted`` decision: which task stopped, for which job, when."""
+
+    job_id: str
+    task: int
+    by_job_id: str
+    at_ms: int
 
 
 @dataclass
 class Slices:
     """Each task's time on a node: from its placement to its finish, failure, preemption,
-    cancellation or its node's loss (seen when the job stops running)."""
+    cancellation or its node's loss (seen when the job stops running); and every preemption,
+    so the timeline can draw an arrow from the preemptor to its victim."""
 
     open: dict[str, dict[int, Slice]] = field(default_factory=dict)
     done: list[Slice] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
 
     def inputs(self, state: State, events: Sequence[Input]) -> None:
         for _, e, at_ms in events:
@@ -152,11 +174,14 @@ class Slices:
     def decided(self, state: State, batch: DecisionBatch) -> None:
         for d in batch.decisions:
             if isinstance(d, TaskPreempted):
+                self.preemptions.append(Preemption(d.job_id, d.task_index, d.by_job_id, state.now_ms))
                 self._close_job(d.job_id, state.now_ms, f"preempted by {d.by_job_id}")
             elif isinstance(d, JobPlaced):
                 self._close_job(d.job_id, state.now_ms, "placed again")
                 self.open[d.job_id] = {
-                    t.task_index: Slice(d.job_id, t.task_index, t.node, d.cell, state.now_ms, -1, "")
+                    t.task_index: Slice(
+                        d.job_id, t.task_index, t.node, d.cell, state.now_ms, -1, "", tuple(t.gpu_indices)
+                    )
                     for t in d.tasks
                 }
 

@@ -19,7 +19,7 @@ import msgspec
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from fleetlog.core.state import CoreConfig
+from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.codec import BadEventError
 from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
@@ -191,6 +191,26 @@ class Chunk(Sequence[Input]):
 
     def __iter__(self) -> Iterator[Input]:
         return zip(self.offsets, self.events, self.times, strict=True)
+
+
+def instants(chunk: Chunk, state: State) -> Iterator[Chunk]:
+    """``chunk`` in parts, each folded into ``state`` before the next is cut: the inputs of one
+    log time at a time, except that a run of steady heartbeats (the fold's fast path: they move
+    no job, free no GPU, bring no node up or down) before the next node sweep is one part, so
+    an observer that samples the state after each part sees every change at its log time,
+    whatever the chunking of the reads, for about the cost of one fold. One log time split over
+    two reads is two parts; the second one's sample replaces the first's."""
+    events, times, n, i = chunk.events, chunk.times, len(chunk.events), 0
+    while i < n:
+        j, steady, sweep = i, state.steady_ids, state.next_sweep_ms
+        while j < n and id(events[j]) in steady and times[j] < sweep:
+            j += 1
+        if j == i:
+            j = i + 1
+            while j < n and times[j] == times[i]:
+                j += 1
+        yield chunk if (i, j) == (0, n) else Chunk(chunk.offsets[i:j], events[i:j], times[i:j])
+        i = j
 
 
 class InputReader:

@@ -62,7 +62,14 @@ class VerifyReport(msgspec.Struct, frozen=True):
 
     @property
     def ok(self) -> bool:
+        """Every recorded batch replayed bit-exactly (see :attr:`empty`: maybe none)."""
         return self.divergence is None
+
+    @property
+    def empty(self) -> bool:
+        """No decision batch to check (no scheduler ran on the log, or not yet): ``fleetlog
+        replay verify`` does not count that as a pass."""
+        return self.batches == 0 and self.divergence is None
 
 
 class _Recent:

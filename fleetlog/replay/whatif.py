@@ -46,7 +46,7 @@ from fleetlog.events.model import (
 from fleetlog.log.base import INPUTS
 from fleetlog.replay.engine import Start, replay
 from fleetlog.replay.observe import Measures
-from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset
+from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset, instants
 
 _OBSERVATIONS = (TaskStarted, TaskFinished, TaskFailed)
 
@@ -206,13 +206,15 @@ async def what_if(source: Source, policy: Policy, progress: Progress | None = No
     count, recorded_policy = 0, ""
     async for offset, _, batch in batches(source.store):
         async for events in reader.until(batch.as_of):
-            run.fold_inputs(events)
+            for part in instants(events, run.state):  # measured at every log time, as the recorded side
+                run.fold_inputs(part)
             if progress is not None:
                 progress(len(events))
         run.decide_at(offset, batch)
         count, recorded_policy = count + 1, batch.policy
     async for events in reader.until(await end_offset(source.store, INPUTS)):
-        run.fold_inputs(events)
+        for part in instants(events, run.state):
+            run.fold_inputs(part)
     run.measures.finish(run.state)
     return WhatIf(
         policy.name,

@@ -23,11 +23,12 @@ class CommandError(Exception):
 
 def configure(config_path: str | None, log_dir: str | None, kafka: str | None, **service: Any) -> Config:
     """The configuration of ``--config`` and the environment with the command-line options on top
-    (``--log``/``--kafka`` say where the logs are; ``--policy`` acts as ``FLEETLOG_SERVICE_POLICY``…)."""
-    env = dict(os.environ)
-    env.update({f"FLEETLOG_SERVICE_{k.upper()}": str(v) for k, v in service.items() if v is not None})
+    (``--log``/``--kafka`` say where the logs are; ``policy=`` is ``--policy``, which sets
+    ``service.policy`` and is named in its errors…)."""
+    flags = {f"service.{k}": (f"--{k.replace('_', '-')}", v) for k, v in service.items() if v is not None}
     try:
-        return load_config(Path(config_path) if config_path else None, env, log_dir=log_dir, kafka=kafka)
+        return load_config(Path(config_path) if config_path else None, os.environ, log_dir=log_dir,
+                           kafka=kafka, flags=flags)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
@@ -44,6 +45,15 @@ def configure_logging(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # fleetlog's stdlib loggers (the consumer's dead-letter warnings) as JSON lines too
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processor=structlog.processors.JSONRenderer(sort_keys=True),
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
+                           structlog.processors.TimeStamper(fmt="iso", utc=True)]))
+    dead_letters = logging.getLogger("fleetlog.dead_letters")
+    dead_letters.addHandler(handler)
+    dead_letters.propagate = False
 
 
 def run_service(config: Config) -> None:

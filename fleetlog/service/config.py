@@ -12,8 +12,9 @@ policy = "default"
 
 Exactly one of ``log.dir`` and the ``[kafka]`` table says where the logs are.  An environment
 variable beats the file (``FLEETLOG_KAFKA_BOOTSTRAP_SERVERS``, ``FLEETLOG_SERVICE_HTTP_PORT``; an
-empty value clears an optional key).  Every error is a :class:`ConfigError` naming the file (and
-line) or the variable, the key and what was expected; unknown keys are errors.  No message, ``repr``
+empty value clears an optional key), and a command-line flag (``--http-port``) beats both.  Every
+error is a :class:`ConfigError` naming the file (and line), the variable or the flag, the key and
+what was expected; unknown keys are errors.  No message, ``repr``
 or :meth:`Config.redacted` ever shows the SASL password.
 """
 
@@ -361,14 +362,27 @@ def _apply_shortcuts(raw: Raw, log_dir: str | None, kafka: str | None, origins: 
         origins["kafka.bootstrap_servers"] = "--kafka"
 
 
+def _apply_flags(raw: Raw, flags: Mapping[str, tuple[str, object]], origins: Origins) -> None:
+    """Command-line options that set a key (``{"service.policy": ("--policy", "fgd")}``): they
+    beat the file and the environment, and an error names the flag, not a variable."""
+    for name in sorted(flags):
+        flag, value = flags[name]
+        table, key = name.split(".", 1)
+        raw.setdefault(table, {})[key] = _typed(table, key, value, flag, strict=False)
+        origins[name] = flag
+
+
 def load_config(
-    path: Path | None, env: Mapping[str, str], *, log_dir: str | None = None, kafka: str | None = None
+    path: Path | None, env: Mapping[str, str], *, log_dir: str | None = None, kafka: str | None = None,
+    flags: Mapping[str, tuple[str, object]] | None = None,
 ) -> Config:
-    """The configuration from ``path`` (``None``: none) with ``env``'s overrides on top, and the
-    command-line shortcuts ``log_dir`` (the file log) or ``kafka`` (bootstrap servers) on top of both."""
+    """The configuration from ``path`` (``None``: none) with ``env``'s overrides on top, then the
+    command-line ``flags`` (``table.key`` -> (flag, value)) and the shortcuts ``log_dir`` (the file
+    log) or ``kafka`` (bootstrap servers) on top of all."""
     origins: Origins = {}
     raw = _read_file(path, origins) if path is not None else {}
     _apply_env(raw, env, origins)
+    _apply_flags(raw, flags or {}, origins)
     _apply_shortcuts(raw, log_dir, kafka, origins)
     try:
         return _build(raw)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -125,6 +126,14 @@ class _CappedServer(web.Server):
         return False
 
 
+class BindError(Exception):
+    """The HTTP address cannot be bound (a host that does not resolve, a port below 1024…)."""
+
+
+class PortInUseError(BindError):
+    """Another socket listens on the HTTP port."""
+
+
 class HttpServer:
     """Serves ``handler`` on ``host:port`` (port 0: any free port, see :attr:`port`)."""
 
@@ -136,7 +145,13 @@ class HttpServer:
         self._runner: web.ServerRunner | None = None
         self._server: _CappedServer | None = None
 
+    @property
+    def serving(self) -> bool:
+        return self._runner is not None
+
     async def start(self) -> None:
+        """Bind and serve; a :class:`BindError` (nothing left open) when the address cannot be
+        bound, a :class:`PortInUseError` when another socket holds it."""
         lim = self.limits
         self._server = _CappedServer(
             self._dispatch, lim.max_connections, keepalive_timeout=lim.header_timeout_s,
@@ -144,10 +159,18 @@ class HttpServer:
             max_field_size=lim.max_field_bytes, lingering_time=lim.body_timeout_s, access_log=None,
             handler_cancellation=True, logger=_SERVER_LOG,
         )
-        self._runner = web.ServerRunner(self._server, handle_signals=False)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port, backlog=lim.max_connections).start()
-        self.port = int(self._runner.addresses[0][1])
+        runner = web.ServerRunner(self._server, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port, backlog=lim.max_connections).start()
+        except OSError as exc:
+            await runner.cleanup()
+            where = f"{self.host}:{self.port}"
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUseError(f"cannot serve HTTP on {where}: the port is in use") from None
+            raise BindError(f"cannot serve HTTP on {where}: {exc.strerror or exc}") from None
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

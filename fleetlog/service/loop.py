@@ -9,6 +9,7 @@ neither a duplicate, nor a gap, nor half a step, and replay reproduces every bat
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 import msgspec
@@ -52,6 +53,9 @@ class StepResult(msgspec.Struct, frozen=True):
     """The log append time of the oldest input folded in this step (0 when none)."""
     published: bool = False
     """A decision batch was published in this step."""
+    work_s: float = 0.0
+    """Seconds of work: reading what was there, decoding, folding, deciding, publishing; never
+    the wait for input (a step that had to wait starts its clock when its read returned)."""
 
 
 class SnapshotMismatchError(RuntimeError):
@@ -144,19 +148,24 @@ class SchedulerLoop:
 
     async def step(self, timeout_ms: int = 0) -> StepResult:
         """Fold the inputs that arrived (waiting up to ``timeout_ms``), decide, publish."""
-        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
+        started = time.perf_counter()
+        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, 0)
+        if timeout_ms > 0 and polled.next_offset == self.offset:  # nothing yet: wait (not work)
+            polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
+            started = polled.read_at
         fold_lists(self.state, polled.events, polled.times)
         if self.config.check_invariants:
             check(self.state)
         self.offset = polled.next_offset
         if not polled.events and polled.dead_lettered == 0:
-            return StepResult(0, 0, 0, self.offset)
+            return StepResult(0, 0, 0, self.offset, work_s=time.perf_counter() - started)
         oldest = polled.times[0] if polled.times else 0
         decisions = decide(self.state, self.policy) if polled.events else []
         if not decisions:
             if polled.dead_lettered or self.offset - self.committed >= self.config.commit_every:
                 await self.commit()
-            return StepResult(len(polled.events), polled.dead_lettered, 0, self.offset, oldest)
+            work = time.perf_counter() - started
+            return StepResult(len(polled.events), polled.dead_lettered, 0, self.offset, oldest, work_s=work)
         batch = DecisionBatch(
             as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions), policy=self.policy.name
         )
@@ -168,7 +177,9 @@ class SchedulerLoop:
         fold(self.state, batch, self.state.now_ms)
         if self.config.check_invariants:
             check(self.state)
-        return StepResult(len(polled.events), polled.dead_lettered, len(decisions), self.offset, oldest, True)
+        work = time.perf_counter() - started
+        counts = (len(polled.events), polled.dead_lettered, len(decisions))
+        return StepResult(*counts, self.offset, oldest, True, work)
 
     async def commit(self) -> None:
         """Commit the inputs folded so far (no decisions): where a restart resumes."""

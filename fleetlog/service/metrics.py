@@ -27,7 +27,9 @@ class Metrics:
             registry=r,
         )
         self.step = Histogram(
-            "fleetlog_step_seconds", "One loop step: read, fold, decide, publish", buckets=LATENCY_BUCKETS,
+            "fleetlog_step_seconds",
+            "The work of one loop step: read, decode, fold, decide, publish (never the idle wait for input)",
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.pending = Gauge("fleetlog_pending_jobs", "Pending jobs by reason", ["reason"], registry=r)

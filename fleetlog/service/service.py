@@ -38,6 +38,7 @@ from tenacity import (
     RetryCallState,
     RetryError,
     retry_if_exception_type,
+    retry_if_not_exception_type,
 )
 
 from fleetlog.core.decide import decide
@@ -45,9 +46,35 @@ from fleetlog.core.digest import SnapshotError, digest, restore, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy, policy_named
 from fleetlog.core.state import CoreConfig, State
-from fleetlog.core.views import job_status, pending_by_reason, pending_tasks
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
-from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
+from fleetlog.core.views import (
+    as_folded,
+    folded_spec,
+    job_ended,
+    job_status,
+    pending_by_reason,
+    pending_tasks,
+)
+from fleetlog.events.codec import (
+    CONTENT_TYPE_HEADER,
+    CONTENT_TYPES,
+    JSON,
+    MSGPACK,
+    BadEventError,
+    decode,
+    encode,
+    format_of,
+)
+from fleetlog.events.model import (
+    INPUT_TYPES,
+    DecisionBatch,
+    Event,
+    InputEvent,
+    JobCancelled,
+    JobSubmitted,
+    NodeHeartbeat,
+    TaskGroup,
+)
+from fleetlog.events.spec import spec_differences, submission_spec
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message, OffsetOutOfRangeError
 from fleetlog.log.consumer import decision_batches
@@ -70,7 +97,16 @@ from fleetlog.log.snapshots import (
     encode_snapshot,
 )
 from fleetlog.service.config import Config, ServiceSettings, make_store
-from fleetlog.service.http import HttpLimits, HttpServer, Request, Response, json_response, refusal
+from fleetlog.service.http import (
+    BindError,
+    HttpLimits,
+    HttpServer,
+    PortInUseError,
+    Request,
+    Response,
+    json_response,
+    refusal,
+)
 from fleetlog.service.leader import KafkaElection
 from fleetlog.service.loop import (
     LogBehindError,
@@ -86,6 +122,8 @@ SERVICE_FILE: Final = "service.json"
 LOCK_POLL_S: Final = 0.02
 """How often a service waiting for the file log's lock tries it (producers hand it over)."""
 GAUGE_PERIOD_S: Final = 1.0
+HTTP_BIND_WAIT_S: Final = 5.0
+"""How long a process that takes the lead waits for its HTTP port to be free."""
 COMMIT_EVERY: Final = 50_000
 INLINE_DECODE_BYTES: Final = 64 * 1024
 """Ingest bodies up to this size are decoded on the loop (a few ms); larger ones in a thread."""
@@ -282,8 +320,8 @@ class Service:
         started = time.monotonic()
         warm_up(self.policy)
         log.info("kernels_ready", seconds=round(time.monotonic() - started, 3))
-        await self.http.start()
-        log.info("service_started", http=f"{self.settings.http_host}:{self.http.port}", pid=os.getpid(),
+        await self._serve_http(leading=False)
+        log.info("service_started", http=self._http_address(), pid=os.getpid(),
                  policy=self.policy.name, config=self.config.redacted())
         try:
             while not self.stopping.is_set():
@@ -302,11 +340,49 @@ class Service:
     def stop(self) -> None:
         self.stopping.set()
 
+    def _http_address(self) -> str | None:
+        return f"{self.settings.http_host}:{self.http.port}" if self.http.serving else None
+
+    async def _serve_http(self, leading: bool) -> None:
+        """Bind the HTTP port unless bound.  Stand-by does not depend on the port: a process that
+        does not lead and finds it taken (most often by the ``fleetlog run`` that leads, on the
+        same host) stands by without HTTP.  Leading, it must serve: it waits up to
+        ``HTTP_BIND_WAIT_S`` for the port (the old leader's socket closes a moment after its lock
+        or session), then gives up with :class:`BindError`, which ends the process (exit 1)."""
+        if self.http.serving:
+            return
+        deadline, waiting = time.monotonic() + HTTP_BIND_WAIT_S, False
+        while True:
+            try:
+                await self.http.start()
+                break
+            except PortInUseError as exc:
+                if not leading:
+                    log.warning("http_port_in_use", error=str(exc), action="standing by without HTTP; "
+                                "the port is bound when this process leads")
+                    return
+                if not waiting:
+                    waiting = True
+                    log.warning("http_port_in_use", error=str(exc), action=f"leading: waiting up to "
+                                f"{HTTP_BIND_WAIT_S:.0f} s for the port, then exiting")
+                if self.stopping.is_set():
+                    return
+                if time.monotonic() >= deadline:
+                    raise PortInUseError(
+                        f"{exc} by another process, still {HTTP_BIND_WAIT_S:.0f} s after this one took the "
+                        "lead: free it or give this process another port (--http-port, service.http_port)"
+                    ) from None
+                await self._sleep(0.1)
+        if leading:
+            log.info("http_serving", http=self._http_address())
+
     def _retrying(self) -> AsyncRetrying:
         """Every exception of a cycle is retried (until :meth:`stop`), each after the wait its
-        class calls for; :meth:`_report` says why in health, metrics and the log first."""
+        class calls for; :meth:`_report` says why in health, metrics and the log first — but
+        a leader that cannot serve HTTP (:class:`BindError`) ends the process."""
         return AsyncRetrying(
-            retry=retry_if_exception_type(Exception), wait=self._wait, sleep=self._sleep,
+            retry=retry_if_exception_type(Exception) & retry_if_not_exception_type(BindError),
+            wait=self._wait, sleep=self._sleep,
             stop=lambda _: self.stopping.is_set(), before_sleep=self._report,
         )
 
@@ -366,6 +442,9 @@ class Service:
         if store is None:
             return
         try:
+            await self._serve_http(leading=True)
+            if not self.http.serving:  # stopped while waiting for the port
+                return
             self._note_truncations(store)
             self._stage = "checking the logs against the snapshots"
             candidates = await self.snapshots.candidates()
@@ -474,9 +553,8 @@ class Service:
     async def _serve(self, loop: SchedulerLoop) -> None:
         next_gauges = 0.0
         while not self._lost():
-            started = time.perf_counter()
             result = await loop.step(timeout_ms=self.settings.idle_wait_ms)
-            self._observe(result, time.perf_counter() - started)
+            self._observe(result, result.work_s)  # the work, not the idle wait for input
             now = time.monotonic()
             if now >= next_gauges:
                 next_gauges = now + GAUGE_PERIOD_S
@@ -616,12 +694,25 @@ class Service:
         store, loop = self.store, self.loop
         if store is None or loop is None:
             return refusal(503, "standby", "this process is not leading")
+        try:
+            batch, duplicates = screened(loop.state, self.ingest.unfolded_jobs(loop), batch)
+        except IngestError as exc:
+            return refusal(exc.status, exc.reason, str(exc), **exc.extra)
         refused = self.ingest.admit(loop, batch.tasks)
         if refused is not None:
             return refused
-        first = await store.log(INPUTS).append(batch.messages)
-        self.ingest.appended(first + len(batch.messages), batch.tasks)
-        return json_response(200, {"appended": len(batch.messages), "first_offset": first})
+        log_ = store.log(INPUTS)
+        self.ingest.reserve(batch)  # before the await: a concurrent request sees these jobs
+        try:
+            first = await log_.append(batch.messages) if batch.messages else await log_.end_offset()
+        except BaseException:
+            self.ingest.release(batch)
+            raise
+        self.ingest.appended(first, batch)
+        answer: dict[str, object] = {"appended": len(batch.messages), "first_offset": first}
+        if duplicates:  # (only then: the answer stays what it always was for new events)
+            answer["duplicates"] = duplicates
+        return json_response(200, answer)
 
 
 def _not_allowed() -> Response:
@@ -640,6 +731,72 @@ class IngestBatch(msgspec.Struct, frozen=True):
     messages: list[Message]
     tasks: int
     """Tasks of the jobs it submits: the pending work it can create."""
+    events: list[InputEvent] = []
+    """The events of ``messages``, in order."""
+
+
+def screened(state: State, unfolded: dict[str, JobSubmitted], batch: IngestBatch
+             ) -> tuple[IngestBatch, list[dict[str, object]]]:
+    """``batch`` without the identical resubmissions of jobs the service already has (folded,
+    appended but not folded yet, or earlier in the batch), and those as ``{"index", "job_id"}``.
+    A job id submitted again with another spec (409 ``already_exists``), a cancel of a job never
+    submitted (404 ``unknown_job``) or of one that already ended otherwise than cancelled (409
+    ``already_ended``) refuses the whole batch.  A cancel of a cancelled job is an identical resend.
+    A new job costs dictionary lookups only: specs are compared when an id is seen again."""
+    seen: dict[str, JobSubmitted] = {}
+    skip: list[int] = []
+    for index, event in enumerate(batch.events):
+        if isinstance(event, JobSubmitted):
+            if _resubmitted(state, seen.get(event.job_id) or unfolded.get(event.job_id), event, index):
+                skip.append(index)
+            else:
+                seen[event.job_id] = event
+        elif (isinstance(event, JobCancelled) and event.job_id not in seen and event.job_id not in unfolded
+              and _cancelled_already(state, event.job_id, index)):
+            skip.append(index)
+    dropped: list[dict[str, object]] = [{"index": i, "job_id": getattr(batch.events[i], "job_id", "")}
+                                        for i in skip]
+    if not skip:
+        return batch, dropped
+    keep = sorted(set(range(len(batch.events))) - set(skip))
+    events = [batch.events[i] for i in keep]
+    tasks = sum(g.count for e in events if isinstance(e, JobSubmitted) for g in e.task_groups)
+    return IngestBatch([batch.messages[i] for i in keep], tasks, events), dropped
+
+
+def _resubmitted(state: State, earlier: JobSubmitted | None, event: JobSubmitted, index: int) -> bool:
+    """Whether ``event`` resubmits a job the service has (``earlier``, not folded yet, or else in
+    the state), with the same spec; an :class:`IngestError` if with another spec; ``False`` for
+    a new job."""
+    if earlier is not None:
+        before, after = submission_spec(earlier), submission_spec(event)
+    elif state.job_row(event.job_id) < 0:
+        return False
+    else:
+        folded = folded_spec(state, event.job_id)
+        assert folded is not None
+        before, after = folded, as_folded(state, submission_spec(event))
+    if before == after:
+        return True
+    changed = "; ".join(spec_differences(before, after))
+    raise IngestError(f"event {index}: job {event.job_id!r} already exists with another spec ({changed}); "
+                      "a job id is submitted once: cancel it and submit under a new id", "already_exists",
+                      409, job_id=event.job_id, index=index)
+
+
+def _cancelled_already(state: State, job_id: str, index: int) -> bool:
+    """Whether a cancel of ``job_id`` repeats one the state holds; an :class:`IngestError` if the
+    job is unknown or ended otherwise."""
+    if state.job_row(job_id) < 0:
+        raise IngestError(f"event {index}: cannot cancel job {job_id!r}: no such job", "unknown_job", 404,
+                          job_id=job_id, index=index)
+    ended = job_ended(state, job_id)
+    if ended is None:
+        return False
+    if ended == "cancelled":
+        return True
+    raise IngestError(f"event {index}: cannot cancel job {job_id!r}: it already ended ({ended})",
+                      "already_ended", 409, job_id=job_id, index=index, state=ended)
 
 
 _RAW_LIST: Final = msgspec.json.Decoder(list[msgspec.Raw])
@@ -657,23 +814,25 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
     ``max_request_events`` events or ``max_request_tasks`` tasks: 413.  Runs in a worker thread:
     the array is split without building its items, and each event is decoded on its own, so no
     single call holds the GIL for long."""
-    kind = (content_type or "application/json").split(";")[0].strip().encode()
-    if kind == MSGPACK:
-        parts: list[bytes] | list[msgspec.Raw] = [body]
-    elif kind == JSON:
-        parts = _json_parts(body)
-    else:
-        raise IngestError(f"content-type {kind.decode()!r} is neither application/json nor msgpack",
-                          "unknown_content_type")
+    try:  # case-insensitive, with parameters (RFC 9110); none at all: JSON
+        fmt = format_of(content_type.encode("utf-8", "replace") if content_type is not None else JSON)
+    except BadEventError as exc:
+        raise IngestError(str(exc), exc.reason) from None
+    kind = CONTENT_TYPES[fmt]
+    parts: list[bytes] | list[msgspec.Raw] = [body] if fmt == "msgpack" else _json_parts(body)
     if len(parts) > settings.max_request_events:
         raise IngestError(f"{len(parts)} events in one request; the limit is {settings.max_request_events}",
                           "too_many_events", 413, limit=settings.max_request_events)
-    messages, tasks = [], 0
+    messages, tasks, events = [], 0, []
     for index, part in enumerate(parts):
         try:
             env = decode(bytes(part), kind)
         except BadEventError as exc:
             raise IngestError(f"event {index}: {exc}", exc.reason) from None
+        if not isinstance(env.event, INPUT_TYPES):
+            raise IngestError(f"event {index}: {type(env.event).__name__} is a decision, not an input: only "
+                              "the scheduler writes decisions", "not_an_input", index=index)
+        events.append(env.event)
         if isinstance(env.event, JobSubmitted):
             tasks += sum(group.count for group in env.event.task_groups)
             if tasks > settings.max_request_tasks:
@@ -681,7 +840,7 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
                                   f"(event {index} passes it); split it", "too_many_tasks", 413,
                                   limit=settings.max_request_tasks)
         messages.append(Message(encode(env), headers=((CONTENT_TYPE_HEADER, MSGPACK),)))
-    return IngestBatch(messages, tasks)
+    return IngestBatch(messages, tasks, events)
 
 
 def _json_parts(body: bytes) -> list[bytes] | list[msgspec.Raw]:
@@ -718,6 +877,9 @@ class IngestGate:
         self.settings = settings
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleetlog-ingest")
         self._unfolded: deque[tuple[int, int]] = deque()  # (end offset, tasks) of appended requests
+        self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission
+        self._job_ends: deque[tuple[int, str]] = deque()  # (end offset, job id) of those, in order
+        self._appending: set[str] = set()  # ids in ``_jobs`` whose append has not returned yet
 
     def pending(self, loop: SchedulerLoop) -> int:
         while self._unfolded and self._unfolded[0][0] <= loop.offset:
@@ -735,6 +897,33 @@ class IngestGate:
         return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
                        f"the limit of {limit}", pending=pending, limit=limit)
 
-    def appended(self, end: int, tasks: int) -> None:
-        if tasks:
-            self._unfolded.append((end, tasks))
+    def unfolded_jobs(self, loop: SchedulerLoop) -> dict[str, JobSubmitted]:
+        """The jobs appended through ingest that the loop has not folded yet, with their submission
+        (the folded ones are in its state).  Read it, do not keep it."""
+        ends = self._job_ends
+        while ends and ends[0][0] <= loop.offset:
+            del self._jobs[ends.popleft()[1]]
+        return self._jobs
+
+    def reserve(self, batch: IngestBatch) -> None:
+        """Count the jobs of ``batch`` as the service's while it is being appended."""
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id not in self._jobs:
+                self._jobs[event.job_id] = event
+                self._appending.add(event.job_id)
+
+    def release(self, batch: IngestBatch) -> None:
+        """``batch`` was not appended after all: forget what :meth:`reserve` counted."""
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id in self._appending:
+                self._appending.discard(event.job_id)
+                del self._jobs[event.job_id]
+
+    def appended(self, first: int, batch: IngestBatch) -> None:
+        end = first + len(batch.messages)
+        if batch.tasks:
+            self._unfolded.append((end, batch.tasks))
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id in self._appending:
+                self._appending.discard(event.job_id)
+                self._job_ends.append((end, event.job_id))

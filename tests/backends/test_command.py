@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from fleetlog.cli import EXIT_USAGE, main
+from fleetlog.measures import KEYS
 from tests.backends.helpers import NODE_HEADER, POD_HEADER, nodes_csv, pod, write_csv
 
 REQUIRED = (
-    "gpu_alloc_ratio",
-    "placed",
+    *KEYS,
+    "gpu_alloc_at_target_pct",
     "failed",
     "pending",
-    "preempted",
     "decisions_per_s",
     "events",
     "wall_s",
@@ -37,13 +37,14 @@ def test_the_default_run_prints_a_real_result_and_writes_log_and_report(
     assert main(simulate(tmp_path, "--json")) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(REQUIRED) <= result.keys()
-    assert result["placed"] > 0
-    assert 0 < result["gpu_alloc_ratio"] <= 1
+    assert result["jobs_placed"] > 0
+    assert 0 < result["gpu_allocation_pct"] <= 100
+    assert result["gpu_alloc_at_target_pct"] is None  # inflate only
     assert (result["seed"], result["policy"], result["mode"].split("?")[0]) == (1, "default", "replay")
     assert {p.name for p in (tmp_path / "log").iterdir()} >= {"inputs", "decisions", "dead-letters"}
     assert (tmp_path / "report" / "plot.png").read_bytes().startswith(PNG_MAGIC)
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
-    assert summary["summary"]["placed"] == result["placed"]
+    assert summary["summary"]["jobs_placed"] == result["jobs_placed"]
     assert summary["runs"][0]["timeline"]
 
 
@@ -76,7 +77,7 @@ def test_inflate_over_several_seeds_prints_a_table_and_the_mean(
     result = json.loads(capsys.readouterr().out)
     assert result["seeds"] == [1, 2]
     assert len(result["runs"]) == 2
-    assert result["gpu_alloc_ratio"] > 0.5
+    assert result["gpu_alloc_at_target_pct"] > 50
     assert result["pending"] == 0
     assert json.loads((tmp_path / "report" / "summary.json").read_text())["runs"][1]["curve"]
 

@@ -102,6 +102,7 @@ SPEC_CASES = [  # (id, cluster, workload, mode, wanted message)
     ("workload-kind", "synthetic", "poisson", "replay", "not 'synthetic', 'openb[:VARIANT]'"),
     ("workload-num", "synthetic", "synthetic?load=nan", "replay", "load=nan is outside"),
     ("workload-param", "synthetic", "synthetic?users=3", "replay", "unknown parameter 'users'"),
+    ("workload-cpu", "synthetic", "synthetic?cpu=1.5", "replay", "cpu=1.5 is outside 0..1"),
     ("mode", "synthetic", "synthetic", "simulate", "choose inflate or replay"),
     ("mode-param", "synthetic", "synthetic", "replay?ratio=2", "unknown parameter 'ratio'"),
     ("order", "synthetic", "synthetic", "inflate?order=random", "order='random' is not one of file, shuffle"),
@@ -164,6 +165,17 @@ def test_a_synthetic_workload_is_a_function_of_its_seed() -> None:
     assert len({j.event.tenant for j in a.jobs}) == 3
     assert {j.event.priority for j in a.jobs} == {0, 100}
     assert any(j.event.required_topology == "rack" and j.tasks > 1 for j in a.jobs)
+
+
+def test_a_synthetic_workload_has_cpu_only_jobs_only_when_asked() -> None:
+    cluster = load_cluster("synthetic")
+    default = load_workload("synthetic?jobs=300", cluster, 1)
+    assert load_workload("synthetic?jobs=300&cpu=0", cluster, 1).jobs == default.jobs  # old seeds unchanged
+    assert all(j.gpu_milli for j in default.jobs)
+    mixed = load_workload("synthetic?jobs=300&cpu=0.3", cluster, 1)
+    cpu_only = [j.event.task_groups[0] for j in mixed.jobs if not j.gpu_milli]
+    assert 60 <= len(cpu_only) <= 120  # about 30%
+    assert all(g.gpu_count == g.gpu_milli == 0 < g.cpu_milli for g in cpu_only)
 
 
 def test_builtin_durations_follow_the_philly_quantiles(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from fleetlog.events import (
     envelope,
 )
 from fleetlog.events.codec import JSON, MAX_EVENT_BYTES, decode_many, format_of
-from fleetlog.events.model import EVENT_TYPES, Event
+from fleetlog.events.model import EVENT_TYPES, DecisionBatch, Event
 from fleetlog.events.schema import json_schema
 from tests.events.samples import ALL_EVENTS, job
 
@@ -42,8 +42,12 @@ def test_round_trip(event: Event, fmt: str) -> None:
 
 @pytest.mark.parametrize("event", ALL_EVENTS, ids=lambda e: type(e).__name__)
 def test_json_encoding_validates_against_published_schema(event: Event) -> None:
+    """Inputs against the root (what producers send), decisions against ``DecisionEnvelope``."""
     doc = json.loads(encode(envelope(event, "p"), "json"))
-    jsonschema.Draft202012Validator(json_schema()).validate(doc)
+    schema = json_schema()
+    if isinstance(event, DecisionBatch):
+        schema = {**schema, "$ref": schema["x-fleetlog-decision-envelope"]}
+    jsonschema.Draft202012Validator(schema).validate(doc)
 
 
 def test_schema_rejects_what_the_decoder_rejects() -> None:
@@ -94,7 +98,20 @@ BAD_INPUTS: list[tuple[str, bytes, bytes | None, type[BadEventError], str]] = [
     ("truncated msgpack", encode(envelope(job(), "p"))[:40], None, UndecodableError, "not valid msgpack"),
     ("garbage json", b"{not json", JSON, UndecodableError, "not valid json"),
     ("empty value", b"", None, UndecodableError, "not valid msgpack"),
-    ("not an object", b"[1,2,3]", JSON, InvalidEventError, "not an event envelope"),
+    ("a JSON array", b"[1,2,3]", JSON, UndecodableError, "a JSON array ('[1,2,3]'"),
+    ("a JSON number", b" 42", JSON, UndecodableError, "not a JSON object ('42'"),
+    ("a JSON string", b'"job"', JSON, UndecodableError, "not a JSON object"),
+    ("plain text as JSON", b"hello", JSON, UndecodableError, "not a JSON object ('hello'"),
+    ("JSON with a BOM", b"\xef\xbb\xbf" + _json_env(**_valid_job_fields()), JSON, UndecodableError,
+     "byte-order mark"),
+    # without a content-type header, the first byte would be a msgpack integer: say what it is
+    ("plain text, no header", b"hello world\n", None, UndecodableError, "text 'hello world\\n', neither"),
+    ("a JSON array, no header", b'[{"schema_version": 1}]', None, UndecodableError, "a JSON array"),
+    ("JSON with a BOM, no header", b"\xef\xbb\xbf" + _json_env(**_valid_job_fields()), None,
+     UndecodableError, "byte-order mark"),
+    ("a msgpack array", b"\x93\x01\x02\x03", None, UndecodableError, "0x93 does not start a map"),
+    ("a msgpack integer", b"\x05", None, UndecodableError, "0x05 does not start a map"),
+    ("JSON, latin-1", b"{}", b"application/json; charset=latin-1", UnknownContentTypeError, "'latin-1'"),
     ("unknown content type", b"{}", b"text/plain", UnknownContentTypeError, "text/plain"),
     (
         "unknown event type",
@@ -173,6 +190,37 @@ def test_bad_input_gets_a_named_error(
         decode(data, content_type)
     assert words in str(info.value), f"{case}: message {info.value!s} does not mention {words!r}"
     assert info.value.reason != "bad_event"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "fmt"),
+    [
+        (b"Application/JSON", "json"),
+        (b"APPLICATION/JSON", "json"),
+        (b"application/json; charset=utf-8", "json"),
+        (b"Application/Json;Charset=\"UTF-8\"", "json"),
+        (b"application/json ; charset=US-ASCII ; foo=bar", "json"),
+        (b" application/json", "json"),
+        (b"Application/MsgPack", "msgpack"),
+        (b"application/msgpack; foo=bar", "msgpack"),
+    ],
+)
+def test_content_type_is_case_insensitive_and_takes_parameters(content_type: bytes, fmt: str) -> None:
+    env = envelope(job(), "p")
+    data = encode(env, "json" if fmt == "json" else "msgpack")
+    assert decode(data, content_type) == env
+    assert decode_many([(data, content_type)]) == [env]
+
+
+REFUSED_TYPES = [b"text/plain", b"application/jsonx", b"json", b"", b"application/json; charset=latin-1",
+                 b"application/json; charset=utf-16"]
+
+
+@pytest.mark.parametrize("content_type", REFUSED_TYPES)
+def test_other_content_types_are_refused_by_name(content_type: bytes) -> None:
+    with pytest.raises(UnknownContentTypeError) as info:
+        decode(b"{}", content_type)
+    assert repr(content_type.decode()) in str(info.value)
 
 
 def test_integer_too_large_for_msgpack_is_refused_by_the_encoder_and_bounded_on_decode() -> None:

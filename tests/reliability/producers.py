@@ -175,7 +175,7 @@ ROLES = {"nodes": run_nodes, "jobs": run_jobs, "backend": run_backend}
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="soak-producer")
+    p = argparse.ArgumentParser(prog="soak-producer", allow_abbrev=False)
     p.add_argument("role", choices=sorted(ROLES))
     p.add_argument("--log", required=True)
     p.add_argument("--seed", type=int, required=True)

@@ -25,7 +25,7 @@ def test_a_simulated_run_verifies_and_its_state_matches(
     log = str(tmp_path / "log")
     sim = ["simulate", "--log", log, "--report", str(tmp_path / "report"), "--json"]
     assert main([*sim, "--cluster", "synthetic?nodes=8", "--workload", "synthetic?jobs=60"]) == 0
-    placed = json.loads(capsys.readouterr().out)["placed"]
+    placed = json.loads(capsys.readouterr().out)["jobs_placed"]
     assert main(["replay", "verify", "--log", log, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"]

@@ -17,10 +17,11 @@ from fleetlog.backends.kubernetes.api import KubeApi
 from fleetlog.backends.kubernetes.backend import KubernetesBackend
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.backends.store_args import add_store_arguments, open_store
+from fleetlog.usage import Parser
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fleetlog.backends.kubernetes", description=__doc__)
+    parser = Parser(prog="python -m fleetlog.backends.kubernetes", description=__doc__)
     add_store_arguments(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
     parser.add_argument("--cell", default="kubernetes", help="the fleetlog cell this cluster is")

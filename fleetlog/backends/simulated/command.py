@@ -24,11 +24,14 @@ from fleetlog.backends.simulated.cluster import Cluster, load_cluster
 from fleetlog.backends.simulated.driver import SchedulerFactory, Stop
 from fleetlog.backends.simulated.modes import Mode
 from fleetlog.backends.simulated.report import MEAN_FIELDS, RunSummary, aggregate, write_report
-from fleetlog.backends.simulated.runner import RunConfig, is_seed_dir, run_simulation
+from fleetlog.backends.simulated.runner import Measurer, RunConfig, is_seed_dir, run_simulation
 from fleetlog.backends.simulated.spec import SimulationInputError
 from fleetlog.backends.simulated.workload import load_workload
+from fleetlog.display import console
 from fleetlog.log.base import LogError
 from fleetlog.log.logdir import check_overwrite, prepare_log_dir
+from fleetlog.measures import ROWS as SHARED_ROWS
+from fleetlog.measures import fmt_count, fmt_pct
 
 
 @dataclass(frozen=True)
@@ -53,19 +56,20 @@ def simulate(
     options: Options,
     policy: str,
     make_scheduler: SchedulerFactory,
+    measure: Measurer | None = None,
     warm_up: Callable[[], float] = lambda: 0.0,
 ) -> list[RunSummary]:
-    """Run every seed (a progress bar on a terminal unless ``--json``); write the report; print.
-    ``warm_up`` compiles the kernels before the first run and returns the seconds it took.
-    Ctrl-C ends the run at the next turn: the log is folded to its end and the report written
-    from what was simulated (each summary then says ``interrupted``)."""
+    """Run every seed (a progress bar on a terminal unless ``--json``), each measured by
+    ``measure`` on its log; write the report; print.  ``warm_up`` compiles the kernels before
+    the first run and returns the seconds it took.  Ctrl-C ends the run at the next turn: the
+    log is folded to its end and the report written from what was simulated (``interrupted``)."""
     cluster = load_cluster(options.cluster)
     configs = [config_for(options, cluster, seed, policy) for seed in seed_list(options)]  # bad input: here
     try:
         prepare_outputs(options)
         compile_s = warm_up()
         with interruptible() as stop:
-            runs = run_all(configs, make_scheduler, stop, options.as_json)
+            runs = run_all(configs, make_scheduler, measure, stop, options.as_json)
             runs[0] = msgspec.structs.replace(runs[0], compile_s=round(compile_s, 3))
             written = write_report(options.report, runs)
     except OSError as exc:  # an unwritable --log or --report: one line, not a traceback
@@ -75,7 +79,7 @@ def simulate(
     if options.as_json:
         print(json.dumps(aggregate(runs)))
     else:
-        print_summary(Console(), runs, [options.log, *written])
+        print_summary(console(), runs, [options.log, *written])
     return runs
 
 
@@ -101,13 +105,15 @@ def has_report(path: Path) -> bool:
 
 
 def run_all(
-    configs: Sequence[RunConfig], make_scheduler: SchedulerFactory, stop: Stop, quiet: bool
+    configs: Sequence[RunConfig], make_scheduler: SchedulerFactory, measure: Measurer | None, stop: Stop,
+    quiet: bool,
 ) -> list[RunSummary]:
     """Each seed in turn, with a progress bar; after a stopped run, no further seed."""
     runs: list[RunSummary] = []
-    with bar(Console(stderr=True), quiet) as progress:
+    with bar(console(stderr=True), quiet) as progress:
         for c in configs:
-            runs.append(asyncio.run(run_simulation(c, make_scheduler, tracker(progress, c.seed), stop)))
+            run = run_simulation(c, make_scheduler, tracker(progress, c.seed), stop, measure)
+            runs.append(asyncio.run(run))
             if runs[-1].interrupted:
                 break
     return runs
@@ -186,6 +192,8 @@ def print_summary(console: Console, runs: Sequence[RunSummary], paths: Sequence[
     if mean is not None:
         table.add_column("mean", justify="right")
     for label, key, fmt in ROWS:
+        if all(getattr(r, key) is None for r in runs):
+            continue  # not measured in this mode (the inflate target in replay), or at all
         cells = [fmt(getattr(r, key)) for r in runs]
         averaged = [fmt(mean[key]) if key in MEAN_FIELDS else "-"] if mean is not None else []
         table.add_row(label, *cells, *averaged)
@@ -194,35 +202,19 @@ def print_summary(console: Console, runs: Sequence[RunSummary], paths: Sequence[
         console.print(f"wrote {path}")
 
 
-def _pct(value: object) -> str:
-    return f"{float(value) * 100:.2f}%"  # type: ignore[arg-type]
-
-
-def _count(value: object) -> str:
-    return f"{float(value):,.0f}"  # type: ignore[arg-type]
-
-
-def _wait(value: object) -> str:
-    waits = value if isinstance(value, dict) else {}
-    return " / ".join(f"{waits[k] / 1000:,.0f}" for k in ("p50", "p90", "p99") if k in waits) or "-"
-
-
 ROWS: list[tuple[str, str, Callable[[object], str]]] = [
-    ("GPU allocation (inflate: at target; replay: mean)", "gpu_alloc_ratio", _pct),
-    ("GPU allocation at the end", "gpu_alloc_final", _pct),
-    ("jobs submitted", "jobs", _count),
-    ("placed", "placed", _count),
-    ("failed (rejected)", "failed", _count),
-    ("pending at the end", "pending", _count),
-    ("running at the end", "running", _count),
-    ("finished", "done", _count),
-    ("preempted", "preempted", _count),
-    ("lost with a failed node", "lost", _count),
-    ("node failures", "node_failures", _count),
-    ("wait for placement p50 / p90 / p99 (s)", "wait_ms", _wait),
-    ("events (inputs + decisions)", "events", _count),
-    ("placement decisions/s (wall)", "decisions_per_s", _count),
-    ("virtual time (s)", "virtual_s", _count),
+    *SHARED_ROWS,  # the measures replay report shows too: the same labels, units and numbers
+    ("simulation: GPU allocation at the inflate target (%)", "gpu_alloc_at_target_pct", fmt_pct),
+    ("simulation: GPU allocation at the end (%)", "gpu_alloc_final_pct", fmt_pct),
+    ("simulation: failed (rejected)", "failed", fmt_count),
+    ("simulation: pending at the end", "pending", fmt_count),
+    ("simulation: running at the end", "running", fmt_count),
+    ("simulation: finished", "done", fmt_count),
+    ("simulation: gangs lost with a failed node", "lost", fmt_count),
+    ("simulation: node failures", "node_failures", fmt_count),
+    ("events (inputs + decisions)", "events", fmt_count),
+    ("placement decisions/s (wall)", "decisions_per_s", lambda v: f"{float(v):,.0f}"),  # type: ignore[arg-type]
+    ("virtual time (s)", "virtual_s", lambda v: f"{float(v):,.0f}"),  # type: ignore[arg-type]
     ("wall time (s)", "wall_s", lambda v: f"{float(v):.2f}"),  # type: ignore[arg-type]
     ("kernel compile before the run (s)", "compile_s", lambda v: f"{float(v):.2f}"),  # type: ignore[arg-type]
 ]

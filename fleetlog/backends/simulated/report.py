@@ -14,27 +14,41 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fleetlog.backends.simulated.metrics import JobStatus, Recorder, Sample
+from fleetlog.measures import PCT_DIGITS, fmt_pct, pct
 
 CURVE_STEP_PCT: Final = 1.0
 MAX_TIMELINE_POINTS: Final = 400
 MEAN_FIELDS: Final = (
-    "gpu_alloc_ratio",
-    "gpu_alloc_final",
-    "placed",
+    "gpu_allocation_pct",
+    "jobs_submitted",
+    "jobs_placed",
+    "jobs_never_placed",
+    "placements",
+    "preemptions",
+    "gpu_alloc_at_target_pct",
+    "gpu_alloc_final_pct",
     "failed",
     "pending",
     "running",
     "done",
-    "preempted",
     "lost",
     "decisions_per_s",
     "events",
     "wall_s",
 )
+Measured = dict[str, Any]
+"""The shared measures of a run's log (:data:`fleetlog.measures.KEYS`), as ``replay report``
+computes them: the caller injects the function (this package never imports the replay)."""
 
 
 class RunSummary(msgspec.Struct, frozen=True):
-    """One seeded run. Ratios are fractions (0..1); times are milliseconds unless named ``_s``."""
+    """One seeded run. Shares are percentages, times seconds (``_s``) or milliseconds (``_ms``).
+
+    The measures ``replay report`` shows too (:mod:`fleetlog.measures`: allocation, jobs placed,
+    placements, preemptions, waits, tenant shares) come from the run's log, computed by the same
+    function; they are ``None`` when the caller measured no log (benchmarks that time runs).
+    The others are the simulated cells' own view: how the run went, what the trace protocol asks
+    (allocation at the inflate target), and what only a simulation knows (lost gangs)."""
 
     seed: int
     policy: str
@@ -44,20 +58,18 @@ class RunSummary(msgspec.Struct, frozen=True):
     nodes: int
     gpus: int
     jobs: int
-    placed: int
+    """Jobs in the run (the workload as the mode submits it)."""
     failed: int
     pending: int
     running: int
     done: int
-    preempted: int
     lost: int
     node_failures: int
-    gpu_alloc_ratio: float
-    """inflate: allocated/total milli-GPU when arrived demand reached the target (130%);
-    replay: the time-weighted mean from the first arrival to the last."""
-    gpu_alloc_final: float
-    arrived_demand_ratio: float
-    wait_ms: dict[str, int]
+    gpu_alloc_at_target_pct: float | None
+    """inflate only (the FGD paper's measure): allocated over total GPU when arrived demand first
+    reached the target (130%); ``None`` in replay mode."""
+    gpu_alloc_final_pct: float
+    arrived_demand_pct: float
     decisions_per_s: float
     events: int
     inputs: int
@@ -75,41 +87,48 @@ class RunSummary(msgspec.Struct, frozen=True):
     """inflate: (arrived demand %, allocation %) each percent of demand."""
     timeline: list[tuple[float, float, int, int]] = []
     """replay: (hours, allocation %, pending jobs, running jobs), at most 400 points."""
+    gpu_allocation_pct: float | None = None
+    jobs_submitted: int | None = None
+    jobs_placed: int | None = None
+    jobs_never_placed: int | None = None
+    placements: int | None = None
+    preemptions: int | None = None
+    wait_s: dict[str, float | None] | None = None
+    tenant_share_pct: dict[str, float | None] | None = None
 
 
 def summarise(
-    head: dict[str, Any], recorder: Recorder, target_ratio: float | None, stats: dict[str, Any]
+    head: dict[str, Any],
+    recorder: Recorder,
+    target_ratio: float | None,
+    stats: dict[str, Any],
+    measured: Measured | None = None,
 ) -> RunSummary:
     """The summary of one run. ``head`` names it (seed, policy, mode, cluster, workload, nodes, gpus);
-    ``target_ratio`` is the inflate target (None in replay); ``stats`` the run's counters."""
+    ``target_ratio`` is the inflate target (None in replay); ``stats`` the run's counters;
+    ``measured`` the shared measures of its log (``None``: not measured)."""
     cap = max(1, recorder.capacity_milli)
     final = recorder.samples[-1].allocated_milli / cap if recorder.samples else 0.0
-    if target_ratio is not None:
-        alloc = at_target(recorder, target_ratio)
-    else:
-        times = recorder.arrived_at.values()
-        alloc = time_weighted(recorder.samples, cap, min(times, default=0), max(times, default=0))
+    at = at_target(recorder, target_ratio) if target_ratio is not None else None
     c = recorder.counts
     return RunSummary(
         **head,
         jobs=len(recorder.status),
-        placed=recorder.placed_jobs,
         failed=c[JobStatus.REJECTED],
         pending=c[JobStatus.PENDING],
         running=c[JobStatus.RUNNING],
         done=c[JobStatus.DONE],
-        preempted=recorder.preemptions,
         lost=recorder.lost,
         node_failures=recorder.node_failures,
-        gpu_alloc_ratio=round(alloc, 6),
-        gpu_alloc_final=round(final, 6),
-        arrived_demand_ratio=round(recorder.demand_milli / cap, 6),
-        wait_ms=percentiles(recorder.waits_ms),
+        gpu_alloc_at_target_pct=None if at is None else pct(at, 1),
+        gpu_alloc_final_pct=pct(final, 1) or 0.0,
+        arrived_demand_pct=pct(recorder.demand_milli, cap) or 0.0,
         decisions_per_s=round((recorder.placements + recorder.rejections) / max(stats["wall_s"], 1e-9), 1),
         events=stats["inputs"] + stats["decisions"],
         **stats,
         curve=curve_points(recorder) if target_ratio is not None else [],
         timeline=timeline_points(recorder.samples, cap) if target_ratio is None else [],
+        **(measured or {}),
     )
 
 
@@ -120,34 +139,6 @@ def at_target(recorder: Recorder, ratio: float) -> float:
         if demand >= ratio * cap:
             return allocated / cap
     return recorder.curve[-1][1] / cap if recorder.curve else 0.0
-
-
-def time_weighted(samples: Sequence[Sample], cap: int, start_ms: int, end_ms: int) -> float:
-    """The mean allocation over ``start_ms..end_ms`` (the arrival window), each sample holding
-    until the next; the allocation at ``end_ms`` when the window is empty."""
-    if not samples:
-        return 0.0
-    if end_ms <= start_ms:
-        return next((s.allocated_milli for s in reversed(samples) if s.at_ms <= end_ms), 0) / cap
-    bounds = [s.at_ms for s in samples[1:]] + [max(end_ms, samples[-1].at_ms)]
-    area = 0
-    for sample, until in zip(samples, bounds, strict=True):
-        lo, hi = max(sample.at_ms, start_ms), min(until, end_ms)
-        if hi > lo:
-            area += sample.allocated_milli * (hi - lo)
-    return area / (end_ms - start_ms) / cap
-
-
-def percentiles(values: Sequence[int]) -> dict[str, int]:
-    """p50/p90/p99/max of ``values`` (nearest rank); empty when there are none."""
-    if not values:
-        return {}
-    ordered = sorted(values)
-    pick = {
-        name: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
-    }
-    return pick | {"max": ordered[-1]}
 
 
 def curve_points(recorder: Recorder) -> list[tuple[float, float]]:
@@ -178,13 +169,18 @@ def aggregate(runs: Sequence[RunSummary]) -> dict[str, Any]:
     out["interrupted"] = any(r.interrupted for r in runs)  # (only the last run can be)
     if len(runs) > 1:
         for name in MEAN_FIELDS:
-            out[name] = round(statistics.fmean(getattr(r, name) for r in runs), 6)
-        out["gpu_alloc_ratio_stdev"] = round(statistics.stdev(r.gpu_alloc_ratio for r in runs), 6)
+            values = [getattr(r, name) for r in runs]
+            out[name] = None if None in values else round(statistics.fmean(values), 6)
+        for name in ("gpu_allocation_pct", "gpu_alloc_at_target_pct"):
+            values = [getattr(r, name) for r in runs]
+            if None not in values:
+                out[f"{name}_stdev"] = round(statistics.stdev(values), PCT_DIGITS)
         out["seeds"] = [r.seed for r in runs]
         out["runs"] = [
             {
                 k: getattr(r, k)
-                for k in ("seed", "gpu_alloc_ratio", "placed", "failed", "pending", "preempted", "wall_s")
+                for k in ("seed", "gpu_allocation_pct", "gpu_alloc_at_target_pct", "jobs_placed", "failed",
+                          "pending", "preemptions", "wall_s")
             }
             for r in runs
         ]
@@ -222,7 +218,7 @@ def draw(path: Path, runs: Sequence[RunSummary]) -> None:
 def _draw_curve(ax: Any, runs: Sequence[RunSummary]) -> None:
     for r in runs:
         xs, ys = zip(*r.curve, strict=True) if r.curve else ((), ())
-        ax.plot(xs, ys, linewidth=1, label=f"seed {r.seed}: {r.gpu_alloc_ratio * 100:.2f}%")
+        ax.plot(xs, ys, linewidth=1, label=f"seed {r.seed}: {fmt_pct(r.gpu_alloc_at_target_pct)}")
     top = max((x for r in runs for x, _ in r.curve), default=100.0)
     ax.plot([0, min(top, 100)], [0, min(top, 100)], color="grey", linestyle=":", linewidth=1, label="ideal")
     ax.set_xlabel("arrived GPU demand (% of cluster GPUs)")

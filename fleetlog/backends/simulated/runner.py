@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -18,11 +19,14 @@ from fleetlog.backends.simulated.driver import (
     setup_messages,
 )
 from fleetlog.backends.simulated.modes import Mode, arrivals
-from fleetlog.backends.simulated.report import RunSummary, summarise
+from fleetlog.backends.simulated.report import Measured, RunSummary, summarise
 from fleetlog.backends.simulated.spec import SpecError
 from fleetlog.backends.simulated.workload import Workload
+from fleetlog.log.base import LogStore
 from fleetlog.log.logdir import prepare_log_dir
 
+Measurer = Callable[[LogStore], Awaitable[Measured]]
+"""The shared measures of a run's log store (``fleetlog.replay.summary.measure_store``, injected)."""
 MAX_HEARTBEATS: Final = 20_000_000
 """About a minute of appending and folding heartbeats: a replay needing more must be compressed."""
 
@@ -45,9 +49,11 @@ async def run_simulation(
     make_scheduler: SchedulerFactory,
     progress: Progress | None = None,
     stop: Stop | None = None,
+    measure: Measurer | None = None,
 ) -> RunSummary:
-    """Run ``config`` with the scheduler ``make_scheduler`` builds on the run's log store
-    (until ``stop()`` says so, if given: the summary is then of what was simulated)."""
+    """Run ``config`` with the scheduler ``make_scheduler`` builds on the run's log store (until
+    ``stop()`` says so, if given: the summary is then of what was simulated); then ``measure`` the
+    run's log (the shared measures, as ``replay report`` computes them)."""
     jobs = arrivals(config.mode, config.workload, config.cluster, config.seed)
     check_heartbeats(config, jobs[-1].arrival_ms if jobs else 0)
     if config.log_dir is not None:  # the command replaced an earlier log if it was told to
@@ -64,6 +70,7 @@ async def run_simulation(
             setup=setup_messages(config.workload),
         )
         stats = await sim.run(make_scheduler(store), progress, stop)
+        measured = await measure(store) if measure is not None else None
     cluster = config.cluster
     head = {
         "seed": config.seed,
@@ -83,7 +90,7 @@ async def run_simulation(
         "interrupted": stats.interrupted,
     }
     target = config.mode.ratio if config.mode.name == "inflate" else None
-    return summarise(head, sim.recorder, target, counters)
+    return summarise(head, sim.recorder, target, counters, measured)
 
 
 def check_heartbeats(config: RunConfig, last_arrival_ms: int) -> None:

@@ -30,6 +30,7 @@ SYNTHETIC_PARAMS: Final = (
     "prod",
     "gang",
     "frac",
+    "cpu",
     "constrained",
     "durations",
     "duration_scale",
@@ -170,6 +171,7 @@ def synthetic_workload(spec: Spec, cluster: Cluster, seed: int) -> Workload:
         spec.number("gang", 0.1, 0, 1),
         spec.number("constrained", 0.1, 0, 1),
         cluster.gpu_models,
+        spec.number("cpu", 0.0, 0, 1),
     )
     prod = spec.number("prod", 0.2, 0, 1)
     jobs = []
@@ -193,16 +195,21 @@ def synthetic_workload(spec: Spec, cluster: Cluster, seed: int) -> Workload:
 
 @dataclass(frozen=True)
 class Shapes:
-    """The task-shape mix: fractional single GPUs, whole GPUs (1-8), rack-local gangs of 8-GPU tasks."""
+    """The task-shape mix: fractional single GPUs, whole GPUs (1-8), rack-local gangs of 8-GPU
+    tasks, and CPU-only tasks (none by default: the draws of existing seeds stay as they were)."""
 
     frac: float
     gang: float
     constrained: float
     models: tuple[str, ...]
+    cpu: float = 0.0
 
     def draw(self, rng: random.Random) -> tuple[TaskGroup, TopologyLevel | None]:
         """One job's task group and required topology."""
         u = rng.random()
+        if self.gang + self.frac <= u < self.gang + self.frac + self.cpu:
+            cpu_milli, mem_mib = rng.choice((1_000, 2_000, 4_000, 8_000)), rng.choice((2_048, 8_192))
+            return TaskGroup(count=1, cpu_milli=cpu_milli, mem_mib=mem_mib), None
         if u < self.gang:
             count, gpus, milli = rng.choice((2, 2, 4)), 8, 1000
         elif u < self.gang + self.frac:

@@ -20,10 +20,11 @@ from fleetlog.backends.slurm.backend import SlurmBackend, SlurmConfig
 from fleetlog.backends.slurm.mapping import SubmitSettings, Workload, sleep_for_expected_duration
 from fleetlog.backends.store_args import add_store_arguments, open_store
 from fleetlog.events import JobSubmitted
+from fleetlog.usage import Parser
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fleetlog.backends.slurm", description=__doc__)
+    parser = Parser(prog="python -m fleetlog.backends.slurm", description=__doc__)
     add_store_arguments(parser)
     parser.add_argument("--slurm-conf", default="", help="SLURM_CONF for the client commands")
     parser.add_argument("--cell", default="slurm", help="the fleetlog cell this cluster is (default slurm)")

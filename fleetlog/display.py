@@ -1,0 +1,109 @@
+"""How every command shows things to people: one way to make a console, and one way to write a log
+time or a duration.
+
+Tables and text are for people; ``--json`` is for scripts and keeps epoch milliseconds.  In text,
+a log time is ISO 8601 in UTC (``2026-01-01T00:00:40Z``, milliseconds only when there are some):
+absolute, because logs are read long after they were written (an "ago" would be relative to the
+reader's clock, not to the log), and the same on every machine.  A duration reads like kubectl's
+ages: ``15s``, ``0.25s``, ``4m05s``, ``1h02m03s``, ``2d03h04m05s``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Mapping
+from typing import Any, Final
+
+from rich.console import Console
+
+WIDE: Final = 100_000
+"""Columns of a console that is not a terminal: a table piped to a file keeps every column whole
+(rich would otherwise cut it to 80 columns, or to the width of a terminal on another stream)."""
+
+TIME_KEYS: Final = frozenset({"last_heartbeat_ms", "log_time_ms", "time_ms", "timestamp_ms"})
+"""Keys that hold a log time (so do those ending in ``_at_ms``); other ``*_ms`` are durations."""
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr): the terminal's width on a terminal; otherwise as wide
+    as the content (``COLUMNS`` in the environment still wins), and no colours or cursor moves."""
+    found = Console(stderr=stderr)
+    if found.is_terminal or "COLUMNS" in os.environ:
+        return found
+    return Console(stderr=stderr, width=WIDE, soft_wrap=True)
+
+
+def log_time(ms: int) -> str:
+    """``ms`` (epoch milliseconds) as ISO 8601 UTC, e.g. ``2026-01-01T00:00:40.250Z``."""
+    when = dt.datetime.fromtimestamp(ms // 1000, dt.UTC)
+    fraction = f".{ms % 1000:03d}" if ms % 1000 else ""
+    return f"{when:%Y-%m-%dT%H:%M:%S}{fraction}Z"
+
+
+def duration(ms: int) -> str:
+    """``ms`` milliseconds the way kubectl shows ages: ``0.25s``, ``15s``, ``4m05s``, ``1h02m03s``."""
+    if ms < 0:
+        return "-" + duration(-ms)
+    if ms < 60_000:
+        return f"{ms / 1000:g}s"
+    seconds = ms // 1000
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m{seconds:02d}s"
+    if hours:
+        return f"{hours}h{minutes:02d}m{seconds:02d}s"
+    return f"{minutes}m{seconds:02d}s"
+
+
+def is_time(key: str) -> bool:
+    return key.endswith("_at_ms") or key in TIME_KEYS
+
+
+def label(key: str) -> str:
+    """The column or line label of ``key`` in text: ``submitted_at_ms`` -> ``submitted_at``."""
+    return key.removesuffix("_ms") if key.endswith("_ms") else key
+
+
+def cell(key: str, value: Any) -> str:
+    """``value`` of ``key`` as text: log times and durations for people, ``None`` as ``-``."""
+    if value is None:
+        return "-"
+    if isinstance(value, int) and not isinstance(value, bool) and key.endswith("_ms"):
+        return log_time(value) if is_time(key) else duration(value)
+    if isinstance(value, (list, tuple)):
+        return "; ".join(cell(key, v) for v in value) or "-"
+    if isinstance(value, Mapping):
+        return _pairs(value) or "-"
+    return str(value)
+
+
+def human_row(row: Mapping[str, Any]) -> dict[str, str]:
+    """A table row for people: labels without ``_ms``, times and durations readable."""
+    return {label(key): cell(key, value) for key, value in row.items()}
+
+
+def describe(facts: Mapping[str, Any]) -> list[str]:
+    """``facts`` (one object, as ``--json`` prints it) as aligned ``label  value`` lines, the way
+    ``kubectl describe`` reads: times and durations readable, a list of objects one line each
+    (``task 0  state finished, node n2``), a nested object as ``key value`` pairs."""
+    rows: list[tuple[str, str]] = []
+    for key, value in facts.items():
+        if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            rows += [_item(item) for item in value]
+        else:
+            rows.append((label(key).replace("_", " "), cell(key, value)))
+    width = max((len(name) for name, _ in rows), default=0)
+    return [f"{name:<{width}}  {text}".rstrip() for name, text in rows]
+
+
+def _item(item: Mapping[str, Any]) -> tuple[str, str]:
+    """A list element: its first field names the line, the others follow."""
+    (first, name), *rest = item.items() if item else [("-", "")]
+    return f"{label(first)} {cell(first, name)}", _pairs(dict(rest))
+
+
+def _pairs(value: Mapping[str, Any]) -> str:
+    return ", ".join(f"{label(k).replace('_', ' ')} {cell(k, v)}" for k, v in value.items() if v is not None)

@@ -1,0 +1,100 @@
+"""What makes two submissions of one job id "the same spec".
+
+The fold keeps the first ``JobSubmitted`` of a job id and ignores every later one.  Whether a
+later one is a harmless resend or a conflicting job is decided here, once, for every reader: the
+service's ingest (an identical resend is idempotent, a different spec is refused), ``fleetlog
+submit`` on a file log, and replay's explain and dump (a resubmission that reached the log is
+marked "duplicate, ignored").
+
+Two submissions are the same spec when everything the scheduler folds is equal: tenant, queue,
+priority, the *set* of allowed cells, the required topology, the expected duration, and the
+tasks in order — each task's CPU, memory, GPU count, GPU share and *set* of allowed GPU models.
+How the tasks are split into groups (two groups of 1 or one group of 2 alike) and the groups'
+``name`` (a label the fold does not keep) do not count; neither does the envelope (producer, key).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from fleetlog.events.model import JobSubmitted
+
+
+class TaskShape(NamedTuple):
+    """``copies`` consecutive tasks of one shape."""
+
+    copies: int
+    cpu_milli: int
+    mem_mib: int
+    gpu_count: int
+    gpu_milli: int
+    gpu_models: tuple[str, ...]
+    """Sorted, without repeats: the models a task may use (empty: any)."""
+
+
+class SubmissionSpec(NamedTuple):
+    """The canonical form of a job's spec: equal forms are the same spec."""
+
+    tenant: str
+    queue: str
+    priority: int
+    allowed_cells: tuple[str, ...]
+    """Sorted, without repeats (empty: any cell)."""
+    required_topology: str
+    """``""`` for none."""
+    expected_duration_ms: int
+    """``-1`` for none."""
+    tasks: tuple[TaskShape, ...]
+    """Runs of equal consecutive tasks, merged."""
+
+
+def merged_tasks(shapes: list[TaskShape]) -> tuple[TaskShape, ...]:
+    """``shapes`` with each run of equal consecutive shapes merged into one (counts summed)."""
+    out: list[TaskShape] = []
+    for shape in shapes:
+        if out and out[-1][1:] == shape[1:]:
+            out[-1] = out[-1]._replace(copies=out[-1].copies + shape.copies)
+        else:
+            out.append(shape)
+    return tuple(out)
+
+
+def submission_spec(event: JobSubmitted) -> SubmissionSpec:
+    """The canonical spec of ``event`` (see the module docstring for what counts)."""
+    shapes = [
+        TaskShape(g.count, g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, tuple(sorted(set(g.gpu_models))))
+        for g in event.task_groups
+    ]
+    return SubmissionSpec(
+        tenant=event.tenant,
+        queue=event.queue,
+        priority=event.priority,
+        allowed_cells=tuple(sorted(set(event.allowed_cells))),
+        required_topology=event.required_topology or "",
+        expected_duration_ms=-1 if event.expected_duration_ms is None else event.expected_duration_ms,
+        tasks=merged_tasks(shapes),
+    )
+
+
+def same_submission(a: JobSubmitted, b: JobSubmitted) -> bool:
+    """Whether ``b`` resubmits ``a`` unchanged (same job id, same spec)."""
+    return a.job_id == b.job_id and submission_spec(a) == submission_spec(b)
+
+
+def spec_differences(old: SubmissionSpec, new: SubmissionSpec) -> list[str]:
+    """The fields in which ``new`` differs from ``old``, as ``field: old -> new`` (tasks shown as
+    their runs), for an error message that says what changed."""
+    out = [f"{name}: {before!r} -> {after!r}"
+           for name, before, after in zip(SubmissionSpec._fields[:-1], old[:-1], new[:-1], strict=True)
+           if before != after]
+    if old.tasks != new.tasks:
+        out.append(f"tasks: {_tasks_text(old.tasks)} -> {_tasks_text(new.tasks)}")
+    return out
+
+
+def _tasks_text(tasks: tuple[TaskShape, ...]) -> str:
+    return ", ".join(
+        f"{t.copies}x(cpu_milli={t.cpu_milli}, mem_mib={t.mem_mib}, gpu_count={t.gpu_count}, "
+        f"gpu_milli={t.gpu_milli}{', gpu_models=' + '/'.join(t.gpu_models) if t.gpu_models else ''})"
+        for t in tasks
+    )

@@ -1,0 +1,126 @@
+"""How a finished job ended, for ``fleetlog status``: when, after how long, with which exit code.
+
+The state keeps what a job *is* (succeeded, failed, cancelled, rejected), not when it got there:
+that is in the logs.  Like ``explain``, this scans both logs but decodes only the records whose
+bytes hold the job id, then walks the job's own events in the order the scheduler folded them
+(a decision batch just before the input at its ``as_of``), with the fold's rules for one job:
+placed -> running; preempted -> pending; while running, a task that fails or exits non-zero fails
+the job, and the last task to finish with exit 0 completes it; a cancel ends any unfinished job;
+a rejection ends a pending one.  The first event that takes the job to the state the fold ended
+in is its end.  (A job requeued because its node was lost shows no event of its own; should the
+walk miss the end for that reason, the last event of the right kind is taken.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleetlog.events.model import (
+    JobCancelled,
+    JobPlaced,
+    JobRejected,
+    TaskFailed,
+    TaskFinished,
+    TaskPreempted,
+)
+from fleetlog.log.base import INPUTS
+from fleetlog.log.consumer import EventConsumer
+from fleetlog.replay.source import Source, batches, end_offset, read
+
+_INPUTS = (JobCancelled, TaskFinished, TaskFailed)
+_DECISIONS = (JobPlaced, TaskPreempted, JobRejected)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One event of the job, where the fold met it."""
+
+    position: tuple[int, int, int]
+    time_ms: int
+    event: Any
+
+
+@dataclass(frozen=True)
+class End:
+    """How the job ended: when, the exit code (``None``: it had none), and what ended it."""
+
+    at_ms: int
+    exit_code: int | None
+    what: str
+    running: bool
+    """Whether the job was running (placed) when it ended: only then has it a run time."""
+
+
+async def job_events(source: Source, job_id: str) -> list[Seen]:
+    """The events that can move ``job_id`` between pending, running and an end, in fold order."""
+    needle, consumer = job_id.encode(), EventConsumer(source.store)
+    out: list[Seen] = []
+    end, at = await end_offset(source.store, INPUTS), 0
+    while at < end:
+        records = await read(source.store, INPUTS, at)
+        if not records:
+            break
+        good, _ = consumer.split([r for r in records if needle in r.value])
+        for d in good:
+            event = d.envelope.event
+            if isinstance(event, _INPUTS) and event.job_id == job_id:
+                out.append(Seen((d.offset, 1, d.offset), d.timestamp_ms, event))
+        at = records[-1].offset + 1
+    async for offset, record, batch in batches(source.store):
+        if batch.parts == 1 and needle not in record.value:
+            continue
+        for index, decision in enumerate(batch.decisions):
+            if isinstance(decision, _DECISIONS) and decision.job_id == job_id:
+                out.append(Seen((batch.as_of, 0, offset * 1_000_000 + index), record.timestamp_ms, decision))
+    out.sort(key=lambda s: s.position)
+    return out
+
+
+class _Walk:
+    """One job through its own events, by the fold's rules (see the module's docstring)."""
+
+    def __init__(self, tasks: int) -> None:
+        self.tasks, self.state, self.done = tasks, "pending", set[int]()
+
+    def step(self, event: Any) -> tuple[str, int | None, str] | None:
+        """The end ``event`` brings, as (state, exit code, what), or ``None``."""
+        match event:
+            case JobPlaced():
+                self.state, self.done = "running", set()
+            case TaskPreempted() if self.state == "running":
+                self.state = "pending"
+            case JobRejected() if self.state == "pending":
+                why = f" ({event.message})" if event.message else ""
+                return "rejected", None, f"rejected: {event.reason}{why}"
+            case JobCancelled():
+                return "cancelled", None, f"cancelled: {event.reason}" if event.reason else "cancelled"
+            case TaskFailed() if self._runs(event.task_index):
+                why = f": {event.reason}" if event.reason else ""
+                return "failed", event.exit_code, f"task {event.task_index} failed{why}"
+            case TaskFinished() if self._runs(event.task_index) and event.task_index not in self.done:
+                if event.exit_code != 0:
+                    return "failed", event.exit_code, f"task {event.task_index} exited {event.exit_code}"
+                self.done.add(event.task_index)
+                if len(self.done) == self.tasks:
+                    return "succeeded", 0, "every task exited 0"
+        return None
+
+    def _runs(self, task: int) -> bool:
+        return self.state == "running" and task < self.tasks
+
+
+def job_end(events: list[Seen], final_state: str, tasks: int) -> End | None:
+    """The end of a job the fold left in ``final_state`` (a terminal state), from its events."""
+    walk = _Walk(tasks)
+    for seen in events:
+        ended = walk.step(seen.event)
+        if ended is not None and ended[0] == final_state:
+            return End(seen.time_ms, ended[1], ended[2], walk.state == "running")
+    for seen in reversed(events):  # the walk missed it (a requeue it could not see)
+        walk = _Walk(tasks if final_state != "succeeded" else 1)
+        walk.state = "pending" if final_state == "rejected" else "running"
+        ended = walk.step(seen.event)
+        if ended is not None and ended[0] == final_state:
+            return End(seen.time_ms, ended[1], ended[2], walk.state == "running")
+    return None

@@ -1,0 +1,72 @@
+"""The argument parser of every fleetlog command line (``fleetlog``, its subcommands and the
+backends' ``python -m`` entry points).
+
+Two rules that argparse does not follow by default:
+
+* **No prefix matching.**  ``--ten`` is an unknown flag, not ``--tenant``: an abbreviation that
+  works today would silently change meaning when a new flag shares its prefix (kubectl and
+  Slurm's commands match whole flags only).
+* **A usage error is one line on stderr and exit code 2**, naming the (sub)command it belongs
+  to and that command's usage: ``fleetlog submit: error: unrecognized arguments: --ten (usage:
+  fleetlog submit [-h] ...)``.  An unknown flag of a subcommand is the subcommand's error, not
+  the top-level command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, NoReturn
+
+EXIT_USAGE: Final = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """:class:`argparse.ArgumentParser` with ``allow_abbrev=False`` and one-line usage errors
+    (also the class of every subparser it creates)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", type(self))
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """As argparse's, but an argument nobody knows is this parser's error: a subcommand
+        reports its own unknown flags (argparse would hand them up to the top-level parser)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        usage = " ".join(self.format_usage().split())
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} ({usage})\n")
+
+
+def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every subparser below it, depth first (for tests that must cover each
+    subcommand, including ones added later)."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for sub in action.choices.values():
+                if id(sub) not in seen:  # aliases map several names to one parser
+                    seen.add(id(sub))
+                    yield from walk(sub)
+
+
+def one_line(message: str) -> str:
+    """``message`` with its line breaks folded into spaces (for one-line errors)."""
+    return " ".join(message.split())
+
+
+def print_error(prog: str, message: str) -> None:
+    """``prog: error: message`` as one line on stderr."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
