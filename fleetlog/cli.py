@@ -9,17 +9,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import msgspec
 
 from fleetlog.usage import EXIT_USAGE, Parser, print_error
 
-__all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+"""Ctrl-C: 128 + SIGINT, what shells report for a command a SIGINT ended."""
+DEMO_LOG = ".fleetlog/demo"
+SIMULATE_LOG = ".fleetlog/simulate/log"
+SIMULATE_REPORT = ".fleetlog/simulate/report"
 
 
 class UsageError(Exception):
@@ -53,10 +61,27 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replaces(given: str | None, default: str, force: bool) -> tuple[Path, bool]:
+    """The directory a command writes (``given``, else ``default``), and whether what an earlier
+    run left there may be replaced: with ``--force``, or in the default directory, which is
+    fleetlog's own scratch space (a rerun of the quick start replaces its previous run)."""
+    path = Path(given if given is not None else default)
+    return path, force or path.resolve() == Path(default).resolve()
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from fleetlog.demo import run_demo
+    from fleetlog.log.logdir import LogDirError
 
-    result = asyncio.run(run_demo(Path(args.log), seed=args.seed, nodes=args.nodes, job_count=args.jobs))
+    log_dir, replace = _replaces(args.log, DEMO_LOG, args.force)
+    try:
+        result = asyncio.run(
+            run_demo(log_dir, seed=args.seed, nodes=args.nodes, job_count=args.jobs, replace=replace)
+        )
+    except LogDirError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # an unwritable --log: one line, not a traceback
+        raise UsageError(f"--log {log_dir}: {exc.strerror or exc}") from None
     if args.json:
         print(json.dumps(msgspec.to_builtins(result)))
     else:
@@ -88,23 +113,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fleetlog.backends.simulated.modes import parse_mode
     from fleetlog.backends.simulated.spec import SimulationInputError
     from fleetlog.core.policy import UnknownPolicyError, policy_named
+    from fleetlog.kernel_warmup import warm_kernels
     from fleetlog.log.base import LogStore
     from fleetlog.replay.summary import measure_store
     from fleetlog.service.loop import LoopConfig, SchedulerLoop
+    from fleetlog.service.service import warm_up
 
+    log_dir, replace_log = _replaces(args.log, SIMULATE_LOG, args.force)
+    report_dir, replace_report = _replaces(args.report, SIMULATE_REPORT, args.force)
     try:
         mode = parse_mode(args.mode)
         # inflate is the FGD paper's protocol: a job that does not fit on arrival is rejected
         policy = policy_named(args.policy, **({"fail_unplaced": True} if mode.name == "inflate" else {}))
-        options = Options(args.cluster, args.workload, mode, args.seed, args.seeds, Path(args.log),
-                          Path(args.report), args.json)
+        options = Options(args.cluster, args.workload, mode, args.seed, args.seeds, log_dir, report_dir,
+                          args.json, replace_log, replace_report)
 
         def scheduler(store: LogStore) -> SchedulerLoop:
             return SchedulerLoop(store, policy, LoopConfig(check_invariants=args.check_invariants))
 
-        simulate(options, policy.name, scheduler, measure_store)
+        def warm() -> float:  # before the runs, so the compile is not in their wall time
+            return warm_kernels(lambda: warm_up(policy))[0]
+
+        runs = simulate(options, policy.name, scheduler, measure_store, warm)
     except (SimulationInputError, UnknownPolicyError) as exc:
         raise UsageError(str(exc)) from None
+    if runs[-1].interrupted:
+        print("fleetlog simulate: interrupted; the log and the report hold what was simulated until then",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
@@ -175,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--compact", action="store_true", help="one line instead of indented JSON")
     schema.set_defaults(func=cmd_schema)
     demo = sub.add_parser("demo", help="round-trip a seeded synthetic fleet through the embedded file log")
-    demo.add_argument("--log", default=".fleetlog/demo", help="log directory (recreated)")
+    demo.add_argument("--log", metavar="DIR", help=f"a new or empty log directory (default: {DEMO_LOG}, "
+                      "replaced on each run)")
+    demo.add_argument("--force", action="store_true",
+                      help="replace a fleetlog log already in --log (never a directory holding other files)")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--nodes", type=_positive, default=1024)
     demo.add_argument("--jobs", type=_positive, default=50_000)
@@ -199,8 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", default="default", metavar="NAME", help="default, fgd or best-fit[?...]")
     sim.add_argument("--seed", type=int, default=1)
     sim.add_argument("--seeds", type=_positive, default=1, help="run N seeds: seed, seed+1, ...")
-    sim.add_argument("--log", default=".fleetlog/simulate/log", help="event log directory (old logs removed)")
-    sim.add_argument("--report", default=".fleetlog/simulate/report", help="for summary.json and plot.png")
+    sim.add_argument("--log", metavar="DIR",
+                     help=f"a new or empty log directory (default: {SIMULATE_LOG}, replaced on each run)")
+    sim.add_argument("--report", metavar="DIR",
+                     help=f"for summary.json and plot.png (default: {SIMULATE_REPORT}, replaced on each run)")
+    sim.add_argument("--force", action="store_true", help="replace a fleetlog log and report already in "
+                     "--log and --report (never a directory holding other files)")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--check-invariants", action="store_true", help="check the invariants after every fold")
     sim.set_defaults(func=cmd_simulate)
@@ -227,14 +270,34 @@ def _replay_place(args: argparse.Namespace) -> Any:
     return config.kafka if config.kafka is not None else Path(str(config.log.dir))
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGINT raises at once, wherever the command is.  (Not Python's own handler: ``asyncio.run``
+    replaces that one with a cancel that waits for the next ``await`` that suspends, which a
+    command busy folding or writing a file log may not reach before it ends.)"""
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
+    """Run one command.  Ctrl-C anywhere: one line on stderr and exit code 130, no traceback
+    (``fleetlog run`` stops cleanly on it instead, and ``simulate`` writes what it has)."""
+    prog = where = "fleetlog"
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupt) if main_thread else None
     try:
+        args = build_parser().parse_args(argv)
+        prog = f"fleetlog {args.command}"
+        where = " ".join([prog, *([args.replay_command] if getattr(args, "replay_command", None) else [])])
+        func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except UsageError as exc:
-        print_error(f"fleetlog {args.command}", str(exc))
+        print_error(prog, str(exc))
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ and reports what it found and how fast.  It needs no server.
 from __future__ import annotations
 
 import random
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import REASON_HEADER, EventConsumer
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.logdir import prepare_log_dir
 
 GPU_MODELS = ("A100", "H100", "T4")
 
@@ -148,10 +148,13 @@ async def _dead_letter_reasons(store: LogStore) -> dict[str, int]:
     return dict(sorted(Counter((r.header(REASON_HEADER) or b"?").decode() for r in parked).items()))
 
 
-async def run_demo(log_dir: Path, seed: int = 1, nodes: int = 1024, job_count: int = 50_000) -> DemoResult:
-    """Write the seeded stream to a fresh file log in ``log_dir``, read it back, report."""
+async def run_demo(
+    log_dir: Path, seed: int = 1, nodes: int = 1024, job_count: int = 50_000, *, replace: bool = False
+) -> DemoResult:
+    """Write the seeded stream to a fresh file log in ``log_dir``, read it back, report.  An
+    earlier fleetlog log there is replaced only when ``replace``; anything else is refused."""
     started = time.perf_counter()
-    shutil.rmtree(log_dir, ignore_errors=True)
+    prepare_log_dir(log_dir, replace=replace)
     batch = messages(seed, nodes, job_count)
     async with FileLogStore(log_dir) as store:
         write_s = await _write(store, batch)

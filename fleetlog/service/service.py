@@ -228,6 +228,8 @@ def warm_up(policy: Policy) -> None:
         _warm_job("one", 1, 1, 1000), _warm_job("frac", 1, 1, 500), _warm_job("gang", 2, 8, 1000),
         _warm_job("cpu", 1, 0, 0), _warm_job("huge", 1, 64, 1000), _warm_job("wait", 4, 8, 1000),
         _warm_job("urgent", 2, 8, 1000, priority=100),
+        # a second tenant: the general placement path (one job at a time), not only the fast one
+        _warm_job("other", 1, 1, 1000, tenant="other"), _warm_job("other-frac", 1, 1, 250, tenant="other"),
     ]
     events: list[Event] = [*nodes, *jobs]
     for event in events:
@@ -239,9 +241,11 @@ def warm_up(policy: Policy) -> None:
     snapshot(state)
 
 
-def _warm_job(name: str, tasks: int, gpus: int, milli: int, priority: int = 0) -> JobSubmitted:
+def _warm_job(
+    name: str, tasks: int, gpus: int, milli: int, priority: int = 0, tenant: str = "warm"
+) -> JobSubmitted:
     group = TaskGroup(count=tasks, cpu_milli=1000, mem_mib=1024, gpu_count=gpus, gpu_milli=milli)
-    return JobSubmitted(job_id=name, tenant="warm", task_groups=(group,), priority=priority,
+    return JobSubmitted(job_id=name, tenant=tenant, task_groups=(group,), priority=priority,
                         required_topology="rack" if tasks > 1 else None)
 
 

@@ -73,7 +73,7 @@ def test_inflate_over_several_seeds_prints_a_table_and_the_mean(
     assert "seed 2" in out
     assert "mean" in out
     assert sorted(p.name for p in (tmp_path / "log").iterdir()) == ["seed-1", "seed-2"]
-    assert main(simulate(tmp_path, *args, "--json")) == 0  # a second run replaces the logs of the first
+    assert main(simulate(tmp_path, *args, "--json", "--force")) == 0  # --force: replaces the first run
     result = json.loads(capsys.readouterr().out)
     assert result["seeds"] == [1, 2]
     assert len(result["runs"]) == 2

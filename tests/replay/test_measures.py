@@ -173,7 +173,7 @@ def test_simulate_and_replay_report_show_the_same_numbers(
     assert len(simulated["tenant_share_pct"]) > 1
     assert 0 < simulated["gpu_allocation_pct"] <= 100
 
-    assert main([*run, "--log", log, "--report", str(tmp_path / "sim")]) == 0
+    assert main([*run, "--log", log, "--report", str(tmp_path / "sim"), "--force"]) == 0  # the same run again
     simulated_table = shown(capsys.readouterr().out)
     assert main(["replay", "report", "--log", log, "--out", report]) == 0
     assert shown(capsys.readouterr().out) == simulated_table

@@ -7,24 +7,29 @@ service loop; everything here only reads specs and files, runs, and reports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+import signal
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
+import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fleetlog.backends.simulated.cluster import Cluster, load_cluster
-from fleetlog.backends.simulated.driver import SchedulerFactory
+from fleetlog.backends.simulated.driver import SchedulerFactory, Stop
 from fleetlog.backends.simulated.modes import Mode
 from fleetlog.backends.simulated.report import MEAN_FIELDS, RunSummary, aggregate, write_report
-from fleetlog.backends.simulated.runner import Measurer, RunConfig, clear_log_dir, run_simulation
+from fleetlog.backends.simulated.runner import Measurer, RunConfig, is_seed_dir, run_simulation
 from fleetlog.backends.simulated.spec import SimulationInputError
 from fleetlog.backends.simulated.workload import load_workload
 from fleetlog.display import console
 from fleetlog.log.base import LogError
+from fleetlog.log.logdir import check_overwrite, prepare_log_dir
 from fleetlog.measures import ROWS as SHARED_ROWS
 from fleetlog.measures import fmt_count, fmt_pct
 
@@ -41,32 +46,95 @@ class Options:
     log: Path
     report: Path
     as_json: bool
+    replace_log: bool = False
+    """An earlier fleetlog log in ``log`` may be replaced (``--force``, or the default directory)."""
+    replace_report: bool = False
+    """An earlier report in ``report`` may be replaced (``--force``, or the default directory)."""
 
 
 def simulate(
-    options: Options, policy: str, make_scheduler: SchedulerFactory, measure: Measurer | None = None
+    options: Options,
+    policy: str,
+    make_scheduler: SchedulerFactory,
+    measure: Measurer | None = None,
+    warm_up: Callable[[], float] = lambda: 0.0,
 ) -> list[RunSummary]:
     """Run every seed (a progress bar on a terminal unless ``--json``), each measured by
-    ``measure`` on its log; write the report; print."""
+    ``measure`` on its log; write the report; print.  ``warm_up`` compiles the kernels before
+    the first run and returns the seconds it took.  Ctrl-C ends the run at the next turn: the
+    log is folded to its end and the report written from what was simulated (``interrupted``)."""
     cluster = load_cluster(options.cluster)
     configs = [config_for(options, cluster, seed, policy) for seed in seed_list(options)]  # bad input: here
     try:
-        clear_log_dir(options.log)
-        with bar(console(stderr=True), options.as_json) as progress:
-            runs = [
-                asyncio.run(run_simulation(c, make_scheduler, tracker(progress, c.seed), measure))
-                for c in configs
-            ]
-        written = write_report(options.report, runs)
+        prepare_outputs(options)
+        compile_s = warm_up()
+        with interruptible() as stop:
+            runs = run_all(configs, make_scheduler, measure, stop, options.as_json)
+            runs[0] = msgspec.structs.replace(runs[0], compile_s=round(compile_s, 3))
+            written = write_report(options.report, runs)
     except OSError as exc:  # an unwritable --log or --report: one line, not a traceback
         raise SimulationInputError(f"{exc.filename or exc}: {exc.strerror or 'cannot write'}") from None
-    except LogError as exc:  # e.g. another process holds the log directory
+    except LogError as exc:  # e.g. another process holds the log directory, or it is not ours
         raise SimulationInputError(str(exc)) from None
     if options.as_json:
         print(json.dumps(aggregate(runs)))
     else:
         print_summary(console(), runs, [options.log, *written])
     return runs
+
+
+def prepare_outputs(options: Options) -> None:
+    """Refuse (or, when allowed, clear) an earlier log and report before anything is written."""
+    prepare_log_dir(options.log, replace=options.replace_log, nested=is_seed_dir)
+    report = {options.report / "summary.json": is_report, options.report / "plot.png": has_report}
+    check_overwrite(report, replace=options.replace_report, flag="--report")
+
+
+def is_report(path: Path) -> bool:
+    """A ``summary.json`` fleetlog simulate wrote: a JSON object of ``summary`` and ``runs``."""
+    try:
+        body = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and body.keys() == {"summary", "runs"}
+
+
+def has_report(path: Path) -> bool:
+    """A ``plot.png`` beside a ``summary.json`` of fleetlog's."""
+    return is_report(path.with_name("summary.json"))
+
+
+def run_all(
+    configs: Sequence[RunConfig], make_scheduler: SchedulerFactory, measure: Measurer | None, stop: Stop,
+    quiet: bool,
+) -> list[RunSummary]:
+    """Each seed in turn, with a progress bar; after a stopped run, no further seed."""
+    runs: list[RunSummary] = []
+    with bar(console(stderr=True), quiet) as progress:
+        for c in configs:
+            run = run_simulation(c, make_scheduler, tracker(progress, c.seed), stop, measure)
+            runs.append(asyncio.run(run))
+            if runs[-1].interrupted:
+                break
+    return runs
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[Stop]:
+    """While inside, the first SIGINT (Ctrl-C) only asks the run to stop at its next turn, so
+    the log stays whole and the report is written; a second one interrupts at once."""
+    asked = [False]
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if asked[0]:
+            raise KeyboardInterrupt
+        asked[0] = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield lambda: asked[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def seed_list(options: Options) -> list[int]:
@@ -112,8 +180,9 @@ def tracker(progress: Progress, seed: int) -> Callable[[int, int, int], None]:
 def print_summary(console: Console, runs: Sequence[RunSummary], paths: Sequence[Path]) -> None:
     """The summary table: one column per seed, and the mean when there are several."""
     first = runs[0]
+    stopped = " — interrupted: what was simulated until Ctrl-C" if runs[-1].interrupted else ""
     table = Table(
-        title=f"fleetlog simulate — {first.mode} — policy {first.policy}",
+        title=f"fleetlog simulate — {first.mode} — policy {first.policy}{stopped}",
         caption=f"{first.workload} on {first.cluster} ({first.nodes:,} nodes, {first.gpus:,} GPUs)",
     )
     table.add_column("")
@@ -147,4 +216,5 @@ ROWS: list[tuple[str, str, Callable[[object], str]]] = [
     ("placement decisions/s (wall)", "decisions_per_s", lambda v: f"{float(v):,.0f}"),  # type: ignore[arg-type]
     ("virtual time (s)", "virtual_s", lambda v: f"{float(v):,.0f}"),  # type: ignore[arg-type]
     ("wall time (s)", "wall_s", lambda v: f"{float(v):.2f}"),  # type: ignore[arg-type]
+    ("kernel compile before the run (s)", "compile_s", lambda v: f"{float(v):.2f}"),  # type: ignore[arg-type]
 ]

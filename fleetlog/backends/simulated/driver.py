@@ -42,6 +42,8 @@ class Scheduler(Protocol):
 SchedulerFactory = Callable[[LogStore], Scheduler]
 Progress = Callable[[int, int, int], None]
 """Called with (jobs arrived, jobs in the run, virtual time in ms)."""
+Stop = Callable[[], bool]
+"""Asked between turns: ``True`` ends the run early (Ctrl-C), with the log folded to its end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,8 @@ class RunStats:
     steps: int
     virtual_ms: int
     wall_s: float
+    interrupted: bool = False
+    """The run was stopped early (``Stop``): what it holds is what was simulated until then."""
 
 
 class Simulation:
@@ -116,27 +120,32 @@ class Simulation:
         last_arrival = jobs[-1].arrival_ms if jobs else 0
         self.deadline_ms = last_arrival + (mode.drain_ms if mode.name == "replay" else 0)
 
-    async def run(self, scheduler: Scheduler, progress: Progress | None = None) -> RunStats:
+    async def run(
+        self, scheduler: Scheduler, progress: Progress | None = None, stop: Stop | None = None
+    ) -> RunStats:
         """Run until every job has arrived and been decided (inflate), or every job is done or the
-        drain deadline passed (replay)."""
+        drain deadline passed (replay) — or ``stop()`` says so between two turns."""
         with long_lived_frozen():
-            return await self._run(scheduler, progress)
+            return await self._run(scheduler, progress, stop or (lambda: False))
 
-    async def _run(self, scheduler: Scheduler, progress: Progress | None) -> RunStats:
+    async def _run(self, scheduler: Scheduler, progress: Progress | None, stop: Stop) -> RunStats:
         started = time.perf_counter()
         first = self.cell.start()
         await self._turn(scheduler, Emitted([*first.messages, *self.setup], True))
         if self.plan:
             self.timers.at(self.plan[0].at_ms, self._arrive)
+        interrupted = False
         while not self._finished() and self.timers.next_time() is not None:
+            if stop():
+                interrupted = True
+                break
             await self._turn(scheduler, self.timers.fire_next())
             if progress is not None:
                 progress(self.next_job, len(self.jobs), self.clock.now_ms)
         await self._turn(scheduler, Emitted((), True))  # fold the tail: the log ends fully scheduled
         inputs = await self.store.log(INPUTS).end_offset()
-        return RunStats(
-            inputs, self.cell.decisions_seen, self.steps, self.clock.now_ms, time.perf_counter() - started
-        )
+        wall_s = time.perf_counter() - started
+        return RunStats(inputs, self.cell.decisions_seen, self.steps, self.clock.now_ms, wall_s, interrupted)
 
     async def _turn(self, scheduler: Scheduler, emitted: Emitted) -> None:
         """Append what happened now; if it may change a decision, schedule and apply the decisions."""

@@ -77,6 +77,12 @@ class RunSummary(msgspec.Struct, frozen=True):
     steps: int
     virtual_s: float
     wall_s: float
+    """The run's wall time, from its first append to its end: kernels are compiled before it."""
+    interrupted: bool = False
+    """Stopped early (Ctrl-C): every number is of what was simulated until then."""
+    compile_s: float = 0.0
+    """Seconds spent compiling (first run) or loading the kernels before the first seed's run;
+    not part of ``wall_s`` nor of ``decisions_per_s``."""
     curve: list[tuple[float, float]] = []
     """inflate: (arrived demand %, allocation %) each percent of demand."""
     timeline: list[tuple[float, float, int, int]] = []
@@ -160,6 +166,7 @@ def aggregate(runs: Sequence[RunSummary]) -> dict[str, Any]:
     counters over every run, and (several seeds) each run's headline numbers."""
     series = ("curve", "timeline")
     out: dict[str, Any] = {k: v for k, v in msgspec.to_builtins(runs[0]).items() if k not in series}
+    out["interrupted"] = any(r.interrupted for r in runs)  # (only the last run can be)
     if len(runs) > 1:
         for name in MEAN_FIELDS:
             values = [getattr(r, name) for r in runs]

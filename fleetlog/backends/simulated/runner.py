@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from fleetlog.backends.simulated.driver import (
     Progress,
     SchedulerFactory,
     Simulation,
+    Stop,
     open_store,
     setup_messages,
 )
@@ -22,11 +22,11 @@ from fleetlog.backends.simulated.modes import Mode, arrivals
 from fleetlog.backends.simulated.report import Measured, RunSummary, summarise
 from fleetlog.backends.simulated.spec import SpecError
 from fleetlog.backends.simulated.workload import Workload
-from fleetlog.log.base import LOG_NAMES, LogStore
+from fleetlog.log.base import LogStore
+from fleetlog.log.logdir import prepare_log_dir
 
 Measurer = Callable[[LogStore], Awaitable[Measured]]
 """The shared measures of a run's log store (``fleetlog.replay.summary.measure_store``, injected)."""
-LOG_ENTRIES: Final = frozenset({*LOG_NAMES, "LOCK"})
 MAX_HEARTBEATS: Final = 20_000_000
 """About a minute of appending and folding heartbeats: a replay needing more must be compressed."""
 
@@ -41,21 +41,23 @@ class RunConfig:
     seed: int
     policy: str
     log_dir: Path | None = None
-    """Where the file log goes (emptied first); ``None``: an in-memory log."""
+    """Where the file log goes (missing or empty; an existing log is refused); ``None``: in memory."""
 
 
 async def run_simulation(
     config: RunConfig,
     make_scheduler: SchedulerFactory,
     progress: Progress | None = None,
+    stop: Stop | None = None,
     measure: Measurer | None = None,
 ) -> RunSummary:
-    """Run ``config`` with the scheduler ``make_scheduler`` builds on the run's log store; then
-    ``measure`` the run's log (the shared measures, as ``replay report`` computes them)."""
+    """Run ``config`` with the scheduler ``make_scheduler`` builds on the run's log store (until
+    ``stop()`` says so, if given: the summary is then of what was simulated); then ``measure`` the
+    run's log (the shared measures, as ``replay report`` computes them)."""
     jobs = arrivals(config.mode, config.workload, config.cluster, config.seed)
     check_heartbeats(config, jobs[-1].arrival_ms if jobs else 0)
-    if config.log_dir is not None:
-        clear_log_dir(config.log_dir)
+    if config.log_dir is not None:  # the command replaced an earlier log if it was told to
+        prepare_log_dir(config.log_dir, replace=False)
     clock = VirtualClock()
     async with open_store(config.log_dir, clock) as store:
         sim = Simulation(
@@ -67,7 +69,7 @@ async def run_simulation(
             seed=config.seed,
             setup=setup_messages(config.workload),
         )
-        stats = await sim.run(make_scheduler(store), progress)
+        stats = await sim.run(make_scheduler(store), progress, stop)
         measured = await measure(store) if measure is not None else None
     cluster = config.cluster
     head = {
@@ -85,6 +87,7 @@ async def run_simulation(
         "steps": stats.steps,
         "virtual_s": stats.virtual_ms / 1000,
         "wall_s": round(stats.wall_s, 4),
+        "interrupted": stats.interrupted,
     }
     target = config.mode.ratio if config.mode.name == "inflate" else None
     return summarise(head, sim.recorder, target, counters, measured)
@@ -106,29 +109,6 @@ def check_heartbeats(config: RunConfig, last_arrival_ms: int) -> None:
         )
 
 
-def clear_log_dir(directory: Path) -> None:
-    """Remove a previous run's logs from ``directory`` (and its ``seed-N`` folders, one per seed);
-    refuse a directory that holds anything else."""
-    if not directory.exists():
-        return
-    if not directory.is_dir():
-        raise SpecError(f"--log {directory}: not a directory")
-    entries = sorted(directory.iterdir())
-    foreign = [p.name for p in entries if p.name not in LOG_ENTRIES and not is_seed_dir(p)]
-    if foreign:
-        raise SpecError(
-            f"--log {directory}: holds {foreign[0]!r}, which is not a fleetlog log; "
-            "choose an empty or new directory"
-        )
-    for path in entries:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-
-
-def is_seed_dir(path: Path) -> bool:
-    """A ``seed-N`` folder of an earlier multi-seed run, holding only log entries."""
-    return (
-        path.is_dir() and path.name.startswith("seed-") and all(p.name in LOG_ENTRIES for p in path.iterdir())
-    )
+def is_seed_dir(name: str) -> bool:
+    """``seed-N``: one seed's log of a multi-seed run (``fleetlog simulate --seeds N``)."""
+    return name.startswith("seed-") and name[5:].isdigit()
