@@ -135,7 +135,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             return warm_kernels(lambda: warm_up(policy))[0]
 
         runs = simulate(options, policy.name, scheduler, measure_store, warm)
-    except (SimulationInputError, UnknownPolicyError) as exc:
+    except UnknownPolicyError as exc:
+        raise UsageError(f"--policy: {exc}") from None
+    except SimulationInputError as exc:
         raise UsageError(str(exc)) from None
     if runs[-1].interrupted:
         print("fleetlog simulate: interrupted; the log and the report hold what was simulated until then",

@@ -314,7 +314,7 @@ def load_policy(spec: str) -> Policy:
             return policy_named(base, **fields)
         return policy_named(spec)
     except UnknownPolicyError as exc:
-        raise ReplayError(str(exc)) from None
+        raise ReplayError(f"--policy: {exc}") from None
 
 
 def _policy_file(path: Path) -> dict[str, Any]:

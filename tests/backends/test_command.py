@@ -107,7 +107,7 @@ BAD = [  # (id, arguments, what the message must say)
     ("workload-spec", ["--workload", "synthetic?jobs=x"], "jobs='x' is not an integer"),
     ("mode", ["--mode", "fast"], "--mode 'fast': choose inflate or replay"),
     ("mode-param", ["--mode", "inflate?ratio=-1"], "ratio=-1 is outside"),
-    ("policy", ["--policy", "greedy"], "unknown policy 'greedy'"),
+    ("policy", ["--policy", "greedy"], "--policy: unknown policy 'greedy'"),
     ("policy-override", ["--policy", "fgd?colour=blue"], "is not field=value of a Policy field"),
     ("log-not-ours", ["--log", "{tmp}"], "which is not a fleetlog log"),
     ("report-is-a-file", ["--report", "{good-nodes}", "--workload", "synthetic?jobs=5"], "nodes.csv:"),

@@ -100,10 +100,9 @@ async def test_an_event_the_service_refuses_is_left_out_and_the_rest_of_its_requ
     spec (409 ``already_exists``) must not stop the backend nor hold back the other events of its
     request: each is left out with a warning naming it, the rest are appended in order."""
     from tests.core.builders import job
-    from tests.service.test_service import embedded, start
+    from tests.service.test_service import serving
 
-    running = await start(embedded(tmp_path / "log"))
-    try:
+    async with serving(tmp_path / "log") as running:
         await shared.open()
         assert shared.describe().startswith("the running service at http://")
         await shared.log(INPUTS).append(beats("n", 2))
@@ -127,5 +126,3 @@ async def test_an_event_the_service_refuses_is_left_out_and_the_rest_of_its_requ
         warned = [r.getMessage() for r in caplog.records if r.name == "fleetlog.backends"]
         assert any("JobSubmitted" in w and "never fit" in w for w in warned), warned
         assert any("already exists" in w for w in warned), warned
-    finally:
-        await running.stop()

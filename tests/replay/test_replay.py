@@ -232,7 +232,11 @@ BAD = [
     ("bad time format", lambda t: ["state-at", "yesterday", "--log", CLEAN], "ISO 8601"),
     ("bad section", lambda t: ["state-at", "5", "--show", "gpus", "--log", CLEAN], "choose from"),
     ("unknown job", lambda t: ["explain", "nobody", "--log", CLEAN], "unknown job 'nobody'"),
-    ("unknown policy", lambda t: ["what-if", "--policy", "magic", "--log", CLEAN], "unknown policy 'magic'"),
+    (
+        "unknown policy",
+        lambda t: ["what-if", "--policy", "magic", "--log", CLEAN],
+        "--policy: unknown policy 'magic'",
+    ),
     (
         "bad policy file",
         lambda t: ["what-if", "--policy", str(_text(t, "p.toml", "x = [")), "--log", CLEAN],

@@ -25,7 +25,7 @@ from fleetlog.log.consumer import (
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from tests.core.builders import job, node
-from tests.service.test_service import Running, embedded, start
+from tests.service.test_service import Running, serving
 
 BOM = b"\xef\xbb\xbf"
 JOB_JSON = encode(envelope(job("j1", gpus=1), "t"), "json")
@@ -33,17 +33,8 @@ JOB_JSON = encode(envelope(job("j1", gpus=1), "t"), "json")
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[Running]:
-    running = await start(embedded(tmp_path / "log"))
-    try:
+    async with serving(tmp_path / "log") as running:
         yield running
-    finally:
-        if not running.task.done():
-            await running.stop()
-
-
-async def _appended(running: Running) -> int:
-    assert running.service.store is not None
-    return await running.service.store.log(INPUTS).end_offset()
 
 
 @pytest.mark.parametrize(
@@ -66,7 +57,7 @@ async def test_ingest_calls_what_is_not_an_envelope_undecodable(
     assert (status, answer["reason"]) == (400, "undecodable"), answer
     assert answer["error"].startswith(says), answer
     assert "Expected" not in answer["error"]
-    assert await _appended(service) == 0
+    assert await service.inputs_end() == 0
 
 
 @pytest.mark.parametrize(
@@ -91,7 +82,7 @@ async def test_ingest_refuses_other_content_types_by_name(service: Running, cont
     status, answer = await service.request("/v1/events", JOB_JSON, content_type)
     assert (status, answer["reason"]) == (400, "unknown_content_type")
     assert repr(content_type) in answer["error"]
-    assert await _appended(service) == 0
+    assert await service.inputs_end() == 0
 
 
 async def test_records_that_are_not_envelopes_are_parked_undecodable(tmp_path: Path) -> None:

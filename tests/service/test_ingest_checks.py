@@ -34,22 +34,13 @@ from fleetlog.log.kafka import KafkaConfig
 from fleetlog.service.config import Config, ServiceSettings
 from tests.core.builders import job, node
 from tests.service.process import REPO
-from tests.service.test_service import Running, embedded, events_body, start
+from tests.service.test_service import Running, embedded, events_body, serving, start
 
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[Running]:
-    running = await start(embedded(tmp_path / "log"))
-    try:
+    async with serving(tmp_path / "log") as running:
         yield running
-    finally:
-        if not running.task.done():
-            await running.stop()
-
-
-async def inputs_end(service: Running) -> int:
-    assert service.service.store is not None
-    return await service.service.store.log(INPUTS).end_offset()
 
 
 async def folded(service: Running, offset: int) -> None:
@@ -63,13 +54,13 @@ async def test_the_same_spec_again_is_idempotent_folded_or_not(service: Running)
     for _ in range(2):
         status, answer = await service.request("/v1/events", events_body(first))
         assert (status, answer["appended"], answer["duplicates"]) == (200, 0, [{"index": 0, "job_id": "j1"}])
-        assert await inputs_end(service) == 2
+        assert await service.inputs_end() == 2
         await folded(service, 2)
     # a duplicate inside a batch with a new job: only the new one is appended
     status, answer = await service.request("/v1/events", events_body(job("j2"), first, job("j2")))
     assert (status, answer["appended"], answer["first_offset"]) == (200, 1, 2)
     assert answer["duplicates"] == [{"index": 1, "job_id": "j1"}, {"index": 2, "job_id": "j2"}]
-    assert await inputs_end(service) == 3
+    assert await service.inputs_end() == 3
 
 
 @pytest.mark.parametrize("wait", [False, True], ids=["unfolded", "folded"])
@@ -81,7 +72,7 @@ async def test_another_spec_under_an_existing_id_is_refused_409(service: Running
     assert (status, answer["reason"], answer["job_id"], answer["index"]) == (409, "already_exists", "j1", 1)
     assert "already exists with another spec" in answer["error"]
     assert "tasks: 1x(cpu_milli=1000, mem_mib=1024, gpu_count=2" in answer["error"]
-    assert await inputs_end(service) == 2, "nothing of a refused batch is appended"
+    assert await service.inputs_end() == 2, "nothing of a refused batch is appended"
 
 
 async def race(service: Running) -> None:
@@ -92,7 +83,7 @@ async def race(service: Running) -> None:
     answers = await asyncio.gather(*(service.request("/v1/events", b) for b in bodies))
     appended = [a for status, a in answers if status == 200 and a["appended"] == 1]
     assert len(appended) == 1
-    assert await inputs_end(service) == 1
+    assert await service.inputs_end() == 1
     for status, answer in answers:
         assert (status, answer.get("reason")) in {(200, None), (409, "already_exists")}
 
@@ -118,13 +109,13 @@ async def test_another_spec_twice_in_one_batch_is_refused(service: Running) -> N
     status, answer = await service.request("/v1/events", events_body(job("j1"), job("j1", tenant="t2")))
     assert (status, answer["reason"], answer["index"]) == (409, "already_exists", 1)
     assert "tenant: 't1' -> 't2'" in answer["error"]
-    assert await inputs_end(service) == 0
+    assert await service.inputs_end() == 0
 
 
 async def test_cancel_unknown_repeated_and_ended_jobs(service: Running) -> None:
     status, answer = await service.request("/v1/events", events_body(JobCancelled(job_id="ghost")))
     assert (status, answer["reason"], answer["job_id"]) == (404, "unknown_job", "ghost")
-    assert await inputs_end(service) == 0
+    assert await service.inputs_end() == 0
     # a job submitted earlier in the same batch can be cancelled in it
     body = events_body(node("n1"), job("a"), JobCancelled(job_id="a"), job("b", gpus=1))
     assert (await service.request("/v1/events", body))[0] == 200
@@ -141,7 +132,7 @@ async def test_cancel_unknown_repeated_and_ended_jobs(service: Running) -> None:
     await folded(service, 6)
     status, answer = await service.request("/v1/events", events_body(JobCancelled(job_id="b")))
     assert (status, answer["reason"], answer["state"]) == (409, "already_ended", "succeeded")
-    assert await inputs_end(service) == 6
+    assert await service.inputs_end() == 6
 
 
 async def test_a_decision_is_refused_400_and_nothing_appended(service: Running) -> None:
@@ -150,7 +141,7 @@ async def test_a_decision_is_refused_400_and_nothing_appended(service: Running) 
         status, answer = await service.request("/v1/events", body)
         assert (status, answer["reason"]) == (400, "not_an_input")
         assert "DecisionBatch is a decision, not an input" in answer["error"]
-    assert await inputs_end(service) == 0
+    assert await service.inputs_end() == 0
 
 
 def test_the_folded_spec_is_the_events_spec() -> None:

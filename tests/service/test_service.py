@@ -9,6 +9,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,11 @@ class Running:
         self.service.stop()
         await asyncio.wait_for(self.task, 30)
 
+    async def inputs_end(self) -> int:
+        """The end offset of the inputs log the service appends to."""
+        assert self.service.store is not None
+        return await self.service.store.log(INPUTS).end_offset()
+
 
 async def start(config: Config) -> Running:
     service = Service(config)
@@ -72,14 +78,21 @@ async def start(config: Config) -> Running:
     return running
 
 
-@pytest.fixture
-async def service(tmp_path: Path) -> AsyncIterator[Running]:
-    running = await start(embedded(tmp_path / "log", snapshot_every_events=5))
+@asynccontextmanager
+async def serving(directory: Path, **settings: Any) -> AsyncIterator[Running]:
+    """An embedded service on ``directory``, stopped on the way out."""
+    running = await start(embedded(directory, **settings))
     try:
         yield running
     finally:
         if not running.task.done():
             await running.stop()
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Running]:
+    async with serving(tmp_path / "log", snapshot_every_events=5) as running:
+        yield running
 
 
 def events_body(*events: Any) -> bytes:

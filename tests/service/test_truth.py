@@ -11,32 +11,21 @@ import pytest
 
 from fleetlog.cli import main
 from fleetlog.events.schema import json_schema
-from fleetlog.log.base import INPUTS
 from tests.core.builders import job, node
 from tests.service.process import REPO, ServiceProcess
-from tests.service.test_service import Running, embedded, events_body, start
+from tests.service.test_service import Running, events_body, serving
 
 
 @pytest.fixture
 async def running(tmp_path: Path) -> AsyncIterator[Running]:
-    service = await start(embedded(tmp_path / "log"))
-    try:
-        yield service
-    finally:
-        if not service.task.done():
-            await service.stop()
-
-
-async def _end(running: Running) -> int:
-    store = running.service.store
-    assert store is not None
-    return await store.log(INPUTS).end_offset()
+    async with serving(tmp_path / "log") as running:
+        yield running
 
 
 async def _folded(running: Running) -> None:
     loop = running.service.loop
     assert loop is not None
-    end = await _end(running)
+    end = await running.inputs_end()
     await running.until(lambda: loop.offset == end)
 
 
@@ -47,7 +36,7 @@ async def test_a_gang_no_host_can_hold_is_refused_at_submit_once_the_fleet_is_kn
     status, answer = await running.request("/v1/events", events_body(node("n1"), node("n2")))
     assert status == 200
     await _folded(running)
-    before = await _end(running)
+    before = await running.inputs_end()
     status, answer = await running.request("/v1/events", events_body(job("ok", tasks=8, topology="host"),
                                                                       job("big2", tasks=16, topology="host")))
     assert status == 422, answer
@@ -57,7 +46,7 @@ async def test_a_gang_no_host_can_hold_is_refused_at_submit_once_the_fleet_is_kn
         "job 'big2' can never fit on the current fleet: no host can hold "
         "all 16 tasks even when empty (the best holds 8)"
     )
-    assert await _end(running) == before, "a refused request appends nothing"
+    assert await running.inputs_end() == before, "a refused request appends nothing"
     status, answer = await running.request("/v1/events", events_body(job("ok", tasks=8, topology="host")))
     assert status == 200, "a gang one host can hold is taken"
     await _folded(running)
