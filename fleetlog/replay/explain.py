@@ -32,8 +32,7 @@ from fleetlog.events.model import (
     TaskStarted,
 )
 from fleetlog.log.base import DECISIONS, INPUTS
-from fleetlog.log.consumer import EventConsumer
-from fleetlog.replay.source import Progress, ReplayError, Source, batches, end_offset, read
+from fleetlog.replay.source import Progress, ReplayError, Source, batches, mentioning
 from fleetlog.replay.state_at import state_before_batch
 
 SHOWN_RIVALS = 3
@@ -114,21 +113,11 @@ async def _requeue_step(source: Source, job_id: str, after: Step) -> list[Step]:
 
 
 async def _input_steps(source: Source, job_id: str, progress: Progress | None) -> list[Step]:
-    needle, consumer = job_id.encode(), EventConsumer(source.store)
-    end, at = await end_offset(source.store, INPUTS), 0
     out: list[Step] = []
-    while at < end:
-        records = await read(source.store, INPUTS, at)
-        if not records:
-            break
-        events, _ = consumer.split([r for r in records if needle in r.value])
-        for d in events:
-            step = _input_step(d.envelope.event, d.offset, d.timestamp_ms, job_id)
-            if step is not None:
-                out.append(_duplicate(msgspec.structs.replace(step, position=d.offset), out))
-        at = records[-1].offset + 1
-        if progress is not None:
-            progress(len(records))
+    async for d in mentioning(source.store, job_id, progress):
+        step = _input_step(d.envelope.event, d.offset, d.timestamp_ms, job_id)
+        if step is not None:
+            out.append(_duplicate(msgspec.structs.replace(step, position=d.offset), out))
     return out
 
 

@@ -24,9 +24,7 @@ from fleetlog.events.model import (
     TaskFinished,
     TaskPreempted,
 )
-from fleetlog.log.base import INPUTS
-from fleetlog.log.consumer import EventConsumer
-from fleetlog.replay.source import Source, batches, end_offset, read
+from fleetlog.replay.source import Source, batches, mentioning
 
 _INPUTS = (JobCancelled, TaskFinished, TaskFailed)
 _DECISIONS = (JobPlaced, TaskPreempted, JobRejected)
@@ -54,19 +52,12 @@ class End:
 
 async def job_events(source: Source, job_id: str) -> list[Seen]:
     """The events that can move ``job_id`` between pending, running and an end, in fold order."""
-    needle, consumer = job_id.encode(), EventConsumer(source.store)
+    needle = job_id.encode()
     out: list[Seen] = []
-    end, at = await end_offset(source.store, INPUTS), 0
-    while at < end:
-        records = await read(source.store, INPUTS, at)
-        if not records:
-            break
-        good, _ = consumer.split([r for r in records if needle in r.value])
-        for d in good:
-            event = d.envelope.event
-            if isinstance(event, _INPUTS) and event.job_id == job_id:
-                out.append(Seen((d.offset, 1, d.offset), d.timestamp_ms, event))
-        at = records[-1].offset + 1
+    async for d in mentioning(source.store, job_id):
+        event = d.envelope.event
+        if isinstance(event, _INPUTS) and event.job_id == job_id:
+            out.append(Seen((d.offset, 1, d.offset), d.timestamp_ms, event))
     async for offset, record, batch in batches(source.store):
         if batch.parts == 1 and needle not in record.value:
             continue

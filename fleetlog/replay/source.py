@@ -24,7 +24,7 @@ from fleetlog.events.codec import BadEventError
 from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
 from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record
-from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
+from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
 from fleetlog.log.file import FileLogStore, RecoveryWarning
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, KafkaSnapshots, SnapshotStore
@@ -125,6 +125,24 @@ async def read(store: LogStore, name: str, offset: int, limit: int = READ_CHUNK)
         return await store.log(name).read(offset, limit)
     except LogError as exc:
         raise ReplayError(f"cannot read the {name} log at offset {offset}: {exc}") from None
+
+
+async def mentioning(
+    store: LogStore, job_id: str, progress: Progress | None = None
+) -> AsyncIterator[Delivered]:
+    """The decodable input records whose bytes hold ``job_id``, in log order: a byte
+    pre-filter, so a job's story decodes only its own records (bad ones are skipped)."""
+    needle, consumer = job_id.encode(), EventConsumer(store)
+    end, at = await end_offset(store, INPUTS), 0
+    while at < end:
+        records = await read(store, INPUTS, at)
+        if not records:
+            break
+        for delivered in consumer.split([r for r in records if needle in r.value])[0]:
+            yield delivered
+        at = records[-1].offset + 1
+        if progress is not None:
+            progress(len(records))
 
 
 async def batches(
