@@ -262,8 +262,11 @@ class HttpTransport:
     503 with ``Retry-After`` is retried after that delay while the timeout allows: every event
     carries its idempotency key, so a resend is harmless."""
 
-    def __init__(self, host: str, port: int, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float = HTTP_TIMEOUT_S,
+                 headers: dict[str, str] | None = None) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s
+        self.headers = dict(headers or {})
+        """Sent with every ingest request (a backend's :data:`ACCEPT_NEVER_FITS`)."""
         self._session: aiohttp.ClientSession | None = None
 
     def _url(self, path: str) -> yarl.URL:
@@ -310,7 +313,7 @@ class HttpTransport:
     async def _call(self, method: str, path: str, body: bytes | None
                     ) -> tuple[int, dict[str, Any], float | None]:
         """Status, JSON answer and the delay to retry after (429/503 with ``Retry-After``)."""
-        headers = {"Content-Type": JSON.decode()} if body is not None else {}
+        headers = {"Content-Type": JSON.decode(), **self.headers} if body is not None else {}
         try:
             async with self._client().request(method, self._url(path), data=body, headers=headers) as r:
                 raw = await r.read()

@@ -40,6 +40,7 @@ from fleetlog.events.model import Envelope
 from fleetlog.log.base import INPUTS, LOG_NAMES, Log, LogClosedError, LogError, LogStore, Message, Record
 from fleetlog.log.file import FileLogStore, LockedError
 from fleetlog.service.config import Config
+from fleetlog.service.http import ACCEPT_NEVER_FITS
 
 log = logging.getLogger("fleetlog.backends")
 
@@ -195,8 +196,8 @@ class SharedFileStore(LogStore):
         waiting while another process holds the log and no service is announced."""
         while True:
             found = running_service(self.directory)
-            if found is not None:
-                return HttpTransport(*found)
+            if found is not None:  # a pod group that can never fit is kept and explained
+                return HttpTransport(*found, headers=dict([ACCEPT_NEVER_FITS]))
             store = FileLogStore(self.directory, fsync=self.config.log.fsync, yields=True)
             try:
                 await store.open()

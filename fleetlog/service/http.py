@@ -54,6 +54,13 @@ class HttpLimits(msgspec.Struct, frozen=True):
     max_body_bytes: int = 8 * 1024 * 1024
 
 
+ACCEPT_NEVER_FITS: Final = ("fleetlog-never-fits", "accept")
+"""The request header (name, value) of a producer that reports what a cluster holds rather than
+asking for a job to be run — a backend's pod groups: a job no node shape can hold is taken and
+then explained as ``never_fits`` (Kubernetes keeps an unschedulable pod and says why), instead of
+refused at submit (as ``sbatch`` does, and ``fleetlog submit`` gets)."""
+
+
 class Request(msgspec.Struct, frozen=True):
     method: str
     path: str

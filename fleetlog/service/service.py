@@ -99,6 +99,7 @@ from fleetlog.log.snapshots import (
 )
 from fleetlog.service.config import Config, ServiceSettings, make_store
 from fleetlog.service.http import (
+    ACCEPT_NEVER_FITS,
     BindError,
     HttpLimits,
     HttpServer,
@@ -702,7 +703,7 @@ class Service:
         refused = self.ingest.admit(loop, batch.tasks)
         if refused is not None:
             return refused
-        refused = never_fitting(loop.state, batch.events)  # (truth: a job no node shape can hold)
+        refused = None if _accepts_never_fits(request) else never_fitting(loop.state, batch.events)
         if refused is not None:
             return refused
         log_ = store.log(INPUTS)
@@ -845,6 +846,11 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
                                   limit=settings.max_request_tasks)
         messages.append(Message(encode(env), headers=((CONTENT_TYPE_HEADER, MSGPACK),)))
     return IngestBatch(messages, tasks, events)
+
+
+def _accepts_never_fits(request: Request) -> bool:
+    name, value = ACCEPT_NEVER_FITS
+    return request.headers.get(name, "").strip().lower() == value
 
 
 def never_fitting(state: State, events: list[InputEvent]) -> Response | None:

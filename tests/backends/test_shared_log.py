@@ -96,9 +96,10 @@ async def test_alone_it_writes_the_log_hands_it_to_a_service_and_takes_it_back(
 async def test_an_event_the_service_refuses_is_left_out_and_the_rest_of_its_request_goes_in(
     tmp_path: Path, shared: SharedFileStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A pod group no host can ever hold (422 ``never_fits``) or a job id taken under another
-    spec (409 ``already_exists``) must not stop the backend nor hold back the other events of its
-    request: each is left out with a warning naming it, the rest are appended in order."""
+    """A job id taken under another spec (409 ``already_exists``) must not stop the backend nor
+    hold back the other events of its request: it is left out with a warning naming it, the rest
+    are appended in order.  A pod group no host can ever hold is not refused (the backend's
+    requests say ``fleetlog-never-fits: accept``): it goes in, and is explained as never fitting."""
     from tests.core.builders import job
     from tests.service.test_service import serving
 
@@ -122,7 +123,10 @@ async def test_an_event_the_service_refuses_is_left_out_and_the_rest_of_its_requ
         records = await shared.log(INPUTS).read(0, end + 1)
         events = [decode(r.value, r.header("content-type")).event for r in records]
         assert [e.node if isinstance(e, NodeHeartbeat) else getattr(e, "job_id", "?") for e in events] == [
-            "n00000", "n00001", "ok", "n3", "n4", "n5"]
+            "n00000", "n00001", "ok", "n3", "huge", "n4", "n5"]
         warned = [r.getMessage() for r in caplog.records if r.name == "fleetlog.backends"]
-        assert any("JobSubmitted" in w and "never fit" in w for w in warned), warned
-        assert any("already exists" in w for w in warned), warned
+        assert [w for w in warned if "left out" in w and "already exists" in w], warned
+        assert not [w for w in warned if "never fit" in w], warned
+        await running.until(lambda: loop.offset == end)
+        status, found = await running.request("/v1/jobs/huge")
+        assert (status, found["pending_reason"]) == (200, "never_fits"), found

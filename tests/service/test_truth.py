@@ -55,6 +55,32 @@ async def test_a_gang_no_host_can_hold_is_refused_at_submit_once_the_fleet_is_kn
     assert found["pending_reason"] == "never_fits", found
 
 
+async def test_a_producer_reporting_a_cluster_may_ask_to_keep_a_never_fitting_job(running: Running) -> None:
+    """A backend's pod group is a fact, not a request: with ``fleetlog-never-fits: accept`` the
+    service takes it (and explains it as never fitting), as Kubernetes keeps an unschedulable pod."""
+    from fleetlog.client import HttpTransport
+    from fleetlog.events import envelope
+    from fleetlog.service.http import ACCEPT_NEVER_FITS
+
+    status, _ = await running.request("/v1/events", events_body(node("n1"), node("n2")))
+    assert status == 200
+    await _folded(running)
+    big = envelope(job("pods", tasks=16, topology="host"), "test-backend")
+    plain = HttpTransport("127.0.0.1", running.service.http.port)
+    keeping = HttpTransport("127.0.0.1", running.service.http.port, headers=dict([ACCEPT_NEVER_FITS]))
+    try:
+        with pytest.raises(Exception, match="never fit"):
+            await plain.append([big])
+        first = await keeping.append([big])
+    finally:
+        await plain.close()
+        await keeping.close()
+    assert first == await running.inputs_end() - 1
+    await _folded(running)
+    status, found = await running.request("/v1/jobs/pods")
+    assert (status, found["pending_reason"]) == (200, "never_fits"), found
+
+
 async def test_submit_through_the_service_reports_never_fits_in_one_line(
     running: Running, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
