@@ -231,6 +231,9 @@ def warm_up(policy: Policy) -> None:
         _warm_job("urgent", 2, 8, 1000, priority=100),
         # a second tenant: the general placement path (one job at a time), not only the fast one
         _warm_job("other", 1, 1, 1000, tenant="other"), _warm_job("other-frac", 1, 1, 250, tenant="other"),
+        # whole hosts until one waits for room it could have (the "insufficient capacity" story:
+        # "huge" never fits, so it is told apart before that path)
+        *(_warm_job(f"host-{i}", 1, 8, 1000) for i in range(5)),
     ]
     events: list[Event] = [*nodes, *jobs]
     for event in events:
