@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -96,3 +97,15 @@ async def split_steps(store: LogStore) -> list[DecisionBatch]:
     """The parts of split steps in the decisions log."""
     records = await store.log(DECISIONS).read(0, 100_000)
     return [b for _, b in decision_batches(records) if b.parts > 1]
+
+
+def segment(directory: Path) -> Path:
+    """The newest segment of a file log's decisions log (the one a poison test tampers with)."""
+    return sorted((directory / DECISIONS).glob("*.log"))[-1]
+
+
+def restore(path: Path, data: bytes) -> None:
+    """What an operator does: put the good copy back (atomically)."""
+    tmp = path.with_name(path.name + ".restore")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

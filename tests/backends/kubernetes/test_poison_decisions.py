@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -16,22 +15,12 @@ from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON
 from fleetlog.log.base import DECISIONS, Message
 from fleetlog.log.file import FileLogStore
+from tests.backends.helpers import restore, segment
 from tests.backends.kubernetes.conftest import Rig, wipe
 from tests.backends.kubernetes.manifests import items, node, pod
 from tests.kube_apiserver import KubeControlPlane
 
 POISON = b'{"schema_version":1,"producer_id":"x","event":' + b"[" * 1000 + b"]" * 1000 + b"}"
-
-
-def segment(directory: Path) -> Path:
-    return sorted((directory / DECISIONS).glob("*.log"))[-1]
-
-
-def restore(path: Path, data: bytes) -> None:
-    """What an operator does: put the good copy back (atomically)."""
-    tmp = path.with_name(path.name + ".restore")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def bound(rig: Rig, name: str) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from fleetlog.events import NodeHeartbeat, TaskFinished, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MAX_EVENT_BYTES
 from fleetlog.log.base import DECISIONS, Message
+from tests.backends.helpers import restore, segment
 from tests.backends.slurm.harness import Harness, job, of_type
 from tests.slurm_cluster import SlurmCluster
 
@@ -24,17 +24,6 @@ BAD = {
     "not_a_batch": (Message(encode(envelope(job("evil"), "evil"))), "holds JobSubmitted"),
     "over_the_size_limit": (Message(b"\x92" + b"\x00" * MAX_EVENT_BYTES), "EventTooLargeError"),
 }
-
-
-def segment(directory: Path) -> Path:
-    return sorted((directory / DECISIONS).glob("*.log"))[-1]
-
-
-def restore(path: Path, data: bytes) -> None:
-    """What an operator does: put the good copy back (atomically)."""
-    tmp = path.with_name(path.name + ".restore")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
