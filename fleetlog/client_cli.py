@@ -23,10 +23,11 @@ from typing import Any
 
 import msgspec
 
-from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed, running_service
+from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
 from fleetlog.log.base import DECISIONS, INPUTS
+from fleetlog.log.discovery import running_service
 from fleetlog.service.config import Config, ConfigError, load_config
 from fleetlog.usage import add_log_options
 
