@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from fleetlog.usage import EXIT_USAGE, Parser, print_error
+from fleetlog.usage import EXIT_USAGE, Parser, add_log_options, print_error
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 EXIT_FAILURE = 1
@@ -177,13 +177,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
-def _add_log_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="a TOML configuration file (docs/service.md)")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--log", metavar="DIR", help="the embedded file log in DIR")
-    where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers")
-
-
 def _add_service_commands(sub: Any) -> None:
     from fleetlog.replay.command import add_node_timeout
 
@@ -191,7 +184,7 @@ def _add_service_commands(sub: Any) -> None:
                          description="Consume inputs, decide, publish decisions exactly once; snapshots, "
                          "fail-over, metrics on http://HOST:PORT/metrics. Settings: --config FILE and "
                          "FLEETLOG_<TABLE>_<KEY> variables (docs/service.md).")
-    _add_log_options(run)
+    add_log_options(run)
     run.add_argument("--policy", metavar="NAME", help="a policy spec (default: the config's, or default)")
     run.add_argument("--http-port", type=int, metavar="PORT", help="metrics/health/ingest port (0: any)")
     run.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -199,7 +192,7 @@ def _add_service_commands(sub: Any) -> None:
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="a job's state, read from the logs")
     status.add_argument("job", metavar="JOB", help="the job id")
-    _add_log_options(status)
+    add_log_options(status)
     add_node_timeout(status, "fold as the service that wrote the log did: give it the same value")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(func=cmd_status)

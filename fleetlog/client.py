@@ -60,12 +60,11 @@ from fleetlog.events.model import (
 )
 from fleetlog.events.spec import same_submission, spec_differences, submission_spec
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message
-from fleetlog.log.file import FileLogStore, HandOverError, LockedError, process_alive
-from fleetlog.service.config import Config, make_store
+from fleetlog.log.discovery import running_service
+from fleetlog.log.file import FileLogStore, HandOverError, LockedError
+from fleetlog.log.location import Located, make_store
 
 DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
-SERVICE_FILE: Final = "service.json"
-"""Written by ``fleetlog run --log DIR`` into DIR: where its ingest endpoint listens."""
 INGEST_PATH: Final = "/v1/events"
 JOBS_PATH: Final = "/v1/jobs/"
 HTTP_TIMEOUT_S: Final = 30.0
@@ -340,26 +339,12 @@ def _answer(raw: bytes) -> dict[str, Any]:
     return answer if isinstance(answer, dict) else {"error": answer}
 
 
-def running_service(directory: Path) -> tuple[str, int] | None:
-    """``(host, port)`` of the service announced in ``directory/service.json`` if its process is
-    alive; ``None`` when there is no such file or it is stale."""
-    try:
-        info = json.loads((directory / SERVICE_FILE).read_text())
-        pid, address = int(info["pid"]), str(info["http"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not process_alive(pid):
-        return None
-    host, _, port = address.rpartition(":")
-    return (host or "127.0.0.1", int(port)) if port.isdigit() else None
-
-
 class FileTransport:
     """The file log, appended to directly while no service holds it — until a service waits
     for it (``LOCK.intent``): then the log is handed over before the next append and every
     batch from then on goes to the service's ingest endpoint."""
 
-    def __init__(self, config: Config, inner: Transport) -> None:
+    def __init__(self, config: Located, inner: Transport) -> None:
         self.config, self.inner = config, inner
 
     async def append(self, envelopes: Sequence[Envelope]) -> int:
@@ -444,13 +429,13 @@ async def _logged_jobs(store: LogStore, ids: Sequence[str]
     return submits, cancels
 
 
-async def _direct(config: Config) -> StoreTransport:
+async def _direct(config: Located) -> StoreTransport:
     store = FileLogStore(str(config.log.dir), fsync=config.log.fsync, yields=True)
     await store.open()
     return StoreTransport(store, owned=True, what=f"the file log at {config.log.dir}")
 
 
-async def _after_handover(config: Config) -> Transport:
+async def _after_handover(config: Located) -> Transport:
     """The service that took (or is taking) the file log over, once it announces itself; the
     log itself again if that service went away without taking it."""
     directory = Path(str(config.log.dir))
@@ -469,7 +454,7 @@ async def _after_handover(config: Config) -> Transport:
                       f"{HANDOVER_WAIT_S:.0f} s (is it stalled? see its /healthz)", "unreachable")
 
 
-async def open_transport(config: Config) -> Transport:
+async def open_transport(config: Located) -> Transport:
     """The configured inputs log, or the running service that holds the file log."""
     if config.log.dir is not None:
         found = running_service(Path(config.log.dir))
@@ -503,7 +488,7 @@ class Client:
         self.producer_id = producer_id
 
     @classmethod
-    async def connect(cls, config: Config, producer_id: str = DEFAULT_PRODUCER_ID) -> Client:
+    async def connect(cls, config: Located, producer_id: str = DEFAULT_PRODUCER_ID) -> Client:
         return cls(await open_transport(config), producer_id)
 
     async def close(self) -> None:

@@ -23,12 +23,13 @@ from typing import Any
 
 import msgspec
 
-from fleetlog.cli import _add_log_options
-from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed, running_service
+from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
 from fleetlog.log.base import DECISIONS, INPUTS
+from fleetlog.log.discovery import running_service
 from fleetlog.service.config import Config, ConfigError, load_config
+from fleetlog.usage import add_log_options
 
 CLI_PRODUCER_ID = "fleetlog-cli"
 EXIT_REFUSED = 1
@@ -70,7 +71,7 @@ def _count(minimum: int) -> Any:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    _add_log_options(parser)
+    add_log_options(parser)
     parser.add_argument("--producer-id", default=CLI_PRODUCER_ID, help=f"default {CLI_PRODUCER_ID}")
     parser.add_argument("--json", action="store_true", help="print one JSON object (per event)")
     parser.add_argument("--create", action="store_true",

@@ -49,6 +49,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} ({usage})\n")
 
 
+def add_log_options(parser: argparse.ArgumentParser) -> None:
+    """Where the log is, the same three flags on every command that opens one (``run``,
+    ``status``, ``submit``, ``cancel``): defined here so both CLI modules import it one way."""
+    parser.add_argument("--config", metavar="FILE", help="a TOML configuration file (docs/service.md)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--log", metavar="DIR", help="the embedded file log in DIR")
+    where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers")
+
+
 def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
     """``parser`` and every subparser below it, depth first (for tests that must cover each
     subcommand, including ones added later)."""

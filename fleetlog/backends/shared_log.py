@@ -33,13 +33,13 @@ from fleetlog.client import (
     HttpTransport,
     StoreTransport,
     Transport,
-    running_service,
 )
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
 from fleetlog.events.model import Envelope
 from fleetlog.log.base import INPUTS, LOG_NAMES, Log, LogClosedError, LogError, LogStore, Message, Record
+from fleetlog.log.discovery import running_service
 from fleetlog.log.file import FileLogStore, LockedError
-from fleetlog.service.config import Config
+from fleetlog.log.location import Located
 from fleetlog.service.http import ACCEPT_NEVER_FITS
 
 log = logging.getLogger("fleetlog.backends")
@@ -87,7 +87,7 @@ class _SharedLog(Log):
 class SharedFileStore(LogStore):
     """The file log at ``config.log.dir``, shared with the service that may hold it (see above)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Located) -> None:
         assert config.log.dir is not None, "a shared file store needs log.dir"
         self.config, self.directory = config, Path(config.log.dir)
         self._reader: FileLogStore | None = None

@@ -19,6 +19,7 @@ import msgspec
 from fleetlog.backends.shared_log import SharedFileStore
 from fleetlog.log.base import LogStore
 from fleetlog.log.kafka import KafkaLogStore
+from fleetlog.log.location import Located
 from fleetlog.service.config import Config, ConfigError, describe, load_config
 
 EXIT_OPERATIONAL: Final = 1
@@ -57,7 +58,7 @@ def store_config(args: argparse.Namespace) -> Config:
     return config
 
 
-def open_store(config: Config) -> LogStore:
+def open_store(config: Located) -> LogStore:
     """The (unopened) store a backend uses: Kafka, or the file log shared with the service."""
     if config.kafka is not None:
         return KafkaLogStore(config.kafka)

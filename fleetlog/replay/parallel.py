@@ -28,7 +28,7 @@ from fleetlog.log.base import DECISIONS, INPUTS, LogError
 from fleetlog.log.snapshots import SnapshotHeader, decode_snapshot
 from fleetlog.replay.engine import Start
 from fleetlog.replay.source import Progress, ReplayError, Source, end_offset
-from fleetlog.replay.verify import Stretch, VerifyReport, verify_stretch
+from fleetlog.replay.stretch import Stretch, VerifyReport, verify_stretch
 
 Cut = tuple[str, SnapshotHeader, Callable[[], bytes]]
 """(name, header, load) of a snapshot the log is cut at."""

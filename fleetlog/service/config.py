@@ -21,7 +21,6 @@ or :meth:`Config.redacted` ever shows the SASL password.
 from __future__ import annotations
 
 import re
-import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,14 +30,24 @@ import msgspec
 from msgspec import Meta
 
 from fleetlog.core.policy import UnknownPolicyError, policy_named
-from fleetlog.log.base import LogStore
-from fleetlog.log.file import FileLogStore
-from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.log.kafka import KafkaConfig
+from fleetlog.log.location import (
+    MASK,
+    PASSWORD_FILE_KEY,
+    SASL_MECHANISMS,
+    SECRET_KEYS,
+    SECURITY_PROTOCOLS,
+    ConfigError,
+    FsyncPolicy,
+    LogConfig,
+    check_place,
+    describe,
+    kafka_config,
+    make_store,
+    open_store,
+)
 
 ENV_PREFIX: Final = "FLEETLOG_"
-PASSWORD_FILE_KEY: Final = "sasl_plain_password_file"
-SECRET_KEYS: Final = frozenset({"sasl_plain_password"})
-MASK: Final = "***"
 NOT_SETTINGS: Final = frozenset(
     {
         "FLEETLOG_KAFKA_PORT",
@@ -50,29 +59,15 @@ NOT_SETTINGS: Final = frozenset(
     }
 )
 """Variables of ``infra/kafka/kafka.sh`` (the development broker), not settings of the service."""
-SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
-_PASSWORD_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
-FsyncPolicy = Literal["never", "batch", "always"]
+__all__ = [
+    "MASK", "PASSWORD_FILE_KEY", "SASL_MECHANISMS", "SECRET_KEYS", "SECURITY_PROTOCOLS", "Config",
+    "ConfigError", "FsyncPolicy", "LogConfig", "ServiceSettings", "describe", "load_config", "make_store",
+    "open_store",
+]
+
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
-
-
-class ConfigError(Exception):
-    """A configuration that cannot be used; the message names where and what.  ``key``
-    (``table.key``) lets :func:`load_config` name the file or variable a value came from."""
-
-    def __init__(self, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.key = key
-
-
-class LogConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The ``[log]`` table: the embedded file log's directory (unset when Kafka holds the logs)."""
-
-    dir: str | None = None
-    fsync: FsyncPolicy = "batch"
 
 
 class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -253,77 +248,6 @@ def _apply_env(raw: Raw, env: Mapping[str, str], origins: Origins) -> None:
 # -- building the structs -----------------------------------------------------------------------
 
 
-def _password_from_file(kafka: dict[str, Any]) -> None:
-    path = kafka.pop(PASSWORD_FILE_KEY, None)
-    if path is None:
-        return
-    if kafka.get("sasl_plain_password") is not None:
-        raise ConfigError(
-            f"set kafka.sasl_plain_password or kafka.{PASSWORD_FILE_KEY}, not both",
-            f"kafka.{PASSWORD_FILE_KEY}",
-        )
-    try:
-        _check_private(Path(path))
-        kafka["sasl_plain_password"] = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"kafka.{PASSWORD_FILE_KEY}: cannot read {path}: {exc}", f"kafka.{PASSWORD_FILE_KEY}"
-        ) from None
-
-
-def _check_private(path: Path) -> None:
-    """Refuse a password file that others may read (or change): the secret is already out."""
-    mode = path.stat().st_mode
-    if mode & 0o077:
-        raise ConfigError(
-            f"kafka.{PASSWORD_FILE_KEY}: {path} is accessible by others (mode {stat.S_IMODE(mode):04o}); "
-            f"make it readable by its owner only (chmod 600 {path})",
-            f"kafka.{PASSWORD_FILE_KEY}",
-        )
-
-
-def _check_security(kafka: KafkaConfig) -> None:
-    """Fail at load, not at the first connection, on settings that cannot work."""
-    if kafka.security_protocol not in SECURITY_PROTOCOLS:
-        raise ConfigError(
-            f"kafka.security_protocol = {kafka.security_protocol!r}: expected one of "
-            f"{', '.join(SECURITY_PROTOCOLS)}",
-            "kafka.security_protocol",
-        )
-    if kafka.security_protocol.startswith("SASL_"):
-        if kafka.sasl_mechanism not in SASL_MECHANISMS:
-            raise ConfigError(
-                f"kafka.sasl_mechanism = {kafka.sasl_mechanism!r}: {kafka.security_protocol} needs one of "
-                f"{', '.join(SASL_MECHANISMS)}",
-                "kafka.sasl_mechanism" if kafka.sasl_mechanism else "kafka.security_protocol",
-            )
-        missing = kafka.sasl_plain_username is None or kafka.sasl_plain_password is None
-        if kafka.sasl_mechanism in _PASSWORD_MECHANISMS and missing:
-            raise ConfigError(
-                f"kafka: {kafka.sasl_mechanism} needs sasl_plain_username and sasl_plain_password "
-                f"(or {PASSWORD_FILE_KEY})",
-                "kafka.sasl_mechanism",
-            )
-    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-        path = getattr(kafka, key)
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"kafka.{key} = {path!r}: no such file", f"kafka.{key}")
-    try:
-        kafka.client_options()  # loads the TLS files
-    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-        raise ConfigError(f"kafka: cannot load the TLS files: {exc}", "kafka.ssl_certfile") from None
-
-
-def _kafka(values: dict[str, Any]) -> KafkaConfig:
-    values = dict(values)
-    _password_from_file(values)
-    if values.get("bootstrap_servers") is None:
-        raise ConfigError("kafka.bootstrap_servers is required when [kafka] is set")
-    kafka = msgspec.convert(values, KafkaConfig)
-    _check_security(kafka)
-    return kafka
-
-
 def _check_policy(spec: str) -> None:
     try:
         policy_named(spec)
@@ -331,21 +255,13 @@ def _check_policy(spec: str) -> None:
         raise ConfigError(f"service.policy = {spec!r}: {exc}", "service.policy") from None
 
 
-def _check_place(log: LogConfig, kafka: KafkaConfig | None) -> None:
-    if (log.dir is None) == (kafka is None):
-        raise ConfigError(
-            "set exactly one place for the logs: log.dir (the embedded file log) or the [kafka] table "
-            f"(now: {'both' if kafka else 'neither'})"
-        )
-
-
 def _build(raw: Raw) -> Config:
     log = msgspec.convert(raw.get("log", {}), LogConfig)
     service = msgspec.convert(raw.get("service", {}), ServiceSettings)
     _check_policy(service.policy)
     kafka_values = {k: v for k, v in raw.get("kafka", {}).items() if v is not None}
-    kafka = _kafka(kafka_values) if kafka_values else None
-    _check_place(log, kafka)
+    kafka = kafka_config(kafka_values) if kafka_values else None
+    check_place(log, kafka)
     return Config(log=log, kafka=kafka, service=service)
 
 
@@ -391,37 +307,3 @@ def load_config(
         if where is None:
             raise
         raise ConfigError(f"{where}: {exc}", exc.key) from None
-
-
-# -- using it -----------------------------------------------------------------------------------
-
-
-def make_store(config: Config) -> LogStore:
-    """An unopened store for the configured logs."""
-    if config.kafka is not None:
-        return KafkaLogStore(config.kafka)
-    assert config.log.dir is not None
-    return FileLogStore(config.log.dir, fsync=config.log.fsync)
-
-
-async def open_store(config: Config) -> LogStore:
-    """The configured store, opened (a :class:`fleetlog.log.base.LogError` if it cannot be)."""
-    store = make_store(config)
-    await store.open()
-    return store
-
-
-def describe(config: Config) -> str:
-    """One line for logs: where the logs are and how they are reached; never a secret."""
-    kafka = config.kafka
-    if kafka is None:
-        return f"file log at {config.log.dir} (fsync={config.log.fsync})"
-    auth = kafka.security_protocol
-    if kafka.sasl_mechanism is not None:
-        auth += f"/{kafka.sasl_mechanism}"
-        if kafka.sasl_plain_username is not None:
-            auth += f" as {kafka.sasl_plain_username}"
-    return (
-        f"Kafka at {kafka.bootstrap_servers} ({auth}), topics {kafka.topic_prefix}.*, "
-        f"shard {kafka.shard} of {kafka.shards}"
-    )

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import resource
 import time
@@ -79,6 +78,7 @@ from fleetlog.events.spec import spec_differences, submission_spec
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, Message, OffsetOutOfRangeError
 from fleetlog.log.consumer import decision_batches
+from fleetlog.log.discovery import announce, withdraw
 from fleetlog.log.file import (
     TRUNCATIONS_NAME,
     FileLogStore,
@@ -87,7 +87,7 @@ from fleetlog.log.file import (
     withdraw_intent,
 )
 from fleetlog.log.kafka import FencedError
-from fleetlog.log.private import write_private
+from fleetlog.log.location import make_store
 from fleetlog.log.snapshots import (
     DirectorySnapshots,
     KafkaSnapshots,
@@ -97,7 +97,7 @@ from fleetlog.log.snapshots import (
     decode_snapshot,
     encode_snapshot,
 )
-from fleetlog.service.config import Config, ServiceSettings, make_store
+from fleetlog.service.config import Config, ServiceSettings
 from fleetlog.service.http import (
     ACCEPT_NEVER_FITS,
     BindError,
@@ -120,7 +120,6 @@ from fleetlog.service.loop import (
 )
 from fleetlog.service.metrics import Metrics
 
-SERVICE_FILE: Final = "service.json"
 LOCK_POLL_S: Final = 0.02
 """How often a service waiting for the file log's lock tries it (producers hand it over)."""
 GAUGE_PERIOD_S: Final = 1.0
@@ -627,19 +626,13 @@ class Service:
 
     # -- embedded mode: where producers find the service ---------------------------------------
 
-    def _service_file(self) -> Path | None:
-        return Path(self.config.log.dir) / SERVICE_FILE if self.config.log.dir else None
-
     def _advertise(self) -> None:
-        path = self._service_file()
-        if path is not None:  # 0600: a service.json others could rewrite would redirect producers
-            address = f"{self.settings.http_host}:{self.http.port}"
-            write_private(path, json.dumps({"pid": os.getpid(), "http": address}).encode())
+        if self.config.log.dir:  # 0600: a service.json others could rewrite would redirect producers
+            announce(Path(self.config.log.dir), os.getpid(), f"{self.settings.http_host}:{self.http.port}")
 
     def _unadvertise(self) -> None:
-        path = self._service_file()
-        if path is not None:
-            path.unlink(missing_ok=True)
+        if self.config.log.dir:
+            withdraw(Path(self.config.log.dir))
 
     # -- HTTP ----------------------------------------------------------------------------------
 

@@ -18,9 +18,8 @@ from typing import Any
 
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MSGPACK, BadEventError, decode, encode
 from fleetlog.log.base import INPUTS, Message
+from fleetlog.log.discovery import SERVICE_FILE
 from fleetlog.log.file import FileLogStore
-
-SERVICE_FILE = "service.json"
 
 
 def _bodies(body: bytes, content_type: bytes) -> list[bytes]:

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from fleetlog.client import SERVICE_FILE
 from fleetlog.core.digest import snapshot
 from fleetlog.core.policy import policy_named
 from fleetlog.events import encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, JSON, MAX_EVENT_BYTES, decode
 from fleetlog.events.model import Event
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, Message
+from fleetlog.log.discovery import SERVICE_FILE
 from fleetlog.log.file import HEADER_SIZE, FileLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
 from fleetlog.service.loop import LoopConfig, SchedulerLoop

@@ -22,7 +22,7 @@ from fleetlog.backends.kubernetes.api import KubeApi
 from fleetlog.backends.kubernetes.backend import KubernetesBackend
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.backends.store_args import add_store_arguments, open_store, run_backend
-from fleetlog.service.config import Config
+from fleetlog.log.location import Located
 from fleetlog.usage import Parser
 
 PROG = "python -m fleetlog.backends.kubernetes"
@@ -41,7 +41,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace, config: Config) -> None:
+async def serve(args: argparse.Namespace, config: Located) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

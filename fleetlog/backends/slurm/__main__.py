@@ -23,7 +23,7 @@ from fleetlog.backends.slurm.backend import SlurmBackend, SlurmConfig
 from fleetlog.backends.slurm.mapping import SubmitSettings, Workload, sleep_for_expected_duration
 from fleetlog.backends.store_args import add_store_arguments, open_store, run_backend
 from fleetlog.events import JobSubmitted
-from fleetlog.service.config import Config
+from fleetlog.log.location import Located
 from fleetlog.usage import Parser
 
 PROG = "python -m fleetlog.backends.slurm"
@@ -62,7 +62,7 @@ def config(args: argparse.Namespace) -> SlurmConfig:
     return SlurmConfig(cell=args.cell, prefix=args.prefix, slurm_conf=args.slurm_conf, submit=submit)
 
 
-async def serve(args: argparse.Namespace, logs: Config) -> None:
+async def serve(args: argparse.Namespace, logs: Located) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
