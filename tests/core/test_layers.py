@@ -16,7 +16,7 @@ def core_imports() -> dict[str, set[str]]:
     """Each core module's direct imports of other core modules (TYPE_CHECKING ones included:
     they tie modules together just the same)."""
     graph = grimp.build_graph("fleetlog", cache_dir=None)
-    modules = {m for m in graph.find_descendants(CORE)}
+    modules = set(graph.find_descendants(CORE))
     return {m: graph.find_modules_directly_imported_by(m) & modules for m in sorted(modules)}
 
 
