@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks.common import emit, machine, parse
 from fleetlog.core import decide as decide_mod
-from fleetlog.core import kernels, kernels_ref
+from fleetlog.core import explain, fitting, kernels, kernels_ref, scratch
 from fleetlog.core.decide import decide
 from fleetlog.core.fold import fold, fold_many
 from fleetlog.core.policy import Policy
@@ -147,15 +147,17 @@ def bench_reference(count: int = 2_000) -> dict[str, Any]:
     fast = bench_single(1_000, "best-fit")
     policy = Policy(scoring="best-fit")
     expected = decide(state_with(1_000, jobs(count, 1, 1, False)), policy)
-    saved = decide_mod.kernels
-    decide_mod.kernels = kernels_ref  # type: ignore[assignment]
+    callers = (decide_mod, scratch, fitting, explain)  # the decide modules that call kernels
+    for module in callers:
+        module.kernels = kernels_ref  # type: ignore[assignment]
     try:
         state = state_with(1_000, jobs(count, 1, 1, False))
         start = time.perf_counter()
         got = decide(state, policy)
         elapsed = time.perf_counter() - start
     finally:
-        decide_mod.kernels = saved
+        for module in callers:
+            module.kernels = kernels
     if got != expected:
         raise SystemExit("the plain-Python kernels decided otherwise than the numba kernels")
     slow = count / elapsed

@@ -260,6 +260,7 @@ def patched(timer: Timer) -> Iterator[None]:
     from fleetlog.backends.simulated import backend, driver
     from fleetlog.core import decide as decide_mod
     from fleetlog.core import kernels
+    from fleetlog.core import scratch as scratch_mod
     from fleetlog.log import consumer
     from fleetlog.log.file import FileLogStore
     from fleetlog.service import loop as loop_mod
@@ -270,7 +271,7 @@ def patched(timer: Timer) -> Iterator[None]:
         (loop_mod, "digest", "state digest"),
         (loop_mod, "fold", "fold decision batch"),
         (loop_mod, "encode", "encode decision batch"),
-        (decide_mod, "shape_matrix", "decide: FGD shape matrix"),
+        (scratch_mod, "shape_matrix", "decide: FGD shape matrix"),
         (decide_mod, "Scratch", "decide: Scratch() incl. shape matrix"),
         (decide_mod, "schedule_job", "decide: place the job"),
         (driver, "message_of", "driver: encode arrival"),

@@ -15,25 +15,15 @@ Reason codes (stable; see docs/scheduling.md):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from fleetlog.core import kernels
+from fleetlog.core.fitting import partial_fit
 from fleetlog.core.quota import quota_check
+from fleetlog.core.scratch import Outcome, Scratch
 from fleetlog.core.shapes import LEVELS, task_arrays
 
-if TYPE_CHECKING:
-    from fleetlog.core.decide import Scratch
-
-
-class Outcome:
-    """A reason code, its explanation, and whether jobs of the same key will fail alike."""
-
-    __slots__ = ("cacheable", "message", "reason")
-
-    def __init__(self, reason: str, message: str, cacheable: bool = True) -> None:
-        self.reason, self.message, self.cacheable = reason, message, cacheable
+__all__ = ["Outcome", "capacity_failure", "eligible_exists", "explain_failure", "most_free"]
 
 
 def explain_failure(sc: Scratch, job: int, cells: tuple[int, ...], kind: str) -> Outcome:
@@ -85,44 +75,6 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
         "insufficient_capacity",
         f"no node in cells {names} has room for a task of {shape}; {most_free(sc, cells)}",
     )
-
-
-NO_MEMO = np.zeros((0, kernels.MEMO_COLUMNS), dtype=np.int64)
-
-
-def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[np.ndarray, ...]]:
-    """The gang kernel on ``job`` over ``cands`` in the working copy: (domain or -1, tasks
-    that fit, (task rows, node per task, GPU mask per task, cpu, mem, gpus, milli))."""
-    idx, cpu, mem, gpus, milli, models = task_arrays(sc.state, job)
-    level = int(sc.state.jobs.cols["topology"][job])
-    domain = sc.state.nodes.cols[LEVELS[level]][: sc.state.nodes.size] if level else sc.no_domain
-    out_node = np.full(idx.size, -1, dtype=np.int32)
-    out_mask = np.zeros(idx.size, dtype=np.uint64)
-    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
-    first = (int(cpu[0]), int(mem[0]), int(gpus[0]), int(milli[0]), int(models[0])) if idx.size else None
-    memo = sc.memo(first) if first is not None else NO_MEMO
-    chosen, count = kernels.place_gang_memo(
-        cands,
-        domain,
-        *free,
-        cpu,
-        mem,
-        gpus,
-        milli,
-        models,
-        sc.policy_id,
-        sc.shapes,
-        out_node,
-        out_mask,
-        sc.node_version,
-        memo,
-    )
-    return int(chosen), int(count), (idx, out_node, out_mask, cpu, mem, gpus, milli)
-
-
-def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:
-    """How many of ``job``'s tasks fit in its best domain among ``cands``."""
-    return run_gang(sc, job, cands)[1] if cands.size else 0
 
 
 def eligible_exists(sc: Scratch, cells: tuple[int, ...], models: int, gpus: int) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetlog.core import decide as decide_module
+from fleetlog.core import scratch as scratch_module
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import JobState
 from fleetlog.events import JobCancelled, JobPending, JobRejected, TaskFinished, TaskPreempted
@@ -226,7 +226,7 @@ def test_remembered_node_scores_do_not_change_decisions(monkeypatch: pytest.Monk
     """decide remembers node scores per task shape (at most MAX_MEMOS shapes at once): with room
     for one shape only, the same 21 jobs of 7 shapes land exactly where they land otherwise."""
     roomy = fractional_fleet().decide()
-    monkeypatch.setattr(decide_module, "MAX_MEMOS", 1)
+    monkeypatch.setattr(scratch_module, "MAX_MEMOS", 1)
     tight = fractional_fleet().decide()
     assert len(Driver().placed(roomy)) == 21
     assert tight == roomy

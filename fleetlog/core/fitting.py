@@ -1,0 +1,121 @@
+"""The placement kernels called over decide's working area (:class:`~fleetlog.core.scratch.Scratch`):
+a gang or a single task in a set of candidate nodes, and a placement's score to compare cells.
+
+Steps 3-6 of decide use these; nothing here decides what to do with the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fleetlog.core import kernels
+from fleetlog.core.arrays import Array
+from fleetlog.core.scratch import Placement, Scratch
+from fleetlog.core.shapes import LEVELS, task_arrays
+
+NO_MEMO = np.zeros((0, kernels.MEMO_COLUMNS), dtype=np.int64)
+
+
+def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[np.ndarray, ...]]:
+    """The gang kernel on ``job`` over ``cands`` in the working copy: (domain or -1, tasks
+    that fit, (task rows, node per task, GPU mask per task, cpu, mem, gpus, milli))."""
+    idx, cpu, mem, gpus, milli, models = task_arrays(sc.state, job)
+    level = int(sc.state.jobs.cols["topology"][job])
+    domain = sc.state.nodes.cols[LEVELS[level]][: sc.state.nodes.size] if level else sc.no_domain
+    out_node = np.full(idx.size, -1, dtype=np.int32)
+    out_mask = np.zeros(idx.size, dtype=np.uint64)
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    first = (int(cpu[0]), int(mem[0]), int(gpus[0]), int(milli[0]), int(models[0])) if idx.size else None
+    memo = sc.memo(first) if first is not None else NO_MEMO
+    chosen, count = kernels.place_gang_memo(
+        cands,
+        domain,
+        *free,
+        cpu,
+        mem,
+        gpus,
+        milli,
+        models,
+        sc.policy_id,
+        sc.shapes,
+        out_node,
+        out_mask,
+        sc.node_version,
+        memo,
+    )
+    return int(chosen), int(count), (idx, out_node, out_mask, cpu, mem, gpus, milli)
+
+
+def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:
+    """How many of ``job``'s tasks fit in its best domain among ``cands``."""
+    return run_gang(sc, job, cands)[1] if cands.size else 0
+
+
+def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement | None:
+    """Run the gang kernel over ``cands``; the placement with its score, or None."""
+    state = sc.state
+    if cands.size == 0:
+        return None
+    jc = state.jobs.cols
+    if jc["ntasks"][job] == 1 and not jc["topology"][job]:
+        return place_single(sc, cell, cands, int(jc["first_task"][job]))
+    chosen, _, (idx, out_node, out_mask, cpu, mem, gpus, milli) = run_gang(sc, job, cands)
+    if chosen < 0:
+        return None
+    many = len(sc.cells) > 1 and cell >= 0
+    score = gang_score(sc, out_node, out_mask, (cpu, mem, gpus, milli)) if many else (0, 0)
+    return Placement(cell, idx, out_node, out_mask, score)
+
+
+def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | None:
+    """The fast path for a one-task job (task row ``t``) with no topology: the best node, then
+    its GPUs (a placement of one-element tuples)."""
+    tc = sc.state.tasks.cols
+    cpu, mem, gpus, milli = int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["gpus"][t]), int(tc["milli"][t])
+    models = tc["models"][t]
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    if sc.policy_id == kernels.BEST_FIT:
+        node = kernels.best_node_summary(cands, sc.gpu_total, *free, cpu, mem, gpus, milli, models)
+    else:
+        memo = sc.memo((cpu, mem, gpus, milli, int(models)))
+        node = kernels.best_node_memo(
+            cands, *free, cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, sc.node_version, memo
+        )
+    if node < 0:
+        return None
+    mask = int(kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli))
+    many = len(sc.cells) > 1 and cell >= 0
+    score = gang_score(sc, (node,), (mask,), ((cpu,), (mem,), (gpus,), (milli,))) if many else (0, 0)
+    return Placement(cell, (t,), (node,), (mask,), score)
+
+
+def gang_score(
+    sc: Scratch,
+    nodes: Sequence[int] | Array,
+    masks: Sequence[int] | Array,
+    tasks: tuple[Sequence[int] | Array, ...],
+) -> tuple[int, int]:
+    """How good a placement is, to compare cells: its tasks' node scores summed, each taken
+    as the gang's earlier tasks would leave the node (then the working copy is restored)."""
+    cpu, mem, gpus, milli = tasks
+    primary = secondary = 0
+    for i in range(len(nodes)):
+        n = int(nodes[i])
+        a, b = kernels.node_score(
+            n,
+            sc.cpu_free,
+            sc.gpu_free,
+            sc.gpu_count,
+            int(cpu[i]),
+            int(gpus[i]),
+            int(milli[i]),
+            sc.policy_id,
+            sc.shapes,
+        )
+        primary, secondary = primary + int(a), secondary + int(b)
+        sc.take(n, masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), -1)
+    for i in range(len(nodes)):
+        sc.take(int(nodes[i]), masks[i], int(cpu[i]), int(mem[i]), int(milli[i]), 1)
+    return primary, secondary

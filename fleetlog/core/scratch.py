@@ -1,0 +1,252 @@
+"""decide's working area: what changes as decisions accumulate within one call.
+
+:class:`Scratch` holds the working copy of free capacity and usage, the reservations and
+failures of this call, and the node scores remembered per task shape (:class:`Memos`, kept
+for the next call as a :class:`MemoCache`). The steps of decide (:mod:`fleetlog.core.place`,
+:mod:`~fleetlog.core.preempt`, :mod:`~fleetlog.core.reserve`, :mod:`~fleetlog.core.explain`)
+read and write it; this module imports none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+
+from fleetlog.core import kernels
+from fleetlog.core.arrays import Array
+from fleetlog.core.fit import Fleet, fleet_of
+from fleetlog.core.fold import mask_gpus
+from fleetlog.core.policy import Policy
+from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
+from fleetlog.events.model import Decision
+
+MEMO_ROWS: Final = 1 << 20  # node rows of remembered scores kept at most (32 bytes each: 32 MiB)
+
+MAX_MEMOS: Final = 512  # task shapes whose node scores are remembered at once, at most
+
+
+class Outcome:
+    """A reason code, its explanation, and whether jobs of the same key will fail alike."""
+
+    __slots__ = ("cacheable", "message", "reason")
+
+    def __init__(self, reason: str, message: str, cacheable: bool = True) -> None:
+        self.reason, self.message, self.cacheable = reason, message, cacheable
+
+
+class Placement:
+    """A gang's assignment: per task row its node and GPU mask, in one cell."""
+
+    __slots__ = ("cell", "masks", "nodes", "score", "tasks")
+
+    def __init__(
+        self,
+        cell: int,
+        tasks: Sequence[int] | Array,
+        nodes: Sequence[int] | Array,
+        masks: Sequence[int] | Array,
+        score: tuple[int, int],
+    ) -> None:
+        self.cell, self.tasks, self.nodes, self.masks, self.score = cell, tasks, nodes, masks, score
+
+
+Shape = tuple[int, int, int, int, int]  # a task's (cpu, mem, gpus, milli, models)
+
+
+class Memos:
+    """``kernels.best_node_memo`` rows per task shape, in one int64[slots, N, MEMO_COLUMNS]
+    store (so that ``kernels.place_run`` takes them all at once); past ``limit`` shapes, the
+    least recently used one gives up its slot (bounded memory: a memo only saves work)."""
+
+    __slots__ = ("limit", "slots", "store")
+
+    def __init__(self, nodes: int, limit: int) -> None:
+        self.limit = limit
+        self.slots: dict[Shape, int] = {}  # in order of use, the most recent last
+        self.store = np.full((0, nodes, kernels.MEMO_COLUMNS), -1, np.int64)  # (grows on first use)
+
+    def slot(self, shape: Shape) -> int:
+        slot = self.slots.pop(shape, None)
+        if slot is None:
+            if len(self.slots) >= self.limit:
+                slot = self.slots.pop(next(iter(self.slots)))
+                self.store[slot] = -1
+            else:
+                slot = len(self.slots)  # (slots 0 .. len - 1 are in use)
+                if slot == self.store.shape[0]:
+                    grown = np.full((min(self.limit, max(16, 2 * slot)), *self.store.shape[1:]), -1, np.int64)
+                    grown[:slot] = self.store
+                    self.store = grown
+        self.slots[shape] = slot
+        return slot
+
+    def rows(self, shape: Shape) -> Array:
+        """The memo of ``shape`` (a view into the store: use it before the next ``slot``)."""
+        slot = self.slot(shape)  # (first: it may grow the store)
+        rows: Array = self.store[slot]
+        return rows
+
+    def clear(self) -> None:
+        self.slots.clear()
+        self.store.fill(-1)
+
+
+class Scratch:
+    """decide's working copy of what changes as decisions accumulate within one call."""
+
+    def __init__(self, state: State, policy: Policy) -> None:
+        n, c = state.nodes.size, state.nodes.cols
+        self.state, self.policy = state, policy
+        self.cpu_free, self.mem_free = c["cpu_free"][:n].copy(), c["mem_free"][:n].copy()
+        width = max(1, int(c["gpu_count"][:n].max(initial=0)))  # GPU columns any node uses
+        self.gpu_free = c["gpu_free"][:n, :width].copy()
+        self.gpu_total = kernels.row_totals(self.gpu_free)
+        self.gpu_count, self.model = c["gpu_count"][:n], c["model"][:n]
+        self.usage = {k: list(v) for k, v in state.usage.items()}
+        self.policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
+        self.shapes = shape_matrix(state)
+        up = c["status"][:n] == NodeStatus.UP
+        cells = c["cell"][:n]
+        up_cells = cells[up]
+        if up_cells.size and up_cells.min() >= 0:  # (cell ids are dense: counting beats sorting)
+            self.cells = tuple(np.flatnonzero(np.bincount(up_cells)).tolist())
+        else:
+            self.cells = tuple(sorted({int(x) for x in np.unique(up_cells).tolist()}))
+        self.up_by_cell = {cell: np.flatnonzero(up & (cells == cell)).astype(np.int64) for cell in self.cells}
+        self.reserved = np.zeros(n, dtype=np.bool_)
+        self.reservations: list[tuple[int, int, int]] = []  # (job, cell, start_ms)
+        self.no_domain = np.zeros(n, dtype=np.int32)
+        self.failed: dict[int, Outcome] = {}  # job key id -> the outcome every such job gets
+        self.key_of = np.zeros(0, dtype=np.int64)  # job row -> key id, for this call's pending jobs
+        self.victims: set[int] = set()
+        self.decisions: list[Decision] = []
+        self.node_names: dict[int, str] = {}
+        self.eligible: dict[tuple[tuple[int, ...], int, int], bool] = {}  # see explain.eligible_exists
+        self._running: Array | None = None
+        self._lowest: int | None = None
+        self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
+        self.memos = Memos(n, max(1, min(MAX_MEMOS, MEMO_ROWS // max(1, n))))
+        self._floor_table: Array | None = None
+        self._fleet: Fleet | None = None
+        self._run_buffer: Array | None = None
+        self.swapped = False  # free capacity was swapped for a trial: nothing is kept for the next call
+
+    def adopt(self, kept: MemoCache | None) -> None:
+        """Reuse what an earlier call remembered, for the nodes whose free capacity (and GPU
+        count and model) are still exactly what it was learned on; the others get a new version."""
+        if kept is None or kept.key != self.memo_key():
+            return
+        self.node_version = kernels.versions_after(
+            kept.node_version,
+            kept.cpu_free,
+            self.cpu_free,
+            kept.mem_free,
+            self.mem_free,
+            kept.gpu_free,
+            self.gpu_free,
+            kept.gpu_count,
+            self.gpu_count,
+            kept.model,
+            self.model,
+        )
+        self.memos = kept.memos
+
+    def keep(self) -> MemoCache | None:
+        """What this call remembered, with the free capacity it holds for."""
+        if self.swapped or not self.memos.slots:
+            return None
+        return MemoCache(self, self.memo_key())
+
+    def memo_key(self) -> tuple[object, ...]:
+        return (self.policy_id, self.shapes.tobytes(), self.shapes.shape, self.gpu_free.shape)
+
+    def take(self, node: int, mask: np.uint64 | int, cpu: int, mem: int, milli: int, sign: int) -> None:
+        """Take (sign -1) or give back (+1) a task's resources in the working copy (what
+        ``kernels.allocate`` does, without a kernel call's argument unboxing)."""
+        self.cpu_free[node] += sign * cpu
+        self.mem_free[node] += sign * mem
+        gpus = mask_gpus(int(mask))
+        row = self.gpu_free[node]
+        for g in gpus:  # scalar stores: several times cheaper than one fancy-indexed store
+            row[g] += sign * milli
+        self.gpu_total[node] += sign * milli * len(gpus)
+        self.node_version[node] += 1
+
+    def memo(self, shape: Shape) -> Array:
+        """The remembered node evaluations of one task shape (see ``kernels.best_node_memo``)."""
+        return self.memos.rows(shape)
+
+    def run_buffer(self) -> Array:
+        """``kernels.place_run``'s work buffer, made once per call."""
+        if self._run_buffer is None:
+            self._run_buffer = np.empty((self.node_version.size, 3), dtype=np.int64)
+        return self._run_buffer
+
+    def fleet(self) -> Fleet:
+        """The node shapes :mod:`fleetlog.core.fit` judges "never fits" on, taken once per call."""
+        if self._fleet is None:
+            self._fleet = fleet_of(self.state)
+        return self._fleet
+
+    def floor_table(self) -> Array:
+        """``kernels.floor_table`` of this call's shape mix, made once."""
+        if self._floor_table is None:
+            self._floor_table = kernels.floor_table(self.shapes)
+        return self._floor_table
+
+    def swap_free(self, free: tuple[Array, Array, Array, Array]) -> tuple[Array, Array, Array, Array]:
+        """Install another working copy of free capacity; return the one it replaces."""
+        old = (self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total)
+        self.cpu_free, self.mem_free, self.gpu_free, self.gpu_total = free
+        self.memos.clear()
+        self.swapped = True
+        return old
+
+    def running(self) -> Array:
+        """Rows of running jobs (as of the state; this call's evictions are filtered later)."""
+        if self._running is None:
+            self._running = np.flatnonzero(self.state.jobs.view("state") == JobState.RUNNING)
+        return self._running
+
+    def lowest_running_priority(self) -> int:
+        if self._lowest is None:  # (as of the state, like ``running``)
+            running = self.running()
+            self._lowest = int(self.state.jobs.cols["priority"][running].min()) if running.size else NO_LIMIT
+        return self._lowest
+
+    def node_name(self, row: int) -> str:
+        name = self.node_names.get(row)
+        if name is None:
+            name = self.node_names[row] = self.state.node_name(row)
+        return name
+
+    def candidates(self, cell: int, backfill: bool) -> Array:
+        """Up nodes of ``cell``; reserved ones only for a job that may backfill."""
+        nodes = self.up_by_cell.get(cell)
+        if nodes is None:
+            return np.zeros(0, dtype=np.int64)
+        return nodes if backfill or not self.reservations else nodes[~self.reserved[nodes]]
+
+
+class MemoCache:
+    """Node scores one ``decide`` call remembered (per task shape), the node versions they
+    were taken at, and the free capacity those versions stand for at the end of the call."""
+
+    __slots__ = ("cpu_free", "gpu_count", "gpu_free", "key", "mem_free", "memos", "model", "node_version")
+
+    def __init__(self, sc: Scratch, key: tuple[object, ...]) -> None:
+        self.key, self.memos, self.node_version = key, sc.memos, sc.node_version
+        self.cpu_free, self.mem_free, self.gpu_free = sc.cpu_free, sc.mem_free, sc.gpu_free
+        self.gpu_count, self.model = sc.gpu_count.copy(), sc.model.copy()  # (views of the state)
+
+
+def shape_matrix(state: State) -> Array:
+    """The shape mix FGD scores against as rows (gpus, milli, mean cpu, count), most common
+    first (taken from the recent task shapes by fold: :func:`fleetlog.core.fold.take_shape_mix`)."""
+    return np.array(state.shape_mix, dtype=np.int64).reshape(len(state.shape_mix), 4)
+
+
+def job_name(state: State, job: int) -> str:
+    return state.names["job"].names[job]
