@@ -1,5 +1,5 @@
-"""The shape of the code, locked in (issue 16): no function in ``fleetlog/`` is longer than
-:data:`MAX_FUNCTION_LINES` lines — a longer one is a step that wants its own function."""
+"""The shape of the code, locked in (issue 16): no import cycle in ``fleetlog/``, and no function
+longer than :data:`MAX_FUNCTION_LINES` lines — a longer one is a step that wants its own function."""
 
 from __future__ import annotations
 
@@ -37,3 +37,17 @@ def test_the_checker_counts_from_def_to_the_last_line() -> None:
     assert long_functions(over, "m.py") == [f"m.py:2 f ({MAX_FUNCTION_LINES + 1} lines)"]
     assert long_functions("async def g():\n" + body + "\n    return 1\n", "m.py") == [
         f"m.py:1 g ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_no_import_cycle_anywhere_in_fleetlog() -> None:
+    """Imports go one way across the whole package, lazy and TYPE_CHECKING imports included: a
+    cycle is two modules that can only be understood, tested and moved together (the core's
+    own layering is tests/core/test_layers.py)."""
+    import grimp
+
+    from tests.core.test_layers import cycles
+
+    graph = grimp.build_graph("fleetlog", cache_dir=None)
+    modules = set(graph.modules)
+    assert len(modules) > 50
+    assert cycles({m: graph.find_modules_directly_imported_by(m) & modules for m in sorted(modules)}) == []
