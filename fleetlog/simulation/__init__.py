@@ -12,7 +12,8 @@ experiment around it: inputs, the discrete-event loop, measures and reports.
 - :mod:`.modes` — ``inflate`` (the FGD paper's protocol) and ``replay`` (trace times).
 - :mod:`.driver` — the discrete-event loop that drives the injected scheduler; :mod:`.runner` —
   one seeded run end to end; :mod:`.report` — summary JSON and PNG plot; :mod:`.command` —
-  ``fleetlog simulate``.
+  ``fleetlog simulate``; :mod:`.metrics` — the recorder: what the simulated world saw happen to
+  each job.
 
 The scheduler is injected (a ``SchedulerFactory``): this package never imports the core, nor a
 real backend. ``replay`` uses it (and the simulated cell), not the other way round.
@@ -20,6 +21,7 @@ real backend. ``replay`` uses it (and the simulated cell), not the other way rou
 
 from fleetlog.simulation.clusters import load_cluster
 from fleetlog.simulation.driver import Scheduler, SchedulerFactory, Simulation
+from fleetlog.simulation.metrics import Recorder
 from fleetlog.simulation.modes import Mode, arrivals, parse_mode
 from fleetlog.simulation.report import RunSummary, aggregate, write_report
 from fleetlog.simulation.runner import RunConfig, run_simulation
@@ -29,6 +31,7 @@ from fleetlog.simulation.workload import JobSpec, Workload, load_workload
 __all__ = [
     "JobSpec",
     "Mode",
+    "Recorder",
     "RunConfig",
     "RunSummary",
     "Scheduler",

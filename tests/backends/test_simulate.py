@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from fleetlog.backends.simulated import VirtualClock
-from fleetlog.backends.simulated.metrics import JobStatus
 from fleetlog.core.policy import policy_named
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskFinished
 from fleetlog.log.base import INPUTS
@@ -29,6 +28,7 @@ from fleetlog.simulation import (
     run_simulation,
 )
 from fleetlog.simulation.clusters import read_node_list
+from fleetlog.simulation.metrics import JobStatus
 from fleetlog.simulation.workload import read_pod_list
 from tests.backends.helpers import (
     POD_HEADER,
