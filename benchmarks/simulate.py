@@ -44,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_smoke, emit, machine
-from fleetlog.backends.simulated import (
+from fleetlog.core.policy import policy_named
+from fleetlog.service.loop import LoopConfig, SchedulerLoop
+from fleetlog.simulation import (
     RunConfig,
     RunSummary,
     SchedulerFactory,
@@ -53,8 +55,6 @@ from fleetlog.backends.simulated import (
     parse_mode,
     run_simulation,
 )
-from fleetlog.core.policy import policy_named
-from fleetlog.service.loop import LoopConfig, SchedulerLoop
 
 OPENB = Path("shared") / "traces" / "alibaba-gpu-v2023-openb" / "csv"
 DEFAULT_TRACES = "/work/shared/traces/alibaba-gpu-v2023-openb/csv"
@@ -201,7 +201,7 @@ def throughput(traces: Path, quick: bool, repeats: int, extra: str = "") -> dict
 def timed_run(traces: Path, policy: str, mode: str) -> tuple[RunSummary, float]:
     """One inflate run of openb default through the file log, and the process CPU seconds of
     its simulation (the workload is loaded, and the log directory made, outside the count)."""
-    from fleetlog.backends.simulated import driver
+    from fleetlog.simulation import driver
 
     run_cpu: list[float] = []
     original = driver.Simulation.run
@@ -257,13 +257,14 @@ class Timer:
 @contextmanager
 def patched(timer: Timer) -> Iterator[None]:
     """Wrap the loop's collaborators (module attributes, restored afterwards)."""
-    from fleetlog.backends.simulated import backend, driver
+    from fleetlog.backends.simulated import backend
     from fleetlog.core import decide as decide_mod
     from fleetlog.core import kernels
     from fleetlog.core import scratch as scratch_mod
     from fleetlog.log import consumer
     from fleetlog.log.file import FileLogStore
     from fleetlog.service import loop as loop_mod
+    from fleetlog.simulation import driver
 
     targets = [
         (loop_mod, "fold_many", "fold inputs"),

@@ -109,15 +109,15 @@ def _print_demo(result: Any) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Simulated cells on a virtual clock drive the real scheduling loop over the file log."""
-    from fleetlog.backends.simulated.command import Options, simulate
-    from fleetlog.backends.simulated.modes import parse_mode
-    from fleetlog.backends.simulated.spec import SimulationInputError
     from fleetlog.core.policy import UnknownPolicyError, policy_named
     from fleetlog.kernel_warmup import warm_kernels
     from fleetlog.log.base import LogStore
     from fleetlog.replay.summary import measure_store
     from fleetlog.service.loop import LoopConfig, SchedulerLoop
     from fleetlog.service.service import warm_up
+    from fleetlog.simulation.command import Options, simulate
+    from fleetlog.simulation.modes import parse_mode
+    from fleetlog.simulation.spec import SimulationInputError
 
     log_dir, replace_log = _replaces(args.log, SIMULATE_LOG, args.force)
     report_dir, replace_report = _replaces(args.report, SIMULATE_REPORT, args.force)

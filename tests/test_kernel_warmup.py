@@ -22,7 +22,7 @@ JIT_OFF = bool(numba.config.DISABLE_JIT)  # type: ignore[attr-defined]
 COVERAGE = """
 import asyncio, json, sys
 from numba.core.registry import CPUDispatcher
-from fleetlog.backends.simulated import RunConfig, load_cluster, load_workload, parse_mode, run_simulation
+from fleetlog.simulation import RunConfig, load_cluster, load_workload, parse_mode, run_simulation
 from fleetlog.core import digest, invariants, kernels
 from fleetlog.core.policy import policy_named
 from fleetlog.service.loop import LoopConfig, SchedulerLoop

@@ -8,7 +8,6 @@ responder sees at once where a run stopped being reproducible, and what it had j
 
 from __future__ import annotations
 
-from fleetlog.backends.simulated.driver import long_lived_frozen
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.log.base import LogStore
 from fleetlog.replay.engine import Start
@@ -22,6 +21,7 @@ from fleetlog.replay.stretch import (
     VerifyReport,
     verify_stretch,
 )
+from fleetlog.simulation.driver import long_lived_frozen
 
 __all__ = [
     "SHOWN_INPUTS",

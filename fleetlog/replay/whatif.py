@@ -21,7 +21,6 @@ from fleetlog.backends.simulated import (
     CellBehaviour,
     Cluster,
     NodeSpec,
-    Recorder,
     SimulatedCell,
     Timers,
     VirtualClock,
@@ -47,6 +46,7 @@ from fleetlog.log.base import INPUTS
 from fleetlog.replay.engine import Start, replay
 from fleetlog.replay.observe import Measures
 from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset, instants
+from fleetlog.simulation.metrics import Recorder
 
 _OBSERVATIONS = (TaskStarted, TaskFinished, TaskFailed)
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import msgspec
 
-from fleetlog.backends.simulated import SchedulerFactory
 from fleetlog.core.policy import policy_named
 from fleetlog.events import DecisionBatch, Event, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, decode
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import decision_batches
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
+from fleetlog.simulation import SchedulerFactory
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model"
 POD_HEADER = (

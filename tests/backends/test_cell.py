@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from fleetlog.backends.simulated import CellBehaviour, Cluster, NodeSpec, Recorder, SimulatedCell, Timers
+from fleetlog.backends.simulated import CellBehaviour, Cluster, NodeSpec, SimulatedCell, Timers
 from fleetlog.backends.simulated.clock import VirtualClock
-from fleetlog.backends.simulated.metrics import JobStatus
 from fleetlog.events import (
     DecisionBatch,
     JobPlaced,
@@ -27,6 +26,7 @@ from fleetlog.events import (
 from fleetlog.events.model import Decision
 from fleetlog.log.base import DECISIONS, INPUTS, Message
 from fleetlog.log.memory import MemoryLogStore
+from fleetlog.simulation.metrics import JobStatus, Recorder
 from tests.backends.helpers import inputs
 
 HEARTBEAT_MS = 10_000

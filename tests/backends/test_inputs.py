@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetlog.backends.simulated import (
+from fleetlog.simulation import (
     SpecError,
     TraceError,
     arrivals,
@@ -15,7 +15,7 @@ from fleetlog.backends.simulated import (
     load_workload,
     parse_mode,
 )
-from fleetlog.backends.simulated.durations import PHILLY_QUANTILES, load_durations, quantile_runtime
+from fleetlog.simulation.durations import PHILLY_QUANTILES, load_durations, quantile_runtime
 from tests.backends.helpers import NODE_HEADER, POD_HEADER, nodes_csv, pod, write_csv
 
 NODE_CASES = [  # (id, lines after the header, wanted message)

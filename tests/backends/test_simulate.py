@@ -8,20 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleetlog.backends.simulated import (
-    Mode,
-    RunConfig,
-    Simulation,
-    VirtualClock,
-    arrivals,
-    load_cluster,
-    load_workload,
-    parse_mode,
-    run_simulation,
-)
-from fleetlog.backends.simulated.cluster import read_node_list
-from fleetlog.backends.simulated.metrics import JobStatus
-from fleetlog.backends.simulated.workload import read_pod_list
+from fleetlog.backends.simulated import VirtualClock
 from fleetlog.core.policy import policy_named
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskFinished
 from fleetlog.log.base import INPUTS
@@ -30,6 +17,19 @@ from fleetlog.log.memory import MemoryLogStore
 from fleetlog.replay.summary import measure_store
 from fleetlog.replay.verify import verify
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
+from fleetlog.simulation import (
+    Mode,
+    RunConfig,
+    Simulation,
+    arrivals,
+    load_cluster,
+    load_workload,
+    parse_mode,
+    run_simulation,
+)
+from fleetlog.simulation.clusters import read_node_list
+from fleetlog.simulation.metrics import JobStatus
+from fleetlog.simulation.workload import read_pod_list
 from tests.backends.helpers import (
     POD_HEADER,
     decisions,

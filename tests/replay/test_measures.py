@@ -13,16 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fleetlog.backends.simulated import (
-    RunConfig,
-    Simulation,
-    arrivals,
-    load_cluster,
-    load_workload,
-    parse_mode,
-)
 from fleetlog.backends.simulated.clock import VirtualClock
-from fleetlog.backends.simulated.driver import open_store
 from fleetlog.cli import main
 from fleetlog.core.policy import policy_named
 from fleetlog.events import Event, TaskFinished, TaskPreempted, TaskStarted, encode, envelope
@@ -34,6 +25,15 @@ from fleetlog.replay import source
 from fleetlog.replay.source import Source
 from fleetlog.replay.summary import measure, measure_store
 from fleetlog.service.loop import SchedulerLoop
+from fleetlog.simulation import (
+    RunConfig,
+    Simulation,
+    arrivals,
+    load_cluster,
+    load_workload,
+    parse_mode,
+)
+from fleetlog.simulation.driver import open_store
 from tests.core.builders import job, node
 
 BUSY_CLUSTER = "synthetic?nodes=6&hosts_per_rack=2&mtbf_h=2&mttr_s=600"

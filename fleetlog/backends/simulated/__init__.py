@@ -1,53 +1,26 @@
-"""Simulated cells on a virtual clock, driving the real scheduling loop through the logs.
+"""The simulated cell: a backend on a virtual clock that acts only through the logs.
 
-- :mod:`.cluster` — cells from a spec: synthetic shapes in a block/rack/host topology, or an
-  openb node-list CSV; the cell's behaviour (heartbeats, start delays, failures).
-- :mod:`.workload` — jobs from an openb pod-list CSV or a seeded generator; :mod:`.durations`
-  — Philly runtimes.
-- :mod:`.modes` — ``inflate`` (the FGD paper's protocol) and ``replay`` (trace times).
-- :mod:`.backend` — the simulated cell: decisions in, observations out, only through the logs.
-- :mod:`.driver` — the discrete-event loop that drives the injected scheduler; :mod:`.runner` —
-  one seeded run end to end; :mod:`.report` — summary JSON and PNG plot.
+- :mod:`.backend` — the simulated cell: decisions in, observations out, only through the logs;
+  what it does to each job it tells an :class:`~.backend.Observer` (a simulation's recorder).
+- :mod:`.cluster` — the cell's nodes and behaviour (heartbeats, start delays, failures).
+- :mod:`.clock` — the virtual clock and the timers the cell's effects wait on.
 
-The scheduler is injected (a ``SchedulerFactory``): this package never imports the core.
+What drives the cell (workloads, the discrete-event driver, modes, reports, ``fleetlog
+simulate``) is the harness, :mod:`fleetlog.simulation`; this package never imports it (the
+harness and ``replay what-if`` both run this cell). It never imports the core either.
 """
 
-from fleetlog.backends.simulated.backend import SimulatedCell
+from fleetlog.backends.simulated.backend import Observer, SimulatedCell
 from fleetlog.backends.simulated.clock import Emitted, Timers, VirtualClock
-from fleetlog.backends.simulated.cluster import CellBehaviour, Cluster, NodeSpec, load_cluster
-from fleetlog.backends.simulated.driver import Scheduler, SchedulerFactory, Simulation
-from fleetlog.backends.simulated.metrics import Recorder
-from fleetlog.backends.simulated.modes import Mode, arrivals, parse_mode
-from fleetlog.backends.simulated.report import RunSummary, aggregate, write_report
-from fleetlog.backends.simulated.runner import RunConfig, run_simulation
-from fleetlog.backends.simulated.spec import SimulationInputError, SpecError, TraceError
-from fleetlog.backends.simulated.workload import JobSpec, Workload, load_workload
+from fleetlog.backends.simulated.cluster import CellBehaviour, Cluster, NodeSpec
 
 __all__ = [
     "CellBehaviour",
     "Cluster",
     "Emitted",
-    "JobSpec",
-    "Mode",
     "NodeSpec",
-    "Recorder",
-    "RunConfig",
-    "RunSummary",
-    "Scheduler",
-    "SchedulerFactory",
+    "Observer",
     "SimulatedCell",
-    "Simulation",
-    "SimulationInputError",
-    "SpecError",
     "Timers",
-    "TraceError",
     "VirtualClock",
-    "Workload",
-    "aggregate",
-    "arrivals",
-    "load_cluster",
-    "load_workload",
-    "parse_mode",
-    "run_simulation",
-    "write_report",
 ]

@@ -12,11 +12,10 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from fleetlog.backends.simulated.clock import Agenda, Emitted, Timers
 from fleetlog.backends.simulated.cluster import Cluster, NodeSpec
-from fleetlog.backends.simulated.metrics import Recorder
 from fleetlog.events import (
     Event,
     JobPending,
@@ -60,10 +59,23 @@ def message(event: Event) -> Message:
     return Message(encode(envelope(event, PRODUCER)))
 
 
+class Observer(Protocol):
+    """What the cell tells of each job as it acts, for a simulation's measures (the harness's
+    :class:`fleetlog.simulation.metrics.Recorder`): a port, so the cell never imports its harness."""
+
+    node_failures: int
+    node_recoveries: int
+
+    def placed(self, job_id: str, now_ms: int, allocated_milli: int) -> None: ...
+    def rejected(self, job_id: str, allocated_milli: int) -> None: ...
+    def stopped(self, job_id: str, preempted: bool) -> None: ...
+    def finished(self, job_id: str) -> None: ...
+
+
 class SimulatedCell:
     """One simulated cell. ``register`` tells it how long a job runs; ``consume`` reads decisions."""
 
-    def __init__(self, cluster: Cluster, timers: Timers, seed: int, recorder: Recorder) -> None:
+    def __init__(self, cluster: Cluster, timers: Timers, seed: int, recorder: Observer) -> None:
         self.cluster, self.timers, self.recorder = cluster, timers, recorder
         self.behaviour = cluster.behaviour
         self.starts = random.Random(f"fleetlog-sim/{seed}/starts")

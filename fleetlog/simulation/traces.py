@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from fleetlog.backends.simulated.spec import SpecError
+from fleetlog.simulation.spec import SpecError
 
 TRACES_ENV: Final = "FLEETLOG_TRACES"
 OPENB_DIR: Final = Path("traces", "alibaba-gpu-v2023-openb", "csv")

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from fleetlog.backends.simulated.csvfile import read_rows
-from fleetlog.backends.simulated.spec import TraceError
-from fleetlog.backends.simulated.traces import philly_file
+from fleetlog.simulation.csvfile import read_rows
+from fleetlog.simulation.spec import TraceError
+from fleetlog.simulation.traces import philly_file
 
 PHILLY_QUANTILES: Final = (
     (0.0, 0.0),

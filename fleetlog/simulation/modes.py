@@ -18,8 +18,8 @@ from typing import Final, Literal
 import msgspec
 
 from fleetlog.backends.simulated.cluster import Cluster
-from fleetlog.backends.simulated.spec import SpecError, parse_spec
-from fleetlog.backends.simulated.workload import JobSpec, Workload
+from fleetlog.simulation.spec import SpecError, parse_spec
+from fleetlog.simulation.workload import JobSpec, Workload
 
 MODES: Final = ("inflate", "replay")
 INFLATE_PARAMS: Final = ("ratio", "order", "batch")

@@ -10,7 +10,9 @@ from typing import Final
 
 from fleetlog.backends.simulated.clock import VirtualClock
 from fleetlog.backends.simulated.cluster import Cluster
-from fleetlog.backends.simulated.driver import (
+from fleetlog.log.base import LogStore
+from fleetlog.log.logdir import prepare_log_dir
+from fleetlog.simulation.driver import (
     Progress,
     SchedulerFactory,
     Simulation,
@@ -18,12 +20,10 @@ from fleetlog.backends.simulated.driver import (
     open_store,
     setup_messages,
 )
-from fleetlog.backends.simulated.modes import Mode, arrivals
-from fleetlog.backends.simulated.report import Measured, RunSummary, summarise
-from fleetlog.backends.simulated.spec import SpecError
-from fleetlog.backends.simulated.workload import Workload
-from fleetlog.log.base import LogStore
-from fleetlog.log.logdir import prepare_log_dir
+from fleetlog.simulation.modes import Mode, arrivals
+from fleetlog.simulation.report import Measured, RunSummary, summarise
+from fleetlog.simulation.spec import SpecError
+from fleetlog.simulation.workload import Workload
 
 Measurer = Callable[[LogStore], Awaitable[Measured]]
 """The shared measures of a run's log store (``fleetlog.replay.summary.measure_store``, injected)."""

@@ -22,13 +22,13 @@ from typing import Protocol
 from fleetlog.backends.simulated.backend import PRODUCER, Runtime, SimulatedCell, runtime
 from fleetlog.backends.simulated.clock import Emitted, Timers, VirtualClock
 from fleetlog.backends.simulated.cluster import Cluster
-from fleetlog.backends.simulated.metrics import PENDING, RUNNING, Recorder
-from fleetlog.backends.simulated.modes import Mode
-from fleetlog.backends.simulated.workload import JobSpec, Workload
 from fleetlog.events import encode, envelope
 from fleetlog.log.base import INPUTS, LogStore, Message
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.memory import MemoryLogStore
+from fleetlog.simulation.metrics import PENDING, RUNNING, Recorder
+from fleetlog.simulation.modes import Mode
+from fleetlog.simulation.workload import JobSpec, Workload
 
 
 class Scheduler(Protocol):

@@ -13,8 +13,8 @@ import msgspec
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fleetlog.backends.simulated.metrics import JobStatus, Recorder, Sample
 from fleetlog.measures import PCT_DIGITS, fmt_pct, pct
+from fleetlog.simulation.metrics import JobStatus, Recorder, Sample
 
 CURVE_STEP_PCT: Final = 1.0
 MAX_TIMELINE_POINTS: Final = 400

@@ -20,18 +20,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fleetlog.backends.simulated.cluster import Cluster, load_cluster
-from fleetlog.backends.simulated.driver import SchedulerFactory, Stop
-from fleetlog.backends.simulated.modes import Mode
-from fleetlog.backends.simulated.report import MEAN_FIELDS, RunSummary, aggregate, write_report
-from fleetlog.backends.simulated.runner import Measurer, RunConfig, is_seed_dir, run_simulation
-from fleetlog.backends.simulated.spec import SimulationInputError
-from fleetlog.backends.simulated.workload import load_workload
+from fleetlog.backends.simulated.cluster import Cluster
 from fleetlog.display import console
 from fleetlog.log.base import LogError
 from fleetlog.log.logdir import check_overwrite, prepare_log_dir
 from fleetlog.measures import ROWS as SHARED_ROWS
 from fleetlog.measures import fmt_count, fmt_pct
+from fleetlog.simulation.clusters import load_cluster
+from fleetlog.simulation.driver import SchedulerFactory, Stop
+from fleetlog.simulation.modes import Mode
+from fleetlog.simulation.report import MEAN_FIELDS, RunSummary, aggregate, write_report
+from fleetlog.simulation.runner import Measurer, RunConfig, is_seed_dir, run_simulation
+from fleetlog.simulation.spec import SimulationInputError
+from fleetlog.simulation.workload import load_workload
 
 
 @dataclass(frozen=True)

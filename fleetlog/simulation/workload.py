@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from fleetlog.backends.simulated.cluster import MAX_GPUS_PER_NODE, Cluster
-from fleetlog.backends.simulated.csvfile import Row, read_rows
-from fleetlog.backends.simulated.durations import load_durations
-from fleetlog.backends.simulated.spec import Spec, SpecError, TraceError, looks_like_path, parse_spec
-from fleetlog.backends.simulated.traces import openb_file
+from fleetlog.backends.simulated.cluster import Cluster
 from fleetlog.events import InputEvent, JobSubmitted, QuotaSet, Resources, TaskGroup
 from fleetlog.events.model import TopologyLevel
+from fleetlog.simulation.clusters import MAX_GPUS_PER_NODE
+from fleetlog.simulation.csvfile import Row, read_rows
+from fleetlog.simulation.durations import load_durations
+from fleetlog.simulation.spec import Spec, SpecError, TraceError, looks_like_path, parse_spec
+from fleetlog.simulation.traces import openb_file
 
 POD_COLUMNS: Final = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 TIME_COLUMNS: Final = ("creation_time", "deletion_time", "scheduled_time")

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetlog.backends.simulated.spec import TraceError
+from fleetlog.simulation.spec import TraceError
 
 MAX_INT = 1 << 53
 
