@@ -59,7 +59,7 @@ from fleetlog.events.model import (
     TopologyLevel,
 )
 from fleetlog.events.spec import same_submission, spec_differences, submission_spec
-from fleetlog.log.base import INPUTS, LogError, LogStore, Message
+from fleetlog.log.base import INPUTS, LogError, LogStore, Message, chunks
 from fleetlog.log.discovery import running_service
 from fleetlog.log.file import FileLogStore, HandOverError, LockedError
 from fleetlog.log.location import Located, make_store
@@ -407,12 +407,8 @@ async def _logged_jobs(store: LogStore, ids: Sequence[str]
     cancels: dict[str, int] = {}
     if not ids:
         return submits, cancels
-    log, needles, offset, wanted = store.log(INPUTS), [i.encode() for i in ids], 0, frozenset(ids)
-    end = await log.end_offset()
-    while offset < end:
-        records = await log.read(offset, SCAN_BATCH)
-        if not records:
-            break
+    needles, wanted = [i.encode() for i in ids], frozenset(ids)
+    async for records in chunks(store.log(INPUTS), 0, SCAN_BATCH):
         for record in records:
             kind = record.header(CONTENT_TYPE_HEADER) if record.headers else None
             if kind in (None, MSGPACK) and not any(n in record.value for n in needles):
@@ -425,7 +421,6 @@ async def _logged_jobs(store: LogStore, ids: Sequence[str]
                 submits.setdefault(event.job_id, (record.offset, event))
             elif isinstance(event, JobCancelled) and event.job_id in submits:
                 cancels.setdefault(event.job_id, record.offset)
-        offset = records[-1].offset + 1
     return submits, cancels
 
 

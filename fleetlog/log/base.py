@@ -18,7 +18,7 @@ crash :meth:`LogStore.committed_offset` says where to resume.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Final, TypeVar
 
 import msgspec
@@ -149,3 +149,15 @@ class LogStore(abc.ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def chunks(log: Log, start: int = 0, max_records: int = 10_000) -> AsyncIterator[list[Record]]:
+    """The records of ``log`` from ``start`` to its end as it is when the scan starts, a read at a
+    time (for a scan of a whole log: the direct submit's duplicate check, a job's dead letters)."""
+    end = await log.end_offset()
+    while start < end:
+        records = await log.read(start, max_records)
+        if not records:
+            return
+        yield records
+        start = records[-1].offset + 1

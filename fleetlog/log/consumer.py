@@ -34,6 +34,7 @@ from fleetlog.log.base import (
     LogStore,
     Message,
     Record,
+    chunks,
 )
 
 REASON_HEADER: Final = "fleetlog-dead-letter-reason"
@@ -241,19 +242,13 @@ class Parked(msgspec.Struct, frozen=True):
 async def parked_for_job(store: LogStore, job_id: str, dead_letters: str = DEAD_LETTERS) -> Parked | None:
     """The newest dead-lettered record about ``job_id`` (its key ``submit/JOB``/``cancel/JOB``, or
     an ``event.job_id`` in bytes that still parse as JSON or msgpack), ``None`` if there is none."""
-    log, offset, found = store.log(dead_letters), 0, None
-    end = await log.end_offset()
-    needle = job_id.encode()
-    while offset < end:
-        records = await log.read(offset, 10_000)
-        if not records:
-            break
+    found, needle = None, job_id.encode()
+    async for records in chunks(store.log(dead_letters)):
         for record in records:
             mentioned = needle in record.value or needle in (record.key or b"")
             if mentioned and (record.key in (b"submit/" + needle, b"cancel/" + needle)
                               or _names_job(record, job_id)):
                 found = record
-        offset = records[-1].offset + 1
     if found is None:
         return None
     text = {name: (found.header(name) or b"").decode("utf-8", "replace")

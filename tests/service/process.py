@@ -60,12 +60,7 @@ class ServiceProcess:
         raise AssertionError(f"service did not start in {timeout_s}s:\n{self.tail()}")
 
     def health(self) -> dict[str, Any] | None:
-        try:
-            with urllib.request.urlopen(f"http://{self.address()}/healthz", timeout=5) as r:
-                result: dict[str, Any] = json.loads(r.read())
-                return result
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return None
+        return health_at(self.address())
 
     def wait_leading(self, timeout_s: float = 60, past: int = -1) -> dict[str, Any]:
         """Wait until this process leads (and has folded past input offset ``past``)."""
@@ -106,3 +101,13 @@ class ServiceProcess:
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def health_at(address: str) -> dict[str, Any] | None:
+    """The ``/healthz`` answer of the service at ``host:port``; ``None`` if nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=5) as r:
+            result: dict[str, Any] = json.loads(r.read())
+            return result
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None

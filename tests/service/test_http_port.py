@@ -24,7 +24,7 @@ import pytest
 from fleetlog.events import encode, envelope
 from tests.core.builders import job, node
 from tests.kafka_broker import free_port
-from tests.service.process import REPO, ServiceProcess
+from tests.service.process import REPO, ServiceProcess, health_at
 
 ENV = {"FLEETLOG_SERVICE_IDLE_WAIT_MS": "20", "FLEETLOG_LOG_FSYNC": "never"}
 
@@ -38,12 +38,7 @@ def processes() -> Iterator[list[ServiceProcess]]:
 
 
 def health(port: int) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-            found: dict[str, Any] = json.loads(r.read())
-            return found
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return None
+    return health_at(f"127.0.0.1:{port}")
 
 
 def wait_for(what: str, proc: ServiceProcess, check: Any, timeout_s: float = 90) -> Any:
