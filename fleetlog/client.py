@@ -41,6 +41,7 @@ from fleetlog.events.codec import (
     decode,
     encode,
     envelope,
+    may_mention,
 )
 from fleetlog.events.model import (
     INPUT_TYPES,
@@ -402,7 +403,7 @@ async def _logged_jobs(store: LogStore, ids: Sequence[str]
                        ) -> tuple[dict[str, tuple[int, JobSubmitted]], dict[str, int]]:
     """The first submission of each of ``ids`` in the inputs log (offset, event), and the
     offset of the first cancel that follows it — what the fold takes.  A record is decoded only
-    if it holds one of the ids' bytes (or is not msgpack, whose strings are stored as is)."""
+    if it may mention one of the ids (:func:`fleetlog.events.codec.may_mention`)."""
     submits: dict[str, tuple[int, JobSubmitted]] = {}
     cancels: dict[str, int] = {}
     if not ids:
@@ -411,7 +412,7 @@ async def _logged_jobs(store: LogStore, ids: Sequence[str]
     async for records in chunks(store.log(INPUTS), 0, SCAN_BATCH):
         for record in records:
             kind = record.header(CONTENT_TYPE_HEADER) if record.headers else None
-            if kind in (None, MSGPACK) and not any(n in record.value for n in needles):
+            if not may_mention(record.value, kind, needles):
                 continue
             try:
                 event = decode(record.value, kind).event

@@ -172,6 +172,19 @@ def format_of(content_type: bytes | None, data: bytes = b"") -> Format:
     return "json"
 
 
+def may_mention(data: bytes, content_type: bytes | None, needles: Sequence[bytes]) -> bool:
+    """Whether a record may hold one of ``needles`` (UTF-8 ids) — a pre-filter before a decode.
+    Msgpack stores a string's bytes as they are, so a byte test is exact there; JSON may escape
+    any character (``"j\\u00e9"`` is ``"jé"``), so a JSON record (or one of a format not known)
+    is always worth decoding."""
+    try:
+        if format_of(content_type, data) != "msgpack":
+            return True
+    except BadEventError:
+        return True  # the decode names what is wrong with it
+    return any(needle in data for needle in needles)
+
+
 def decode(data: bytes, content_type: bytes | None = None) -> Envelope:
     """Decode one envelope; raise a :class:`BadEventError` subclass saying what is wrong
     (and no other exception, whatever ``data`` holds)."""

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from fleetlog.core.state import CoreConfig, State
-from fleetlog.events.codec import BadEventError
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, may_mention
 from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
 from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record
@@ -130,15 +130,17 @@ async def read(store: LogStore, name: str, offset: int, limit: int = READ_CHUNK)
 async def mentioning(
     store: LogStore, job_id: str, progress: Progress | None = None
 ) -> AsyncIterator[Delivered]:
-    """The decodable input records whose bytes hold ``job_id``, in log order: a byte
-    pre-filter, so a job's story decodes only its own records (bad ones are skipped)."""
-    needle, consumer = job_id.encode(), EventConsumer(store)
+    """The decodable input records that may mention ``job_id``, in log order: a pre-filter
+    (:func:`~fleetlog.events.codec.may_mention`), so a job's story decodes little more than its own
+    records (bad ones are skipped)."""
+    needles, consumer = (job_id.encode(),), EventConsumer(store)
     end, at = await end_offset(store, INPUTS), 0
     while at < end:
         records = await read(store, INPUTS, at)
         if not records:
             break
-        for delivered in consumer.split([r for r in records if needle in r.value])[0]:
+        kept = [r for r in records if may_mention(r.value, r.header(CONTENT_TYPE_HEADER), needles)]
+        for delivered in consumer.split(kept)[0]:
             yield delivered
         at = records[-1].offset + 1
         if progress is not None:

@@ -67,3 +67,17 @@ async def test_the_consumer_delivers_header_less_json_instead_of_parking_it() ->
     assert [d.envelope.key for d in polled.events] == ["cancel/j1"]
     assert polled.dead_lettered == 1
     await store.close()
+
+
+def test_may_mention_decodes_any_json_and_byte_tests_only_msgpack() -> None:
+    """The pre-filter before a decode: exact for msgpack (strings stored as they are), always
+    "maybe" for JSON (an id may be spelled with escapes) and for a record of unknown format."""
+    from fleetlog.events.codec import may_mention
+
+    packed = encode(envelope(job(), "p"))
+    assert may_mention(packed, None, [b"job-1"])
+    assert not may_mention(packed, b"application/msgpack", [b"no-such-id"])
+    assert not may_mention(packed, None, [])
+    assert may_mention(b'{"event": {"job_id": "j\\u00e9"}}', None, [b"no-such-id"])
+    assert may_mention(b"{}", b"application/json; charset=utf-8", [b"x"])
+    assert may_mention(b"\x00", b"text/plain", [b"x"])  # its decode names the format

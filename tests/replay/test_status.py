@@ -176,3 +176,48 @@ def test_a_rejected_job_ended_when_it_was_rejected_and_never_ran(
     assert "placed_at_ms" not in found
     text = status_text(capsys, rejecting_log, "too-big")
     assert (text["ended at"], text["elapsed"], text["exit code"]) == ("2026-01-01T00:00:00Z", "-", "-")
+
+
+def _escaped_json(event: Event, with_header: bool) -> Message:
+    """``event`` as a producer in another language may write it: JSON with every non-ASCII
+    character escaped (``"j\\u00e9"``), with or without a content-type header."""
+    data = json.dumps(json.loads(encode(envelope(event, "java-producer"), "json")), ensure_ascii=True)
+    headers = (("content-type", b"application/json"),) if with_header else ()
+    return Message(data.encode(), headers=headers)
+
+
+@pytest.mark.parametrize("with_header", [True, False], ids=["header", "no-header"])
+def test_a_job_whose_id_a_json_producer_escaped_is_found(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, with_header: bool
+) -> None:
+    """The pre-filter that spares ``status`` a decode of every record must not hide a record
+    whose JSON spells the id with escapes; nor may the direct submit's duplicate check."""
+    import asyncio
+
+    async def write() -> None:
+        clock = ClockBox()
+        clock.now_ms = at(0)
+        store = FileLogStore(tmp_path / "log", clock=clock, fsync="never")
+        await store.open()
+        try:
+            started = TaskStarted(job_id="jé", task_index=0, node="n1")
+            events: list[Event] = [node("n1"), quota("t1", 16), job("jé"), started]
+            messages = [_escaped_json(e, with_header) for e in events]
+            assert b"\\u00e9" in messages[2].value
+            await store.log(INPUTS).append(messages)
+            loop = SchedulerLoop(store, Policy(), LoopConfig())
+            await loop.step()
+            clock.now_ms = at(30)
+            finished = TaskFinished(job_id="jé", task_index=0, exit_code=0)
+            await store.log(INPUTS).append([_escaped_json(finished, with_header)])
+            await loop.step()
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+    found = status_json(capsys, str(tmp_path / "log"), "jé")
+    assert found["state"] == "succeeded"
+    assert (found["placed_at_ms"], found["ended_at_ms"]) == (at(0), at(30))
+    code = main(["submit", "jé", "--tenant", "t2", "--log", str(tmp_path / "log")])
+    assert code == 1
+    assert "already exists with another spec" in capsys.readouterr().err
