@@ -46,7 +46,8 @@ from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.service.config import Config, ServiceSettings
 from fleetlog.service.loadgen import Load, batches
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
-from fleetlog.service.service import Service, recover, snapshot_store
+from fleetlog.service.service import Service
+from fleetlog.service.snapshots import recover, snapshot_store
 from tests.kafka_broker import KafkaBroker
 from tests.service.process import ServiceProcess
 

@@ -114,7 +114,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fleetlog.log.base import LogStore
     from fleetlog.replay.summary import measure_store
     from fleetlog.service.loop import LoopConfig, SchedulerLoop
-    from fleetlog.service.service import warm_up
+    from fleetlog.service.warmup import warm_up
     from fleetlog.simulation.command import Options, simulate
     from fleetlog.simulation.modes import parse_mode
     from fleetlog.simulation.spec import SimulationInputError

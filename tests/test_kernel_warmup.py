@@ -26,7 +26,7 @@ from fleetlog.simulation import RunConfig, load_cluster, load_workload, parse_mo
 from fleetlog.core import digest, invariants, kernels
 from fleetlog.core.policy import policy_named
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
-from fleetlog.service.service import warm_up
+from fleetlog.service.warmup import warm_up
 
 def compiled():
     return {f"{m.__name__}.{n}": {str(s) for s in f.signatures} for m in (kernels, digest, invariants)

@@ -19,6 +19,7 @@ from tenacity import (
     RetryCallState,
     RetryError,
     retry_if_exception_type,
+    retry_if_not_exception_type,
     wait_exponential_jitter,
 )
 
@@ -72,6 +73,64 @@ def where(exc: BaseException) -> tuple[str, int | None]:
     return "", None
 
 
+class Retrier:
+    """:func:`persist` as an object, for a call that runs long and can say part-way through that
+    it is well again (:meth:`recovered`): its next failure then backs off from the start, as
+    the first of a new run.  The service's lead-recover-serve cycle runs through here.
+
+    ``report(state, status, action)`` is told of every failure before the wait
+    (``state.upcoming_sleep`` set); ``stalled`` and ``retryable`` extend :func:`classify`;
+    ``fatal`` exceptions are not retried but raised; ``retry_wait`` replaces :func:`backoff`
+    for a fault that may pass; ``sleep`` is how to wait (one that returns early on a stop)."""
+
+    def __init__(
+        self,
+        report: Callable[[RetryCallState, str, str], None],
+        *,
+        stopped: Callable[[], bool],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        stalled: Sequence[Action] = (),
+        retryable: tuple[type[BaseException], ...] = (),
+        fatal: tuple[type[BaseException], ...] = (),
+        retry_wait: Callable[[RetryCallState], float] | None = None,
+    ) -> None:
+        self.report, self.stopped, self.sleep = report, stopped, sleep
+        self.stalled, self.retryable, self.fatal = stalled, retryable, fatal
+        self.fast, self.slow = retry_wait or backoff(), recheck()
+        self._state: RetryCallState | None = None
+
+    def status(self, state: RetryCallState) -> tuple[str, str]:
+        """``(status, action)`` of the failure ``state`` holds (:func:`classify`)."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        return classify(exc, self.stalled, self.retryable) if exc is not None else ("retrying", RETRYING)
+
+    def wait(self, state: RetryCallState) -> float:
+        return float(self.slow(state) if self.status(state)[0] == "stalled" else self.fast(state))
+
+    async def run(self, call: Callable[[], Awaitable[object]]) -> bool:
+        """``call()`` until it succeeds (``True``) or ``stopped()`` (``False``)."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(Exception) & retry_if_not_exception_type(self.fatal),
+            wait=self.wait, sleep=self.sleep, stop=lambda _: self.stopped(),
+            before_sleep=lambda state: self.report(state, *self.status(state)),
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    self._state = attempt.retry_state
+                    await call()
+        except RetryError:  # stopped while failing
+            return False
+        finally:
+            self._state = None
+        return True
+
+    def recovered(self) -> None:
+        """The running call is well again: its next failure is the first of a new run."""
+        if self._state is not None:
+            self._state.attempt_number = 1
+
+
 async def persist(
     call: Callable[[], Awaitable[object]],
     report: Callable[[RetryCallState, str, str], None],
@@ -80,28 +139,12 @@ async def persist(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     retryable: tuple[type[BaseException], ...] = (),
     retry_wait: Callable[[RetryCallState], float] | None = None,
+    stalled: Sequence[Action] = (),
+    fatal: tuple[type[BaseException], ...] = (),
 ) -> bool:
     """``call()`` until it succeeds (``True``), each failure classified, reported (``report(state, status,
     action)``, ``state.upcoming_sleep`` set) and waited on as its class calls for; ``False`` once
-    ``stopped()``.  A backend's loop step goes through here instead of an ``except`` of its own."""
-    fast, slow = retry_wait or backoff(), recheck()
-
-    def status(state: RetryCallState) -> tuple[str, str]:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        return classify(exc, retryable=retryable) if exc is not None else ("retrying", RETRYING)
-
-    def wait(state: RetryCallState) -> float:
-        return float(slow(state) if status(state)[0] == "stalled" else fast(state))
-
-    retrying = AsyncRetrying(
-        retry=retry_if_exception_type(Exception), wait=wait, sleep=sleep,
-        stop=lambda _: stopped(), before_sleep=lambda state: report(state, *status(state)),
-    )
-    async def attempt() -> None:  # a coroutine function: tenacity would not await a lambda's coroutine
-        await call()
-
-    try:
-        await retrying(attempt)
-    except RetryError:  # stopped while failing
-        return False
-    return True
+    ``stopped()``.  A backend's loop step goes through here instead of an ``except`` of its own
+    (the options: :class:`Retrier`)."""
+    return await Retrier(report, stopped=stopped, sleep=sleep, stalled=stalled, retryable=retryable,
+                         fatal=fatal, retry_wait=retry_wait).run(call)

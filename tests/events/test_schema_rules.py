@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from fleetlog.events.model import MAX_TASKS_PER_JOB
 from fleetlog.events.schema import json_schema
 from fleetlog.service.config import ServiceSettings
-from fleetlog.service.service import IngestError, ingest_batch
+from fleetlog.service.ingest import IngestError, ingest_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())

@@ -39,7 +39,7 @@ from fleetlog.log.base import INPUTS
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.snapshots import DirectorySnapshots
 from fleetlog.replay.verify import verify
-from fleetlog.service.service import restored
+from fleetlog.service.snapshots import restored
 from tests.reliability.soak import Logs, check_decisions, fold_reference, silent_between
 from tests.service.process import REPO, ServiceProcess
 

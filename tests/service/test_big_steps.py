@@ -26,7 +26,7 @@ from fleetlog.replay.parallel import verify_in_parallel
 from fleetlog.replay.source import ReplayError, open_file_source
 from fleetlog.replay.verify import verify
 from fleetlog.service.loop import LoopConfig, SchedulerLoop, StepResult
-from fleetlog.service.service import recover
+from fleetlog.service.snapshots import recover
 from tests.core.builders import job, node, quota
 from tests.log.conftest import StoreFactory
 

@@ -22,7 +22,7 @@ from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
 from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop
-from fleetlog.service.service import check_ends, recover
+from fleetlog.service.snapshots import check_ends, recover
 from tests.core.builders import job, node
 
 GROUP = "fleetlog-scheduler"

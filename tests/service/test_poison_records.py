@@ -23,7 +23,7 @@ from fleetlog.log.base import DEAD_LETTERS, INPUTS, Message
 from fleetlog.log.consumer import REASON_HEADER, SOURCE_HEADER
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.snapshots import MAGIC, CorruptSnapshotError, decode_snapshot
-from fleetlog.service.service import IngestError, ingest_messages
+from fleetlog.service.ingest import IngestError, ingest_messages
 from tests.core.builders import job, node
 from tests.service.test_service import Running, embedded, start
 

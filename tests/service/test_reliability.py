@@ -28,7 +28,7 @@ from fleetlog.log.snapshots import KafkaSnapshots, Snapshot, SnapshotHeader, enc
 from fleetlog.replay.verify import verify
 from fleetlog.service.loadgen import Load, batches
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
-from fleetlog.service.service import recover, restored
+from fleetlog.service.snapshots import recover, restored
 from tests.kafka_broker import KafkaBroker
 from tests.service.process import ServiceProcess
 

@@ -24,7 +24,8 @@ from fleetlog.log.kafka import KafkaConfig
 from fleetlog.log.snapshots import DirectorySnapshots
 from fleetlog.service.config import Config, LogConfig, ServiceSettings
 from fleetlog.service.loop import SchedulerLoop
-from fleetlog.service.service import Service, recover
+from fleetlog.service.service import Service
+from fleetlog.service.snapshots import recover
 from tests.core.builders import job, node
 from tests.service.process import REPO
 

@@ -1,0 +1,320 @@
+"""Ingest: ``POST /v1/events`` from the body to the inputs log.  A body is decoded whole (one bad
+event refuses it all), screened against the jobs the service has (identical resends dropped, a
+conflicting one refused), admitted against the pending work it would create, checked against
+the fleet (a job that can never fit: 422) and appended; the answer names the first offset."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
+
+import msgspec
+
+from fleetlog.core.fit import Fleet, never_fits_submitted
+from fleetlog.core.state import State
+from fleetlog.core.views import as_folded, folded_spec, job_ended, pending_tasks
+from fleetlog.events.codec import (
+    CONTENT_TYPE_HEADER,
+    CONTENT_TYPES,
+    JSON,
+    MSGPACK,
+    BadEventError,
+    decode,
+    encode,
+    format_of,
+)
+from fleetlog.events.model import INPUT_TYPES, InputEvent, JobCancelled, JobSubmitted
+from fleetlog.events.spec import spec_differences, submission_spec
+from fleetlog.log.base import INPUTS, LogStore, Message
+from fleetlog.service.config import ServiceSettings
+from fleetlog.service.http import ACCEPT_NEVER_FITS, HttpLimits, Request, Response, json_response, refusal
+from fleetlog.service.loop import SchedulerLoop
+
+INLINE_DECODE_BYTES: Final = 64 * 1024
+"""Ingest bodies up to this size are decoded on the loop (a few ms); larger ones in a thread."""
+
+Leading = Callable[[], tuple[LogStore | None, SchedulerLoop | None]]
+"""The logs and the loop of the process while it leads (``None`` while it does not)."""
+
+
+class IngestError(Exception):
+    """An ingest body refused as a whole: ``status`` 400 (bad) or 413 (too much at once)."""
+
+    def __init__(self, message: str, reason: str, status: int = 400, **extra: object) -> None:
+        super().__init__(message)
+        self.reason, self.status, self.extra = reason, status, extra
+
+
+class IngestBatch(msgspec.Struct, frozen=True):
+    messages: list[Message]
+    tasks: int
+    """Tasks of the jobs it submits: the pending work it can create."""
+    events: list[InputEvent] = []
+    """The events of ``messages``, in order."""
+
+
+def screened(state: State, unfolded: dict[str, JobSubmitted], batch: IngestBatch
+             ) -> tuple[IngestBatch, list[dict[str, object]]]:
+    """``batch`` without the identical resubmissions of jobs the service already has (folded,
+    appended but not folded yet, or earlier in the batch), and those as ``{"index", "job_id"}``.
+    A job id submitted again with another spec (409 ``already_exists``), a cancel of a job never
+    submitted (404 ``unknown_job``) or of one that already ended otherwise than cancelled (409
+    ``already_ended``) refuses the whole batch.  A cancel of a cancelled job is an identical resend.
+    A new job costs dictionary lookups only: specs are compared when an id is seen again."""
+    seen: dict[str, JobSubmitted] = {}
+    skip: list[int] = []
+    for index, event in enumerate(batch.events):
+        if isinstance(event, JobSubmitted):
+            if _resubmitted(state, seen.get(event.job_id) or unfolded.get(event.job_id), event, index):
+                skip.append(index)
+            else:
+                seen[event.job_id] = event
+        elif (isinstance(event, JobCancelled) and event.job_id not in seen and event.job_id not in unfolded
+              and _cancelled_already(state, event.job_id, index)):
+            skip.append(index)
+    dropped: list[dict[str, object]] = [{"index": i, "job_id": getattr(batch.events[i], "job_id", "")}
+                                        for i in skip]
+    if not skip:
+        return batch, dropped
+    keep = sorted(set(range(len(batch.events))) - set(skip))
+    events = [batch.events[i] for i in keep]
+    tasks = sum(g.count for e in events if isinstance(e, JobSubmitted) for g in e.task_groups)
+    return IngestBatch([batch.messages[i] for i in keep], tasks, events), dropped
+
+
+def _resubmitted(state: State, earlier: JobSubmitted | None, event: JobSubmitted, index: int) -> bool:
+    """Whether ``event`` resubmits a job the service has (``earlier``, not folded yet, or else in
+    the state), with the same spec; an :class:`IngestError` if with another spec; ``False`` for
+    a new job."""
+    if earlier is not None:
+        before, after = submission_spec(earlier), submission_spec(event)
+    elif state.job_row(event.job_id) < 0:
+        return False
+    else:
+        folded = folded_spec(state, event.job_id)
+        assert folded is not None
+        before, after = folded, as_folded(state, submission_spec(event))
+    if before == after:
+        return True
+    changed = "; ".join(spec_differences(before, after))
+    raise IngestError(f"event {index}: job {event.job_id!r} already exists with another spec ({changed}); "
+                      "a job id is submitted once: cancel it and submit under a new id", "already_exists",
+                      409, job_id=event.job_id, index=index)
+
+
+def _cancelled_already(state: State, job_id: str, index: int) -> bool:
+    """Whether a cancel of ``job_id`` repeats one the state holds; an :class:`IngestError` if the
+    job is unknown or ended otherwise."""
+    if state.job_row(job_id) < 0:
+        raise IngestError(f"event {index}: cannot cancel job {job_id!r}: no such job", "unknown_job", 404,
+                          job_id=job_id, index=index)
+    ended = job_ended(state, job_id)
+    if ended is None:
+        return False
+    if ended == "cancelled":
+        return True
+    raise IngestError(f"event {index}: cannot cancel job {job_id!r}: it already ended ({ended})",
+                      "already_ended", 409, job_id=job_id, index=index, state=ended)
+
+
+_RAW_LIST: Final = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def ingest_messages(body: bytes, content_type: str | None,
+                    settings: ServiceSettings | None = None) -> list[Message]:
+    """The input records of an ingest body (see :func:`ingest_batch`)."""
+    return ingest_batch(body, content_type, settings or ServiceSettings()).messages
+
+
+def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSettings) -> IngestBatch:
+    """The input records of an ingest body: one envelope or a JSON array of them; every one is
+    decoded first, so a bad one rejects the whole request and nothing is appended.  Past
+    ``max_request_events`` events or ``max_request_tasks`` tasks: 413.  Runs in a worker thread:
+    the array is split without building its items, and each event is decoded on its own, so no
+    single call holds the GIL for long."""
+    try:  # case-insensitive, with parameters (RFC 9110); none at all: JSON
+        fmt = format_of(content_type.encode("utf-8", "replace") if content_type is not None else JSON)
+    except BadEventError as exc:
+        raise IngestError(str(exc), exc.reason) from None
+    kind = CONTENT_TYPES[fmt]
+    parts: list[bytes] | list[msgspec.Raw] = [body] if fmt == "msgpack" else _json_parts(body)
+    if len(parts) > settings.max_request_events:
+        raise IngestError(f"{len(parts)} events in one request; the limit is {settings.max_request_events}",
+                          "too_many_events", 413, limit=settings.max_request_events)
+    messages, tasks, events = [], 0, []
+    for index, part in enumerate(parts):
+        try:
+            env = decode(bytes(part), kind)
+        except BadEventError as exc:
+            raise IngestError(f"event {index}: {exc}", exc.reason) from None
+        if not isinstance(env.event, INPUT_TYPES):
+            raise IngestError(f"event {index}: {type(env.event).__name__} is a decision, not an input: only "
+                              "the scheduler writes decisions", "not_an_input", index=index)
+        events.append(env.event)
+        if isinstance(env.event, JobSubmitted):
+            tasks += sum(group.count for group in env.event.task_groups)
+            if tasks > settings.max_request_tasks:
+                raise IngestError(f"the jobs of this request have over {settings.max_request_tasks} tasks "
+                                  f"(event {index} passes it); split it", "too_many_tasks", 413,
+                                  limit=settings.max_request_tasks)
+        messages.append(Message(encode(env), headers=((CONTENT_TYPE_HEADER, MSGPACK),)))
+    return IngestBatch(messages, tasks, events)
+
+
+def _accepts_never_fits(request: Request) -> bool:
+    name, value = ACCEPT_NEVER_FITS
+    return request.headers.get(name, "").strip().lower() == value
+
+
+def never_fitting(state: State, events: list[InputEvent]) -> Response | None:
+    """422 ``never_fits`` when a submitted job can never fit on the fleet the service knows (node
+    shapes, not usage: :mod:`fleetlog.core.fit`), as ``sbatch`` refuses a job no node can run;
+    nothing of the request is appended.  Jobs of one shape are judged once."""
+    if state.nodes.size == 0:
+        return None
+    fleet: Fleet | None = None
+    judged: dict[tuple[object, ...], str | None] = {}
+    for job in events:
+        if not isinstance(job, JobSubmitted):
+            continue
+        fleet = fleet or Fleet(state)
+        key = (job.task_groups, job.required_topology, job.allowed_cells)
+        if key not in judged:
+            judged[key] = never_fits_submitted(state, job, fleet)
+        why = judged[key]
+        if why is not None:
+            return refusal(422, "never_fits", f"job {job.job_id!r} can never fit on the current fleet: {why}",
+                           job_id=job.job_id)
+    return None
+
+
+def _json_parts(body: bytes) -> list[bytes] | list[msgspec.Raw]:
+    stripped = body.lstrip()
+    if not stripped.startswith(b"["):
+        return [body]
+    try:  # each element's own bytes (not re-encoded: the codec sees repeated keys)
+        return _RAW_LIST.decode(stripped)
+    except msgspec.DecodeError as exc:
+        raise IngestError(f"body is not a JSON array of events: {exc}", "undecodable") from None
+    except RecursionError:
+        raise IngestError("body nests arrays or maps too deeply", "too_deep") from None
+
+
+def http_limits(settings: ServiceSettings) -> HttpLimits:
+    """The HTTP server's limits: connections held under half the file-descriptor limit, so the
+    logs and snapshots always find a descriptor, and requests with a body to at most half the
+    connections, so health and status always find one."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    cap = settings.http_max_connections if soft == resource.RLIM_INFINITY else max(
+        4, min(settings.http_max_connections, soft // 2))
+    return HttpLimits(
+        header_timeout_s=settings.http_header_timeout_s, body_timeout_s=settings.http_body_timeout_s,
+        max_connections=cap, max_body_requests=max(1, min(settings.max_concurrent_requests, cap // 2)),
+        max_headers=settings.http_max_headers, max_line_bytes=settings.http_max_header_bytes,
+        max_field_bytes=settings.http_max_header_bytes, max_body_bytes=settings.max_request_bytes)
+
+
+class IngestGate:
+    """Bounds the pending work ingest can create: tasks of pending jobs plus tasks appended but
+    not folded yet."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleetlog-ingest")
+        self._unfolded: deque[tuple[int, int]] = deque()  # (end offset, tasks) of appended requests
+        self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission
+        self._job_ends: deque[tuple[int, str]] = deque()  # (end offset, job id) of those, in order
+        self._appending: set[str] = set()  # ids in ``_jobs`` whose append has not returned yet
+
+    def pending(self, loop: SchedulerLoop) -> int:
+        while self._unfolded and self._unfolded[0][0] <= loop.offset:
+            self._unfolded.popleft()
+        return pending_tasks(loop.state) + sum(tasks for _, tasks in self._unfolded)
+
+    def admit(self, loop: SchedulerLoop, tasks: int) -> Response | None:
+        """``None`` when a request creating ``tasks`` pending tasks fits, else the 429."""
+        if tasks == 0:
+            return None
+        limit = self.settings.max_pending_tasks
+        pending = self.pending(loop)
+        if pending + tasks <= limit:
+            return None
+        return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
+                       f"the limit of {limit}", pending=pending, limit=limit)
+
+    def unfolded_jobs(self, loop: SchedulerLoop) -> dict[str, JobSubmitted]:
+        """The jobs appended through ingest that the loop has not folded yet, with their submission
+        (the folded ones are in its state).  Read it, do not keep it."""
+        ends = self._job_ends
+        while ends and ends[0][0] <= loop.offset:
+            del self._jobs[ends.popleft()[1]]
+        return self._jobs
+
+    def reserve(self, batch: IngestBatch) -> None:
+        """Count the jobs of ``batch`` as the service's while it is being appended."""
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id not in self._jobs:
+                self._jobs[event.job_id] = event
+                self._appending.add(event.job_id)
+
+    def release(self, batch: IngestBatch) -> None:
+        """``batch`` was not appended after all: forget what :meth:`reserve` counted."""
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id in self._appending:
+                self._appending.discard(event.job_id)
+                del self._jobs[event.job_id]
+
+    def appended(self, first: int, batch: IngestBatch) -> None:
+        end = first + len(batch.messages)
+        if batch.tasks:
+            self._unfolded.append((end, batch.tasks))
+        for event in batch.events:
+            if isinstance(event, JobSubmitted) and event.job_id in self._appending:
+                self._appending.discard(event.job_id)
+                self._job_ends.append((end, event.job_id))
+
+    async def serve(self, request: Request, leading: Leading) -> Response:
+        """``POST /v1/events``: decode and check the body in a worker thread (the loop keeps
+        stepping and answering health meanwhile), then admit it against the pending work and
+        append it.  ``leading()`` is asked before and after the decode: the lead may be lost
+        meanwhile."""
+        if leading()[0] is None:
+            return refusal(503, "standby", "this process is not leading")
+        content_type = request.headers.get("content-type")
+        try:
+            if len(request.body) <= INLINE_DECODE_BYTES:  # a few ms: cheaper than the thread hop
+                batch = ingest_batch(request.body, content_type, self.settings)
+            else:
+                batch = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, ingest_batch, request.body, content_type, self.settings)
+        except IngestError as exc:
+            return refusal(exc.status, exc.reason, str(exc), **exc.extra)
+        store, loop = leading()
+        if store is None or loop is None:
+            return refusal(503, "standby", "this process is not leading")
+        try:
+            batch, duplicates = screened(loop.state, self.unfolded_jobs(loop), batch)
+        except IngestError as exc:
+            return refusal(exc.status, exc.reason, str(exc), **exc.extra)
+        refused = self.admit(loop, batch.tasks)
+        if refused is not None:
+            return refused
+        refused = None if _accepts_never_fits(request) else never_fitting(loop.state, batch.events)
+        if refused is not None:
+            return refused
+        log_ = store.log(INPUTS)
+        self.reserve(batch)  # before the await: a concurrent request sees these jobs
+        try:
+            first = await log_.append(batch.messages) if batch.messages else await log_.end_offset()
+        except BaseException:
+            self.release(batch)
+            raise
+        self.appended(first, batch)
+        answer: dict[str, object] = {"appended": len(batch.messages), "first_offset": first}
+        if duplicates:  # (only then: the answer stays what it always was for new events)
+            answer["duplicates"] = duplicates
+        return json_response(200, answer)

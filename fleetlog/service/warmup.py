@@ -1,0 +1,45 @@
+"""Warm-up: every hot path run once before a process may lead, so numba's compile (or cache
+load) never stalls a step (``fleetlog run`` and ``fleetlog warm-up``)."""
+
+from __future__ import annotations
+
+from fleetlog.core.decide import decide
+from fleetlog.core.digest import digest, snapshot
+from fleetlog.core.fold import fold
+from fleetlog.core.policy import Policy
+from fleetlog.core.state import State
+from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
+
+
+def warm_up(policy: Policy) -> None:
+    """Run every hot path once on a toy fleet, so numba compiles (or loads from its cache) the
+    kernels now — a compile takes seconds and must not stall a process that leads a shard."""
+    state, now = State(), 1_000
+    nodes = [NodeHeartbeat(cell="warm", node=f"n{i}", cpu_milli=64_000, mem_mib=262_144, gpu_count=8,
+                           gpu_model="A100", topology=("b", f"r{i % 2}", f"n{i}")) for i in range(4)]
+    jobs = [
+        _warm_job("one", 1, 1, 1000), _warm_job("frac", 1, 1, 500), _warm_job("gang", 2, 8, 1000),
+        _warm_job("cpu", 1, 0, 0), _warm_job("huge", 1, 64, 1000), _warm_job("wait", 4, 8, 1000),
+        _warm_job("urgent", 2, 8, 1000, priority=100),
+        # a second tenant: the general placement path (one job at a time), not only the fast one
+        _warm_job("other", 1, 1, 1000, tenant="other"), _warm_job("other-frac", 1, 1, 250, tenant="other"),
+        # whole hosts until one waits for room it could have (the "insufficient capacity" story:
+        # "huge" never fits, so it is told apart before that path)
+        *(_warm_job(f"host-{i}", 1, 8, 1000) for i in range(5)),
+    ]
+    events: list[Event] = [*nodes, *jobs]
+    for event in events:
+        now += 1
+        fold(state, event, now)
+        decisions = decide(state, policy)
+        fold(state, DecisionBatch(as_of=now, digest=digest(state), decisions=tuple(decisions),
+                                  policy=policy.name), now)
+    snapshot(state)
+
+
+def _warm_job(
+    name: str, tasks: int, gpus: int, milli: int, priority: int = 0, tenant: str = "warm"
+) -> JobSubmitted:
+    group = TaskGroup(count=tasks, cpu_milli=1000, mem_mib=1024, gpu_count=gpus, gpu_milli=milli)
+    return JobSubmitted(job_id=name, tenant=tenant, task_groups=(group,), priority=priority,
+                        required_topology="rack" if tasks > 1 else None)
