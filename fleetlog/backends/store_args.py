@@ -20,6 +20,7 @@ from fleetlog.backends.shared_log import SharedFileStore
 from fleetlog.log.base import LogStore
 from fleetlog.log.kafka import KafkaLogStore
 from fleetlog.log.location import Located
+from fleetlog.logsetup import configure_logging
 from fleetlog.service.config import Config, ConfigError, describe, load_config
 
 EXIT_OPERATIONAL: Final = 1
@@ -69,7 +70,7 @@ def run_backend(prog: str, serve: Callable[[Config], Coroutine[Any, Any, None]],
                 args: argparse.Namespace) -> int:
     """Run ``serve`` until it returns; the exit code.  Never a traceback: a configuration or
     usage problem is one line and 2, anything that stops the backend one line and 1."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.log_format, args.log_level)
     try:
         config = store_config(args)
     except (ConfigError, UsageError) as exc:
