@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from fleetlog import cli
+from fleetlog.logsetup import configure_logging
 from fleetlog.usage import walk
 from tests.service.process import ServiceProcess
 
@@ -128,6 +129,25 @@ def test_a_client_command_logs_through_the_setup(tmp_path: Path, capsys: pytest.
     capsys.readouterr()
     log.warning("dead-lettered %s", "inputs@4")
     assert_console(capsys.readouterr().err, "warning", "dead-lettered inputs@4")
+
+
+def test_the_level_is_fleetlogs_other_libraries_log_warnings_and_up_or_everything_at_debug(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ours, theirs = logging.getLogger("fleetlog.tests.level"), logging.getLogger("a_library.tests")
+    configure_logging("json", "info")
+    ours.info("ours at info")
+    theirs.info("theirs at info")
+    theirs.warning("theirs at warning")
+    shown = [line["event"] for line in json_lines(capsys.readouterr().err)]
+    assert shown == ["ours at info", "theirs at warning"]
+    configure_logging("json", "debug")
+    theirs.debug("theirs at debug")
+    assert [line["event"] for line in json_lines(capsys.readouterr().err)] == ["theirs at debug"]
+    configure_logging("console", "error")
+    ours.warning("ours at warning")
+    theirs.warning("theirs at warning")
+    assert capsys.readouterr().err == ""
 
 
 def _configuring_calls(path: Path) -> list[str]:
