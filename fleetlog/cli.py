@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from fleetlog.usage import EXIT_USAGE, Parser, add_log_options, print_error
+from fleetlog.usage import EXIT_USAGE, Parser, add_log_options, add_logging_options, print_error, walk
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 EXIT_FAILURE = 1
@@ -148,7 +148,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """The scheduler service over Kafka or the embedded file log, until SIGTERM/SIGINT."""
-    from fleetlog.service.command import CommandError, configure, configure_logging, run_service
+    from fleetlog.service.command import CommandError, configure, run_service
     from fleetlog.service.http import BindError
 
     try:
@@ -156,7 +156,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                            node_timeout_ms=args.node_timeout_flag_ms)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
-    configure_logging(args.log_level)
     try:
         run_service(config)
     except BindError as exc:  # leading without HTTP would strand producers: say so and exit
@@ -187,7 +186,7 @@ def _add_service_commands(sub: Any) -> None:
     add_log_options(run)
     run.add_argument("--policy", metavar="NAME", help="a policy spec (default: the config's, or default)")
     run.add_argument("--http-port", type=int, metavar="PORT", help="metrics/health/ingest port (0: any)")
-    run.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_logging_options(run, "json", "info")  # the service's lines are JSON objects for collectors
     add_node_timeout(run, "producers must send heartbeats more often (docs/service.md)")
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="a job's state, read from the logs")
@@ -249,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetlog.replay.command import add_replay_commands
 
     add_replay_commands(sub, UsageError, _replay_place)
+    for command in walk(parser):  # every command: its own defaults, or human lines from warnings up
+        if command.get_default("func") is not None and "--log-format" not in command._option_string_actions:
+            add_logging_options(command)
     return parser
 
 
@@ -282,6 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         prog = f"fleetlog {args.command}"
         where = " ".join([prog, *([args.replay_command] if getattr(args, "replay_command", None) else [])])
+        from fleetlog.logsetup import configure_logging
+
+        configure_logging(args.log_format, args.log_level)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except UsageError as exc:

@@ -64,6 +64,7 @@ from fleetlog.log.base import INPUTS, LogError, LogStore, Message, chunks
 from fleetlog.log.discovery import running_service
 from fleetlog.log.file import FileLogStore, HandOverError, LockedError
 from fleetlog.log.location import Located, make_store
+from fleetlog.retry import Backoff, poll
 
 DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
 INGEST_PATH: Final = "/v1/events"
@@ -431,21 +432,29 @@ async def _direct(config: Located) -> StoreTransport:
     return StoreTransport(store, owned=True, what=f"the file log at {config.log.dir}")
 
 
+def _is_some(value: object) -> bool:
+    return value is not None
+
+
 async def _after_handover(config: Located) -> Transport:
     """The service that took (or is taking) the file log over, once it announces itself; the
     log itself again if that service went away without taking it."""
     directory = Path(str(config.log.dir))
-    deadline = asyncio.get_running_loop().time() + HANDOVER_WAIT_S
-    while asyncio.get_running_loop().time() < deadline:
+
+    async def where() -> Transport | None:
         found = running_service(directory)
         if found is not None:
             return HttpTransport(*found)
         try:
             return await _direct(config)
         except LockedError:  # HandOverError too: the service is taking the log, wait for it
-            await asyncio.sleep(0.05)
+            return None
         except LogError as exc:
             raise ClientError(f"cannot open the file log at {directory}: {exc}", "unreachable") from None
+
+    found = await poll(where, _is_some, within_s=HANDOVER_WAIT_S, backoff=Backoff(0.05, factor=1))
+    if found is not None:
+        return found
     raise ClientError(f"the service waiting for the file log at {directory} did not announce itself in "
                       f"{HANDOVER_WAIT_S:.0f} s (is it stalled? see its /healthz)", "unreachable")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
 from fleetlog.log.base import DECISIONS, INPUTS
 from fleetlog.log.discovery import running_service
+from fleetlog.logsetup import silence
 from fleetlog.service.config import Config, ConfigError, load_config
 from fleetlog.usage import add_log_options
 
@@ -158,7 +158,7 @@ def check_log_dir(config: Config, create: bool) -> None:
 def _send(args: argparse.Namespace, envelopes: list[Envelope]) -> int:
     config = configured(args)
     check_log_dir(config, args.create)
-    logging.getLogger("aiokafka").addHandler(logging.NullHandler())  # its errors come back as one line
+    silence("aiokafka")  # its errors come back as one line
 
     async def send() -> tuple[Sent, str]:
         client: Client = await Client.connect(config, args.producer_id)

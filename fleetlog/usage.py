@@ -58,6 +58,17 @@ def add_log_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers")
 
 
+def add_logging_options(parser: argparse.ArgumentParser, log_format: str = "console",
+                        level: str = "warning") -> None:
+    """``--log-format json|console`` and ``--log-level``, on every command and backend: their
+    defaults are what the command printed before the flags existed (JSON lines for the service,
+    human lines elsewhere).  :func:`fleetlog.logsetup.configure_logging` applies them."""
+    parser.add_argument("--log-format", default=log_format, choices=("json", "console"),
+                        help=f"log lines on stderr: JSON objects or human lines (default: {log_format})")
+    parser.add_argument("--log-level", default=level, choices=("debug", "info", "warning", "error"),
+                        help=f"the least severe log line shown (default: {level})")
+
+
 def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
     """``parser`` and every subparser below it, depth first (for tests that must cover each
     subcommand, including ones added later)."""

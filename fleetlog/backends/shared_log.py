@@ -37,10 +37,9 @@ from fleetlog.client import (
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
 from fleetlog.events.model import Envelope
 from fleetlog.log.base import INPUTS, LOG_NAMES, Log, LogClosedError, LogError, LogStore, Message, Record
-from fleetlog.log.discovery import running_service
+from fleetlog.log.discovery import ACCEPT_NEVER_FITS, running_service
 from fleetlog.log.file import FileLogStore, LockedError
 from fleetlog.log.location import Located
-from fleetlog.service.http import ACCEPT_NEVER_FITS
 
 log = logging.getLogger("fleetlog.backends")
 

@@ -1,7 +1,8 @@
 """Where a backend process reads decisions and writes observations: the shared command-line
-options of ``python -m fleetlog.backends.<name>``, the configuration they make (the service's
-own loader: the same ``--config`` file and ``FLEETLOG_*`` variables as ``fleetlog run``), the
-store it names, and the exit codes of the command."""
+options of ``python -m fleetlog.backends.<name>``, the location they make (the ``[log]`` and
+``[kafka]`` tables of the same ``--config`` file and the same ``FLEETLOG_LOG_*``/``FLEETLOG_KAFKA_*``
+variables as ``fleetlog run``, read by :func:`fleetlog.log.settings.load_location`), the store it
+names, and the exit codes of the command."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ import msgspec
 from fleetlog.backends.shared_log import SharedFileStore
 from fleetlog.log.base import LogStore
 from fleetlog.log.kafka import KafkaLogStore
-from fleetlog.log.location import Located
-from fleetlog.service.config import Config, ConfigError, describe, load_config
+from fleetlog.log.location import ConfigError, Located, describe
+from fleetlog.log.settings import Location, load_location
+from fleetlog.logsetup import configure_logging
 
 EXIT_OPERATIONAL: Final = 1
 EXIT_USAGE: Final = 2
+OTHER_TABLES: Final = ("service",)
+"""Tables of the file that are not the backend's: ``fleetlog run`` reads (and checks) them."""
 log = logging.getLogger("fleetlog.backends")
 
 
@@ -45,11 +49,11 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic-prefix", metavar="PREFIX", help="Kafka topic prefix (default fleetlog)")
 
 
-def store_config(args: argparse.Namespace) -> Config:
-    """The configuration of ``--config`` and ``FLEETLOG_*`` with ``--log``/``--kafka`` on top; a
-    :class:`ConfigError` or :class:`UsageError` saying what is wrong."""
+def store_config(args: argparse.Namespace) -> Location:
+    """Where the logs are, from ``--config`` and ``FLEETLOG_*`` with ``--log``/``--kafka`` on top;
+    a :class:`ConfigError` or :class:`UsageError` saying what is wrong."""
     path = Path(args.config) if args.config else None
-    config = load_config(path, os.environ, log_dir=args.log, kafka=args.kafka)
+    config = load_location(path, os.environ, others=OTHER_TABLES, log_dir=args.log, kafka=args.kafka)
     if args.topic_prefix is not None:
         if config.kafka is None:
             raise UsageError("--topic-prefix applies to Kafka only (--kafka or a [kafka] table)")
@@ -65,11 +69,11 @@ def open_store(config: Located) -> LogStore:
     return SharedFileStore(config)
 
 
-def run_backend(prog: str, serve: Callable[[Config], Coroutine[Any, Any, None]],
+def run_backend(prog: str, serve: Callable[[Location], Coroutine[Any, Any, None]],
                 args: argparse.Namespace) -> int:
     """Run ``serve`` until it returns; the exit code.  Never a traceback: a configuration or
     usage problem is one line and 2, anything that stops the backend one line and 1."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.log_format, args.log_level)
     try:
         config = store_config(args)
     except (ConfigError, UsageError) as exc:

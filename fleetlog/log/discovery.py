@@ -2,7 +2,8 @@
 
 The service writes ``{"pid": ..., "http": "host:port"}`` (mode 0600: a file others could
 rewrite would redirect producers) once it leads, and removes it when it stops; the client and
-the backends' shared log read it and send to that address while the process is alive.
+the backends' shared log read it and send to that address while the process is alive, a backend
+with the :data:`ACCEPT_NEVER_FITS` header.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from fleetlog.log.file import process_alive
 from fleetlog.log.private import write_private
 
 SERVICE_FILE: Final = "service.json"
+ACCEPT_NEVER_FITS: Final = ("fleetlog-never-fits", "accept")
+"""The request header (name, value) of a producer that reports what a cluster holds rather than
+asking for a job to be run — a backend's pod groups: a job no node shape can hold is taken and
+then explained as ``never_fits`` (Kubernetes keeps an unschedulable pod and says why), instead of
+refused at submit (as ``sbatch`` does, and ``fleetlog submit`` gets)."""
 
 
 def announce(directory: Path, pid: int, address: str) -> None:

@@ -60,6 +60,7 @@ from fleetlog.log.base import (
     Record,
     pick_log,
 )
+from fleetlog.retry import Backoff, poll, retry
 
 _TIMESTAMP_TYPE: Final = "message.timestamp.type"
 _LOG_APPEND_TIME: Final = "LogAppendTime"
@@ -639,31 +640,27 @@ class KafkaLogStore(LogStore):
         """Kafka writes commit markers after the commit returns: wait until readers and
         :meth:`committed_offset` see this transaction (both asked at once each round).  A
         group's offset only grows, so a larger one means a newer writer's commit came after."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.visibility_timeout_ms / 1000
-        delay = 0.001
-        while True:
+
+        async def seen() -> bool:
             end, committed = await asyncio.gather(log.stable_end(), self._committed_offset(group))
-            if (span is None or end > span[1]) and committed is not None and committed >= consumed:
-                return
-            if loop.time() >= deadline:
-                raise LogError(f"transaction to {log.tp.topic} committed but not visible in time")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            return (span is None or end > span[1]) and committed is not None and committed >= consumed
+
+        within_s = self.config.visibility_timeout_ms / 1000
+        if not await poll(seen, bool, within_s=within_s, backoff=Backoff(0.001, max_s=0.01)):
+            raise LogError(f"transaction to {log.tp.topic} committed but not visible in time")
 
     async def _group_offsets_retrying(self, admin: AIOKafkaAdminClient, group: str) -> dict[Any, Any]:
         """Retry while the group coordinator is moving or still loading (a fresh cluster creates
         its offsets topic on first use)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.request_timeout_ms / 1000
-        while True:
-            try:
-                return await self._group_offsets(admin, group)
-            except KafkaError as exc:
-                self._coordinators.pop(group, None)
-                if not getattr(exc, "retriable", False) or loop.time() >= deadline:
-                    raise
-            await asyncio.sleep(0.1)
+
+        def moving(exc: BaseException) -> bool:
+            if not isinstance(exc, KafkaError):
+                return False
+            self._coordinators.pop(group, None)  # ask for the coordinator again
+            return bool(getattr(exc, "retriable", False))
+
+        return await retry(lambda: self._group_offsets(admin, group), moving,
+                           within_s=self.config.request_timeout_ms / 1000, backoff=Backoff(0.1, factor=1))
 
     async def _group_offsets(self, admin: AIOKafkaAdminClient, group: str) -> dict[Any, Any]:
         coordinator = self._coordinators.get(group)
@@ -698,14 +695,17 @@ class KafkaLogStore(LogStore):
     async def _described_topics(self, admin: AIOKafkaAdminClient) -> list[dict[str, Any]]:
         """The topics' metadata once every partition has a leader (new topics need a moment)."""
         topics = [self.config.topic(n) for n in LOG_NAMES]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.request_timeout_ms / 1000
-        while True:
+
+        async def describe() -> list[dict[str, Any]]:
             described: list[dict[str, Any]] = await admin.describe_topics(topics)
-            led = all(p["leader"] >= 0 for t in described for p in t["partitions"])
-            if (led and not any(t["error_code"] for t in described)) or loop.time() >= deadline:
-                return described
-            await asyncio.sleep(0.05)
+            return described
+
+        def led(described: list[dict[str, Any]]) -> bool:
+            return all(p["leader"] >= 0 for t in described for p in t["partitions"]) and not any(
+                t["error_code"] for t in described)
+
+        return await poll(describe, led, within_s=self.config.request_timeout_ms / 1000,
+                          backoff=Backoff(0.05, factor=1))
 
     async def _check_topics(self, admin: AIOKafkaAdminClient) -> None:
         for described in await self._described_topics(admin):

@@ -2,9 +2,10 @@
 (with its security settings), checked, and the store they name.
 
 The service, the client, the backends and replay all open the log through this module; the
-service's loader (:mod:`fleetlog.service.config`) reads the same tables from the TOML file and
-the ``FLEETLOG_<TABLE>_<KEY>`` variables and builds them with :func:`kafka_config` and
-:func:`check_place`.  No message or :func:`describe` line ever shows the SASL password.
+reader (:mod:`fleetlog.log.settings`, for the service's loader and the backends' alike) reads the
+same tables from the TOML file and the ``FLEETLOG_<TABLE>_<KEY>`` variables and builds them with
+:func:`kafka_config` and :func:`check_place`.  No message or :func:`describe` line ever shows
+the SASL password.
 """
 
 from __future__ import annotations

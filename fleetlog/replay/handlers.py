@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import logging
 import re
 import sys
 import tomllib
@@ -31,6 +30,7 @@ from fleetlog.display import console, describe, human_row, log_time
 from fleetlog.log.base import INPUTS, LogError
 from fleetlog.log.consumer import parked_for_job
 from fleetlog.log.kafka import KafkaConfig
+from fleetlog.logsetup import silence
 from fleetlog.measures import ROWS as MEASURE_ROWS
 from fleetlog.measures import rows as measure_rows
 from fleetlog.replay import source as src
@@ -402,7 +402,7 @@ async def cmd_dump(args: argparse.Namespace, source: Source) -> int:
 
 async def run(name: str, place: Place, args: argparse.Namespace) -> int:
     """Open the logs at ``place`` and run the handler of subcommand ``name``."""
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its connection errors reach us as one line
+    silence("aiokafka")  # its connection errors reach us as one line
     return await _with_source(place, args, HANDLERS[name])
 
 

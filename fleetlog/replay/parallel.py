@@ -29,6 +29,7 @@ from fleetlog.log.snapshots import SnapshotHeader, decode_snapshot
 from fleetlog.replay.engine import Start
 from fleetlog.replay.source import Progress, ReplayError, Source, end_offset
 from fleetlog.replay.stretch import Stretch, VerifyReport, verify_stretch
+from fleetlog.retry import Backoff, poll
 
 Cut = tuple[str, SnapshotHeader, Callable[[], bytes]]
 """(name, header, load) of a snapshot the log is cut at."""
@@ -114,7 +115,8 @@ async def _collect(
 ) -> list[Stretch | None]:
     """Each child's stretch (``None`` for one that failed), polling so the progress bar moves."""
     results: list[Stretch | bool | None] = [False] * len(children)
-    while False in results:
+
+    async def gather() -> bool:
         for i, (child, receive) in enumerate(children):
             if results[i] is not False:
                 continue
@@ -126,8 +128,9 @@ async def _collect(
             elif not child.is_alive() and not receive.poll():
                 results[i] = None  # died without a word
         progress(0)
-        if False in results:
-            await asyncio.sleep(POLL_S)
+        return False not in results
+
+    await poll(gather, bool, within_s=None, backoff=Backoff(POLL_S, factor=1))
     return [r if isinstance(r, Stretch) else None for r in results]
 
 

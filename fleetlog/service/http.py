@@ -33,6 +33,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+# the header is the producers' (defined with them); service.py takes it from here
+from fleetlog.log.discovery import ACCEPT_NEVER_FITS as ACCEPT_NEVER_FITS  # noqa: PLC0414
+
 RETRY_AFTER_S: Final = 1
 _BUSY_BODY: Final = b'{"error": "too many open connections, all busy", "reason": "overloaded"}\n'
 _OVERLOADED: Final = (
@@ -54,11 +57,6 @@ class HttpLimits(msgspec.Struct, frozen=True):
     max_body_bytes: int = 8 * 1024 * 1024
 
 
-ACCEPT_NEVER_FITS: Final = ("fleetlog-never-fits", "accept")
-"""The request header (name, value) of a producer that reports what a cluster holds rather than
-asking for a job to be run — a backend's pod groups: a job no node shape can hold is taken and
-then explained as ``never_fits`` (Kubernetes keeps an unschedulable pod and says why), instead of
-refused at submit (as ``sbatch`` does, and ``fleetlog submit`` gets)."""
 
 
 class Request(msgspec.Struct, frozen=True):

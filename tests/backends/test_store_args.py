@@ -1,6 +1,7 @@
-"""Where a backend process finds the logs: the service's own configuration loader (``--config``,
-``FLEETLOG_*``, ``--log``/``--kafka`` on top), and the command's exit codes: a usage or
-configuration problem is one line and 2, a failure that stops the backend one line and 1."""
+"""Where a backend process finds the logs: the ``[log]`` and ``[kafka]`` tables of the service's
+own configuration file and variables (``--config``, ``FLEETLOG_LOG_*``/``FLEETLOG_KAFKA_*``,
+``--log``/``--kafka`` on top), read by :mod:`fleetlog.log.settings`, and the command's exit codes:
+a usage or configuration problem is one line and 2, a failure that stops the backend one line and 1."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from fleetlog.backends.shared_log import SharedFileStore
 from fleetlog.backends.store_args import UsageError, add_store_arguments, open_store, store_config
 from fleetlog.log.kafka import KafkaLogStore
-from fleetlog.service.config import ConfigError
+from fleetlog.log.location import ConfigError
+from fleetlog.service.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = ["fleetlog.backends.kubernetes", "fleetlog.backends.slurm"]
@@ -74,12 +76,48 @@ def test_bad_settings_are_refused_like_the_service_refuses_them(tmp_path: Path) 
         store_config(parsed("--log", str(tmp_path / "log"), "--topic-prefix", "p"))
 
 
+def test_the_backend_reads_the_same_place_as_the_service_from_the_same_file_and_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    password = tmp_path / "password"
+    password.write_text("s3cr3t\n")
+    password.chmod(0o600)
+    path = tmp_path / "fleetlog.toml"
+    path.write_text('[log]\nfsync = "always"\n[kafka]\nbootstrap_servers = "broker:9093"\n'
+                    'security_protocol = "SASL_PLAINTEXT"\nsasl_mechanism = "PLAIN"\n'
+                    '[service]\npolicy = "fgd"\n')
+    env = {"FLEETLOG_KAFKA_SASL_PLAIN_USERNAME": "fleetlog", "FLEETLOG_KAFKA_TOPIC_PREFIX": "prod",
+           "FLEETLOG_KAFKA_SASL_PLAIN_PASSWORD_FILE": str(password), "FLEETLOG_SERVICE_HTTP_PORT": "0",
+           "FLEETLOG_KAFKA_PORT": "9092"}  # (the development broker's own variable: not a setting)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    service = load_config(path, env)
+    for argv in (("--config", str(path)), ("--config", str(path), "--kafka", "broker:9093")):
+        backend = store_config(parsed(*argv))
+        assert (backend.log, backend.kafka) == (service.log, service.kafka)
+    assert service.kafka is not None
+    assert (service.kafka.topic_prefix, service.kafka.sasl_plain_password) == ("prod", "s3cr3t")
+    on_file = store_config(parsed("--config", str(path), "--log", str(tmp_path / "log")))
+    assert (on_file.log.dir, on_file.log.fsync, on_file.kafka) == (str(tmp_path / "log"), "always", None)
+
+
+def test_the_services_table_is_the_services_a_backend_leaves_it_to_fleetlog_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "fleetlog.toml"
+    path.write_text('[log]\ndir = "d"\n[service]\npolicy = "fastest"\nhttp_prot = 1\n')
+    monkeypatch.setenv("FLEETLOG_SERVICE_HTTP_PORT", "not a port")
+    assert store_config(parsed("--config", str(path))).log.dir == "d"
+    with pytest.raises(ConfigError, match=r"unknown key service\.http_prot"):
+        load_config(path, {})  # ... which refuses what is wrong in it
+
+
 @pytest.mark.parametrize("module", BACKENDS)
 def test_usage_and_configuration_errors_exit_2_in_one_line(module: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[kafka]\nbootstrap_servers = "b:9093"\nsasl_mechanizm = "PLAIN"\n')
-    service = tmp_path / "service.toml"  # the service's table is checked too: one file serves both
-    service.write_text('[log]\ndir = "d"\n[service]\npolicy = "fastest"\n')
+    typo = tmp_path / "typo.toml"  # a table nobody reads is an error, as for the service
+    typo.write_text('[log]\ndir = "d"\n[servce]\npolicy = "fgd"\n')
     cases = [
         ((), {}, "set exactly one place for the logs"),
         (("--config", str(bad)), {}, "line 3: unknown key kafka.sasl_mechanizm"),
@@ -87,7 +125,7 @@ def test_usage_and_configuration_errors_exit_2_in_one_line(module: str, tmp_path
          "FLEETLOG_KAFKA_SECURITY_PROTOCOL: kafka.security_protocol = 'TLS'"),
         (("--log", str(tmp_path / "log"), "--topic-prefix", "p"), {}, "--topic-prefix applies to Kafka only"),
         (("--config", str(tmp_path / "missing.toml")), {}, "cannot read config file"),
-        (("--config", str(service)), {}, "line 4: service.policy = 'fastest'"),
+        (("--config", str(typo)), {}, "unknown table [servce]; expected log, kafka, service"),
     ]
     for argv, env, message in cases:
         done = run(module, *argv, env=env)

@@ -2,6 +2,7 @@
 
     python -m fleetlog.backends.kubernetes [--config FILE] [--log DIR | --kafka HOST:PORT]
         [--topic-prefix PREFIX] [--kubeconfig PATH] [--cell NAME] [--scheduler-name NAME]
+        [--log-format json|console] [--log-level LEVEL]
 
 Where the logs are is configured as for ``fleetlog run`` (the same ``--config`` file and
 ``FLEETLOG_*`` variables, Kafka security included); next to ``fleetlog run --log DIR`` it reads
@@ -23,7 +24,7 @@ from fleetlog.backends.kubernetes.backend import KubernetesBackend
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.backends.store_args import add_store_arguments, open_store, run_backend
 from fleetlog.log.location import Located
-from fleetlog.usage import Parser
+from fleetlog.usage import Parser, add_logging_options
 
 PROG = "python -m fleetlog.backends.kubernetes"
 FAILURE_CHECK_S = 1.0
@@ -35,6 +36,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_arguments(parser)
+    add_logging_options(parser, "console", "info")
     parser.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
     parser.add_argument("--cell", default="kubernetes", help="the fleetlog cell this cluster is")
     parser.add_argument("--scheduler-name", default="fleetlog", help="pods with this schedulerName are ours")

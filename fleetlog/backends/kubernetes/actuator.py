@@ -33,6 +33,7 @@ from fleetlog.events.model import Decision
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, LogStore
 from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
+from fleetlog.retry import Backoff, poll
 
 log = logging.getLogger("fleetlog.backends.kubernetes")
 CONFLICT: Final = 409
@@ -204,9 +205,10 @@ class Actuator:
         return False
 
     async def _bind_when_free(self, d: JobPlaced, patience_s: float = 120.0) -> None:
-        deadline = asyncio.get_running_loop().time() + patience_s
-        while self._blocked(d) and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
+        async def free() -> bool:
+            return not self._blocked(d)
+
+        await poll(free, bool, within_s=patience_s, backoff=Backoff(0.05, factor=1))
         await self._bind_job(d)
 
     async def _bind_job(self, d: JobPlaced) -> None:

@@ -19,6 +19,7 @@ from fleetlog.backends.kubernetes.ledger import read_ledger
 from fleetlog.backends.kubernetes.observer import Observer
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import LogStore
+from fleetlog.retry import Backoff, always, retry
 
 log = logging.getLogger("fleetlog.backends.kubernetes")
 
@@ -54,15 +55,13 @@ class KubernetesBackend:
     async def _first_lists(self, observer: Observer) -> None:
         """List nodes, then pods, retrying while the API server is not there yet."""
         for watcher in (observer.node_watch, observer.pod_watch):
-            delay = 0.1
-            while True:
-                try:
-                    await watcher.relist()
-                    break
-                except Exception as e:  # any failure here is retried: the server may be starting
-                    log.warning("first list of %s failed (%s); retrying", watcher.kind.path, e)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+
+            def failed(e: BaseException, _delay: float, path: str = watcher.kind.path) -> None:
+                log.warning("first list of %s failed (%s); retrying", path, e)
+
+            # any failure here is retried: the server may be starting
+            await retry(watcher.relist, always, within_s=None, backoff=Backoff(0.1, max_s=5.0),
+                        on_retry=failed)
 
     async def _rounds(self, observer: Observer) -> None:
         while True:

@@ -2,7 +2,8 @@
 
     python -m fleetlog.backends.slurm [--config FILE] [--log DIR | --kafka HOST:PORT]
         [--topic-prefix PREFIX] [--slurm-conf PATH] [--cell NAME] [--prefix NAME] [--partition NAME]
-        [--gpu-type TYPE] [--output PATTERN] [--command SHELL]
+        [--gpu-type TYPE] [--output PATTERN] [--command SHELL] [--log-format json|console]
+        [--log-level LEVEL]
 
 Every task runs ``--command`` (a shell line; ``$FLEETLOG_JOB_ID``, ``$FLEETLOG_TASK_INDEX``,
 ``$FLEETLOG_NODE`` and ``$FLEETLOG_GPU_INDICES`` are set), by default a sleep for the job's
@@ -24,7 +25,7 @@ from fleetlog.backends.slurm.mapping import SubmitSettings, Workload, sleep_for_
 from fleetlog.backends.store_args import add_store_arguments, open_store, run_backend
 from fleetlog.events import JobSubmitted
 from fleetlog.log.location import Located
-from fleetlog.usage import Parser
+from fleetlog.usage import Parser, add_logging_options
 
 PROG = "python -m fleetlog.backends.slurm"
 
@@ -35,6 +36,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_arguments(parser)
+    add_logging_options(parser, "console", "info")
     parser.add_argument("--slurm-conf", default="", help="SLURM_CONF for the client commands")
     parser.add_argument("--cell", default="slurm", help="the fleetlog cell this cluster is (default slurm)")
     parser.add_argument(

@@ -30,6 +30,7 @@ from typing import Final
 import msgspec
 from tenacity import RetryCallState
 
+from fleetlog import retry
 from fleetlog.backends.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -125,17 +126,18 @@ class Stats:
 
 
 class Backoff:
-    """Capped exponential backoff: initial, doubled after each failure up to the cap; reset on success."""
+    """Capped exponential backoff: initial, doubled after each failure up to the cap; reset on
+    success (the delays of :class:`fleetlog.retry.Backoff`, from the start again on reset)."""
 
     def __init__(self, initial_s: float, max_s: float) -> None:
-        self.initial_s, self.max_s, self.current_s = initial_s, max_s, 0.0
+        self.schedule = retry.Backoff(initial_s, max_s=max_s)
+        self.reset()
 
     def next(self) -> float:
-        self.current_s = min(self.max_s, self.current_s * 2 if self.current_s else self.initial_s)
-        return self.current_s
+        return next(self._delays)
 
     def reset(self) -> None:
-        self.current_s = 0.0
+        self._delays = self.schedule.delays()
 
 
 class SlurmBackend:
