@@ -34,7 +34,6 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 # the header is the producers' (defined with them); service.py takes it from here
-from fleetlog.log.discovery import ACCEPT_NEVER_FITS as ACCEPT_NEVER_FITS  # noqa: PLC0414
 
 RETRY_AFTER_S: Final = 1
 _BUSY_BODY: Final = b'{"error": "too many open connections, all busy", "reason": "overloaded"}\n'

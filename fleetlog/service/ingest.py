@@ -30,8 +30,9 @@ from fleetlog.events.codec import (
 from fleetlog.events.model import INPUT_TYPES, InputEvent, JobCancelled, JobSubmitted
 from fleetlog.events.spec import spec_differences, submission_spec
 from fleetlog.log.base import INPUTS, LogStore, Message
+from fleetlog.log.discovery import ACCEPT_NEVER_FITS
 from fleetlog.service.config import ServiceSettings
-from fleetlog.service.http import ACCEPT_NEVER_FITS, HttpLimits, Request, Response, json_response, refusal
+from fleetlog.service.http import HttpLimits, Request, Response, json_response, refusal
 from fleetlog.service.loop import SchedulerLoop
 
 INLINE_DECODE_BYTES: Final = 64 * 1024

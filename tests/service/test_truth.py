@@ -60,7 +60,7 @@ async def test_a_producer_reporting_a_cluster_may_ask_to_keep_a_never_fitting_jo
     service takes it (and explains it as never fitting), as Kubernetes keeps an unschedulable pod."""
     from fleetlog.client import HttpTransport
     from fleetlog.events import envelope
-    from fleetlog.service.http import ACCEPT_NEVER_FITS
+    from fleetlog.log.discovery import ACCEPT_NEVER_FITS
 
     status, _ = await running.request("/v1/events", events_body(node("n1"), node("n2")))
     assert status == 200
