@@ -29,7 +29,8 @@ from benchmarks.common import emit, machine, parse
 from fleetlog.core import decide as decide_mod
 from fleetlog.core import explain, fitting, kernels, kernels_ref, scratch
 from fleetlog.core.decide import decide
-from fleetlog.core.fold import fold, fold_many
+from fleetlog.core.fold import fold
+from fleetlog.core.fold_batch import fold_many
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import State
 from fleetlog.events import Event, JobSubmitted, NodeHeartbeat, TaskGroup

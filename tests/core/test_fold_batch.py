@@ -1,13 +1,20 @@
-"""``fold_lists`` (steady heartbeats written with numpy) gives the state ``fold`` gives one by one."""
+"""The batch twins of fold (:mod:`fleetlog.core.fold_batch`) give the state ``fold`` gives one
+event at a time: ``fold_lists`` (steady heartbeats written with numpy), ``fold_many``, runs of
+submissions (``NewJobs``) and runs of placements (``fold_decisions``/``on_placed_many``),
+over every chunking, gaps past the node timeout, duplicates and unknown jobs and nodes."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_decision, fold_lists, fold_many
+from fleetlog.core.fold import fold, fold_decision
+from fleetlog.core.fold_batch import fold_decisions, fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, JobState, State
@@ -67,8 +74,9 @@ def chunks(draw: st.DrawFn) -> list[tuple[list[Event], list[int]]]:
 def _same(a: State, b: State) -> None:
     assert digest(a) == digest(b)
     assert (a.offset, a.now_ms, a.next_sweep_ms) == (b.offset, b.now_ms, b.next_sweep_ms)
-    assert a.beat_cache.keys() == b.beat_cache.keys()
-    assert sorted(b.steady_ids.values()) == sorted(row for row, _ in b.beat_cache.values())
+    assert a.derived.beat_cache.keys() == b.derived.beat_cache.keys()
+    beats = b.derived
+    assert sorted(beats.steady_ids.values()) == sorted(row for row, _ in beats.beat_cache.values())
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -407,5 +415,89 @@ def test_folding_without_fold_lists_keeps_no_growing_record() -> None:
         fold(state, BEATS[NODES[at % len(NODES)]], at)
         fold(state, job(f"j{at}", gpus=0), at)
     fold_many(state, [(RESHAPED[name], 5_001) for name in NODES])
-    assert not state.steady_gone
-    assert sorted(state.steady_ids.values()) == sorted(row for row, _ in state.beat_cache.values())
+    derived = state.derived
+    assert not derived.steady_gone
+    assert sorted(derived.steady_ids.values()) == sorted(row for row, _ in derived.beat_cache.values())
+
+
+def test_fold_many_equals_fold_one_by_one() -> None:
+    """Steady heartbeats, a reshape, a removal, a sick node, a submission, with gaps of 700 ms
+    past a 3 s node timeout: ``fold_many`` gives the state of ``fold`` one by one."""
+    beats = [node(f"n{i}", gpus=8) for i in range(5)]
+    events = [
+        *beats,
+        job("a", gpus=8),
+        *beats,
+        node("n1", gpus=4),
+        *beats,
+        NodeRemoved(cell="c1", node="n2"),
+        *beats,
+        node("n3", healthy=False),
+        *beats * 3,
+    ]
+    pairs = [(e, 100 + i * 700) for i, e in enumerate(events)]
+    one, many = State(CoreConfig(node_timeout_ms=3_000)), State(CoreConfig(node_timeout_ms=3_000))
+    for e, at in pairs:
+        fold(one, e, at)
+    fold_many(many, pairs)
+    assert digest(one) == digest(many)
+    assert many.offset == len(events)
+
+
+# --- runs of placements (fold_decisions, on_placed_many) -------------------------------------
+
+PLACED_CONFIG = CoreConfig(node_timeout_ms=60_000, shape_window=64, shape_mix_every=16)
+
+
+def placements_of(seed: int) -> tuple[list[Event], list[JobPlaced]]:
+    """Inputs, and a decide call's placements over them (many on shared nodes, some on GPU shares)."""
+    rng = random.Random(seed)
+    events: list[Event] = [node("n0", gpus=2)]
+    for k in range(30):
+        gpus = rng.choice([0, 1, 1, 2])
+        events.append(job(f"j{k}", gpus=gpus, milli=rng.choice([250, 500, 1000]) if gpus == 1 else 1000))
+    state = State(PLACED_CONFIG)
+    for at, event in enumerate(events):
+        fold(state, event, at + 1)
+    first = DecisionBatch(as_of=state.offset, digest=digest(state), decisions=tuple(decide(state, Policy())))
+    fold(state, first, len(events))
+    assert len(state.reason_text) > 10  # most wait, with a reason, before the nodes below come
+    events.append(first)
+    events.extend(node(f"n{i}", gpus=(2, 4, 8)[i % 3]) for i in range(1, 6))
+    for at, event in enumerate(events[-5:]):
+        fold(state, event, len(events) + at)
+    placed = [d for d in decide(state, Policy()) if isinstance(d, JobPlaced)]
+    return events, placed
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_runs_of_placements_fold_as_one_by_one(seed: int) -> None:
+    """``fold_decisions`` takes runs of one-task ``JobPlaced`` at once: the same state (every
+    column, usage, reasons) as ``on_placed`` one after another."""
+    events, placed = placements_of(seed)
+    assert len(placed) > 15
+    at_once, one_by_one = State(PLACED_CONFIG), State(PLACED_CONFIG)
+    for at, event in enumerate(events):
+        fold(at_once, event, at + 1)
+        fold(one_by_one, event, at + 1)
+    fold_decisions(at_once, placed)
+    for d in placed:
+        fold_decision(one_by_one, d)
+    check(at_once)
+    assert digest(at_once) == digest(one_by_one)
+    assert at_once.usage == one_by_one.usage
+    for table in ("nodes", "jobs", "tasks"):
+        for name in getattr(at_once, table).spec:
+            assert (getattr(at_once, table).view(name) == getattr(one_by_one, table).view(name)).all(), name
+
+
+def test_a_bad_placement_in_a_run_fails_as_it_did_one_by_one() -> None:
+    """A run with a job placed twice: the first placement is applied, the second raises."""
+    events, placed = placements_of(4)
+    run = [*placed[:9], placed[3]]
+    state = State(PLACED_CONFIG)
+    for at, event in enumerate(events):
+        fold(state, event, at + 1)
+    with pytest.raises(ValueError, match=f"places job '{placed[3].job_id}', which is not pending"):
+        fold_decisions(state, run)
+    assert int(state.jobs.view("state")[state.job_row(placed[8].job_id)]) == JobState.RUNNING
