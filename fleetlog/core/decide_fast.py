@@ -3,7 +3,8 @@ same decisions, in the same order, for runs of jobs at once.
 
 - :func:`place_singles` places runs of one-task jobs with ``kernels.place_run`` (when the
   tenant is alone in its priority class, in one cell, with no quota and no reservation);
-- :func:`settle_known` settles runs of jobs whose key already failed in this call.
+- :func:`settle_known` settles runs of jobs whose key already failed in this call;
+- :func:`emit_placed` emits what ``place_run`` placed (the twin of ``place.commit``).
 
 :func:`fleetlog.core.decide.consider` chooses between them and the plain path. This module
 imports the plain path, never the other way; ``tests/core/test_decide_fast.py`` checks that
@@ -12,17 +13,19 @@ decide with these twins turned off (and with its memos dropped) decides the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
+from fleetlog.core.fold import mask_gpus
 from fleetlog.core.memo import Shape
-from fleetlog.core.place import emit_placed
+from fleetlog.core.place import add_usages
 from fleetlog.core.schedule import reject, schedule_job
 from fleetlog.core.scratch import Scratch, job_name
-from fleetlog.events.model import JobPending
+from fleetlog.events.model import JobPending, JobPlaced, TaskPlacement
 
 SINGLES_CHUNK: Final = 64  # jobs whose columns place_singles reads at once
 
@@ -120,3 +123,18 @@ def emit_changed_pending(sc: Scratch, jobs: Array, keys: Array) -> None:
         sc.decisions.append(JobPending(job_id=job_id, reason=outcome.reason, message=outcome.message))
 
 
+def emit_placed(sc: Scratch, jobs: Array, out: Array, cell: int) -> None:
+    """``JobPlaced`` of one-task jobs placed by ``kernels.place_run`` (their resources are
+    taken in the working copy already), and their usage."""
+    state = sc.state
+    job_names, cell_name = state.names["job"].names, state.names["cell"].names[cell]
+    counts = sc.gpu_count[out[:, 0]].tolist()
+    requests = zip(
+        *(state.jobs.cols[c][jobs].tolist() for c in ("req_cpu", "req_mem", "req_gpu")), strict=True
+    )
+    placed: list[tuple[int, Sequence[int]]] = []
+    for job, (node, mask), count, req in zip(jobs.tolist(), out.tolist(), counts, requests, strict=True):
+        tasks = (TaskPlacement(0, sc.node_name(node), mask_gpus(mask & ((1 << count) - 1))),)
+        sc.decisions.append(JobPlaced(job_id=job_names[job], cell=cell_name, tasks=tasks))
+        placed.append((job, req))
+    add_usages(sc, placed, cell)
