@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.common import emit, machine, parse
-from fleetlog.core import decide as decide_mod
-from fleetlog.core import explain, fitting, kernels, kernels_ref, scratch
+from fleetlog.core import decide_fast, explain, fitting, kernels, kernels_ref, memo, scratch
 from fleetlog.core.decide import decide
-from fleetlog.core.fold import fold, fold_many
+from fleetlog.core.fold import fold
+from fleetlog.core.fold_batch import fold_many
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import State
 from fleetlog.events import Event, JobSubmitted, NodeHeartbeat, TaskGroup
@@ -147,7 +147,7 @@ def bench_reference(count: int = 2_000) -> dict[str, Any]:
     fast = bench_single(1_000, "best-fit")
     policy = Policy(scoring="best-fit")
     expected = decide(state_with(1_000, jobs(count, 1, 1, False)), policy)
-    callers = (decide_mod, scratch, fitting, explain)  # the decide modules that call kernels
+    callers = (decide_fast, memo, scratch, fitting, explain)  # the decide modules that call kernels
     for module in callers:
         module.kernels = kernels_ref  # type: ignore[assignment]
     try:

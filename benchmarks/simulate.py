@@ -270,7 +270,7 @@ def patched(timer: Timer) -> Iterator[None]:
         (loop_mod, "fold_many", "fold inputs"),
         (loop_mod, "decide", "decide (total)"),
         (loop_mod, "digest", "state digest"),
-        (loop_mod, "fold", "fold decision batch"),
+        (loop_mod, "fold_fast", "fold decision batch"),
         (loop_mod, "encode", "encode decision batch"),
         (scratch_mod, "shape_matrix", "decide: FGD shape matrix"),
         (decide_mod, "Scratch", "decide: Scratch() incl. shape matrix"),

@@ -18,12 +18,13 @@ import numpy as np
 import numpy.typing as npt
 
 from fleetlog.core.arrays import Interner, Table
-from fleetlog.core.fold import count_shape, number_reason_texts
+from fleetlog.core.fold import count_shape
 from fleetlog.core.state import (
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
     CoreConfig,
+    Derived,
     Quota,
     Requeue,
     State,
@@ -238,7 +239,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
         count_shape(state, shape, 1)
     state.reason_text = dict(s["reason_text"])
     state.requeues = {row: msgspec.convert(r, Requeue) for row, r in s.get("requeues", ())}
-    number_reason_texts(state)
+    state.derived = Derived.of(state)
     state.sums = collection_sums(state)
     state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state

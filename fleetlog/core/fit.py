@@ -61,7 +61,7 @@ class Fleet:
     def never_fits_job(self, state: State, job: int) -> str | None:
         """:meth:`never_fits` of job row ``job``, remembered by its decide key (equal keys:
         equal shapes, topology and allowed cells)."""
-        keys = state.job_keys.col  # (decide gave the job its key id before it failed)
+        keys = state.derived.job_keys.col  # (decide gave the job its key id before it failed)
         key = int(keys[job]) if job < keys.size else -1
         if key >= 0 and key in self.judged:
             return self.judged[key]
@@ -165,11 +165,11 @@ def _describe(s: Shape) -> str:
 
 def fleet_of(state: State) -> Fleet:
     """The fleet of ``state`` — the previous call's, with what it judged, while no node changed
-    shape, status (removed or not), cell or topology (``State.fit_memo``: derived, not state)."""
-    fresh, kept = Fleet(state), state.fit_memo
+    shape, status (removed or not), cell or topology (``state.derived.fit_memo``: derived, not state)."""
+    fresh, kept = Fleet(state), state.derived.fit_memo
     if isinstance(kept, Fleet) and kept.fingerprint == fresh.fingerprint:
         return kept
-    state.fit_memo = fresh
+    state.derived.fit_memo = fresh
     return fresh
 
 

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fleetlog.core.arrays import Array
 from fleetlog.core.explain import explain_failure
 from fleetlog.core.fitting import place_in_cell
 from fleetlog.core.fold import mask_gpus
@@ -86,20 +85,3 @@ def add_usages(sc: Scratch, placed: Sequence[tuple[int, Sequence[int]]], cell: i
             row[0] += req[0]
             row[1] += req[1]
             row[2] += req[2]
-
-
-def emit_placed(sc: Scratch, jobs: Array, out: Array, cell: int) -> None:
-    """``JobPlaced`` of one-task jobs placed by ``kernels.place_run`` (their resources are
-    taken in the working copy already), and their usage."""
-    state = sc.state
-    job_names, cell_name = state.names["job"].names, state.names["cell"].names[cell]
-    counts = sc.gpu_count[out[:, 0]].tolist()
-    requests = zip(
-        *(state.jobs.cols[c][jobs].tolist() for c in ("req_cpu", "req_mem", "req_gpu")), strict=True
-    )
-    placed: list[tuple[int, Sequence[int]]] = []
-    for job, (node, mask), count, req in zip(jobs.tolist(), out.tolist(), counts, requests, strict=True):
-        tasks = (TaskPlacement(0, sc.node_name(node), mask_gpus(mask & ((1 << count) - 1))),)
-        sc.decisions.append(JobPlaced(job_id=job_names[job], cell=cell_name, tasks=tasks))
-        placed.append((job, req))
-    add_usages(sc, placed, cell)

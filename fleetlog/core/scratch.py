@@ -1,16 +1,16 @@
 """decide's working area: what changes as decisions accumulate within one call.
 
 :class:`Scratch` holds the working copy of free capacity and usage, the reservations and
-failures of this call, and the node scores remembered per task shape (:class:`Memos`, kept
-for the next call as a :class:`MemoCache`). The steps of decide (:mod:`fleetlog.core.place`,
-:mod:`~fleetlog.core.preempt`, :mod:`~fleetlog.core.reserve`, :mod:`~fleetlog.core.explain`)
-read and write it; this module imports none of them.
+failures of this call, and the node scores remembered per task shape (``fleetlog.core.memo``:
+:class:`~fleetlog.core.memo.Memos`, kept for the next call in ``state.derived`` as a
+:class:`~fleetlog.core.memo.MemoCache`, adopted by :meth:`Scratch.adopt`). The steps of
+decide (:mod:`fleetlog.core.place`, :mod:`~fleetlog.core.preempt`, :mod:`~fleetlog.core.reserve`,
+:mod:`~fleetlog.core.explain`) read and write it; this module imports none of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 import numpy as np
 
@@ -18,13 +18,10 @@ from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.fit import Fleet, fleet_of
 from fleetlog.core.fold import mask_gpus
+from fleetlog.core.memo import MAX_MEMOS, MEMO_ROWS, MemoCache, Memos, Shape
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
 from fleetlog.events.model import Decision
-
-MEMO_ROWS: Final = 1 << 20  # node rows of remembered scores kept at most (32 bytes each: 32 MiB)
-
-MAX_MEMOS: Final = 512  # task shapes whose node scores are remembered at once, at most
 
 
 class Outcome:
@@ -50,47 +47,6 @@ class Placement:
         score: tuple[int, int],
     ) -> None:
         self.cell, self.tasks, self.nodes, self.masks, self.score = cell, tasks, nodes, masks, score
-
-
-Shape = tuple[int, int, int, int, int]  # a task's (cpu, mem, gpus, milli, models)
-
-
-class Memos:
-    """``kernels.best_node_memo`` rows per task shape, in one int64[slots, N, MEMO_COLUMNS]
-    store (so that ``kernels.place_run`` takes them all at once); past ``limit`` shapes, the
-    least recently used one gives up its slot (bounded memory: a memo only saves work)."""
-
-    __slots__ = ("limit", "slots", "store")
-
-    def __init__(self, nodes: int, limit: int) -> None:
-        self.limit = limit
-        self.slots: dict[Shape, int] = {}  # in order of use, the most recent last
-        self.store = np.full((0, nodes, kernels.MEMO_COLUMNS), -1, np.int64)  # (grows on first use)
-
-    def slot(self, shape: Shape) -> int:
-        slot = self.slots.pop(shape, None)
-        if slot is None:
-            if len(self.slots) >= self.limit:
-                slot = self.slots.pop(next(iter(self.slots)))
-                self.store[slot] = -1
-            else:
-                slot = len(self.slots)  # (slots 0 .. len - 1 are in use)
-                if slot == self.store.shape[0]:
-                    grown = np.full((min(self.limit, max(16, 2 * slot)), *self.store.shape[1:]), -1, np.int64)
-                    grown[:slot] = self.store
-                    self.store = grown
-        self.slots[shape] = slot
-        return slot
-
-    def rows(self, shape: Shape) -> Array:
-        """The memo of ``shape`` (a view into the store: use it before the next ``slot``)."""
-        slot = self.slot(shape)  # (first: it may grow the store)
-        rows: Array = self.store[slot]
-        return rows
-
-    def clear(self) -> None:
-        self.slots.clear()
-        self.store.fill(-1)
 
 
 class Scratch:
@@ -157,7 +113,8 @@ class Scratch:
         """What this call remembered, with the free capacity it holds for."""
         if self.swapped or not self.memos.slots:
             return None
-        return MemoCache(self, self.memo_key())
+        free = (self.cpu_free, self.mem_free, self.gpu_free, self.gpu_count, self.model)
+        return MemoCache(self.memo_key(), self.memos, self.node_version, free)
 
     def memo_key(self) -> tuple[object, ...]:
         return (self.policy_id, self.shapes.tobytes(), self.shapes.shape, self.gpu_free.shape)
@@ -228,18 +185,6 @@ class Scratch:
         if nodes is None:
             return np.zeros(0, dtype=np.int64)
         return nodes if backfill or not self.reservations else nodes[~self.reserved[nodes]]
-
-
-class MemoCache:
-    """Node scores one ``decide`` call remembered (per task shape), the node versions they
-    were taken at, and the free capacity those versions stand for at the end of the call."""
-
-    __slots__ = ("cpu_free", "gpu_count", "gpu_free", "key", "mem_free", "memos", "model", "node_version")
-
-    def __init__(self, sc: Scratch, key: tuple[object, ...]) -> None:
-        self.key, self.memos, self.node_version = key, sc.memos, sc.node_version
-        self.cpu_free, self.mem_free, self.gpu_free = sc.cpu_free, sc.mem_free, sc.gpu_free
-        self.gpu_count, self.model = sc.gpu_count.copy(), sc.model.copy()  # (views of the state)
 
 
 def shape_matrix(state: State) -> Array:

@@ -190,8 +190,80 @@ SUM_JOB_CELLS = 1
 SUM_RECENT_SHAPES = 2
 
 
+class Derived:
+    """What fold and decide keep only to be fast: every field is rebuilt from the rest of the
+    state (``Derived.of(state)``; an empty one is right for an empty state), none is digested
+    or snapshotted. Droppable: replacing ``state.derived`` with ``Derived.of(state)`` at any
+    point changes no later decision and no digest, only speed (tests/core/test_derived.py).
+
+    One object, dropped whole: the fields lean on each other (``fit_memo`` remembers answers
+    by the key ids of ``key_ids``; ``text_ids`` are ids in ``text_index``)."""
+
+    __slots__ = (
+        "beat_cache", "decide_memo", "fit_memo", "job_keys", "key_ids", "steady_gone", "steady_ids",
+        "text_ids", "text_index",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.job_keys = RowIds()
+        """job row -> its decide key id (a job's shape never changes; ``fleetlog.core.schedule.job_keys``)."""
+        self.key_ids: dict[tuple[object, ...], int] = {}
+        """decide key -> its id."""
+        self.text_ids = RowIds()
+        """job row -> an id of its ``State.reason_text`` (equal texts, equal ids; kept by fold)."""
+        self.text_index: dict[str, int] = {}
+        """reason text -> its id in ``text_ids`` (renumbered when it grows past TEXT_IDS)."""
+        self.beat_cache: dict[str, tuple[int, object]] = {}
+        """node name -> (row, its last heartbeat) while up: the batch fold's steady heartbeats
+        (``fleetlog.core.fold_batch``); fold keeps it, as it keeps ``steady_ids``."""
+        self.steady_ids: dict[int, int] = {}
+        """``id()`` of each heartbeat object in ``beat_cache`` -> its node row (the cache holds
+        the objects, so their ids stay theirs): ``fold_lists`` finds steady heartbeats with
+        C-level lookups."""
+        self.steady_gone: list[int] | None = None
+        """While ``fold_lists`` runs, the ids taken out of ``steady_ids`` since it last looked
+        (None otherwise, so folding without it keeps no record that grows)."""
+        self.fit_memo: object | None = None
+        """The fleet's node shapes and which decide keys can never fit on them
+        (``fleetlog.core.fit.fleet_of``; checked by a fingerprint before any use)."""
+        self.decide_memo: object | None = None
+        """What the last ``decide`` call learned of node scores, for the next call to reuse
+        where nodes did not change (``fleetlog.core.memo.MemoCache``; checked against the free
+        capacity it was learned on before any use)."""
+
+    @classmethod
+    def of(cls, state: State) -> Derived:
+        """The caches of ``state`` rebuilt: the reason texts numbered, the rest empty (filled
+        again as fold and decide go)."""
+        derived = cls()
+        derived.number_texts(state.reason_text)
+        return derived
+
+    def number_texts(self, reason_text: dict[int, str]) -> None:
+        """Give every job's reason text its id in ``text_ids``, numbering the texts afresh."""
+        self.text_index.clear()
+        for row, text in reason_text.items():
+            self.text_ids.put(row, self.text_index.setdefault(text, len(self.text_index)))
+
+    def remember_beat(self, node: str, row: int, beat: object) -> None:
+        """``beat`` is the last heartbeat of up node ``node`` (row ``row``)."""
+        hit = self.beat_cache.get(node)
+        if hit is None or hit[1] is not beat:  # (the same object again stays steady for fold_lists)
+            self.forget_beat(node)
+            self.beat_cache[node] = (row, beat)
+            self.steady_ids[id(beat)] = row
+
+    def forget_beat(self, node: str) -> None:
+        """Drop ``node``'s steady heartbeat (it went down or reshaped)."""
+        hit = self.beat_cache.pop(node, None)
+        gone = self.steady_gone
+        if hit is not None and self.steady_ids.pop(id(hit[1]), None) is not None and gone is not None:
+            gone.append(id(hit[1]))
+
+
 class State:
-    """The whole scheduler state. Mutated only by :func:`fleetlog.core.fold.fold`."""
+    """The whole scheduler state. Mutated only by :func:`fleetlog.core.fold.fold` (and its batch
+    twins, :mod:`fleetlog.core.fold_batch`), except ``derived``, which decide writes too."""
 
     def __init__(self, config: CoreConfig | None = None) -> None:
         self.config = config or CoreConfig()
@@ -210,7 +282,8 @@ class State:
         self.recent_shapes: list[tuple[int, int, int]] = []  # ring of (gpus, milli, cpu) of submitted tasks
         self.recent_next = 0
         self.shape_stats: dict[tuple[int, int], list[int]] = {}
-        """(gpus, milli) -> [count, cpu sum] over ``recent_shapes`` (derived, kept by fold)."""
+        """(gpus, milli) -> [count, cpu sum] over ``recent_shapes`` (kept by fold, rebuilt on
+        restore, not snapshotted; not in ``derived``: fold reads it to take the shape mix)."""
         self.shape_mix: tuple[tuple[int, int, int, int], ...] = ()
         """The shape mix FGD scores against: (gpus, milli, mean cpu, count) rows, most common
         first, as taken from the window at the last refresh (see ``CoreConfig.shape_mix_every``)."""
@@ -220,37 +293,16 @@ class State:
         self.sums = [0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
         ``job_cells`` items and ``(index, shape)`` of ``recent_shapes`` (see SUM_*): what the
-        digest hashes instead of those collections (derived, kept by fold)."""
+        digest hashes instead of those collections (kept by fold, rebuilt on restore by
+        :func:`collection_sums`; not in ``derived``: the digest reads it)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
         self.pending_count = 0
         self.requeues: dict[int, Requeue] = {}
         """job row -> why it was last requeued, while it waits (see :class:`Requeue`)."""
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
-        self.job_keys = RowIds()
-        """job row -> its decide key id (derived: a job's shape never changes; not state)."""
-        self.text_ids = RowIds()
-        """job row -> an id of its ``reason_text`` (equal texts, equal ids; derived, kept by fold)."""
-        self.text_index: dict[str, int] = {}
-        """reason text -> its id in ``text_ids`` (derived; rebuilt when it grows past TEXT_IDS)."""
-        self.key_ids: dict[tuple[object, ...], int] = {}
-        """decide key -> its id (derived, like ``job_keys``)."""
-        self.beat_cache: dict[str, tuple[int, object]] = {}
-        """node name -> (row, its last heartbeat) while up: fold_many's fast path (not state: derived)."""
-        self.steady_ids: dict[int, int] = {}
-        """``id()`` of each heartbeat object in ``beat_cache`` -> its node row (derived: the cache
-        holds the objects, so their ids stay theirs): ``fold_lists`` finds steady heartbeats
-        with C-level lookups."""
-        self.steady_gone: list[int] | None = None
-        """While ``fold_lists`` runs, the ids taken out of ``steady_ids`` since it last looked
-        (derived; None otherwise, so folding without it keeps no record that grows)."""
-        self.fit_memo: object | None = None
-        """The fleet's node shapes and which decide keys can never fit on them
-        (``fleetlog.core.fit.fleet_of``; derived, not state: checked by a fingerprint)."""
-        self.decide_memo: object | None = None
-        """What the last ``decide`` call learned of node scores, for the next call to reuse
-        where nodes did not change (``fleetlog.core.decide.MemoCache``; derived, not state:
-        checked against the free capacity it was learned on before any use)."""
+        self.derived = Derived()
+        """Caches rebuilt from the rest (see :class:`Derived`): droppable, never digested or snapshotted."""
 
     # --- lookups -------------------------------------------------------------------------
 

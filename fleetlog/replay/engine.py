@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleetlog.core.fold import fold, fold_lists
+from fleetlog.core.fold_batch import fold_fast, fold_lists
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import DecisionBatch
 from fleetlog.log.base import INPUTS
@@ -89,7 +89,7 @@ async def replay(
         if batch.as_of > target:
             break
         await fold_inputs(reader, state, batch.as_of, observers, progress)
-        fold(state, batch, state.now_ms)
+        fold_fast(state, batch, state.now_ms)
         for observer in observers:
             observer.decided(state, batch)
         count += 1

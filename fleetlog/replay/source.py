@@ -222,7 +222,7 @@ def instants(chunk: Chunk, state: State) -> Iterator[Chunk]:
     two reads is two parts; the second one's sample replaces the first's."""
     events, times, n, i = chunk.events, chunk.times, len(chunk.events), 0
     while i < n:
-        j, steady, sweep = i, state.steady_ids, state.next_sweep_ms
+        j, steady, sweep = i, state.derived.steady_ids, state.next_sweep_ms
         while j < n and id(events[j]) in steady and times[j] < sweep:
             j += 1
         if j == i:

@@ -15,7 +15,7 @@ import msgspec
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold
+from fleetlog.core.fold_batch import fold_fast
 from fleetlog.core.policy import UnknownPolicyError, policy_named
 from fleetlog.core.state import State
 from fleetlog.events.model import Decision, DecisionBatch
@@ -127,7 +127,7 @@ async def verify_stretch(
                 problem, previous_as_of=previous, inputs_since=recent.shown(), inputs_since_count=recent.count
             )
             return Stretch(VerifyReport(count, decisions, reader.offset, digest(state), found), start_digest)
-        fold(state, batch, state.now_ms)
+        fold_fast(state, batch, state.now_ms)
         recent.decided(state, batch)
         count, decisions, previous = count + 1, decisions + len(batch.decisions), batch.as_of
     if stop is not None:

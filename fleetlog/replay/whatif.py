@@ -26,7 +26,7 @@ from fleetlog.backends.simulated import (
     VirtualClock,
 )
 from fleetlog.core.decide import decide
-from fleetlog.core.fold import fold, fold_many
+from fleetlog.core.fold_batch import fold_fast, fold_many
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, JobState, State
 from fleetlog.core.views import nodes_table
@@ -160,14 +160,14 @@ class _Run:
 
     def decide_at(self, offset: int, recorded: DecisionBatch) -> None:
         for event, at in self.cells.due(self.state.now_ms):
-            fold(self.state, event, at)
+            fold_fast(self.state, event, at)
         mine = tuple(decide(self.state, self.policy))
         if mine != recorded.decisions and self.first is None:
             self.first = {"decisions_offset": offset, "as_of": recorded.as_of, "time_ms": self.state.now_ms}
         if self.first is not None:
             self._mark_moved(recorded.decisions, mine)
         batch = DecisionBatch(as_of=recorded.as_of, digest="", decisions=mine, policy=self.policy.name)
-        fold(self.state, batch, self.state.now_ms)
+        fold_fast(self.state, batch, self.state.now_ms)
         for d in mine:
             if isinstance(d, JobPlaced):
                 self.placed[d.job_id] = d

@@ -16,7 +16,7 @@ import msgspec
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_lists
+from fleetlog.core.fold_batch import fold_fast, fold_lists
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
@@ -126,7 +126,7 @@ class SchedulerLoop:
                 f"not after the {self.offset} already folded"
             )
         await self._fold_inputs_until(batch.as_of)
-        fold(self.state, batch, self.state.now_ms)
+        fold_fast(self.state, batch, self.state.now_ms)
         self.decisions_next = last + 1
 
     async def catch_up(self) -> None:
@@ -174,7 +174,7 @@ class SchedulerLoop:
             DECISIONS, messages, group=self.config.group, consumed=self.offset
         )
         self.committed, self.decisions_next = self.offset, first + len(messages)
-        fold(self.state, batch, self.state.now_ms)
+        fold_fast(self.state, batch, self.state.now_ms)
         if self.config.check_invariants:
             check(self.state)
         work = time.perf_counter() - started

@@ -25,10 +25,10 @@ from fleetlog.core import decide as decide_module
 from fleetlog.core import kernels
 from fleetlog.core.decide import Memos, decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_decision, fold_decisions
+from fleetlog.core.fold import fold
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
-from fleetlog.core.state import CoreConfig, JobState, State
+from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import DecisionBatch, Event, TaskFinished
 from fleetlog.events.model import JobPlaced
 from tests.core.builders import job, node
@@ -103,7 +103,7 @@ def run_three(policy: Policy, seed: int, cells: int = 1, steps: int = 40) -> int
             now += 1
             for state in (normal, forgetful, general):
                 fold(state, event, now)
-        forgetful.decide_memo = None
+        forgetful.derived.decide_memo = None
         with general_path_only():
             expected = decide(general, policy)
         got = decide(normal, policy)
@@ -225,57 +225,3 @@ def test_shape_mix_is_taken_at_doublings_then_at_intervals() -> None:
     gpus_milli = {(g, m) for g, m, _, _ in state.shape_mix}
     assert gpus_milli == {(1, 250), (1, 500)}
     assert sum(n for *_, n in state.shape_mix) == 8  # the window's count
-
-
-def placements_of(seed: int) -> tuple[list[Event], list[JobPlaced]]:
-    """Inputs, and a decide call's placements over them (many on shared nodes, some on GPU shares)."""
-    rng = random.Random(seed)
-    events: list[Event] = [node("n0", gpus=2)]
-    for k in range(30):
-        gpus = rng.choice([0, 1, 1, 2])
-        events.append(job(f"j{k}", gpus=gpus, milli=rng.choice([250, 500, 1000]) if gpus == 1 else 1000))
-    state = State(CONFIG)
-    for at, event in enumerate(events):
-        fold(state, event, at + 1)
-    first = DecisionBatch(as_of=state.offset, digest=digest(state), decisions=tuple(decide(state, Policy())))
-    fold(state, first, len(events))
-    assert len(state.reason_text) > 10  # most wait, with a reason, before the nodes below come
-    events.append(first)
-    events.extend(node(f"n{i}", gpus=(2, 4, 8)[i % 3]) for i in range(1, 6))
-    for at, event in enumerate(events[-5:]):
-        fold(state, event, len(events) + at)
-    placed = [d for d in decide(state, Policy()) if isinstance(d, JobPlaced)]
-    return events, placed
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_runs_of_placements_fold_as_one_by_one(seed: int) -> None:
-    """``fold_decisions`` takes runs of one-task ``JobPlaced`` at once: the same state (every
-    column, usage, reasons) as ``on_placed`` one after another."""
-    events, placed = placements_of(seed)
-    assert len(placed) > 15
-    at_once, one_by_one = State(CONFIG), State(CONFIG)
-    for at, event in enumerate(events):
-        fold(at_once, event, at + 1)
-        fold(one_by_one, event, at + 1)
-    fold_decisions(at_once, placed)
-    for d in placed:
-        fold_decision(one_by_one, d)
-    check(at_once)
-    assert digest(at_once) == digest(one_by_one)
-    assert at_once.usage == one_by_one.usage
-    for table in ("nodes", "jobs", "tasks"):
-        for name in getattr(at_once, table).spec:
-            assert (getattr(at_once, table).view(name) == getattr(one_by_one, table).view(name)).all(), name
-
-
-def test_a_bad_placement_in_a_run_fails_as_it_did_one_by_one() -> None:
-    """A run with a job placed twice: the first placement is applied, the second raises."""
-    events, placed = placements_of(4)
-    run = [*placed[:9], placed[3]]
-    state = State(CONFIG)
-    for at, event in enumerate(events):
-        fold(state, event, at + 1)
-    with pytest.raises(ValueError, match=f"places job '{placed[3].job_id}', which is not pending"):
-        fold_decisions(state, run)
-    assert int(state.jobs.view("state")[state.job_row(placed[8].job_id)]) == JobState.RUNNING

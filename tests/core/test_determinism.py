@@ -120,32 +120,6 @@ def test_fold_digest_changes_with_every_input() -> None:
     assert len(seen) == 5
 
 
-def test_fold_many_equals_fold_one_by_one() -> None:
-    from fleetlog.core.fold import fold_many
-    from fleetlog.core.state import CoreConfig, State
-    from fleetlog.events import NodeRemoved
-
-    beats = [node(f"n{i}", gpus=8) for i in range(5)]
-    events = [
-        *beats,
-        job("a", gpus=8),
-        *beats,
-        node("n1", gpus=4),
-        *beats,
-        NodeRemoved(cell="c1", node="n2"),
-        *beats,
-        node("n3", healthy=False),
-        *beats * 3,
-    ]
-    pairs = [(e, 100 + i * 700) for i, e in enumerate(events)]
-    one, many = State(CoreConfig(node_timeout_ms=3_000)), State(CoreConfig(node_timeout_ms=3_000))
-    for e, at in pairs:
-        fold(one, e, at)
-    fold_many(many, pairs)
-    assert digest(one) == digest(many)
-    assert many.offset == len(events)
-
-
 def _padded_words_hash(col: np.ndarray) -> int:
     """The column hash as defined: the column's bytes zero-padded to whole little-endian words,
     word i mixed into lane i % 4, then the four lanes and the word count mixed in order."""

@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest, restore, snapshot
-from fleetlog.core.fold import fold, fold_lists, fold_many
+from fleetlog.core.fold import fold
+from fleetlog.core.fold_batch import fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State

@@ -163,7 +163,7 @@ def test_a_down_node_still_counts_as_fleet_a_removed_one_does_not() -> None:
 
 
 def test_a_run_of_placements_folded_at_once_clears_the_requeue_notes() -> None:
-    """Eight or more placements in a batch take fold's batched path (``on_placed_many``)."""
+    """Eight or more placements in a batch take the batched path (``fold_fast``: ``on_placed_many``)."""
     d = Driver()
     d.feed(node("n1"), *[job(f"j{i}") for i in range(8)])
     assert len(d.placed(d.decide())) == 8

@@ -1,13 +1,20 @@
-"""``fold_lists`` (steady heartbeats written with numpy) gives the state ``fold`` gives one by one."""
+"""The batch twins of fold (:mod:`fleetlog.core.fold_batch`) give the state ``fold`` gives one
+event at a time: ``fold_lists`` (steady heartbeats written with numpy), ``fold_many``, runs of
+submissions (``NewJobs``) and runs of placements (``fold_decisions``/``on_placed_many``),
+over every chunking, gaps past the node timeout, duplicates and unknown jobs and nodes."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
-from fleetlog.core.fold import fold, fold_decision, fold_lists, fold_many
+from fleetlog.core.fold import fold, fold_decision
+from fleetlog.core.fold_batch import fold_decisions, fold_fast, fold_lists, fold_many, fold_submissions
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, JobState, State
@@ -16,6 +23,7 @@ from fleetlog.events import (
     Event,
     JobCancelled,
     JobPlaced,
+    JobSubmitted,
     NodeRemoved,
     TaskFailed,
     TaskFinished,
@@ -67,8 +75,9 @@ def chunks(draw: st.DrawFn) -> list[tuple[list[Event], list[int]]]:
 def _same(a: State, b: State) -> None:
     assert digest(a) == digest(b)
     assert (a.offset, a.now_ms, a.next_sweep_ms) == (b.offset, b.now_ms, b.next_sweep_ms)
-    assert a.beat_cache.keys() == b.beat_cache.keys()
-    assert sorted(b.steady_ids.values()) == sorted(row for row, _ in b.beat_cache.values())
+    assert a.derived.beat_cache.keys() == b.derived.beat_cache.keys()
+    beats = b.derived
+    assert sorted(beats.steady_ids.values()) == sorted(row for row, _ in beats.beat_cache.values())
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -146,7 +155,7 @@ def test_runs_of_submissions_fold_as_one_by_one() -> None:
     one by one — duplicates (earlier and within the run), gangs of several groups, allowed
     cells and GPU models seen for the first time, a shape-mix refresh inside a run, steady
     heartbeats between runs, and a run that reaches a node sweep."""
-    from fleetlog.events import JobSubmitted, TaskGroup
+    from fleetlog.events import TaskGroup
 
     config = CoreConfig(node_timeout_ms=4_000, shape_window=8, shape_mix_every=3)
     events: list[Event] = [BEATS[name] for name in NODES]
@@ -236,6 +245,19 @@ def _task_event(draw: st.DrawFn, w: _LogWriter, kind: str) -> Event:
     return JobCancelled(job_id=j)
 
 
+def _unknown(draw: st.DrawFn) -> Event:
+    return draw(
+        st.sampled_from([
+            TaskStarted(job_id="ghost", task_index=0, node="n0"),
+            TaskFinished(job_id="ghost", task_index=0, exit_code=0),
+            TaskFailed(job_id="ghost", task_index=0),
+            JobCancelled(job_id="ghost"),
+            NodeRemoved(cell="c1", node="ghost-node"),
+            NodeRemoved(cell="ghost-cell", node="n0"),
+        ])
+    )  # fmt: skip
+
+
 def _submission(draw: st.DrawFn, w: _LogWriter) -> Event:
     w.jobs += 1
     gpus = draw(st.sampled_from([0, 1, 2, 4, 8]))
@@ -262,7 +284,7 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
     w.decide()
     beat_weight = draw(st.sampled_from([1, 6, 30]))  # (fold_lists' fast path and its fallback)
     for _ in range(draw(st.integers(10, 120))):
-        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGdd"))
+        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGddDu"))
         name = draw(st.sampled_from(NODES))
         step, back = draw(st.integers(0, 40)), draw(st.sampled_from([0, 0, 0, 50]))
         if kind == "b":
@@ -285,6 +307,10 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
             w.put(
                 {"R": RESHAPED, "U": SICK}[kind][name] if kind != "x" else NodeRemoved(cell="c1", node=name)
             )
+        elif kind == "D":  # a resent submission (a duplicate job id)
+            w.put(job(f"j{draw(st.integers(0, max(0, w.jobs - 1)))}"), step, back)
+        elif kind == "u":  # observations of a job and a node the state never saw
+            w.put(_unknown(draw), step, back)
         elif kind == "g":  # an outage: nothing for longer than the node timeout
             w.put(BEATS[name], draw(st.sampled_from([3_500, 9_000, 30_000])))
         elif kind == "G":  # the fleet beats steadily across several sweeps and past the timeout
@@ -314,15 +340,15 @@ def _readable(state: State) -> tuple[object, ...]:
 
 
 def _fold_as_the_loop_does(state: State, chunk: Log) -> None:
-    """``fold_lists`` of each run of inputs, ``fold`` of each decision batch between them (at
-    the state's clock), as the scheduler loop and replay do."""
+    """``fold_lists`` of each run of inputs, ``fold_fast`` of each decision batch between them
+    (at the state's clock), as the scheduler loop and replay do."""
     run: Log = []
     for event, at in [*chunk, (None, 0)]:
         if isinstance(event, DecisionBatch | None):
             fold_lists(state, [e for e, _ in run], [t for _, t in run])
             run = []
             if event is not None:
-                fold(state, event, state.now_ms)
+                fold_fast(state, event, state.now_ms)
         else:
             run.append((event, at))
 
@@ -407,5 +433,148 @@ def test_folding_without_fold_lists_keeps_no_growing_record() -> None:
         fold(state, BEATS[NODES[at % len(NODES)]], at)
         fold(state, job(f"j{at}", gpus=0), at)
     fold_many(state, [(RESHAPED[name], 5_001) for name in NODES])
-    assert not state.steady_gone
-    assert sorted(state.steady_ids.values()) == sorted(row for row, _ in state.beat_cache.values())
+    derived = state.derived
+    assert not derived.steady_gone
+    assert sorted(derived.steady_ids.values()) == sorted(row for row, _ in derived.beat_cache.values())
+
+
+def test_fold_many_equals_fold_one_by_one() -> None:
+    """Steady heartbeats, a reshape, a removal, a sick node, a submission, with gaps of 700 ms
+    past a 3 s node timeout: ``fold_many`` gives the state of ``fold`` one by one."""
+    beats = [node(f"n{i}", gpus=8) for i in range(5)]
+    events = [
+        *beats,
+        job("a", gpus=8),
+        *beats,
+        node("n1", gpus=4),
+        *beats,
+        NodeRemoved(cell="c1", node="n2"),
+        *beats,
+        node("n3", healthy=False),
+        *beats * 3,
+    ]
+    pairs = [(e, 100 + i * 700) for i, e in enumerate(events)]
+    one, many = State(CoreConfig(node_timeout_ms=3_000)), State(CoreConfig(node_timeout_ms=3_000))
+    for e, at in pairs:
+        fold(one, e, at)
+    fold_many(many, pairs)
+    assert digest(one) == digest(many)
+    assert many.offset == len(events)
+
+
+# --- runs of placements (fold_decisions, on_placed_many) -------------------------------------
+
+PLACED_CONFIG = CoreConfig(node_timeout_ms=60_000, shape_window=64, shape_mix_every=16)
+
+
+def placements_of(seed: int) -> tuple[list[Event], list[JobPlaced]]:
+    """Inputs, and a decide call's placements over them (many on shared nodes, some on GPU shares)."""
+    rng = random.Random(seed)
+    events: list[Event] = [node("n0", gpus=2)]
+    for k in range(30):
+        gpus = rng.choice([0, 1, 1, 2])
+        events.append(job(f"j{k}", gpus=gpus, milli=rng.choice([250, 500, 1000]) if gpus == 1 else 1000))
+    state = State(PLACED_CONFIG)
+    for at, event in enumerate(events):
+        fold(state, event, at + 1)
+    first = DecisionBatch(as_of=state.offset, digest=digest(state), decisions=tuple(decide(state, Policy())))
+    fold(state, first, len(events))
+    assert len(state.reason_text) > 10  # most wait, with a reason, before the nodes below come
+    events.append(first)
+    events.extend(node(f"n{i}", gpus=(2, 4, 8)[i % 3]) for i in range(1, 6))
+    for at, event in enumerate(events[-5:]):
+        fold(state, event, len(events) + at)
+    placed = [d for d in decide(state, Policy()) if isinstance(d, JobPlaced)]
+    return events, placed
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_runs_of_placements_fold_as_one_by_one(seed: int) -> None:
+    """``fold_decisions`` takes runs of one-task ``JobPlaced`` at once: the same state (every
+    column, usage, reasons) as ``on_placed`` one after another."""
+    events, placed = placements_of(seed)
+    assert len(placed) > 15
+    at_once, one_by_one = State(PLACED_CONFIG), State(PLACED_CONFIG)
+    for at, event in enumerate(events):
+        fold(at_once, event, at + 1)
+        fold(one_by_one, event, at + 1)
+    fold_decisions(at_once, placed)
+    for d in placed:
+        fold_decision(one_by_one, d)
+    check(at_once)
+    assert digest(at_once) == digest(one_by_one)
+    assert at_once.usage == one_by_one.usage
+    for table in ("nodes", "jobs", "tasks"):
+        for name in getattr(at_once, table).spec:
+            assert (getattr(at_once, table).view(name) == getattr(one_by_one, table).view(name)).all(), name
+
+
+def test_a_bad_placement_in_a_run_fails_as_it_did_one_by_one() -> None:
+    """A run with a job placed twice: the first placement is applied, the second raises."""
+    events, placed = placements_of(4)
+    run = [*placed[:9], placed[3]]
+    state = State(PLACED_CONFIG)
+    for at, event in enumerate(events):
+        fold(state, event, at + 1)
+    with pytest.raises(ValueError, match=f"places job '{placed[3].job_id}', which is not pending"):
+        fold_decisions(state, run)
+    assert int(state.jobs.view("state")[state.job_row(placed[8].job_id)]) == JobState.RUNNING
+
+
+# --- the limits: empty runs, runs of one ----------------------------------------------------
+
+
+def _started() -> tuple[State, list[Event]]:
+    """A state with nodes, running and pending jobs; and a decide call's decisions on it."""
+    state = State(CHUNK_CONFIG)
+    events: list[Event] = [*BEATS.values(), *(job(f"j{i}", gpus=2) for i in range(20))]
+    for at, event in enumerate(events, 1_000):
+        fold(state, event, at)
+    return state, list(decide(state, Policy()))
+
+
+def test_empty_runs_change_nothing() -> None:
+    state, decisions = _started()
+    before = (digest(state), state.offset, state.now_ms, state.next_sweep_ms)
+    fold_lists(state, [], [])
+    fold_many(state, [])
+    fold_submissions(state, [], [])
+    fold_decisions(state, [])
+    fold_fast(state, DecisionBatch(as_of=state.offset, digest="", decisions=()), 99_999)
+    assert (digest(state), state.offset, state.now_ms, state.next_sweep_ms) == before
+    assert decisions  # (the state had something to decide: a batch of one below)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [BEATS["n0"], SICK["n1"], RESHAPED["n2"], job("new", gpus=1), job("j3"), JobCancelled(job_id="ghost")],
+    ids=["steady", "sick", "reshaped", "submitted", "duplicate", "unknown-job"],
+)
+@pytest.mark.parametrize("at_ms", [1_030, 9_000], ids=["soon", "past-the-timeout"])
+def test_a_run_of_one_folds_as_fold(event: Event, at_ms: int) -> None:
+    one, _ = _started()
+    for twin in ("lists", "many", "submissions", "fast"):
+        state, _ = _started()
+        if twin == "lists":
+            fold_lists(state, [event], [at_ms])
+        elif twin == "many":
+            fold_many(state, [(event, at_ms)])
+        elif twin == "submissions" and isinstance(event, JobSubmitted):
+            fold_submissions(state, [event], [at_ms])
+        else:
+            fold_fast(state, event, at_ms)
+        if twin == "lists":
+            fold(one, event, at_ms)
+        _same(one, state)
+
+
+def test_a_decision_batch_of_one_folds_as_fold() -> None:
+    _, decisions = _started()
+    placed = [d for d in decisions if isinstance(d, JobPlaced)]
+    for batch in ([placed[0]], placed[:8], decisions):
+        state, _ = _started()
+        ref, _ = _started()
+        fold_decisions(state, batch)
+        for d in batch:
+            fold_decision(ref, d)
+        _same(ref, state)

@@ -1,0 +1,417 @@
+"""The batch twins of :mod:`fleetlog.core.fold`: the same state, faster, for runs of events.
+
+:mod:`fleetlog.core.fold` is the spec: one short handler per event. This module folds what the
+service and replay read in bulk — steady heartbeats written with numpy, runs of submissions'
+columns written at once (:class:`NewJobs`), runs of one-task placements at once
+(:func:`on_placed_many`) — and falls back on the spec's handlers for everything else. It
+imports the spec, never the other way. Each twin is checked against folding one event at a
+time by ``tests/core/test_fold_batch.py`` (every chunking, gaps past the node timeout,
+duplicates, unknown jobs and nodes).
+
+The steady heartbeats are the objects ``state.derived.beat_cache`` holds, which the spec's
+``on_heartbeat`` keeps (a derived cache: see :class:`~fleetlog.core.state.Derived`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from typing import Final
+
+import numpy as np
+
+from fleetlog.core.arrays import Array
+from fleetlog.core.fold import (
+    add_entry,
+    drop_reason_text,
+    fold,
+    fold_decision,
+    mask_gpus,
+    model_id,
+    on_placed,
+    remember_shape,
+    take_shape_mix,
+)
+from fleetlog.core.state import SUM_JOB_CELLS, TOPOLOGY_CODES, JobState, NodeStatus, State, TaskState
+from fleetlog.events.model import (
+    DecisionBatch,
+    Event,
+    JobCancelled,
+    JobPlaced,
+    JobSubmitted,
+    NodeHeartbeat,
+    QuotaSet,
+    TaskFailed,
+    TaskFinished,
+    TaskStarted,
+)
+
+_RUNNING: Final = int(JobState.RUNNING)  # (plain ints: see fleetlog.core.fold)
+_PLACED: Final = int(TaskState.PLACED)
+
+
+def fold_fast(state: State, event: Event, at_ms: int) -> None:
+    """:func:`~fleetlog.core.fold.fold` of one event: the same state, with a decision batch's
+    runs of one-task placements applied at once (:func:`fold_decisions`)."""
+    if isinstance(event, DecisionBatch):
+        fold_decisions(state, event.decisions)
+    else:
+        fold(state, event, at_ms)
+
+
+def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
+    """Fold (event, at_ms) pairs in order: the same state as :func:`fold` one by one, faster.
+
+    The hot path is the steady heartbeat of a known, up node that reports what it reported
+    last time (often the very same object: readers decode repeated bytes once): only its
+    heartbeat time changes, so those are gathered and written at once, and the offset and
+    log time are kept in locals until some other event needs the state. Runs of submissions
+    are folded together (:func:`fold_submissions`).
+
+    Nothing deferred crosses a node sweep: the first event at or after the sweep time is
+    folded by :func:`fold` after every deferred write, whatever its type, so the sweep reads
+    the heartbeat times the events before it wrote — however the inputs were chunked.
+    """
+    beats: dict[int, int] = {}
+    cache = state.derived.beat_cache
+    now, sweep, steady = state.now_ms, state.next_sweep_ms, 0
+    run: list[JobSubmitted] = []  # consecutive submissions, folded together
+    run_at: list[int] = []
+    # (at most one of ``run`` and ``steady`` is open: each closes the other's offset and clock)
+    for event, at_ms in events:
+        if at_ms < sweep:
+            if type(event) is JobSubmitted:
+                if steady:
+                    state.offset += steady
+                    state.now_ms, steady = now, 0
+                run.append(event)
+                run_at.append(at_ms)
+                continue
+            if type(event) is NodeHeartbeat:
+                hit = cache.get(event.node)
+                if hit is not None and (hit[1] is event or hit[1] == event):
+                    if run:
+                        fold_submissions(state, run, run_at)
+                        run, run_at, now = [], [], state.now_ms
+                    steady += 1
+                    now = at_ms if at_ms > now else now  # max() costs a call per heartbeat
+                    beats[hit[0]] = now
+                    continue
+        if run:
+            fold_submissions(state, run, run_at)
+            run, run_at = [], []
+        if steady:
+            state.offset += steady
+            state.now_ms, steady = now, 0
+        if beats:
+            _write_beats(state, beats)
+        fold_fast(state, event, at_ms)
+        now, sweep = state.now_ms, state.next_sweep_ms
+    if run:
+        fold_submissions(state, run, run_at)
+    if steady:
+        state.offset += steady
+        state.now_ms = now
+    if beats:
+        _write_beats(state, beats)
+
+
+_JOB_COLUMNS: Final = (
+    "tenant", "queue", "priority", "submitted_at", "seq", "first_task", "ntasks", "topology",
+    "expected_ms", "req_cpu", "req_mem", "req_gpu",
+)  # fmt: skip
+_TASK_COLUMNS: Final = ("job", "cpu", "mem", "gpus", "milli", "models")
+
+
+class NewJobs:
+    """The rows of jobs submitted one after another, gathered in order (names interned, allowed
+    cells and the shape window kept as each job comes) and their columns written at once."""
+
+    __slots__ = ("first_job", "first_task", "jobs", "tasks")
+
+    def __init__(self, state: State) -> None:
+        self.first_job, self.first_task = state.jobs.size, state.tasks.size
+        self.jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
+        self.tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
+
+    def take(self, state: State, e: JobSubmitted) -> None:
+        """Fold ``e`` (the clock and offset already moved to it) but for the column writes."""
+        names = state.names
+        job_names = names["job"]
+        if e.job_id in job_names.ids:
+            state.duplicates += 1
+            return
+        job = job_names.intern(e.job_id)
+        tenant, queue, priority, submitted, seq, first, ntasks, topo, expected, req_cpu, req_mem, req_gpu = (
+            self.jobs
+        )
+        tenant.append(names["tenant"].intern(e.tenant))
+        queue.append(names["queue"].intern(e.queue))
+        priority.append(e.priority)
+        submitted.append(state.now_ms)
+        seq.append(state.offset - 1)
+        first.append(self.first_task + len(self.tasks[0]))
+        topo.append(TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0)
+        expected.append(-1 if e.expected_duration_ms is None else e.expected_duration_ms)
+        if e.allowed_cells:
+            cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
+            state.job_cells[job] = cells
+            add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
+        n, cpu, mem, gpu = self._take_tasks(state, e, job)
+        ntasks.append(n)
+        req_cpu.append(cpu)
+        req_mem.append(mem)
+        req_gpu.append(gpu)
+        state.shapes_seen += n
+        if state.shapes_seen >= state.mix_due:
+            take_shape_mix(state)
+        state.pending_count += 1
+
+    def _take_tasks(self, state: State, e: JobSubmitted, job: int) -> tuple[int, int, int, int]:
+        """The job's task rows, group by group, its shapes remembered; (tasks, cpu, mem, GPU
+        milli) in all."""
+        t_job, t_cpu, t_mem, t_gpus, t_milli, t_models = self.tasks
+        n = cpu = mem = gpu = 0
+        for g in e.task_groups:
+            mask = 0
+            for m in g.gpu_models:
+                mask |= 1 << model_id(state, m)
+            count = g.count
+            n += count
+            cpu += count * g.cpu_milli
+            mem += count * g.mem_mib
+            gpu += count * g.gpu_count * g.gpu_milli
+            t_job.extend([job] * count)
+            t_cpu.extend([g.cpu_milli] * count)
+            t_mem.extend([g.mem_mib] * count)
+            t_gpus.extend([g.gpu_count] * count)
+            t_milli.extend([g.gpu_milli] * count)
+            t_models.extend([mask] * count)
+            remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), count)
+        return n, cpu, mem, gpu
+
+    def write(self, state: State) -> None:
+        """Add the rows (in the order their names were interned) and write their columns."""
+        state.jobs.add(len(self.jobs[0]))
+        state.tasks.add(len(self.tasks[0]))
+        jc, tc = state.jobs.cols, state.tasks.cols  # (after the adds: a table that grows gets new arrays)
+        for cols, names, rows, start in (
+            (jc, _JOB_COLUMNS, self.jobs, self.first_job),
+            (tc, _TASK_COLUMNS, self.tasks, self.first_task),
+        ):
+            for name, values in zip(names, rows, strict=True):
+                if len(values) == 1:  # (one job, one task: a scalar store is several times cheaper)
+                    cols[name][start] = values[0]
+                else:
+                    cols[name][start : start + len(values)] = values
+
+
+def fold_submissions(state: State, events: Sequence[JobSubmitted], times: Sequence[int]) -> None:
+    """:func:`fold` of each of ``events`` in order, at ``times``: the same state, with the new
+    jobs' and tasks' columns written once for the run instead of job by job (:class:`NewJobs`).
+    One by one when a node sweep falls due within the run."""
+    if len(events) < 2 or max(times) >= state.next_sweep_ms:
+        for event, at_ms in zip(events, times, strict=True):
+            fold(state, event, at_ms)
+        return
+    new = NewJobs(state)
+    for e, at_ms in zip(events, times, strict=True):
+        state.now_ms = max(state.now_ms, at_ms)
+        state.offset += 1
+        new.take(state, e)
+    new.write(state)
+
+
+def _write_beats(state: State, beats: dict[int, int]) -> None:
+    rows = np.fromiter(beats.keys(), dtype=np.int64, count=len(beats))
+    state.nodes.cols["last_heartbeat_ms"][rows] = np.fromiter(
+        beats.values(), dtype=np.int64, count=len(beats)
+    )
+    beats.clear()
+
+
+# events whose fold neither reads nor writes heartbeat times, node status or the heartbeat
+# caches (so steady heartbeats around them may be written later, all at once)
+_BEAT_NEUTRAL: Final = frozenset(
+    {JobSubmitted, JobCancelled, QuotaSet, TaskStarted, TaskFinished, TaskFailed}
+)
+_FEW: Final = 64
+
+
+def fold_lists(state: State, events: Sequence[Event], times: Sequence[int]) -> None:
+    """:func:`fold_many` of ``zip(events, times)``, the same state, for long runs of inputs.
+
+    Steady heartbeats (the very objects ``beat_cache`` holds, before the next node sweep) are
+    found with C-level lookups and their times written with numpy, a few calls per run
+    instead of Python per event. The other events are folded one by one, with the clock and
+    offset they would see; heartbeat times are written before any event that could read them.
+    """
+    n = len(events)
+    if n < _FEW:
+        fold_many(state, zip(events, times, strict=True))
+        return
+    steady = state.derived.steady_ids
+    rows = np.fromiter(map(steady.get, map(id, events), repeat(-1, n)), dtype=np.int64, count=n)
+    slow = np.flatnonzero(rows < 0).tolist()
+    if len(slow) > n // 2 or any(type(events[i]) is DecisionBatch for i in slow):
+        fold_many(state, zip(events, times, strict=True))
+        return
+    state.derived.steady_gone = []  # (what a fold takes out of steady_ids, recorded while this runs)
+    try:
+        _fold_steady_runs(state, events, times, rows, slow)
+    finally:
+        state.derived.steady_gone = None
+
+
+def _fold_steady_runs(
+    state: State, events: Sequence[Event], times: Sequence[int], rows: Array, slow: list[int]
+) -> None:
+    """:func:`fold_lists`' fast path: ``rows`` holds each steady heartbeat's node row (-1 for
+    the others, whose indices are ``slow``)."""
+    n = len(events)
+    at = np.fromiter(times, dtype=np.int64, count=n)
+    now0, offset0 = state.now_ms, state.offset
+    now_after = np.maximum.accumulate(np.maximum(at, now0))  # the clock after each event
+    flushed = 0
+
+    def flush(end: int) -> None:
+        nonlocal flushed
+        seg = rows[flushed:end]
+        steady = seg >= 0
+        hb = state.nodes.cols["last_heartbeat_ms"]  # (re-read: folding new nodes grows the table)
+        np.maximum.at(hb, seg[steady], now_after[flushed:end][steady])  # times only grow
+        flushed = end
+
+    sweep = state.next_sweep_ms
+    sweep_at = _first_at_or_after(at, 0, sweep)
+    k = 0
+    while True:
+        j = min(slow[k] if k < len(slow) else n, sweep_at)
+        if j >= n:
+            break
+        event, at_ms = events[j], int(at[j])
+        if type(event) not in _BEAT_NEUTRAL or at_ms >= sweep:
+            flush(j)
+        state.now_ms = int(now_after[j - 1]) if j else now0
+        state.offset = offset0 + j
+        rows[j] = -1  # folded here, not in a flush
+        fold(state, event, at_ms)
+        if k < len(slow) and slow[k] == j:
+            k += 1
+        stale = _no_longer_steady(state, events, rows, j + 1)
+        if stale:
+            slow, k = sorted(set(slow[k:]) | set(stale)), 0
+        if state.next_sweep_ms != sweep or sweep_at <= j:
+            sweep = state.next_sweep_ms
+            sweep_at = _first_at_or_after(at, j + 1, sweep)
+    flush(n)
+    state.now_ms = int(now_after[-1])
+    state.offset = offset0 + n
+
+
+def _no_longer_steady(state: State, events: Sequence[Event], rows: Array, start: int) -> list[int]:
+    """Indices from ``start`` of heartbeats counted steady whose cache entry a fold just
+    dropped (a node went down or reported something new): marked -1 in ``rows``."""
+    if not state.derived.steady_gone:
+        return []
+    gone = np.fromiter(state.derived.steady_gone, dtype=np.int64)
+    state.derived.steady_gone.clear()
+    ids = np.fromiter(map(id, events[start:]), dtype=np.int64, count=len(events) - start)
+    stale = start + np.flatnonzero(np.isin(ids, gone) & (rows[start:] >= 0))
+    rows[stale] = -1
+    return [int(i) for i in stale.tolist()]
+
+
+def _first_at_or_after(at: Array, start: int, when: int) -> int:
+    """The first index from ``start`` whose time is ``when`` or later (``len(at)``: none)."""
+    hits = np.flatnonzero(at[start:] >= when)
+    return start + int(hits[0]) if hits.size else at.size
+
+
+_FEW_PLACED: Final = 8  # shorter runs of JobPlaced are folded one by one
+
+
+def fold_decisions(state: State, decisions: Sequence[object]) -> None:
+    """Apply a batch's decisions in order; runs of ``JobPlaced`` go to :func:`on_placed_many`."""
+    i, n = 0, len(decisions)
+    while i < n:
+        j = i
+        while j < n and type(decisions[j]) is JobPlaced:
+            j += 1
+        if j - i >= _FEW_PLACED:
+            on_placed_many(state, decisions[i:j])  # type: ignore[arg-type]
+            i = j
+            continue
+        for decision in decisions[i : max(j, i + 1)]:
+            fold_decision(state, decision)
+        i = max(j, i + 1)
+
+
+def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
+    """:func:`on_placed` of each of ``placed``, in order: when every one places one task of a
+    pending job (no job twice) on an up node, all at once; otherwise one by one (which
+    raises at the first bad one, as it always did)."""
+    job_ids, cell_ids = state.names["job"].ids, state.names["cell"].ids
+    jobs, cells, nodes, masks, indices = [], [], [], [], []
+    for d in placed:
+        if len(d.tasks) != 1:
+            break
+        p = d.tasks[0]
+        jobs.append(job_ids.get(d.job_id, -1))
+        cells.append(cell_ids.get(d.cell, -1))
+        nodes.append(state.node_row(d.cell, p.node))
+        masks.append(_mask_of(p.gpu_indices))
+        indices.append(p.task_index)
+    jc, tc, nc = state.jobs.cols, state.tasks.cols, state.nodes.cols
+    job_rows, node_rows = np.array(jobs, dtype=np.int64), np.array(nodes, dtype=np.int64)
+    if (
+        len(jobs) < len(placed)
+        or min(jobs) < 0
+        or min(cells) < 0
+        or min(nodes) < 0
+        or len(set(jobs)) < len(jobs)
+        or (jc["state"][job_rows] != JobState.PENDING).any()
+        or (nc["status"][node_rows] != NodeStatus.UP).any()
+    ):
+        for d in placed:
+            on_placed(state, d)
+        return
+    tasks = jc["first_task"][job_rows] + np.array(indices, dtype=np.int64)
+    cpu, mem, milli, gpus = (tc[c][tasks] for c in ("cpu", "mem", "milli", "gpus"))
+    np.subtract.at(nc["cpu_free"], node_rows, cpu)
+    np.subtract.at(nc["mem_free"], node_rows, mem)
+    counts = nc["gpu_count"][node_rows].tolist()
+    gpu_rows, gpu_cols, gpu_take = [], [], []
+    for node, mask, count, share in zip(nodes, masks, counts, milli.tolist(), strict=True):
+        for g in mask_gpus(mask & ((1 << count) - 1)):
+            gpu_rows.append(node)
+            gpu_cols.append(g)
+            gpu_take.append(share)
+    where = (np.array(gpu_rows, dtype=np.int64), np.array(gpu_cols, dtype=np.int64))
+    np.subtract.at(nc["gpu_free"], where, np.array(gpu_take, dtype=nc["gpu_free"].dtype))
+    tc["node"][tasks], tc["gpu_mask"][tasks] = node_rows, np.array(masks, dtype=np.uint64)
+    tc["state"][tasks] = _PLACED
+    tenants = jc["tenant"][job_rows].tolist()
+    requests = zip(cpu.tolist(), mem.tolist(), (milli * gpus).tolist(), strict=True)
+    for job, tenant, cell, (c, m, g) in zip(jobs, tenants, cells, requests, strict=True):
+        for key in ((tenant, -1), (tenant, cell)):
+            counter = state.usage.setdefault(key, [0, 0, 0])
+            counter[0] += c
+            counter[1] += m
+            counter[2] += g
+        if job in state.reason_text:
+            drop_reason_text(state, job)
+        if job in state.requeues:
+            del state.requeues[job]
+    jc["state"][job_rows], jc["cell"][job_rows], jc["placed_at_ms"][job_rows] = _RUNNING, cells, state.now_ms
+    jc["reason"][job_rows] = 0
+    state.pending_count -= len(jobs)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _mask_of(gpu_indices: tuple[int, ...]) -> int:
+    mask = 0
+    for g in gpu_indices:
+        mask |= 1 << g
+    return mask
