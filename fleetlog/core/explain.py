@@ -8,7 +8,7 @@ Reason codes (stable; see docs/scheduling.md):
 - ``gang_does_not_fit`` — not every task of the gang fits at once;
 - ``gang_does_not_fit_topology`` — no block/rack/host has room for the whole gang;
 - ``never_fits`` — the job can never fit on the current fleet, even empty: no node, or no
-  block/rack/host its gang must share, is big enough (node shapes, not usage: ``core/fit.py``);
+  block/rack/host its gang must share, is big enough (node shapes, not usage: ``core/never_fits.py``);
 - ``waiting_for_reservation`` — the job holds a reservation and waits for it to drain;
 - ``unplaceable`` — (rejection, ``fail_unplaced`` policies) it did not fit on arrival.
 """

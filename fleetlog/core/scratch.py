@@ -16,9 +16,9 @@ import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
-from fleetlog.core.fit import Fleet, fleet_of
 from fleetlog.core.fold import mask_gpus
 from fleetlog.core.memo import MAX_MEMOS, MEMO_ROWS, MemoCache, Memos, Shape
+from fleetlog.core.never_fits import Fleet, fleet_of
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
 from fleetlog.events.model import Decision
@@ -142,7 +142,7 @@ class Scratch:
         return self._run_buffer
 
     def fleet(self) -> Fleet:
-        """The node shapes :mod:`fleetlog.core.fit` judges "never fits" on, taken once per call."""
+        """The node shapes :mod:`fleetlog.core.never_fits` judges "never fits" on, taken once per call."""
         if self._fleet is None:
             self._fleet = fleet_of(self.state)
         return self._fleet

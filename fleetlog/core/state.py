@@ -225,7 +225,7 @@ class Derived:
         (None otherwise, so folding without it keeps no record that grows)."""
         self.fit_memo: object | None = None
         """The fleet's node shapes and which decide keys can never fit on them
-        (``fleetlog.core.fit.fleet_of``; checked by a fingerprint before any use)."""
+        (``fleetlog.core.never_fits.fleet_of``; checked by a fingerprint before any use)."""
         self.decide_memo: object | None = None
         """What the last ``decide`` call learned of node scores, for the next call to reuse
         where nodes did not change (``fleetlog.core.memo.MemoCache``; checked against the free

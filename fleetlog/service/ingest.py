@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from fleetlog.core.fit import Fleet, never_fits_submitted
+from fleetlog.core.never_fits import Fleet, never_fits_submitted
 from fleetlog.core.state import State
 from fleetlog.core.views import as_folded, folded_spec, job_ended, pending_tasks
 from fleetlog.events.codec import (
@@ -173,7 +173,7 @@ def _accepts_never_fits(request: Request) -> bool:
 
 def never_fitting(state: State, events: list[InputEvent]) -> Response | None:
     """422 ``never_fits`` when a submitted job can never fit on the fleet the service knows (node
-    shapes, not usage: :mod:`fleetlog.core.fit`), as ``sbatch`` refuses a job no node can run;
+    shapes, not usage: :mod:`fleetlog.core.never_fits`), as ``sbatch`` refuses a job no node can run;
     nothing of the request is appended.  Jobs of one shape are judged once."""
     if state.nodes.size == 0:
         return None

@@ -1,5 +1,5 @@
 """Status tells the truth: why a requeued job waits (preempted by whom, node lost), and a job
-that can never fit on the fleet says so (``core/fit.py``)."""
+that can never fit on the fleet says so (``core/never_fits.py``)."""
 
 from __future__ import annotations
 

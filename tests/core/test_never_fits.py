@@ -1,9 +1,9 @@
-"""``core/fit.py``: can a submission ever fit on the fleet the state knows (the service's
+"""``core/never_fits.py``: can a submission ever fit on the fleet the state knows (the service's
 ingest asks before appending)?"""
 
 from __future__ import annotations
 
-from fleetlog.core.fit import Fleet, never_fits_submitted
+from fleetlog.core.never_fits import Fleet, never_fits_submitted
 from fleetlog.core.state import State
 from tests.core.builders import Driver, job, node
 
