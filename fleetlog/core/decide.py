@@ -37,27 +37,13 @@ import numpy as np
 
 from fleetlog.core.arrays import Array
 from fleetlog.core.decide_fast import place_singles, settle_known
-from fleetlog.core.memo import MAX_MEMOS, MEMO_ROWS, MemoCache, Memos
+from fleetlog.core.memo import MemoCache
 from fleetlog.core.order import drf_runs
 from fleetlog.core.policy import Policy
-from fleetlog.core.schedule import job_key, job_keys, schedule_job
-from fleetlog.core.scratch import Scratch, shape_matrix
+from fleetlog.core.schedule import job_keys, schedule_job
+from fleetlog.core.scratch import Scratch
 from fleetlog.core.state import JobState, State
 from fleetlog.events.model import Decision
-
-# (re-exported: callers and tests import these from decide, where they lived before)
-__all__ = [
-    "MAX_MEMOS",
-    "MEMO_ROWS",
-    "Memos",
-    "Scratch",
-    "decide",
-    "job_key",
-    "job_keys",
-    "place_singles",
-    "schedule_job",
-    "shape_matrix",
-]
 
 
 def decide(state: State, policy: Policy) -> list[Decision]:

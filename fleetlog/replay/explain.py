@@ -15,9 +15,9 @@ import msgspec
 import numpy as np
 
 from fleetlog.core import kernels
-from fleetlog.core.decide import shape_matrix
 from fleetlog.core.fold import fold_decision
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
+from fleetlog.core.scratch import shape_matrix
 from fleetlog.core.state import NodeStatus, State
 from fleetlog.events.model import (
     DecisionBatch,

@@ -23,10 +23,11 @@ import pytest
 
 from fleetlog.core import decide as decide_module
 from fleetlog.core import kernels
-from fleetlog.core.decide import Memos, decide
+from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold
 from fleetlog.core.invariants import check
+from fleetlog.core.memo import Memos
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import DecisionBatch, Event, TaskFinished
