@@ -10,6 +10,7 @@ overflow deep inside the scheduler.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from operator import attrgetter
 from typing import Annotated, Any, Final, Literal
 
@@ -271,6 +272,107 @@ class DecisionBatch(_Event, frozen=True):
             raise ValueError(f"part {self.part} of a step in {self.parts} parts (parts count from 0)")
 
 
+# --- scale-out: written by fleetlog's own shards, folded by another shard (docs/scale-out.md) ---
+
+MAX_DISPATCH_ATTEMPTS: Final = 1 << 20
+"""The most times one job may be dispatched (a job returned this often is held, not re-sent)."""
+MAX_SUMMARY_ENTRIES: Final = 1024
+"""The most (GPU model, GPU bucket) rows one ``CellSummary`` holds: 64 models x 8 buckets, twice."""
+MAX_SUMMARY_TENANTS: Final = 4096
+"""The most tenants one ``CellSummary`` reports usage for."""
+MAX_PARTITIONS: Final = 1 << 16
+GPU_BUCKETS: Final = (0, 1, 2, 4, 8, 16, 32, 64)
+"""Task-shape buckets of a summary: whole GPUs per task (0: a task without GPUs or with a share
+of one).  A task of ``g`` GPUs counts against the smallest bucket ``>= g``."""
+Attempt = Annotated[int, Meta(ge=1, le=MAX_DISPATCH_ATTEMPTS)]
+Count = Annotated[int, Meta(ge=0, le=1 << 40)]
+Partition = Annotated[int, Meta(ge=0, lt=MAX_PARTITIONS)]
+
+
+class JobDispatched(_Event, frozen=True):
+    """The dispatcher sends ``job`` (its spec exactly as submitted: the cell shard never reads
+    the global partition) to ``cell``.  ``attempt`` counts the job's dispatches from 1; ``seq``
+    counts the dispatcher's dispatches to this cell from 1 (a ``CellSummary`` says up to which
+    it has folded); ``as_of`` is the global-partition offset the decision was computed at."""
+
+    job: JobSubmitted
+    cell: Name
+    attempt: Attempt
+    seq: Annotated[int, Meta(ge=1, le=(1 << 63) - 1)]
+    as_of: Offset
+
+
+class JobReturned(_Event, frozen=True):
+    """A cell shard hands a dispatched job back: it could not place it within its policy time
+    (log time).  ``reason`` is the job's pending reason code in the cell; ``as_of`` the cell
+    partition offset the shard decided at; ``attempt`` the dispatch it answers."""
+
+    job_id: Name
+    cell: Name
+    attempt: Attempt
+    reason: Name
+    as_of: Offset
+    message: Text = ""
+
+
+class FreeSlots(_Struct, frozen=True, array_like=True):
+    """Room in a cell for tasks of one bucket on nodes of one GPU model (``""``: no GPUs):
+    ``slots`` tasks of ``gpus`` whole GPUs each fit node by node, and those nodes have
+    ``cpu_milli`` and ``mem_mib`` free in total.  Capacity the cell's held (dispatched, not yet
+    placed) jobs would take is already taken off."""
+
+    gpu_model: OptionalName
+    gpus: Annotated[int, Meta(ge=0, le=MAX_GPUS_PER_NODE)]
+    slots: Count
+    cpu_milli: CpuMilli
+    mem_mib: MemMiB
+
+
+class TenantUsage(_Struct, frozen=True, array_like=True):
+    """What a tenant's jobs held by the cell (running or dispatched and pending) take."""
+
+    tenant: Name
+    cpu_milli: CpuMilli
+    mem_mib: MemMiB
+    gpu_milli: TotalGpuMilli
+
+
+class CellSummary(_Event, frozen=True):
+    """A cell shard's compact view of its cell, appended to the global partition when its
+    capacity changes materially and at least every few seconds.  ``seq`` counts the cell's
+    summaries from 1; ``as_of`` is the cell-partition offset and ``at_ms`` its log time;
+    ``dispatched_seq`` the last ``JobDispatched.seq`` for this cell the shard had folded.
+    ``free`` is sorted by (gpu_model, gpus) without repeats, ``usage`` by tenant."""
+
+    cell: Name
+    partition: Partition
+    seq: Annotated[int, Meta(ge=1, le=(1 << 63) - 1)]
+    as_of: Offset
+    at_ms: DurationMs
+    total: Resources
+    dispatched_seq: Annotated[int, Meta(ge=0, le=(1 << 63) - 1)] = 0
+    pending: Count = 0
+    free: Annotated[tuple[FreeSlots, ...], Meta(max_length=MAX_SUMMARY_ENTRIES)] = ()
+    usage: Annotated[tuple[TenantUsage, ...], Meta(max_length=MAX_SUMMARY_TENANTS)] = ()
+
+    def __post_init__(self) -> None:
+        keys = [(f.gpu_model, f.gpus) for f in self.free]
+        if any(a >= b for a, b in pairwise(keys)):
+            raise ValueError("free must be sorted by (gpu_model, gpus), each pair once")
+        bad = [f.gpus for f in self.free if f.gpus not in GPU_BUCKETS]
+        if bad:
+            raise ValueError(f"free[].gpus {bad[0]} is not a bucket; buckets: {GPU_BUCKETS}")
+        tenants = [u.tenant for u in self.usage]
+        if any(a >= b for a, b in pairwise(tenants)):
+            raise ValueError("usage must be sorted by tenant, each tenant once")
+
+
+ShardEvent = JobDispatched | JobReturned | CellSummary
+SHARD_TYPES: Final = (JobDispatched, JobReturned, CellSummary)
+"""Events fleetlog's shards write for each other: folded as inputs by the dispatcher or a cell
+shard, never accepted from an outside producer (the ingest refuses them: ``not_an_input``)."""
+
+
 InputEvent = (
     JobSubmitted
     | JobCancelled
@@ -291,8 +393,8 @@ INPUT_TYPES: Final = (
     TaskFailed,
     QuotaSet,
 )
-Event = InputEvent | DecisionBatch
-EVENT_TYPES: Final = (*INPUT_TYPES, DecisionBatch)
+Event = InputEvent | ShardEvent | DecisionBatch
+EVENT_TYPES: Final = (*INPUT_TYPES, *SHARD_TYPES, DecisionBatch)
 EVENT_TYPE_NAMES: Final = tuple(t.__name__ for t in EVENT_TYPES)
 
 
@@ -310,7 +412,7 @@ class Envelope(_Struct, frozen=True):
 
 # --- identifiers: where they are, for the codec's printable check ----------------------------
 
-IdField = tuple[str, Literal["one", "many", "keys", "groups"]]
+IdField = tuple[str, Literal["one", "many", "keys", "groups", "job", "rows"]]
 ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     JobSubmitted: (("job_id", "one"), ("tenant", "one"), ("queue", "one"), ("allowed_cells", "many"),
                    ("task_groups", "groups")),
@@ -322,8 +424,12 @@ ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     TaskFinished: (("job_id", "one"),),
     TaskFailed: (("job_id", "one"),),
     QuotaSet: (("tenant", "one"), ("cell", "one"), ("cohort", "one")),
+    JobDispatched: (("job", "job"), ("cell", "one")),
+    JobReturned: (("job_id", "one"), ("cell", "one"), ("reason", "one")),
+    CellSummary: (("cell", "one"), ("free", "rows"), ("usage", "rows")),
 }
-"""The identifier fields of every input event ("groups": each task group's ``gpu_models``).
+"""The identifier fields of every input and shard event ("groups": each task group's
+``gpu_models``; "job": a whole nested submission; "rows": the first column of each row).
 Decisions are not re-checked: the scheduler builds them from inputs that passed."""
 
 
@@ -349,6 +455,9 @@ ID_TEXT: Final[dict[type, Callable[[Any], str]]] = {
     TaskFinished: attrgetter("job_id"),
     TaskFailed: attrgetter("job_id"),
     QuotaSet: lambda e: e.tenant + e.cell + e.cohort,
+    JobDispatched: lambda e: _submitted_ids(e.job) + e.cell,
+    JobReturned: lambda e: e.job_id + e.cell + e.reason,
+    CellSummary: lambda e: "".join((e.cell, *(f.gpu_model for f in e.free), *(u.tenant for u in e.usage))),
     DecisionBatch: _no_ids,
 }
 """Every identifier of an event run together: one regular-expression search tells whether all
@@ -359,8 +468,15 @@ def unprintable_id(event: Event, is_bad: Callable[[str], object]) -> str | None:
     """The JSON path (under ``$.event``) of the first identifier ``is_bad`` flags, or ``None``."""
     for field, how in ID_FIELDS.get(type(event), ()):
         value = getattr(event, field)
+        if how == "job":
+            inner = unprintable_id(value, is_bad)
+            if inner is not None:
+                return f".{field}{inner}"
+            continue
         if how == "one":
             found = [("", value)]
+        elif how == "rows":
+            found = [(f"[{i}][0]", row[0]) for i, row in enumerate(msgspec.structs.astuple(r) for r in value)]
         elif how == "groups":
             found = [
                 (f"[{i}].gpu_models[{j}]", m) for i, g in enumerate(value) for j, m in enumerate(g.gpu_models)

@@ -2,7 +2,8 @@
 
 The root is what a producer may send: an envelope whose event is an *input* (exactly one of the
 input types); a decision batch is the scheduler's alone, so the root refuses it as the service
-does.  Readers of the decisions log validate against ``$defs/DecisionEnvelope``.
+does.  Readers of the decisions log validate against ``$defs/DecisionEnvelope``; the scale-out
+events shards write for each other against ``$defs/ShardEnvelope``.
 
 The cross-field rules a JSON Schema can say are stated (``if``/``then`` on ``TaskGroup`` and
 ``NodeHeartbeat``); the rest — a job's tasks summed over its groups, an event's encoded size,
@@ -22,6 +23,7 @@ from fleetlog.events.model import (
     INPUT_TYPES,
     MAX_TASKS_PER_JOB,
     SCHEMA_VERSION,
+    SHARD_TYPES,
     DecisionBatch,
     Envelope,
 )
@@ -51,7 +53,10 @@ NOT_IN_SCHEMA: Final = (
     "an encoded envelope is at most 4 MiB (reason too_large)",
     "JSON object keys are unique (reason duplicate_key)",
     "arrays and objects nest no deeper than an event does (reason too_deep)",
-    "the ingest endpoint takes input events only; a decision is refused (reason not_an_input)",
+    "the ingest endpoint takes input events only; a decision or a shard event (JobDispatched, "
+    "JobReturned, CellSummary) is refused (reason not_an_input)",
+    "CellSummary: free sorted by (gpu_model, gpus) without repeats, gpus a bucket (0, 1, 2, 4, 8, 16, "
+    "32, 64); usage sorted by tenant without repeats (reason invalid_event)",
     "a job id is submitted once: the same spec again is an idempotent duplicate, another spec is "
     "refused by the service (reason already_exists)",
 )
@@ -74,6 +79,8 @@ def json_schema() -> dict[str, Any]:
     schema["x-fleetlog-event-types"] = [t.__name__ for t in EVENT_TYPES]
     schema["x-fleetlog-input-types"] = [t.__name__ for t in INPUT_TYPES]
     schema["x-fleetlog-decision-envelope"] = "#/$defs/DecisionEnvelope"
+    schema["x-fleetlog-shard-types"] = [t.__name__ for t in SHARD_TYPES]
+    schema["x-fleetlog-shard-envelope"] = "#/$defs/ShardEnvelope"
     schema["x-fleetlog-rules-not-in-schema"] = list(NOT_IN_SCHEMA)
     return schema
 
@@ -84,7 +91,8 @@ def _add_rules(defs: dict[str, Any]) -> None:
 
 
 def _split_envelopes(defs: dict[str, Any]) -> None:
-    """``Envelope``: an input event, exactly one type; ``DecisionEnvelope``: a decision batch."""
+    """``Envelope``: an input event, exactly one type; ``DecisionEnvelope``: a decision batch;
+    ``ShardEnvelope``: a scale-out event one shard writes for another."""
     envelope = defs["Envelope"]
     decisions = copy.deepcopy(envelope)
     inputs = [t.__name__ for t in INPUT_TYPES]
@@ -97,3 +105,13 @@ def _split_envelopes(defs: dict[str, Any]) -> None:
     decisions["description"] = "An envelope of the decisions log: the scheduler writes it, never a producer."
     decisions["properties"]["event"] = {"$ref": f"#/$defs/{DecisionBatch.__name__}"}
     defs["DecisionEnvelope"] = decisions
+    shard = copy.deepcopy(decisions)
+    names = [t.__name__ for t in SHARD_TYPES]
+    shard["title"] = "ShardEnvelope"
+    shard["description"] = ("An envelope of a scale-out event: fleetlog's dispatcher and cell shards "
+                            "write it for each other, never a producer (docs/scale-out.md).")
+    shard["properties"]["event"] = {
+        "oneOf": [{"$ref": f"#/$defs/{name}"} for name in names],
+        "discriminator": {"propertyName": "type", "mapping": {n: f"#/$defs/{n}" for n in names}},
+    }
+    defs["ShardEnvelope"] = shard

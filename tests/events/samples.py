@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from fleetlog.events import (
+    CellSummary,
     DecisionBatch,
     Event,
+    FreeSlots,
     JobCancelled,
+    JobDispatched,
     JobPending,
     JobPlaced,
     JobRejected,
+    JobReturned,
     JobSubmitted,
     NodeHeartbeat,
     NodeRemoved,
@@ -20,6 +24,7 @@ from fleetlog.events import (
     TaskPlacement,
     TaskPreempted,
     TaskStarted,
+    TenantUsage,
 )
 
 
@@ -83,5 +88,21 @@ ALL_EVENTS: list[Event] = [
                 job_id="job-7", reason="gang_does_not_fit_topology", message="no rack has 8 free GPUs; best 5"
             ),
         ),
+    ),
+    JobDispatched(job=job(), cell="cell-b", attempt=2, seq=17, as_of=4242),
+    JobReturned(job_id="job-1", cell="cell-a", attempt=1, reason="gang_does_not_fit_topology",
+                message="no rack has 8 free GPUs; best 5", as_of=99),
+    CellSummary(
+        cell="cell-a",
+        partition=3,
+        seq=12,
+        as_of=120_000,
+        at_ms=1_700_000_000_000,
+        total=Resources(cpu_milli=96_000_000, mem_mib=786_432_000, gpu_milli=8_000_000),
+        dispatched_seq=16,
+        pending=4,
+        free=(FreeSlots("", 0, 40, 320_000, 1_280_000), FreeSlots("A100", 1, 64, 900_000, 7_000_000),
+              FreeSlots("A100", 8, 6, 900_000, 7_000_000)),
+        usage=(TenantUsage("team-a", 64_000, 512_000, 16_000), TenantUsage("team-b", 1000, 1024, 0)),
     ),
 ]

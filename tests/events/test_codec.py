@@ -23,7 +23,7 @@ from fleetlog.events import (
     envelope,
 )
 from fleetlog.events.codec import JSON, MAX_EVENT_BYTES, decode_many, format_of
-from fleetlog.events.model import EVENT_TYPES, DecisionBatch, Event
+from fleetlog.events.model import EVENT_TYPES, SHARD_TYPES, DecisionBatch, Event
 from fleetlog.events.schema import json_schema
 from tests.events.samples import ALL_EVENTS, job
 
@@ -42,11 +42,16 @@ def test_round_trip(event: Event, fmt: str) -> None:
 
 @pytest.mark.parametrize("event", ALL_EVENTS, ids=lambda e: type(e).__name__)
 def test_json_encoding_validates_against_published_schema(event: Event) -> None:
-    """Inputs against the root (what producers send), decisions against ``DecisionEnvelope``."""
+    """Inputs against the root (what producers send), decisions against ``DecisionEnvelope``,
+    scale-out events against ``ShardEnvelope`` (and never the root: producers may not send them)."""
     doc = json.loads(encode(envelope(event, "p"), "json"))
     schema = json_schema()
     if isinstance(event, DecisionBatch):
         schema = {**schema, "$ref": schema["x-fleetlog-decision-envelope"]}
+    if isinstance(event, SHARD_TYPES):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.Draft202012Validator(schema).validate(doc)
+        schema = {**schema, "$ref": schema["x-fleetlog-shard-envelope"]}
     jsonschema.Draft202012Validator(schema).validate(doc)
 
 

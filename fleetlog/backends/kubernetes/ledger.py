@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from fleetlog.events import (
-    DecisionBatch,
     InputEvent,
     JobCancelled,
     JobSubmitted,
@@ -22,6 +21,7 @@ from fleetlog.events import (
     TaskFinished,
     TaskStarted,
 )
+from fleetlog.events.model import INPUT_TYPES
 from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.consumer import EventConsumer
 
@@ -105,7 +105,7 @@ async def read_ledger(store: LogStore, cell: str) -> tuple[Ledger, int]:
             break
         for delivered in polled.events:
             event = delivered.envelope.event
-            if not isinstance(event, DecisionBatch):  # the consumer parks those; never here
+            if isinstance(event, INPUT_TYPES):  # the consumer parks the rest; never here
                 ledger.record(event)
         offset = polled.next_offset
     return ledger, offset
