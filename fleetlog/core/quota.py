@@ -3,18 +3,27 @@ from its cohort up to its borrowing limit; lenders get it back by reclaim (step 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fleetlog.core.state import NO_LIMIT, Quota, State
 
 RESOURCES = ("cpu_milli", "mem_mib", "gpu_milli")
 Usage = dict[tuple[int, int], list[int]]
+Quotas = Mapping[tuple[int, int], Quota]
+"""Quotas by (tenant, cell), cell -1 for every cell, in insertion order."""
 
 
 def cohort_idle(state: State, usage: Usage, key: tuple[int, int], quota: Quota) -> list[int]:
     """Unused nominal quota of the other members of ``quota``'s cohort, at the same cell key."""
+    return cohort_idle_in(state.quotas, usage, key, quota)
+
+
+def cohort_idle_in(quotas: Quotas, usage: Usage, key: tuple[int, int], quota: Quota) -> list[int]:
+    """:func:`cohort_idle` over any table of quotas (the dispatcher keeps its own, fleet-wide)."""
     idle = [0, 0, 0]
     if not quota.cohort:
         return idle
-    for other_key, other in state.quotas.items():
+    for other_key, other in quotas.items():
         if other_key == key or other_key[1] != key[1] or other.cohort != quota.cohort:
             continue
         used = usage.get(other_key, [0, 0, 0])
@@ -25,7 +34,12 @@ def cohort_idle(state: State, usage: Usage, key: tuple[int, int], quota: Quota) 
 
 def limit_of(state: State, usage: Usage, key: tuple[int, int], quota: Quota) -> list[int]:
     """The most the tenant may use under ``quota`` right now: nominal plus what it may borrow."""
-    idle = cohort_idle(state, usage, key, quota)
+    return limit_in(state.quotas, usage, key, quota)
+
+
+def limit_in(quotas: Quotas, usage: Usage, key: tuple[int, int], quota: Quota) -> list[int]:
+    """:func:`limit_of` over any table of quotas."""
+    idle = cohort_idle_in(quotas, usage, key, quota)
     cap = quota.borrowing_limit or (NO_LIMIT, NO_LIMIT, NO_LIMIT)
     return [quota.nominal[i] + min(cap[i], idle[i]) for i in range(3)]
 

@@ -1,0 +1,437 @@
+"""The global dispatcher's core (issue 17, docs/scale-out.md): which cell each pending job goes to.
+
+Pure, like the rest of ``core/``: it folds the global partition (submissions, cancellations,
+quota changes, the cell shards' ``CellSummary`` and ``JobReturned``) in log order with log time,
+and :func:`dispatch` decides from nothing else, so the same partition gives the same
+``JobDispatched`` events in any process.  It imports no placement module: a cell shard places,
+the dispatcher only chooses the cell.
+
+Steps of :func:`dispatch`: (1) each cell's room: its latest summary less what was dispatched to
+it since (``JobDispatched.seq`` past the summary's ``dispatched_seq``); (2) fleet-wide usage the
+same way; (3) pending jobs in priority order, tenants by weighted DRF, FIFO within a tenant
+(:func:`fleetlog.core.order.weighted_share`); (4) fleet-wide quotas with cohort borrowing
+(:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells the one
+with the most room left for it, ties to the smaller cell id; a job no summary can hold waits with
+a reason.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from fleetlog.core.order import weighted_share
+from fleetlog.core.quota import RESOURCES, Usage, limit_in
+from fleetlog.core.state import Quota
+from fleetlog.events.model import (
+    GPU_BUCKETS,
+    MAX_DISPATCH_ATTEMPTS,
+    CellSummary,
+    JobCancelled,
+    JobDispatched,
+    JobReturned,
+    JobSubmitted,
+    QuotaSet,
+)
+
+PENDING: Final = "pending"
+HELD: Final = "held"
+CANCELLED: Final = "cancelled"
+# Reason codes: why a job waits (JobPending-like) and why an input is refused (dead letter).
+NO_SUMMARY: Final = "no_cell_summary"
+NO_ROOM: Final = "no_cell_has_room"
+NO_KNOWN_CELL: Final = "no_allowed_cell_in_map"
+QUOTA: Final = "quota_exhausted"
+UNKNOWN_CELL: Final = "unknown_cell"
+WRONG_PARTITION: Final = "wrong_partition"
+STALE_SUMMARY: Final = "stale_summary"
+STALE_RETURN: Final = "stale_return"
+UNKNOWN_JOB: Final = "unknown_job"
+TOO_MANY_RETURNS: Final = "returned_too_often"
+
+Row = list[int]
+"""A summary row as the dispatcher draws on it: [slots, cpu_milli, mem_mib]."""
+Room = dict[tuple[str, int], Row]
+
+
+class DispatchInputError(ValueError):
+    """An event the dispatcher does not fold (not one of the global partition's kinds)."""
+
+
+@dataclass(frozen=True)
+class CellMap:
+    """The configuration's stable cell -> partition map (never a hash: see docs/scale-out.md)."""
+
+    partitions: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        cells = [c for c, _ in self.partitions]
+        if cells != sorted(set(cells)):
+            raise ValueError("the cell map lists each cell once, sorted by cell")
+
+    def partition_of(self, cell: str) -> int | None:
+        return dict(self.partitions).get(cell)
+
+    @property
+    def cells(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.partitions)
+
+
+@dataclass
+class Job:
+    """What the dispatcher knows of one job."""
+
+    spec: JobSubmitted
+    tenant: int
+    demand: tuple[int, int, int]
+    status: str = PENDING
+    cell: str = ""
+    attempt: int = 0
+    seq: int = 0
+    """The ``JobDispatched.seq`` of its current dispatch."""
+    returned: dict[str, int] = field(default_factory=dict)
+    """Cells that returned it -> the cell's summary seq when it did: not sent back until newer."""
+    reason: str = ""
+
+
+@dataclass
+class DispatchState:
+    """The dispatcher's state: folded from the global partition alone."""
+
+    cells: CellMap
+    offset: int = 0
+    now_ms: int = 0
+    jobs: dict[str, Job] = field(default_factory=dict)
+    """In log order (insertion order is submission order)."""
+    tenants: dict[str, int] = field(default_factory=dict)
+    quotas: dict[tuple[int, int], Quota] = field(default_factory=dict)
+    """Fleet-wide quotas only (key cell -1); a cell's own quota is its shard's to apply."""
+    summaries: dict[str, CellSummary] = field(default_factory=dict)
+    dispatch_seq: dict[str, int] = field(default_factory=dict)
+    cancels: list[tuple[str, JobCancelled]] = field(default_factory=list)
+    """Cancellations of held jobs, for the holding cell's partition (sent with the next step)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one :func:`dispatch` decided: dispatches, cancellations to forward, waiting reasons
+    that changed (job id, reason code, message)."""
+
+    dispatched: tuple[JobDispatched, ...]
+    cancels: tuple[tuple[str, JobCancelled], ...]
+    waiting: tuple[tuple[str, str, str], ...]
+
+
+# --- fold -------------------------------------------------------------------------------------
+
+
+def fold(state: DispatchState, event: object, at_ms: int) -> str:
+    """Fold one event of the global partition at log time ``at_ms``; ``""`` when applied, else
+    why it is refused (``code: message``), for the dead letters — nothing else changes then."""
+    state.offset += 1
+    state.now_ms = max(state.now_ms, at_ms)
+    match event:
+        case JobSubmitted():
+            return _on_submitted(state, event)
+        case JobCancelled():
+            return _on_cancelled(state, event)
+        case QuotaSet():
+            return _on_quota(state, event)
+        case CellSummary():
+            return _on_summary(state, event)
+        case JobReturned():
+            return _on_returned(state, event)
+        case _:
+            raise DispatchInputError(f"the dispatcher does not fold {type(event).__name__}")
+
+
+def _tenant(state: DispatchState, name: str) -> int:
+    return state.tenants.setdefault(name, len(state.tenants))
+
+
+def _on_submitted(state: DispatchState, e: JobSubmitted) -> str:
+    if e.job_id in state.jobs:
+        return ""  # the first submission counts, as in the cell's fold
+    demand = (
+        sum(g.count * g.cpu_milli for g in e.task_groups),
+        sum(g.count * g.mem_mib for g in e.task_groups),
+        sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups),
+    )
+    state.jobs[e.job_id] = Job(e, _tenant(state, e.tenant), demand)
+    return ""
+
+
+def _on_cancelled(state: DispatchState, e: JobCancelled) -> str:
+    job = state.jobs.get(e.job_id)
+    if job is None or job.status == CANCELLED:
+        return ""
+    if job.status == HELD:
+        state.cancels.append((job.cell, e))
+    job.status = CANCELLED
+    return ""
+
+
+def _on_quota(state: DispatchState, e: QuotaSet) -> str:
+    if e.cell:
+        return ""  # a cell's quota: its shard applies it (forwarded by a later step)
+    limit = e.borrowing_limit
+    state.quotas[(_tenant(state, e.tenant), -1)] = Quota(
+        nominal=(e.nominal.cpu_milli, e.nominal.mem_mib, e.nominal.gpu_milli),
+        borrowing_limit=None if limit is None else (limit.cpu_milli, limit.mem_mib, limit.gpu_milli),
+        cohort=e.cohort,
+        weight_milli=e.weight_milli,
+    )
+    return ""
+
+
+def _on_summary(state: DispatchState, e: CellSummary) -> str:
+    partition = state.cells.partition_of(e.cell)
+    if partition is None:
+        return f"{UNKNOWN_CELL}: a summary of cell {e.cell!r}, which the cell map does not name"
+    if partition != e.partition:
+        return (f"{WRONG_PARTITION}: a summary of cell {e.cell!r} from partition {e.partition}; "
+                f"the cell map puts it in partition {partition}")
+    last = state.summaries.get(e.cell)
+    if last is not None and e.seq <= last.seq:
+        return (f"{STALE_SUMMARY}: summary {e.seq} of cell {e.cell!r} after summary {last.seq} "
+                "(a resend, or a fenced shard's)")
+    state.summaries[e.cell] = e
+    return ""
+
+
+def _on_returned(state: DispatchState, e: JobReturned) -> str:
+    if state.cells.partition_of(e.cell) is None:
+        return (f"{UNKNOWN_CELL}: job {e.job_id!r} returned by cell {e.cell!r}, "
+                "which the cell map does not name")
+    job = state.jobs.get(e.job_id)
+    if job is None:
+        return f"{UNKNOWN_JOB}: cell {e.cell!r} returned job {e.job_id!r}, never submitted"
+    if job.status != HELD or job.cell != e.cell or job.attempt != e.attempt:
+        return (f"{STALE_RETURN}: cell {e.cell!r} returned attempt {e.attempt} of job {e.job_id!r}, "
+                f"which is {job.status} (attempt {job.attempt}, cell {job.cell!r})")
+    summary = state.summaries.get(e.cell)
+    job.returned[e.cell] = summary.seq if summary is not None else 0
+    job.status, job.reason = PENDING, f"returned by {e.cell}: {e.reason}"
+    return ""
+
+
+# --- the cells' room ---------------------------------------------------------------------------
+
+
+def bucket_of(gpu_count: int) -> int:
+    """The summary bucket a task of ``gpu_count`` GPUs draws on (a share of one GPU: bucket 1)."""
+    return next(b for b in GPU_BUCKETS if b >= gpu_count)
+
+
+def _in_flight(state: DispatchState) -> dict[str, list[Job]]:
+    """Per cell, the held jobs its latest summary does not count yet, in dispatch order."""
+    out: dict[str, list[Job]] = {}
+    for job in state.jobs.values():
+        if job.status != HELD:
+            continue
+        summary = state.summaries.get(job.cell)
+        if summary is None or job.seq > summary.dispatched_seq:
+            out.setdefault(job.cell, []).append(job)
+    for jobs in out.values():
+        jobs.sort(key=lambda j: j.seq)
+    return out
+
+
+def rooms(state: DispatchState) -> dict[str, Room]:
+    """Step 1: each summarised cell's room, less what was dispatched to it since its summary."""
+    flying = _in_flight(state)
+    out: dict[str, Room] = {}
+    for cell in state.cells.cells:
+        summary = state.summaries.get(cell)
+        if summary is None:
+            continue
+        room = {(f.gpu_model, f.gpus): [f.slots, f.cpu_milli, f.mem_mib] for f in summary.free}
+        for job in flying.get(cell, []):
+            take(room, job.spec, commit=True)
+        out[cell] = room
+    return out
+
+
+def usage(state: DispatchState) -> Usage:
+    """Step 2: fleet-wide usage by tenant (key ``(tenant, -1)``): the summaries' plus in flight."""
+    out: Usage = {}
+    for cell in state.cells.cells:
+        summary = state.summaries.get(cell)
+        for u in summary.usage if summary is not None else ():
+            row = out.setdefault((_tenant(state, u.tenant), -1), [0, 0, 0])
+            for i, value in enumerate((u.cpu_milli, u.mem_mib, u.gpu_milli)):
+                row[i] += value
+    for jobs in _in_flight(state).values():
+        for job in jobs:
+            row = out.setdefault((job.tenant, -1), [0, 0, 0])
+            for i in range(3):
+                row[i] += job.demand[i]
+    return out
+
+
+def take(room: Room, spec: JobSubmitted, commit: bool) -> int | None:
+    """Draw ``spec``'s tasks from ``room`` (changed only when ``commit``): ``None`` when some
+    task finds no row, else the room left in the rows it drew on (slots, the score)."""
+    work = room if commit else {k: list(v) for k, v in room.items()}
+    used: set[tuple[str, int]] = set()
+    for g in spec.task_groups:
+        bucket, left = bucket_of(g.gpu_count), g.count
+        models = sorted(set(g.gpu_models))
+        for key in sorted(work):
+            if key[1] != bucket or (models and key[0] not in models) or (bucket and not key[0]):
+                continue
+            row = work[key]
+            fits = min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
+                       row[2] // g.mem_mib if g.mem_mib else left, left)
+            if fits > 0:
+                _draw(work, key, fits, g.gpu_count, g.cpu_milli, g.mem_mib)
+                used.add(key)
+                left -= fits
+            if left == 0:
+                break
+        if left:
+            return None
+    return sum(work[k][0] for k in sorted(used))
+
+
+def _draw(room: Room, key: tuple[str, int], tasks: int, gpus: int, cpu: int, mem: int) -> None:
+    """Take ``tasks`` tasks from row ``key`` and what they cost from the model's other rows
+    (the same nodes): a bigger bucket loses a slot per task, a smaller one ``gpus / bucket``."""
+    model = key[0]
+    for (m, bucket), row in room.items():
+        if m != model:
+            continue
+        if (m, bucket) == key:
+            row[0] -= tasks
+        elif bucket and gpus:
+            row[0] = max(0, row[0] - (tasks if bucket > gpus else tasks * gpus // bucket))
+        row[1] = max(0, row[1] - tasks * cpu)
+        row[2] = max(0, row[2] - tasks * mem)
+
+
+# --- dispatch -----------------------------------------------------------------------------------
+
+
+def dispatch(state: DispatchState) -> Step:
+    """Decide and apply one step: every pending job dispatched to a cell or left waiting with a
+    reason; the cancellations folded since the last step, for their holding cells."""
+    room, used = rooms(state), usage(state)
+    fleet = _fleet(state)
+    dispatched: list[JobDispatched] = []
+    waiting: list[tuple[str, str, str]] = []
+    for job in _ordered(state, used, fleet):
+        reason = _quota_reason(state, used, job)
+        cell = "" if reason else _choose(state, room, job)
+        if cell:
+            dispatched.append(_send(state, job, cell))
+            take(room[cell], job.spec, commit=True)
+            row = used.setdefault((job.tenant, -1), [0, 0, 0])
+            for i in range(3):
+                row[i] += job.demand[i]
+            continue
+        reason = reason or _no_cell_reason(state, job)
+        if reason != job.reason:
+            job.reason = reason
+            code, _, message = reason.partition(": ")
+            waiting.append((job.spec.job_id, code, message))
+    cancels, state.cancels = tuple(state.cancels), []
+    return Step(tuple(dispatched), cancels, tuple(waiting))
+
+
+def _fleet(state: DispatchState) -> tuple[int, int, int]:
+    totals = [s.total for s in (state.summaries.get(c) for c in state.cells.cells) if s is not None]
+    return (sum(t.cpu_milli for t in totals), sum(t.mem_mib for t in totals),
+            sum(t.gpu_milli for t in totals))
+
+
+def _ordered(state: DispatchState, used: Usage, fleet: tuple[int, int, int]) -> list[Job]:
+    """Step 3: pending jobs by priority (higher first); within a priority tenants take turns by
+    weighted DRF (ties to the tenant seen first), FIFO within a tenant.  Shares are those before
+    this step's dispatches plus each tenant's jobs in the order taken (``demand`` added as if
+    each were dispatched), so the order is fixed before any cell is chosen."""
+    classes: dict[int, dict[int, deque[Job]]] = {}
+    for job in state.jobs.values():
+        if job.status == PENDING:
+            classes.setdefault(-job.spec.priority, {}).setdefault(job.tenant, deque()).append(job)
+    out: list[Job] = []
+    for prio in sorted(classes):
+        queues = classes[prio]
+        share = {t: list(used.get((t, -1), [0, 0, 0])) for t in queues}
+        heap = [(weighted_share(state.quotas.get((t, -1)), share[t], fleet), t) for t in sorted(queues)]
+        heapq.heapify(heap)
+        while heap:
+            _, t = heapq.heappop(heap)
+            job = queues[t].popleft()
+            out.append(job)
+            share[t] = [share[t][i] + job.demand[i] for i in range(3)]
+            if queues[t]:
+                heapq.heappush(heap, (weighted_share(state.quotas.get((t, -1)), share[t], fleet), t))
+    return out
+
+
+def _quota_reason(state: DispatchState, used: Usage, job: Job) -> str:
+    """Step 4: ``""`` when the job fits its tenant's fleet-wide quota (with cohort borrowing)."""
+    if job.attempt >= MAX_DISPATCH_ATTEMPTS:
+        return f"{TOO_MANY_RETURNS}: dispatched {job.attempt} times, the most is {MAX_DISPATCH_ATTEMPTS}"
+    key = (job.tenant, -1)
+    quota = state.quotas.get(key)
+    if quota is None:
+        return ""
+    have = used.get(key, [0, 0, 0])
+    limit = limit_in(state.quotas, used, key, quota)
+    for i, name in enumerate(RESOURCES):
+        if job.demand[i] and have[i] + job.demand[i] > limit[i]:
+            return (f"{QUOTA}: tenant {job.spec.tenant} uses {have[i]} of {quota.nominal[i]} {name} nominal "
+                    f"fleet-wide, the job needs {job.demand[i]} and may use {limit[i]} in all")
+    return ""
+
+
+def candidates(state: DispatchState, job: Job) -> list[str]:
+    """The cells ``job`` may go to, sorted: allowed (all if none named) and in the map, less
+    those that returned it and have written no newer summary since."""
+    allowed = set(job.spec.allowed_cells)
+    out = []
+    for cell in state.cells.cells:
+        if allowed and cell not in allowed:
+            continue
+        summary = state.summaries.get(cell)
+        seen = job.returned.get(cell)
+        if seen is not None and (summary is None or summary.seq <= seen):
+            continue
+        out.append(cell)
+    return out
+
+
+def _choose(state: DispatchState, room: dict[str, Room], job: Job) -> str:
+    """Step 5: the candidate cell with the most room left after the job (ties: smaller id)."""
+    best, best_left = "", -1
+    for cell in candidates(state, job):
+        if cell not in room:
+            continue
+        left = take(room[cell], job.spec, commit=False)
+        if left is not None and left > best_left:
+            best, best_left = cell, left
+    return best
+
+
+def _no_cell_reason(state: DispatchState, job: Job) -> str:
+    allowed = set(job.spec.allowed_cells)
+    known = [c for c in state.cells.cells if not allowed or c in allowed]
+    if not known:
+        return f"{NO_KNOWN_CELL}: none of the cells {sorted(allowed)} is in the cell map"
+    cells = candidates(state, job)
+    if not [c for c in cells if c in state.summaries]:
+        back = sorted(job.returned)
+        if back and not cells:
+            return f"{NO_ROOM}: returned by {', '.join(back)}; waiting for a newer summary showing room"
+        return f"{NO_SUMMARY}: no summary yet from cells {', '.join(known)}"
+    return f"{NO_ROOM}: no summary of cells {', '.join(cells)} shows room for the job"
+
+
+def _send(state: DispatchState, job: Job, cell: str) -> JobDispatched:
+    seq = state.dispatch_seq.get(cell, 0) + 1
+    state.dispatch_seq[cell] = seq
+    job.status, job.cell, job.attempt, job.seq, job.reason = HELD, cell, job.attempt + 1, seq, ""
+    return JobDispatched(job=job.spec, cell=cell, attempt=job.attempt, seq=seq, as_of=state.offset)
