@@ -255,12 +255,16 @@ def rooms(state: DispatchState) -> dict[str, Room]:
 
 
 def usage(state: DispatchState) -> Usage:
-    """Step 2: fleet-wide usage by tenant (key ``(tenant, -1)``): the summaries' plus in flight."""
+    """Step 2: fleet-wide usage by tenant (key ``(tenant, -1)``): the summaries' plus in flight.
+    A tenant the dispatcher never saw (no job, no quota here) cannot change a decision: skipped."""
     out: Usage = {}
     for cell in state.cells.cells:
         summary = state.summaries.get(cell)
         for u in summary.usage if summary is not None else ():
-            row = out.setdefault((_tenant(state, u.tenant), -1), [0, 0, 0])
+            tenant = state.tenants.get(u.tenant)
+            if tenant is None:
+                continue
+            row = out.setdefault((tenant, -1), [0, 0, 0])
             for i, value in enumerate((u.cpu_milli, u.mem_mib, u.gpu_milli)):
                 row[i] += value
     for jobs in _in_flight(state).values():
