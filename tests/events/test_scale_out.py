@@ -32,8 +32,16 @@ def tenants(n: int) -> tuple[TenantUsage, ...]:
 
 
 def summary(free: tuple[FreeSlots, ...] = (), usage: tuple[TenantUsage, ...] = ()) -> CellSummary:
-    return CellSummary(cell="c" * 253, partition=65_535, seq=(1 << 63) - 1, as_of=(1 << 63) - 1,
-                       at_ms=1 << 53, total=Resources(), free=free, usage=usage)
+    return CellSummary(
+        cell="c" * 253,
+        partition=65_535,
+        seq=(1 << 63) - 1,
+        as_of=(1 << 63) - 1,
+        at_ms=1 << 53,
+        total=Resources(),
+        free=free,
+        usage=usage,
+    )
 
 
 @pytest.mark.parametrize("fmt", ["msgpack", "json"])
@@ -60,29 +68,43 @@ def _summary_doc(**changes: object) -> dict[str, object]:
     return doc
 
 
-@pytest.mark.parametrize(("changes", "says"), [
-    ({"free": [["A100", 1, 1, 1, 1], ["A100", 1, 2, 2, 2]]}, "sorted by \\(gpu_model, gpus\\)"),
-    ({"free": [["B", 1, 1, 1, 1], ["A", 1, 1, 1, 1]]}, "sorted by \\(gpu_model, gpus\\)"),
-    ({"free": [["A100", 3, 1, 1, 1]]}, "3 is not a bucket"),
-    ({"usage": [["b", 1, 1, 1], ["a", 1, 1, 1]]}, "sorted by tenant"),
-    ({"free": [["A100", 1, -1, 1, 1]]}, ">= 0"),
-    ({"seq": 0}, ">= 1"),
-    ({"partition": 65_536}, "<= 65535 - at `\\$.event.partition`"),
-])
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"free": [["A100", 1, 1, 1, 1], ["A100", 1, 2, 2, 2]]}, "sorted by \\(gpu_model, gpus\\)"),
+        ({"free": [["B", 1, 1, 1, 1], ["A", 1, 1, 1, 1]]}, "sorted by \\(gpu_model, gpus\\)"),
+        ({"free": [["A100", 3, 1, 1, 1]]}, "3 is not a bucket"),
+        ({"usage": [["b", 1, 1, 1], ["a", 1, 1, 1]]}, "sorted by tenant"),
+        ({"free": [["A100", 1, -1, 1, 1]]}, ">= 0"),
+        ({"seq": 0}, ">= 1"),
+        ({"partition": 65_536}, "<= 65535 - at `\\$.event.partition`"),
+    ],
+)
 def test_a_malformed_summary_is_refused_saying_what_is_wrong(changes: dict[str, object], says: str) -> None:
     with pytest.raises(InvalidEventError, match=says):
         decode(_raw(_summary_doc(**changes)), JSON)
 
 
-@pytest.mark.parametrize(("event", "path"), [
-    (JobDispatched(job=msgspec.structs.replace(job(), job_id="j\u202e"), cell="a", attempt=1, seq=1, as_of=0),
-     "$.event.job.job_id"),
-    (JobDispatched(job=job(), cell="a b", attempt=1, seq=1, as_of=0), "$.event.cell"),
-    (JobReturned(job_id="j", cell="a", attempt=1, reason="no\nroom", as_of=0), "$.event.reason"),
-    (msgspec.structs.replace(summary(), free=(FreeSlots("A1", 1, 1, 1, 1), FreeSlots("A\u200b", 1, 1, 1, 1))),
-     "$.event.free[1][0]"),
-    (msgspec.structs.replace(summary(), usage=(TenantUsage("t\x00", 0, 0, 0),)), "$.event.usage[0][0]"),
-])
+@pytest.mark.parametrize(
+    ("event", "path"),
+    [
+        (
+            JobDispatched(
+                job=msgspec.structs.replace(job(), job_id="j\u202e"), cell="a", attempt=1, seq=1, as_of=0
+            ),
+            "$.event.job.job_id",
+        ),
+        (JobDispatched(job=job(), cell="a b", attempt=1, seq=1, as_of=0), "$.event.cell"),
+        (JobReturned(job_id="j", cell="a", attempt=1, reason="no\nroom", as_of=0), "$.event.reason"),
+        (
+            msgspec.structs.replace(
+                summary(), free=(FreeSlots("A1", 1, 1, 1, 1), FreeSlots("A\u200b", 1, 1, 1, 1))
+            ),
+            "$.event.free[1][0]",
+        ),
+        (msgspec.structs.replace(summary(), usage=(TenantUsage("t\x00", 0, 0, 0),)), "$.event.usage[0][0]"),
+    ],
+)
 @pytest.mark.parametrize("fmt", ["msgpack", "json"])
 def test_every_identifier_of_a_shard_event_must_be_printable(event: object, path: str, fmt: str) -> None:
     data = encode(envelope(event, "p"), fmt)  # type: ignore[arg-type]
