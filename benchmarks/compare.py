@@ -103,15 +103,20 @@ def run_one(tree: Path, name: str, size: tuple[str, ...], env: dict[str, str]) -
     ) as child:
         try:
             out, err = child.communicate(timeout=TIMEOUT_S)
-        except BaseException:  # timeout, Ctrl-C, SIGTERM: the child dies before its tree goes
+        except BaseException as stopped:  # timeout, Ctrl-C, SIGTERM: the child dies before its tree
             child.kill()
             child.communicate()
+            if isinstance(stopped, subprocess.TimeoutExpired):
+                raise RuntimeError(f"benchmarks.{name} ran over {TIMEOUT_S} s") from None
             raise
     objects = [line for line in out.splitlines() if line.startswith("{")]
     if child.returncode != 0 or not objects:
         last = (err.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
         raise RuntimeError(f"benchmarks.{name} exited {child.returncode}: {last}")
-    return json.loads(objects[-1]), err[-2000:]
+    try:
+        return json.loads(objects[-1]), err[-2000:]
+    except json.JSONDecodeError as bad:
+        raise RuntimeError(f"benchmarks.{name} printed no JSON object: {bad}") from None
 
 
 def timed(tree: Path, name: str, side: str, round_: int, size: tuple[str, ...], env: dict[str, str]) -> Run:
@@ -227,7 +232,11 @@ def report(args: argparse.Namespace, commits: list[str], runs: list[Run]) -> dic
         "sizes": {name: list(SMOKE if args.smoke else SIZES[name]) for name in args.benches},
         "machine": machine(),
         "results": {name: summarise(runs, name) for name in args.benches},
-        "failures": [f"{r.benchmark} {r.side} round {r.round}: {r.error}" for r in runs if r.error],
+        "failures": [
+            f"{r.benchmark} {r.side} round {r.round}: {r.error}" for r in runs if r.error and r.round > 0
+        ],
+        # a warm-up that fails (an old revision without --smoke, say) only costs the cache warming
+        "warmup_failures": [f"{r.benchmark} {r.side}: {r.error}" for r in runs if r.error and not r.round],
         "runs": [vars(r) for r in runs],
     }
 
@@ -268,6 +277,8 @@ def show(result: dict[str, Any]) -> None:
         out.print(table)
     for failure in result["failures"]:
         out.print(f"FAILED: {failure}")
+    for failure in result["warmup_failures"]:
+        out.print(f"warm-up failed (not counted): {failure}")
     if "shape" in result:
         from benchmarks.shape import show as show_shape
 
@@ -291,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("python -m benchmarks.compare: interrupted (worktrees removed)", file=sys.stderr)
         return 130
+    except RuntimeError as failed:  # git, or the shape report's import graph
+        print(f"python -m benchmarks.compare: {failed}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result))
     else:

@@ -4,6 +4,7 @@ worktree behind: not when it ends, not on a bad revision, not on Ctrl-C."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.compare import better, flatten, order, verdict
+from benchmarks.compare import Run, better, flatten, order, report, verdict
 from benchmarks.worktree import PREFIX, worktrees
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,3 +163,28 @@ def test_which_way_is_better_and_the_verdict() -> None:
     assert verdict("decide_pending_1k_jobs_s", [1.0, 1.1], [0.5, 0.6]) == "better"
     assert verdict("events", [5, 5], [5, 5]) == "same"
     assert verdict("events", [5, 5], [6, 6]) == "~"
+
+
+def test_medians_ratios_and_failures_of_fabricated_runs() -> None:
+    """Per key the median of each side's timed rounds (the warm-up is not one of them); a failed
+    warm-up is shown apart and not counted as a failure, a failed round is."""
+    runs = [
+        Run("core", "before", 0, 1.0, 0.0, None, "benchmarks.core exited 2: no --smoke"),
+        Run("core", "after", 0, 1.0, 0.0, {"x_per_s": 1e9}),
+        *(
+            Run("core", "before", i, 1.0, 0.0, {"x_per_s": v, "n": 5})
+            for i, v in ((1, 100), (2, 300), (3, 200))
+        ),
+        *(
+            Run("core", "after", i, 1.0, 0.0, {"x_per_s": v, "n": 5})
+            for i, v in ((1, 400), (2, 500), (3, 450))
+        ),
+        Run("core", "after", 4, 1.0, 0.0, None, "benchmarks.core exited 1: boom"),
+    ]
+    args = argparse.Namespace(before="A", after="B", rounds=4, no_warmup=False, smoke=False, benches=["core"])
+    r = report(args, ["a" * 40, "b" * 40], runs)
+    row = r["results"]["core"]["x_per_s"]
+    assert (row["before"], row["after"], row["ratio"], row["verdict"]) == (200, 450, 2.25, "better")
+    assert r["results"]["core"]["n"]["verdict"] == "same"
+    assert r["failures"] == ["core after round 4: benchmarks.core exited 1: boom"]
+    assert r["warmup_failures"] == ["core before: benchmarks.core exited 2: no --smoke"]
