@@ -48,10 +48,11 @@ EXIT_USAGE = 2
 TIMEOUT_S = 1800  # one benchmark process; far above any default size
 
 SIZES: dict[str, tuple[str, ...]] = {
-    # about a minute or two per round for both revisions together, on 2 shared vCPUs
-    "core": ("--quick",),
-    "simulate": ("--quick",),
-    "replay": ("--quick",),
+    # one to three minutes per round for both revisions together, on 2 shared vCPUs (--quick
+    # sizes run 6-35 s and were too noisy to read a ratio from)
+    "core": (),  # the full run: 1k, 10k and 100k nodes
+    "simulate": ("--variants", "default", "--seeds", "2"),  # full throughput; allocation as --quick
+    "replay": (),  # 1,000,000 events
 }
 SMOKE = ("--smoke",)
 SIDES = ("before", "after")
@@ -260,7 +261,8 @@ def show(result: dict[str, Any]) -> None:
         f"{result['rounds']} rounds, {result['order']}"
     )
     for name, rows in result["results"].items():
-        table = Table(title=f"{name} {' '.join(result['sizes'][name])}", title_justify="left")
+        size = " ".join(result["sizes"][name]) or "(full size)"
+        table = Table(title=f"{name} {size}", title_justify="left")
         for column in ("key", "before", "after", "after/before", "verdict", "rounds before", "rounds after"):
             table.add_column(column, justify="left" if column in ("key", "verdict") else "right")
         for key, row in rows.items():
@@ -277,7 +279,7 @@ def show(result: dict[str, Any]) -> None:
         out.print(table)
     for failure in result["failures"]:
         out.print(f"FAILED: {failure}")
-    for failure in result["warmup_failures"]:
+    for failure in result.get("warmup_failures", []):
         out.print(f"warm-up failed (not counted): {failure}")
     if "shape" in result:
         from benchmarks.shape import show as show_shape
