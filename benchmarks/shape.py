@@ -120,8 +120,9 @@ def fixtures(before: Path, after: Path) -> dict[str, Any]:
         logs = {"after": copies["after"]}
         if hashes["before"] is not None and hashes["before"] != hashes["after"]:
             logs["before"] = copies["before"]  # re-recorded: each revision verifies each copy
+        on = {side: f" on the {side} copy" if len(logs) > 1 else "" for side in logs}
         reports = {
-            f"{code_side} code on {log_side} fixture": verify(code, log)
+            f"{code_side} code{on[log_side]}": verify(code, log)
             for log_side, log in logs.items()
             for code_side, code in (("before", before), ("after", after))
         }
