@@ -22,7 +22,8 @@ their kernels up in-process before they time anything.
 left out of the table, kept in ``--json``'s ``runs``), per key: the median of the rounds before
 and after, the ratio after/before, and a verdict where the key says which way is better (rates:
 higher; seconds, milliseconds, bytes: lower): ``better``/``worse`` only when the two sides' rounds
-do not overlap at all, else ``~`` (within the noise of this run). ``--shape`` adds the module
+do not overlap at all and the medians differ by more than 5%, else ``~`` (within the noise of
+this run: with 3 rounds a side, pure noise keeps the sides apart 1 time in 10). ``--shape`` adds the module
 tree, the import cycles and the replay fixtures' digests of both trees (``benchmarks.shape``).
 """
 
@@ -55,6 +56,7 @@ SIZES: dict[str, tuple[str, ...]] = {
     "replay": (),  # 1,000,000 events
 }
 SMOKE = ("--smoke",)
+NOISE = 0.05  # a verdict needs the medians this far apart (a fraction of before)
 SIDES = ("before", "after")
 
 
@@ -189,13 +191,17 @@ def better(key: str) -> str | None:
 
 
 def verdict(key: str, before: list[float], after: list[float]) -> str:
-    """``better``/``worse`` when the rounds of the two sides do not overlap and the key says
-    which way is better; ``same`` when every round gave one value; else ``~``."""
+    """``better``/``worse`` when the rounds of the two sides do not overlap, the medians differ
+    by more than :data:`NOISE` and the key says which way is better; ``same`` when every round
+    gave one value; else ``~``. (With 3 rounds a side, pure noise leaves the sides apart 1 time
+    in 10: over a hundred keys, the margin keeps those few from reading as verdicts.)"""
     if set(before) == set(after) and len(set(before)) == 1:
         return "same"
     way = better(key)
     overlap = max(before) >= min(after) and max(after) >= min(before)
-    if way is None or overlap:
+    b, a = statistics.median(before), statistics.median(after)
+    small = abs(a - b) <= NOISE * abs(b)
+    if way is None or overlap or small:
         return "~"
     up = min(after) > max(before)
     return "better" if up == (way == "higher") else "worse"

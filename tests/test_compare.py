@@ -160,6 +160,7 @@ def test_which_way_is_better_and_the_verdict() -> None:
     assert verdict(up, [10, 11, 12], [13, 14, 15]) == "better"
     assert verdict(up, [13, 14, 15], [10, 11, 12]) == "worse"
     assert verdict(up, [10, 12, 14], [11, 13, 15]) == "~"  # the rounds overlap: noise
+    assert verdict(up, [100, 101, 102], [103, 104, 105]) == "~"  # apart, but by 3%: noise
     assert verdict("decide_pending_1k_jobs_s", [1.0, 1.1], [0.5, 0.6]) == "better"
     assert verdict("events", [5, 5], [5, 5]) == "same"
     assert verdict("events", [5, 5], [6, 6]) == "~"
