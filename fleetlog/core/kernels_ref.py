@@ -1,4 +1,5 @@
-"""The placement kernels in plain Python: the readable definition ``kernels.py`` must match.
+"""The placement kernels in plain Python: the readable definition the ``kernels`` package
+must match.
 
 Same functions, same arguments, same results as ``fleetlog.core.kernels`` (see its docstring
 for the data layout and the score format), written for clarity, not speed: no caching, no
@@ -125,7 +126,7 @@ def _starved(frees: list[int], cpu_avail: int, gpu_shapes: list[list[int]]) -> i
 
 def _node_frag(frees: list[int], cpu_avail: int, shapes: I64) -> int:
     """F(node) = sum over GPU shapes of weight * frag, plus their total weight times the GPU
-    milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels._frag_pair``)."""
+    milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels.frag._frag_pair``)."""
     gpu_shapes: list[list[int]] = [row for row in shapes.tolist() if row[3] != 0 and row[0] > 0]
     if not gpu_shapes:
         return 0

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from fleetlog.core import kernels as nb
 from fleetlog.core import kernels_ref as ref
 from fleetlog.core.kernels import BEST_FIT, FGD, FULL_GPU, MAX_GPUS
+from fleetlog.core.kernels.floor import _fgd_floor, _floor_table
 
 Array = npt.NDArray[Any]
 POLICIES = (BEST_FIT, FGD)
@@ -650,11 +651,11 @@ def test_fgd_floor_is_below_the_increase(cluster: Cluster, task: Task, shapes: A
     """``_fgd_floor`` agrees with a full evaluation on fit and secondary score, and its floor is
     never above the FGD increase: the pruning in ``best_node_memo`` is sound."""
     cpu_free, mem_free, gpu_free, gpu_count, model = cluster.arrays()
-    table = nb._floor_table(shapes)
+    table = _floor_table(shapes)
     args = (task.cpu, task.mem, task.gpus, task.milli, np.uint64(task.models))
     for n in range(len(cluster.gpus)):
         node = (int(cpu_free[n]), int(mem_free[n]), gpu_free[n], int(gpu_count[n]), int(model[n]))
-        ok, floor, secondary = nb._fgd_floor(*node, args, table)
+        ok, floor, secondary = _fgd_floor(*node, args, table)
         assert bool(ok) == nb.fits(n, cpu_free, mem_free, gpu_free, gpu_count, model, *task.args())
         if ok:
             primary, want = nb.node_score(
