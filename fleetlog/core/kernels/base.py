@@ -78,5 +78,3 @@ def _hot(fn: _F) -> _F:
     """Like ``_jit``, inlined into its callers (numba IR): per-node helpers, so that constant
     arguments (the policy) fold away and no call is paid per node."""
     return cast(_F, numba.njit(cache=True, inline="always")(fn))
-
-

@@ -382,5 +382,3 @@ def _place_in_domain(
             break
     _forget_touched(work)
     return placed, total_p, total_s
-
-

@@ -216,5 +216,3 @@ def _run_bound(group: I64, nodes: NodeArrays, task: Task) -> tuple[int, int]:
         cpu_left = cpu - (most * task_cpu if task_cpu > 0 else 0)
         floor = min(floor, _best_fit(count, total, cpu_left, most * gpus, milli))
     return fit, floor
-
-

@@ -193,5 +193,3 @@ def _allocate(
         if _has_bit(rest, 0):
             gpu_free[n, i] += sign * milli
         rest >>= _ONE
-
-

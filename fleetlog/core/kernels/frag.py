@@ -227,5 +227,3 @@ def fragmentation(cands: I64, cpu_free: I64, gpu_free: I16, gpu_count: I32, shap
         cpu = int(cpu_free[n])
         out += _frag_pair(gpu_free[n], int(gpu_count[n]), _ZERO, 0, cpu, cpu, shapes)[0]
     return out
-
-

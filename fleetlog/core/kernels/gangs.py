@@ -186,5 +186,3 @@ def place_gang_memo(
         node_version,
         memo,
     )
-
-

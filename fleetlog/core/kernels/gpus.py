@@ -83,5 +83,3 @@ def pick_gpus(gpu_free_row: I16, count: int, gpus: int, milli: int) -> np.uint64
     share: the GPU with the least free share that is still >= milli (tie: lowest index).
     """
     return _take(gpu_free_row, int(count), int(gpus), int(milli))
-
-

@@ -131,8 +131,6 @@ RUN_SKIP = 6  # a place_run task row's skip flag (its key already failed in this
 RUN_COLUMNS = 7
 
 
-
-
 @_jit
 def place_run(
     cands: I64,
@@ -290,5 +288,3 @@ def _best_memo_floors(
         if ok and _better(primary, secondary, n, best_p, best_s, best):
             best, best_p, best_s = n, primary, secondary
     return best
-
-

@@ -182,7 +182,6 @@ def best_node(
     return _best_of(cands, nodes, task, False, shapes)
 
 
-
 @_hot
 def _best_of(cands: I64, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I64) -> int:
     cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
@@ -197,5 +196,3 @@ def _best_of(cands: I64, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I
         if ok and _better(primary, secondary, n, best_p, best_s, best):
             best, best_p, best_s = n, primary, secondary
     return best
-
-
