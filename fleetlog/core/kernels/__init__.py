@@ -43,7 +43,8 @@ increase itself takes one pass over the GPUs and O(1) per shape (``_frag_increas
 reference is plain best_node.
 
 The package follows the sections of the kernels, each module importing only those before it:
-``base`` (types, constants, the jit decorators), ``gpus`` (GPUs of one node), ``frag``
+``cache`` (numba's cache keyed on the package), ``base`` (types, constants, the jit decorators),
+``gpus`` (GPUs of one node), ``frag``
 (fragmentation, FGD), ``node`` (one node, one task), ``floor`` (a floor under the FGD increase,
 ``allocate``), ``summary`` (best fit with a node summary), ``memo`` (one node, one task,
 remembered: ``best_node_memo``, ``place_run``), ``domains``, ``domain`` and ``gangs`` (a gang's
@@ -52,9 +53,10 @@ domains, one domain, all domains: ``place_gang``). This module re-exports every 
 helpers are reached through their module (``kernels.floor._fgd_floor``). The plain twins stay one
 module, ``fleetlog.core.kernels_ref`` (410 lines, read as one definition; same public names).
 
-Numba's cache (``cache=True``) keys each kernel on its own file only, while a kernel embeds the
-code of the kernels it calls: after editing a module, clear the cache (``NUMBA_CACHE_DIR`` or the
-``__pycache__/*.nbi|*.nbc`` files) or ``touch`` the modules that import it, or stale callers load.
+Numba's ``cache=True`` keys each kernel on its own file only, while a kernel embeds the code of
+the kernels it calls, so a caller's cache would outlive an edit of its callee's module.  The
+kernels' decorators (``base._jit``, ``base._hot``) key it on the whole package's source instead
+(``cache.py``): any change to a module of the package compiles every kernel afresh once.
 """
 
 from __future__ import annotations

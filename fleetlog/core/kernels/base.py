@@ -1,4 +1,5 @@
-"""Types, constants and the two jit decorators every kernel module shares."""
+"""Types, constants and the two jit decorators every kernel module shares (their on-disk cache
+is keyed on the whole package's source: ``cache.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, TypeVar, cast
 import numba
 import numpy as np
 import numpy.typing as npt
+
+from fleetlog.core.kernels.cache import package_cached
 
 I16 = npt.NDArray[np.int16]
 I32 = npt.NDArray[np.int32]
@@ -70,11 +73,12 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _jit(fn: _F) -> _F:
-    """``numba.njit(cache=True)`` keeping the Python signature for the type checker."""
-    return cast(_F, numba.njit(cache=True)(fn))
+    """``numba.njit`` with the package-keyed on-disk cache (``cache.py``: plain ``cache=True``
+    would load stale callers), keeping the Python signature for the type checker."""
+    return cast(_F, package_cached(numba.njit(fn)))
 
 
 def _hot(fn: _F) -> _F:
     """Like ``_jit``, inlined into its callers (numba IR): per-node helpers, so that constant
     arguments (the policy) fold away and no call is paid per node."""
-    return cast(_F, numba.njit(cache=True, inline="always")(fn))
+    return cast(_F, package_cached(numba.njit(inline="always")(fn)))
