@@ -51,7 +51,8 @@ remembered: ``best_node_memo``, ``place_run``), ``domains``, ``domain`` and ``ga
 domains, one domain, all domains: ``place_gang``). This module re-exports every public name, so
 ``kernels.best_node`` and ``from fleetlog.core.kernels import best_node`` work as before; private
 helpers are reached through their module (``kernels.floor._fgd_floor``). The plain twins stay one
-module, ``fleetlog.core.kernels_ref`` (410 lines, read as one definition; same public names).
+module, ``fleetlog.core.kernels_ref`` (read as one definition, under the same section headings;
+same public names and parameters).
 
 Numba's ``cache=True`` keys each kernel on its own file only, while a kernel embeds the code of
 the kernels it calls, so a caller's cache would outlive an edit of its callee's module.  The
