@@ -402,7 +402,8 @@ def place_run(
         cpu, mem, gpus, milli, models = row[:5]
         if row[RUN_SKIP] != 0:
             return j
-        n = best_node(cands, *free, cpu, mem, gpus, milli, np.uint64(models), policy, shapes)
+        models_mask = np.uint64(models % (1 << 64))  # (the int64 column holds the uint64's bits)
+        n = best_node(cands, *free, cpu, mem, gpus, milli, models_mask, policy, shapes)
         if n == NO_NODE:
             return j
         mask = pick_gpus(gpu_free[n], int(gpu_count[n]), gpus, milli)

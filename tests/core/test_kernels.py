@@ -913,10 +913,12 @@ def run_rows(tasks: list[Task], skip_at: int | None) -> tuple[Array, int]:
     """``place_run``'s task rows (one memo slot per distinct task shape) and the slot count."""
     slots: dict[Task, int] = {}
     rows = [
-        [t.cpu, t.mem, t.gpus, t.milli, t.models, slots.setdefault(t, len(slots)), int(j == skip_at)]
+        [t.cpu, t.mem, t.gpus, t.milli, 0, slots.setdefault(t, len(slots)), int(j == skip_at)]
         for j, t in enumerate(tasks)
     ]
-    return np.array(rows, dtype=np.int64).reshape(-1, nb.RUN_COLUMNS), max(1, len(slots))
+    out = np.array(rows, dtype=np.int64).reshape(-1, nb.RUN_COLUMNS)
+    out[:, 4] = np.array([t.models for t in tasks], dtype=np.uint64)  # as decide: the bits, wrapped
+    return out, max(1, len(slots))
 
 
 Run = tuple[int, list[list[int]], list[Any]]
@@ -953,8 +955,13 @@ def place_run(
         (Cluster().node(gpus=2), [gpu_task(), gpu_task()], 0, 0),  # skip at the first job
         (Cluster().node(gpus=2), [gpu_task(), gpu_task()], 1, 1),  # skip at the last job
         (Cluster().node(gpus=MAX_GPUS), [gpu_task(MAX_GPUS)], None, 1),  # every GPU of a node
+        (Cluster().node(gpus=1, model=63), [gpu_task(models=bits(63))], None, 1),  # the top model bit
+        (Cluster().node(gpus=1, model=62), [gpu_task(models=bits(63))], None, 0),
     ],
-    ids=["no-job", "one", "then-full", "exactly-full", "full", "skip-first", "skip-last", "all-gpus"],
+    ids=[
+        "no-job", "one", "then-full", "exactly-full", "full", "skip-first", "skip-last", "all-gpus",
+        "model-63", "not-model-63",
+    ],
 )
 @pytest.mark.parametrize("policy", POLICIES, ids=["best-fit", "fgd"])
 def test_place_run_at_the_limits(
