@@ -23,14 +23,20 @@ COVERAGE = """
 import asyncio, json, sys
 from numba.core.registry import CPUDispatcher
 from fleetlog.simulation import RunConfig, load_cluster, load_workload, parse_mode, run_simulation
+import importlib, pkgutil
 from fleetlog.core import digest, invariants, kernels
 from fleetlog.core.policy import policy_named
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.service.warmup import warm_up
 
+# the kernels package's modules, each dispatcher read once, in the module that defines it
+MODULES = [importlib.import_module(f"{kernels.__name__}.{i.name}")
+           for i in pkgutil.iter_modules(kernels.__path__)]
+
 def compiled():
-    return {f"{m.__name__}.{n}": {str(s) for s in f.signatures} for m in (kernels, digest, invariants)
-            for n, f in vars(m).items() if isinstance(f, CPUDispatcher)}
+    return {f"{m.__name__}.{n}": {str(s) for s in f.signatures} for m in (*MODULES, digest, invariants)
+            for n, f in vars(m).items()
+            if isinstance(f, CPUDispatcher) and f.py_func.__module__ == m.__name__}
 
 policy, mode = sys.argv[1], sys.argv[2]
 chosen = policy_named(policy, **({"fail_unplaced": True} if mode == "inflate" else {}))

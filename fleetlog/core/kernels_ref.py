@@ -1,8 +1,12 @@
-"""The placement kernels in plain Python: the readable definition ``kernels.py`` must match.
+"""The placement kernels in plain Python: the readable definition the ``kernels`` package
+must match.
 
 Same functions, same arguments, same results as ``fleetlog.core.kernels`` (see its docstring
 for the data layout and the score format), written for clarity, not speed: no caching, no
-pruning, full copies of the state per domain.
+pruning, full copies of the state per domain.  One module, in the sections of the package's
+modules (``gpus``, ``frag``, ``node``, ``floor``, ``summary``, ``memo``, then the gang modules),
+so that a kernel's twin is found under the same heading; ``tests/core/test_kernels.py`` checks
+every public kernel has one, with the same parameters, and that the two agree.
 """
 
 from __future__ import annotations
@@ -14,6 +18,15 @@ from fleetlog.core.kernels import (
     CPU_FEED_CAP,
     CPU_TIEBREAK_CAP,
     FGD,
+    FLOOR_CPU,
+    FLOOR_MEAN_CPU,
+    FLOOR_MEAN_MILLI,
+    FLOOR_OTHER,
+    FLOOR_SHARE_OVER,
+    FLOOR_SOUND,
+    FLOOR_WEIGHTS,
+    FLOOR_WHOLE,
+    FLOOR_WHOLE_OVER,
     FULL_GPU,
     GPU_LEFT_UNIT,
     GPU_NODE_PENALTY,
@@ -40,17 +53,24 @@ __all__ = [
     "allocate",
     "best_node",
     "best_node_memo",
+    "best_node_summary",
     "fits",
+    "floor_table",
     "fragmentation",
+    "most_free",
     "node_score",
     "pick_gpus",
     "place_gang",
     "place_gang_memo",
+    "place_run",
     "row_totals",
     "versions_after",
 ]
 
 Score = tuple[int, int]
+
+
+# ---------------------------------------------------------------- GPUs of one node
 
 
 def _frees(row: I16, count: int) -> list[int]:
@@ -80,26 +100,7 @@ def _model_ok(models: int, model: int) -> bool:
     return bool(models == 0 or (model >= 0 and (models >> model) & 1 == 1))
 
 
-def fits(
-    n: int,
-    cpu_free: I64,
-    mem_free: I64,
-    gpu_free: I16,
-    gpu_count: I32,
-    node_model: I32,
-    cpu: int,
-    mem: int,
-    gpus: int,
-    milli: int,
-    models: np.uint64,
-) -> bool:
-    if int(cpu_free[n]) < int(cpu) or int(mem_free[n]) < int(mem):
-        return False
-    if int(gpus) == 0:
-        return True
-    if not _model_ok(int(models), int(node_model[n])):
-        return False
-    return bool(pick_gpus(gpu_free[n], int(gpu_count[n]), int(gpus), int(milli)) != 0)
+# ---------------------------------------------------------------- fragmentation (FGD)
 
 
 def _shape_frag(frees: list[int], cpu_avail: int, gpus: int, milli: int, cpu: int) -> int:
@@ -125,7 +126,7 @@ def _starved(frees: list[int], cpu_avail: int, gpu_shapes: list[list[int]]) -> i
 
 def _node_frag(frees: list[int], cpu_avail: int, shapes: I64) -> int:
     """F(node) = sum over GPU shapes of weight * frag, plus their total weight times the GPU
-    milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels._frag_pair``)."""
+    milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels.frag._frag_pair``)."""
     gpu_shapes: list[list[int]] = [row for row in shapes.tolist() if row[3] != 0 and row[0] > 0]
     if not gpu_shapes:
         return 0
@@ -142,6 +143,35 @@ def fragmentation(cands: I64, cpu_free: I64, gpu_free: I16, gpu_count: I32, shap
     )
 
 
+def _uses_fgd(policy: int, shapes: I64) -> bool:
+    return policy == FGD and shapes.shape[0] > 0 and int(shapes[:, 3].sum()) > 0
+
+
+# ---------------------------------------------------------------- one node, one task
+
+
+def fits(
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+) -> bool:
+    if int(cpu_free[n]) < int(cpu) or int(mem_free[n]) < int(mem):
+        return False
+    if int(gpus) == 0:
+        return True
+    if not _model_ok(int(models), int(node_model[n])):
+        return False
+    return bool(pick_gpus(gpu_free[n], int(gpu_count[n]), int(gpus), int(milli)) != 0)
+
+
 def _best_fit(frees: list[int], cpu_left: int, gpus: int, milli: int) -> int:
     cpu_term = min(cpu_left, CPU_TIEBREAK_CAP)
     if gpus > 0:
@@ -149,10 +179,6 @@ def _best_fit(frees: list[int], cpu_left: int, gpus: int, milli: int) -> int:
         return gpu_left * GPU_LEFT_UNIT + cpu_term
     has_free_gpu = len(frees) > 0 and sum(frees) > 0
     return (GPU_NODE_PENALTY if has_free_gpu else 0) + cpu_term
-
-
-def _uses_fgd(policy: int, shapes: I64) -> bool:
-    return policy == FGD and shapes.shape[0] > 0 and int(shapes[:, 3].sum()) > 0
 
 
 def node_score(
@@ -203,6 +229,103 @@ def best_node(
     return min(ranked)[2] if ranked else NO_NODE
 
 
+# ---------------------------------------------------------------- a floor under the FGD increase
+
+
+def floor_table(shapes: I64) -> I64:
+    """What the FGD floor needs of the shape mix, laid out as ``kernels.floor`` says: over the
+    GPU shapes (weight != 0, gpus > 0), for each f the weight of one-GPU shares of more than f
+    milli, for each g the weight of whole-GPU shapes of more than g GPUs, the weight of the
+    others, of the whole ones and of all, their mean cpu and milli, whether no weight is
+    negative, then their (cpu, weight) pairs by descending cpu (in mix order on ties)."""
+    gpu_shapes = [(g, m, c, w) for g, m, c, w in shapes.tolist() if w != 0 and g > 0]
+    whole = [(g, w) for g, m, _, w in gpu_shapes if m == FULL_GPU]
+    shares = [(m, w) for g, m, _, w in gpu_shapes if m != FULL_GPU and g == 1 and 0 < m < FULL_GPU]
+    weights = sum(w for *_, w in gpu_shapes)
+    table = [0] * FLOOR_CPU
+    for f in range(FULL_GPU + 1):
+        table[FLOOR_SHARE_OVER + f] = sum(w for m, w in shares if m > f)
+    for g in range(MAX_GPUS + 1):
+        table[FLOOR_WHOLE_OVER + g] = sum(w for k, w in whole if k > g)
+    table[FLOOR_WHOLE] = sum(w for _, w in whole)
+    table[FLOOR_OTHER] = weights - table[FLOOR_WHOLE] - sum(w for _, w in shares)
+    table[FLOOR_WEIGHTS] = weights
+    if weights > 0:
+        table[FLOOR_MEAN_CPU] = sum(w * c for _, _, c, w in gpu_shapes) // weights
+        table[FLOOR_MEAN_MILLI] = sum(w * g * m for g, m, _, w in gpu_shapes) // weights
+    table[FLOOR_SOUND] = int(all(w >= 0 for *_, w in gpu_shapes))
+    by_cpu = sorted(((c, w) for _, _, c, w in gpu_shapes), key=lambda pair: -pair[0])
+    return np.array(table + [x for pair in by_cpu for x in pair], dtype=np.int64)
+
+
+def allocate(
+    n: int,
+    mask: np.uint64,
+    cpu: int,
+    mem: int,
+    milli: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    sign: int,
+) -> None:
+    cpu_free[n] += sign * int(cpu)
+    mem_free[n] += sign * int(mem)
+    for i in range(MAX_GPUS):
+        if int(mask) >> i & 1:
+            gpu_free[n, i] += sign * int(milli)
+
+
+# ---------------------------------------------------------------- best-fit with a node summary
+
+
+def best_node_summary(
+    cands: I64,
+    gpu_total: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+) -> int:
+    """Reference: the summary only prunes, so the answer is plain best-fit ``best_node``."""
+    return best_node(
+        cands,
+        cpu_free,
+        mem_free,
+        gpu_free,
+        gpu_count,
+        node_model,
+        cpu,
+        mem,
+        gpus,
+        milli,
+        models,
+        BEST_FIT,
+        np.zeros((0, 4), dtype=np.int64),
+    )
+
+
+def most_free(nodes: I64, cpu_free: I64, mem_free: I64, gpu_free: I16) -> tuple[int, int, int, int]:
+    """Over ``nodes`` (0 for each when there is none): the most fully free GPUs on one node, the
+    most free share on one GPU, the most free CPU and the most free memory, each at least 0."""
+    rows = [gpu_free[n].tolist() for n in nodes.tolist()]
+    return (
+        max([0] + [row.count(FULL_GPU) for row in rows]),
+        max([0] + [free for row in rows for free in row]),
+        max([0] + [int(cpu_free[n]) for n in nodes.tolist()]),
+        max([0] + [int(mem_free[n]) for n in nodes.tolist()]),
+    )
+
+
+# ---------------------------------------------------------------- one node, one task, remembered
+
+
 def best_node_memo(
     cands: I64,
     cpu_free: I64,
@@ -227,22 +350,71 @@ def best_node_memo(
     return best_node(cands, *free, cpu, mem, gpus, milli, models, policy, shapes)
 
 
-def allocate(
-    n: int,
-    mask: np.uint64,
-    cpu: int,
-    mem: int,
-    milli: int,
+def row_totals(gpu_free: I16) -> I64:
+    """Each node's free GPU milli in all: the plain sum of its row."""
+    return np.array([sum(int(free) for free in row) for row in gpu_free], dtype=np.int64)
+
+
+def versions_after(
+    version: I64,
+    cpu_was: I64,
+    cpu: I64,
+    mem_was: I64,
+    mem: I64,
+    gpu_was: I16,
+    gpu: I16,
+    count_was: I32,
+    count: I32,
+    model_was: I32,
+    model: I32,
+) -> I64:
+    """Each node's version, plus one if anything of its free capacity, GPU count or model changed."""
+    before = zip(cpu_was, mem_was, gpu_was.tolist(), count_was, model_was, strict=True)
+    after = zip(cpu, mem, gpu.tolist(), count, model, strict=True)
+    changed = [int(was != now) for was, now in zip(before, after, strict=True)]
+    return np.array([int(v) + c for v, c in zip(version, changed, strict=True)], dtype=np.int64)
+
+
+def place_run(
+    cands: I64,
     cpu_free: I64,
     mem_free: I64,
     gpu_free: I16,
-    sign: int,
-) -> None:
-    cpu_free[n] += sign * int(cpu)
-    mem_free[n] += sign * int(mem)
-    for i in range(MAX_GPUS):
-        if int(mask) >> i & 1:
-            gpu_free[n, i] += sign * int(milli)
+    gpu_total: I64,
+    gpu_count: I32,
+    node_model: I32,
+    policy: int,
+    shapes: I64,
+    table: I64,
+    node_version: I64,
+    memos: I64,
+    tasks: I64,
+    out: I64,
+    stale: I64,
+) -> int:
+    """One-task jobs in order, each on ``best_node``'s node with ``pick_gpus``'s GPUs, taking
+    their resources (and bumping the node's version) as it goes; stops at the first job marked
+    to skip or that fits nowhere and returns how many it placed, their (node, mask) in ``out``.
+    The floor table, the memos and the work buffer only save work: the reference ignores them."""
+    del table, memos, stale
+    free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    for j, row in enumerate(tasks.tolist()):
+        cpu, mem, gpus, milli, models = row[:5]
+        if row[RUN_SKIP] != 0:
+            return j
+        models_mask = np.uint64(models % (1 << 64))  # (the int64 column holds the uint64's bits)
+        n = best_node(cands, *free, cpu, mem, gpus, milli, models_mask, policy, shapes)
+        if n == NO_NODE:
+            return j
+        mask = pick_gpus(gpu_free[n], int(gpu_count[n]), gpus, milli)
+        allocate(n, mask, cpu, mem, milli, cpu_free, mem_free, gpu_free, -1)
+        gpu_total[n] -= milli * bin(int(mask)).count("1")
+        node_version[n] += 1
+        out[j, 0], out[j, 1] = n, np.int64(mask)
+    return len(tasks)
+
+
+# ---------------------------------------------------------------- gangs
 
 
 def _place_in_domain(
@@ -326,38 +498,6 @@ def place_gang(
     return best[1], len(tasks)
 
 
-def best_node_summary(
-    cands: I64,
-    gpu_total: I64,
-    cpu_free: I64,
-    mem_free: I64,
-    gpu_free: I16,
-    gpu_count: I32,
-    node_model: I32,
-    cpu: int,
-    mem: int,
-    gpus: int,
-    milli: int,
-    models: np.uint64,
-) -> int:
-    """Reference: the summary only prunes, so the answer is plain best-fit ``best_node``."""
-    return best_node(
-        cands,
-        cpu_free,
-        mem_free,
-        gpu_free,
-        gpu_count,
-        node_model,
-        cpu,
-        mem,
-        gpus,
-        milli,
-        models,
-        BEST_FIT,
-        np.zeros((0, 4), dtype=np.int64),
-    )
-
-
 def place_gang_memo(
     cands: I64,
     domain: I32,
@@ -383,28 +523,3 @@ def place_gang_memo(
     free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     tasks = (t_cpu, t_mem, t_gpus, t_milli, t_models)
     return place_gang(cands, domain, *free, *tasks, policy, shapes, out_node, out_mask)
-
-
-def row_totals(gpu_free: I16) -> I64:
-    """Each node's free GPU milli in all: the plain sum of its row."""
-    return np.array([sum(int(free) for free in row) for row in gpu_free], dtype=np.int64)
-
-
-def versions_after(
-    version: I64,
-    cpu_was: I64,
-    cpu: I64,
-    mem_was: I64,
-    mem: I64,
-    gpu_was: I16,
-    gpu: I16,
-    count_was: I32,
-    count: I32,
-    model_was: I32,
-    model: I32,
-) -> I64:
-    """Each node's version, plus one if anything of its free capacity, GPU count or model changed."""
-    before = zip(cpu_was, mem_was, gpu_was.tolist(), count_was, model_was, strict=True)
-    after = zip(cpu, mem, gpu.tolist(), count, model, strict=True)
-    changed = [int(was != now) for was, now in zip(before, after, strict=True)]
-    return np.array([int(v) + c for v, c in zip(version, changed, strict=True)], dtype=np.int64)

@@ -5,6 +5,7 @@ Run also with ``NUMBA_DISABLE_JIT=1`` (the numba kernels then run as Python).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from fleetlog.core import kernels as nb
 from fleetlog.core import kernels_ref as ref
 from fleetlog.core.kernels import BEST_FIT, FGD, FULL_GPU, MAX_GPUS
+from fleetlog.core.kernels.floor import _fgd_floor, _floor_table
 
 Array = npt.NDArray[Any]
 POLICIES = (BEST_FIT, FGD)
@@ -650,11 +652,11 @@ def test_fgd_floor_is_below_the_increase(cluster: Cluster, task: Task, shapes: A
     """``_fgd_floor`` agrees with a full evaluation on fit and secondary score, and its floor is
     never above the FGD increase: the pruning in ``best_node_memo`` is sound."""
     cpu_free, mem_free, gpu_free, gpu_count, model = cluster.arrays()
-    table = nb._floor_table(shapes)
+    table = _floor_table(shapes)
     args = (task.cpu, task.mem, task.gpus, task.milli, np.uint64(task.models))
     for n in range(len(cluster.gpus)):
         node = (int(cpu_free[n]), int(mem_free[n]), gpu_free[n], int(gpu_count[n]), int(model[n]))
-        ok, floor, secondary = nb._fgd_floor(*node, args, table)
+        ok, floor, secondary = _fgd_floor(*node, args, table)
         assert bool(ok) == nb.fits(n, cpu_free, mem_free, gpu_free, gpu_count, model, *task.args())
         if ok:
             primary, want = nb.node_score(
@@ -808,3 +810,182 @@ def test_versions_after_matches_reference(cluster: Cluster, data: st.DataObject)
     assert got.tolist() == ref.versions_after(version, *args).tolist()
     changed = [any(not np.array_equal(w[i], c[i]) for w, c in zip(was, now, strict=True)) for i in range(n)]
     assert (got - version).tolist() == [int(c) for c in changed]
+
+
+# ---------------------------------------------------------------- every kernel has a plain twin
+
+
+def public_kernels() -> list[str]:
+    return sorted(n for n in nb.__all__ if n[0].islower() and callable(getattr(nb, n)))
+
+
+def test_every_kernel_has_a_plain_twin_with_its_parameters() -> None:
+    names = public_kernels()
+    assert {"place_run", "most_free", "floor_table"} <= set(names)
+    for name in names:
+        assert name in ref.__all__, name
+        fast = getattr(nb, name)
+        fast = getattr(fast, "py_func", fast)  # (a plain function under NUMBA_DISABLE_JIT)
+        plain = inspect.signature(getattr(ref, name)).parameters
+        assert list(plain) == list(inspect.signature(fast).parameters), name
+
+
+# ---------------------------------------------------------------- most_free
+
+
+@pytest.mark.parametrize(
+    ("cluster", "nodes", "want"),
+    [
+        (Cluster().node(gpus=2), [], (0, 0, 0, 0)),  # no node: nothing free
+        (Cluster().node(cpu=5, mem=7, gpus=(1000, 250)), [0], (1, 1000, 5, 7)),  # one node
+        (Cluster().node(gpus=MAX_GPUS), [0, 0], (MAX_GPUS, 1000, 64_000, 256_000)),  # every GPU free
+        (Cluster().node(cpu=0, mem=0, gpus=(0, 0)), [0], (0, 0, 0, 0)),  # full
+        (Cluster().node(cpu=-5, mem=-1, gpus=(999,)).node(cpu=3, gpus=(1,)), [1, 0], (0, 999, 3, 256_000)),
+    ],
+    ids=["empty", "one-node", "all-free", "full", "overcommitted"],
+)
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_most_free_at_the_limits(
+    kernels: Any, cluster: Cluster, nodes: list[int], want: tuple[int, int, int, int]
+) -> None:
+    cpu_free, mem_free, gpu_free, _, _ = cluster.arrays()
+    got = kernels.most_free(np.array(nodes, dtype=np.int64), cpu_free, mem_free, gpu_free)
+    assert tuple(int(x) for x in got) == want
+
+
+@PROPERTY
+@given(cluster=clusters(), data=st.data())
+def test_most_free_matches_reference(cluster: Cluster, data: st.DataObject) -> None:
+    cpu_free, mem_free, gpu_free, _, _ = cluster.arrays()
+    nodes = data.draw(candidates(len(cluster.gpus)))
+    got = nb.most_free(nodes, cpu_free, mem_free, gpu_free)
+    assert tuple(int(x) for x in got) == ref.most_free(nodes, cpu_free, mem_free, gpu_free)
+
+
+# ---------------------------------------------------------------- floor_table
+
+BOUNDARY_SHAPES = [
+    (1, 1, 0, 1),  # the smallest share
+    (1, FULL_GPU - 1, 500, 2),  # the largest share
+    (1, FULL_GPU, 1000, 1),  # one whole GPU
+    (MAX_GPUS, FULL_GPU, 8000, 1),  # every GPU of a node
+    (MAX_GPUS + 1, FULL_GPU, 8000, 3),  # past any node
+    (2, 500, 100, 1),  # neither a share nor whole GPUs ("other")
+    (0, 0, 4000, 9),  # CPU only: not a GPU shape
+    (1, 300, 100, 0),  # weight 0: left out
+    (1, 300, 100, -2),  # a negative weight: no sound floor
+]
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[], BOUNDARY_SHAPES[:1], BOUNDARY_SHAPES, BOUNDARY_SHAPES[:-1], [(1, 250, 100, 1)] * 3],
+    ids=["empty", "one", "every-bound", "sound", "ties"],
+)
+def test_floor_table_at_the_limits(rows: list[tuple[int, int, int, int]]) -> None:
+    shapes = shape_matrix(rows)
+    got = nb.floor_table(shapes)
+    assert got.tolist() == ref.floor_table(shapes).tolist()
+    assert got[nb.FLOOR_SOUND] == int(all(w >= 0 for g, _, _, w in rows if g > 0 and w != 0))
+
+
+@PROPERTY
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, MAX_GPUS + 2),
+            st.sampled_from([0, 1, 250, 500, 999, FULL_GPU]) | st.integers(0, FULL_GPU),
+            st.integers(0, 1 << 20),
+            st.integers(-3, 1 << 16),
+        ),
+        max_size=12,
+    )
+)
+def test_floor_table_matches_reference(rows: list[tuple[int, int, int, int]]) -> None:
+    shapes = shape_matrix(rows)
+    assert nb.floor_table(shapes).tolist() == ref.floor_table(shapes).tolist()
+
+
+# ---------------------------------------------------------------- place_run
+
+
+def run_rows(tasks: list[Task], skip_at: int | None) -> tuple[Array, int]:
+    """``place_run``'s task rows (one memo slot per distinct task shape) and the slot count."""
+    slots: dict[Task, int] = {}
+    rows = [
+        [t.cpu, t.mem, t.gpus, t.milli, 0, slots.setdefault(t, len(slots)), int(j == skip_at)]
+        for j, t in enumerate(tasks)
+    ]
+    out = np.array(rows, dtype=np.int64).reshape(-1, nb.RUN_COLUMNS)
+    out[:, 4] = np.array([t.models for t in tasks], dtype=np.uint64)  # as decide: the bits, wrapped
+    return out, max(1, len(slots))
+
+
+Run = tuple[int, list[list[int]], list[Any]]
+
+
+def place_run(
+    kernels: Any, cluster: Cluster, tasks: list[Task], skip_at: int | None, policy: int, shapes: Array
+) -> Run:
+    """``place_run`` over every node of the cluster: (placed, out rows, arrays it changed)."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = cluster.arrays()
+    gpu_total = nb.row_totals(gpu_free)
+    version = np.zeros(len(cluster.gpus), dtype=np.int64)
+    rows, n_slots = run_rows(tasks, skip_at)
+    memos = np.full((n_slots, len(cluster.gpus), nb.MEMO_COLUMNS), -1, dtype=np.int64)
+    out = np.full((len(tasks), 2), -1, dtype=np.int64)
+    stale = np.empty((len(cluster.gpus), 3), dtype=np.int64)
+    placed = kernels.place_run(
+        cluster.all(), cpu_free, mem_free, gpu_free, gpu_total, gpu_count, node_model, policy, shapes,
+        nb.floor_table(shapes), version, memos, rows, out, stale,
+    )
+    assert gpu_total.tolist() == nb.row_totals(gpu_free).tolist()  # kept in step
+    changed = [a.tolist() for a in (cpu_free, mem_free, gpu_free, gpu_total, version)]
+    return int(placed), out[: int(placed)].tolist(), changed
+
+
+@pytest.mark.parametrize(
+    ("cluster", "tasks", "skip_at", "want"),
+    [
+        (Cluster().node(gpus=2), [], None, 0),  # no job
+        (Cluster().node(gpus=1), [gpu_task()], None, 1),  # one node, one job
+        (Cluster().node(gpus=1), [gpu_task(), gpu_task()], None, 1),  # then full: stops
+        (Cluster().node(gpus=2), [gpu_task(), gpu_task(), Task()], None, 3),  # to the last resource
+        (Cluster().node(gpus=(0, 0), cpu=0), [Task(cpu=1)], None, 0),  # full from the start
+        (Cluster().node(gpus=2), [gpu_task(), gpu_task()], 0, 0),  # skip at the first job
+        (Cluster().node(gpus=2), [gpu_task(), gpu_task()], 1, 1),  # skip at the last job
+        (Cluster().node(gpus=MAX_GPUS), [gpu_task(MAX_GPUS)], None, 1),  # every GPU of a node
+        (Cluster().node(gpus=1, model=63), [gpu_task(models=bits(63))], None, 1),  # the top model bit
+        (Cluster().node(gpus=1, model=62), [gpu_task(models=bits(63))], None, 0),
+    ],
+    ids=[
+        "no-job", "one", "then-full", "exactly-full", "full", "skip-first", "skip-last", "all-gpus",
+        "model-63", "not-model-63",
+    ],
+)
+@pytest.mark.parametrize("policy", POLICIES, ids=["best-fit", "fgd"])
+def test_place_run_at_the_limits(
+    cluster: Cluster, tasks: list[Task], skip_at: int | None, want: int, policy: int
+) -> None:
+    shapes = shape_matrix([(1, FULL_GPU, 1000, 3), (1, 500, 1000, 1)])
+    got = place_run(nb, cluster, tasks, skip_at, policy, shapes)
+    assert got == place_run(ref, cluster, tasks, skip_at, policy, shapes)
+    assert got[0] == want
+
+
+@PROPERTY
+@given(
+    cluster=clusters(),
+    kinds=st.lists(tasks(), min_size=1, max_size=3),
+    data=st.data(),
+    policy=st.sampled_from(POLICIES),
+    shapes=shape_mixes(),
+)
+def test_place_run_matches_reference(
+    cluster: Cluster, kinds: list[Task], data: st.DataObject, policy: int, shapes: Array
+) -> None:
+    """Runs of a few task shapes (memo slots shared as in decide) until one fits nowhere."""
+    run = data.draw(st.lists(st.sampled_from(kinds), max_size=40))
+    skip_at = data.draw(st.none() | st.integers(0, max(0, len(run) - 1)))
+    want = place_run(ref, cluster, run, skip_at, policy, shapes)
+    assert place_run(nb, cluster, run, skip_at, policy, shapes) == want

@@ -1,0 +1,198 @@
+"""One node, one task: feasibility, scores and the best node of a candidate list."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fleetlog.core.kernels.base import (
+    _NO_SHAPES,
+    _ZERO,
+    CPU_TIEBREAK_CAP,
+    FULL_GPU,
+    GPU_LEFT_UNIT,
+    GPU_NODE_PENALTY,
+    I16,
+    I32,
+    I64,
+    NO_NODE,
+    Eval,
+    NodeArrays,
+    Task,
+    _hot,
+    _jit,
+)
+from fleetlog.core.kernels.frag import _frag_increase, _uses_fgd
+from fleetlog.core.kernels.gpus import _model_ok, _take
+
+# ---------------------------------------------------------------- one node, one task
+
+
+@_hot
+def _gpu_fit(row: I16, count: int, gpus: int, milli: int) -> tuple[bool, int]:
+    """(the task's GPUs fit, the node's free milli total): what ``_take`` decides, without the mask."""
+    whole = milli == FULL_GPU
+    total = 0
+    usable = 0
+    for i in range(count):
+        free = int(row[i])
+        total += free
+        usable += (free >= milli) & ((not whole) | (free == FULL_GPU))
+    return gpus <= 0 or usable >= gpus, total
+
+
+@_hot
+def _best_fit(count: int, total: int, cpu_left: int, gpus: int, milli: int) -> int:
+    cpu_term = min(cpu_left, CPU_TIEBREAK_CAP)
+    if gpus > 0:
+        return (total - gpus * milli) * GPU_LEFT_UNIT + cpu_term
+    if count > 0 and total > 0:
+        return GPU_NODE_PENALTY + cpu_term
+    return cpu_term
+
+
+@_jit
+def _fgd_increase(row: I16, count: int, cpu_avail: int, task: Task, shapes: I64) -> int:
+    """F(after) - F(before) of placing the (fitting) task on the node."""
+    cpu, _, gpus, milli, _ = task
+    mask = _take(row, count, gpus, milli)
+    return _frag_increase(row, count, mask, milli, cpu_avail, cpu_avail - cpu, shapes)
+
+
+@_hot
+def _eval(
+    cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, task: Task, use_fgd: bool, shapes: I64
+) -> Eval:
+    """(fits, primary, secondary) of one task on one node state."""
+    cpu, mem, gpus, milli, models = task
+    if cpu_avail < cpu or mem_avail < mem or (gpus > 0 and not _model_ok(models, model)):
+        return False, 0, 0
+    fit, total = _gpu_fit(row, count, gpus, milli)
+    if not fit:
+        return False, 0, 0
+    secondary = _best_fit(count, total, cpu_avail - cpu, gpus, milli)
+    if not use_fgd:
+        return True, 0, secondary
+    return True, _fgd_increase(row, count, cpu_avail, task, shapes), secondary
+
+
+@_hot
+def _eval_node(
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    task: Task,
+    use_fgd: bool,
+    shapes: I64,
+) -> Eval:
+    # (arrays one by one: unpacking a tuple of arrays in a per-node loop costs refcount traffic)
+    return _eval(
+        int(cpu_free[n]),
+        int(mem_free[n]),
+        gpu_free[n],
+        int(gpu_count[n]),
+        int(node_model[n]),
+        task,
+        use_fgd,
+        shapes,
+    )
+
+
+@_hot
+def _task(cpu: int, mem: int, gpus: int, milli: int, models: np.uint64) -> Task:
+    return int(cpu), int(mem), int(gpus), int(milli), np.uint64(models)
+
+
+@_jit
+def fits(
+    n: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+) -> bool:
+    """Whether the task fits node ``n`` (cpu, memory, GPUs and GPU model)."""
+    task = _task(cpu, mem, gpus, milli, models)
+    return _eval_node(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, False, _NO_SHAPES)[0]
+
+
+@_jit
+def node_score(
+    n: int,
+    cpu_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    cpu: int,
+    gpus: int,
+    milli: int,
+    policy: int,
+    shapes: I64,
+) -> tuple[int, int]:
+    """(primary, secondary) score of placing the task on node ``n``, which must be feasible."""
+    row = gpu_free[n]
+    count = int(gpu_count[n])
+    cpu_avail = int(cpu_free[n])
+    task = _task(cpu, 0, gpus, milli, _ZERO)
+    total = _gpu_fit(row, count, task[2], task[3])[1]
+    secondary = _best_fit(count, total, cpu_avail - task[0], task[2], task[3])
+    if not _uses_fgd(policy, shapes):
+        return 0, secondary
+    return _fgd_increase(row, count, cpu_avail, task, shapes), secondary
+
+
+@_hot
+def _better(primary: int, secondary: int, node: int, best_p: int, best_s: int, best_node: int) -> bool:
+    """(primary, secondary, node) lexicographically below the best so far (-1 = none yet)."""
+    if best_node < 0 or primary != best_p:
+        return best_node < 0 or primary < best_p
+    if secondary != best_s:
+        return secondary < best_s
+    return node < best_node
+
+
+@_jit
+def best_node(
+    cands: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+    policy: int,
+    shapes: I64,
+) -> int:
+    """Node index (not a position in ``cands``) of the best feasible candidate, or -1."""
+    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    task = _task(cpu, mem, gpus, milli, models)
+    if _uses_fgd(policy, shapes):
+        return _best_of(cands, nodes, task, True, shapes)
+    return _best_of(cands, nodes, task, False, shapes)
+
+
+@_hot
+def _best_of(cands: I64, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I64) -> int:
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    best = NO_NODE
+    best_p = 0
+    best_s = 0
+    for j in range(cands.shape[0]):
+        n = int(cands[j])
+        ok, primary, secondary = _eval_node(
+            n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+        )
+        if ok and _better(primary, secondary, n, best_p, best_s, best):
+            best, best_p, best_s = n, primary, secondary
+    return best
