@@ -134,10 +134,11 @@ class Backoff:
         self.reset()
 
     def next(self) -> float:
-        return next(self._delays)
+        self.current_s = next(self._delays)
+        return self.current_s
 
     def reset(self) -> None:
-        self._delays = self.schedule.delays()
+        self._delays, self.current_s = self.schedule.delays(), 0.0
 
 
 class SlurmBackend:
