@@ -1054,7 +1054,11 @@ class FileLogStore(LogStore):
         self._logs = logs
         self._rebuild_commits()
         if not self.config.read_only:
-            self._load_outbox()
+            try:
+                self._load_outbox()
+            except BaseException:
+                await self.close()
+                raise
         rebuilt = tuple(p for log in logs.values() for p in log.indexes_rebuilt)
         self.recovery = RecoveryReport(tuple(truncations), rebuilt)
         if truncations and not self.config.read_only:
