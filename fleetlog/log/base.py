@@ -13,13 +13,17 @@ wall clock of the process that later reads the record.
 Decisions are appended with :meth:`LogStore.append_transactional`: the batch and
 the input offset it consumed become visible together or not at all.  After a
 crash :meth:`LogStore.committed_offset` says where to resume.
+
+A store belongs to one :class:`Shard`: today's single shard, the dispatcher's global partition
+or one cell partition.  The dispatcher writes into other shards' logs with
+:meth:`LogStore.append_transactional_many` (all or nothing across partitions).
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Final, TypeVar
+from typing import ClassVar, Final, Literal, TypeVar
 
 import msgspec
 
@@ -39,6 +43,45 @@ Headers = tuple[tuple[str, bytes], ...]
 L = TypeVar("L", bound="Log")
 Clock = Callable[[], int]
 """A clock returns milliseconds since the epoch; injected so simulation can use virtual time."""
+
+
+ShardKind = Literal["single", "global", "cell"]
+
+
+class Shard(msgspec.Struct, frozen=True):
+    """Which partition a store reads and writes: today's single shard, the dispatcher's global
+    partition, or cell partition ``partition`` (docs/logs.md, "Shards")."""
+
+    kind: ShardKind = "single"
+    partition: int = 0
+
+    SINGLE: ClassVar[Shard]
+    GLOBAL: ClassVar[Shard]
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("single", "global", "cell"):
+            raise ValueError(f"shard kind {self.kind!r}: expected single, global or cell")
+        if self.partition < 0 or (self.kind != "cell" and self.partition != 0):
+            raise ValueError(f"shard {self.kind} partition {self.partition}: expected 0 (>= 0 for a cell)")
+
+    @classmethod
+    def cell(cls, partition: int) -> Shard:
+        return cls("cell", partition)
+
+    @property
+    def dirname(self) -> str:
+        """The file log's sub-directory of this shard (``""``: the log directory itself)."""
+        return {"single": "", "global": "global"}.get(self.kind, f"cells-{self.partition}")
+
+    def __str__(self) -> str:
+        return self.dirname or "single"
+
+
+Shard.SINGLE = Shard()
+Shard.GLOBAL = Shard("global")
+
+Target = tuple[Shard, str]
+"""A log of some shard: the address of one batch of :meth:`LogStore.append_transactional_many`."""
 
 
 class Message(msgspec.Struct, frozen=True, gc=False):
@@ -142,6 +185,23 @@ class LogStore(abc.ABC):
     async def committed_offset(self, group: str) -> int | None:
         """The inputs offset last committed by ``group`` with
         :meth:`append_transactional`, or ``None`` if it never committed."""
+
+    shard: Shard = Shard.SINGLE
+
+    async def append_transactional_many(
+        self, appends: Mapping[Target, Sequence[Message]], *, group: str, consumed: int
+    ) -> dict[Target, int]:
+        """Atomically append each batch to its ``(shard, log)`` — this store's shard or another's
+        — and record that ``group`` consumed this shard's inputs up to ``consumed``: everything
+        becomes visible or nothing does (a crash in between is finished by :meth:`recover`).
+
+        Returns the first offset per target (``-1`` where a store cannot know it at return)."""
+        raise LogError(f"{type(self).__name__} cannot append across shards")
+
+    async def recover(self) -> None:
+        """Finish a cross-shard append a crash interrupted (the file log's outbox); a no-op
+        where a transaction is atomic by itself."""
+        return None
 
     async def __aenter__(self) -> LogStore:
         await self.open()

@@ -72,7 +72,7 @@ import struct
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, NamedTuple, get_args
@@ -81,6 +81,7 @@ import msgspec
 from crc32c import crc32c
 
 from fleetlog.log.base import (
+    INPUTS,
     LOG_NAMES,
     Clock,
     Headers,
@@ -91,6 +92,8 @@ from fleetlog.log.base import (
     Message,
     OffsetOutOfRangeError,
     Record,
+    Shard,
+    Target,
     pick_log,
 )
 from fleetlog.log.memory import wall_clock_ms
@@ -127,6 +130,10 @@ INDEX_SUFFIX: Final = ".index"
 LOCK_NAME: Final = "LOCK"
 INTENT_NAME: Final = "LOCK.intent"
 """Written by a service waiting for the lock: direct-appending producers hand the log over."""
+OUTBOX_NAME: Final = "outbox"
+"""A cross-shard append's intent: the batches for other shards' directories, redone after the
+owner's commit frame until each target directory has recorded them (docs/logs.md, "Shards")."""
+OUTBOX_GROUP: Final = "outbox:"
 TRUNCATIONS_NAME: Final = "truncations.jsonl"
 """One JSON line per torn or corrupt tail cut on open (what, where, which offsets were lost)."""
 _OFFSET_DIGITS: Final = 20
@@ -948,13 +955,57 @@ def _acquire_lock(directory: Path, yields: bool = False) -> int:
     return fd
 
 
+class _Remote(msgspec.Struct, array_like=True, frozen=True):
+    kind: str
+    partition: int
+    name: str
+    messages: list[Message]
+
+
+class _Outbox(msgspec.Struct, array_like=True, frozen=True):
+    """The remote batches of the owner's commit ``seq`` of ``group``."""
+
+    seq: int
+    group: str
+    remotes: list[_Remote]
+
+
+_OUTBOX: Final = msgspec.msgpack.Decoder(_Outbox)
+
+
+def _read_outbox(path: Path) -> _Outbox | None:
+    """The outbox at ``path`` (written whole by rename: damage is corruption, not a torn write)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    crc, body = raw[:4], raw[4:]
+    if len(raw) < 4 or _INDEX_CRC.unpack(crc)[0] != _crc(body):
+        raise CorruptLogError(f"{path}: the outbox's CRC does not match; its cross-shard batches are lost")
+    try:
+        return _OUTBOX.decode(body)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise CorruptLogError(f"{path}: undecodable outbox: {exc}") from None
+
+
+def _write_outbox(path: Path, outbox: _Outbox) -> None:
+    body = _ENCODER.encode(outbox)
+    write_private(path, _INDEX_CRC.pack(_crc(body)) + body, sync=True)
+    _fsync_dir(path.parent)
+
+
 class FileLogStore(LogStore):
-    """The inputs, decisions and dead-letters logs in one directory, for one writing process."""
+    """The inputs, decisions and dead-letters logs in one directory, for one writing process.
+
+    ``directory`` is the log directory; a store of another :class:`Shard` than today's single
+    one lives in its sub-directory (``global/``, ``cells-<p>/``)."""
 
     def __init__(
         self,
         directory: Path | str,
         *,
+        shard: Shard = Shard.SINGLE,
+        peers: dict[Shard, FileLogStore] | None = None,
         clock: Clock = wall_clock_ms,
         fsync: FsyncPolicy = "batch",
         segment_bytes: int = 64 * MiB,
@@ -964,9 +1015,13 @@ class FileLogStore(LogStore):
         yields: bool = False,
     ) -> None:
         """``yields=True`` (producers appending directly): give the log up to a service that
-        waits for it — refuse to open, and raise :class:`HandOverError` on the next append."""
-        self.directory = Path(directory)
+        waits for it — refuse to open, and raise :class:`HandOverError` on the next append.
+        ``peers``: the stores of the other shards in this process (:meth:`for_shard`)."""
+        self.base = Path(directory)
+        self.shard = shard
+        self.directory = self.base / shard.dirname
         self.yields = yields
+        self._options = (clock, fsync, segment_bytes, index_interval_bytes, max_frame_bytes)
         self.config = FileLogConfig(fsync, segment_bytes, index_interval_bytes, max_frame_bytes, read_only)
         self.recovery = RecoveryReport()
         self._clock = clock
@@ -974,6 +1029,11 @@ class FileLogStore(LogStore):
         self._lock_fd: int | None = None
         self._commits: _Commits = {}
         self._txn_seq = 0
+        self._peers = {} if peers is None else peers
+        self._peers.setdefault(shard, self)
+        self._borrowed: list[FileLogStore] = []
+        """Target stores this one opened for a cross-shard append (closed with it)."""
+        self._outbox: _Outbox | None = None
 
     async def open(self) -> None:
         if self._logs:
@@ -993,6 +1053,12 @@ class FileLogStore(LogStore):
             raise
         self._logs = logs
         self._rebuild_commits()
+        if not self.config.read_only:
+            try:
+                self._load_outbox()
+            except BaseException:
+                await self.close()
+                raise
         rebuilt = tuple(p for log in logs.values() for p in log.indexes_rebuilt)
         self.recovery = RecoveryReport(tuple(truncations), rebuilt)
         if truncations and not self.config.read_only:
@@ -1032,6 +1098,9 @@ class FileLogStore(LogStore):
         self._txn_seq = max((seq for _, seq in self._commits.values()), default=0)
 
     async def close(self) -> None:
+        borrowed, self._borrowed = self._borrowed, []
+        for peer in borrowed:
+            await peer.close()
         logs, self._logs = self._logs, {}
         self._close_all(logs.values())
 
@@ -1057,12 +1126,99 @@ class FileLogStore(LogStore):
         for log in self._logs.values():
             if log is not target:
                 log.sync()  # what the commit depends on is durable before the commit is
+        return self._commit_frame(target, messages, group, consumed)
+
+    def _commit_frame(self, target: FileLog, messages: Sequence[Message], group: str, consumed: int) -> int:
+        """One frame of ``messages`` with the commit record of ``group``, synced."""
         seq = self._txn_seq + 1
         first = target.append_now(messages, (group, consumed, seq))
         target.sync()
         self._txn_seq = seq
         self._commits[group] = (consumed, seq)
         return first
+
+    # -- across shards: the outbox ----------------------------------------------------------------
+
+    def for_shard(self, shard: Shard) -> FileLogStore:
+        """The store of ``shard`` over the same log directory and options, shared by the stores of
+        this process (the same object each time; open it before use)."""
+        found = self._peers.get(shard)
+        if found is not None:
+            return found
+        clock, fsync, segment_bytes, interval, max_frame = self._options
+        return FileLogStore(self.base, shard=shard, peers=self._peers, clock=clock, fsync=fsync,
+                            segment_bytes=segment_bytes, index_interval_bytes=interval,
+                            max_frame_bytes=max_frame, read_only=self.config.read_only)
+
+    async def _open_peer(self, shard: Shard) -> FileLogStore:
+        """``shard``'s store, opened (its lock taken) here if no store of this process has it."""
+        peer = self.for_shard(shard)
+        if not peer._logs:
+            await peer.open()
+            self._borrowed.append(peer)
+        return peer
+
+    def _load_outbox(self) -> None:
+        """On open: keep the outbox of a committed cross-shard append (to redo), drop the intent
+        of one whose commit frame never made it (nothing was written anywhere else)."""
+        outbox = _read_outbox(self.directory / OUTBOX_NAME)
+        if outbox is None:
+            return
+        committed = self._commits.get(outbox.group)
+        if committed is not None and committed[1] >= outbox.seq:
+            self._outbox = outbox
+        else:
+            (self.directory / OUTBOX_NAME).unlink()
+
+    async def recover(self) -> None:
+        """Write the batches of a committed outbox its targets have not recorded yet."""
+        outbox = self._outbox
+        if outbox is None:
+            return
+        for remote in outbox.remotes:
+            peer = await self._open_peer(Shard(remote.kind, remote.partition))  # type: ignore[arg-type]
+            self._redo(peer, remote, outbox.seq)
+        (self.directory / OUTBOX_NAME).unlink(missing_ok=True)
+        self._outbox = None
+
+    def _redo(self, peer: FileLogStore, remote: _Remote, seq: int) -> int:
+        """Append ``remote`` to ``peer`` as one frame recording ``seq``, unless it already has."""
+        group = f"{OUTBOX_GROUP}{self.shard}:{remote.name}"
+        done = peer._commits.get(group)
+        if done is not None and done[0] >= seq:
+            return -1
+        return peer._commit_frame(peer.log(remote.name), remote.messages, group, seq)
+
+    async def append_transactional_many(
+        self, appends: Mapping[Target, Sequence[Message]], *, group: str, consumed: int
+    ) -> dict[Target, int]:
+        await self.recover()
+        own = {name: list(m) for (shard, name), m in appends.items() if shard == self.shard}
+        remotes = [_Remote(shard.kind, shard.partition, name, list(m))
+                   for (shard, name), m in appends.items() if shard != self.shard and m]
+        if len(own) > 1:  # one frame is the commit point: it holds all of this shard's records
+            raise LogError(f"a cross-shard append writes at most one log of its own shard, not {sorted(own)}")
+        for name in own:
+            self.log(name)  # an unknown log is refused before anything is written
+        peers = [await self._open_peer(Shard(r.kind, r.partition)) for r in remotes]  # type: ignore[arg-type]
+        for peer, remote in zip(peers, remotes, strict=True):
+            peer.log(remote.name)
+        firsts: dict[Target, int] = {}
+        if remotes:
+            self._outbox = _Outbox(self._txn_seq + 1, group, remotes)
+            _write_outbox(self.directory / OUTBOX_NAME, self._outbox)
+        for log in self._logs.values():
+            log.sync()
+        name = next(iter(own), INPUTS)
+        first = self._commit_frame(self.log(name), own.get(name, []), group, consumed)  # the commit point
+        if name in own:
+            firsts[(self.shard, name)] = first
+        for peer, remote in zip(peers, remotes, strict=True):
+            firsts[(peer.shard, remote.name)] = self._redo(peer, remote, self._txn_seq)
+        if remotes:
+            (self.directory / OUTBOX_NAME).unlink()
+            self._outbox = None
+        return firsts
 
     async def committed_offset(self, group: str) -> int | None:
         if not self._logs:

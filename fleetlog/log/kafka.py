@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import ssl
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -58,6 +58,8 @@ from fleetlog.log.base import (
     Message,
     OffsetOutOfRangeError,
     Record,
+    Shard,
+    Target,
     pick_log,
 )
 from fleetlog.retry import Backoff, poll, retry
@@ -168,6 +170,20 @@ class KafkaConfig(msgspec.Struct, frozen=True, kw_only=True):
         return f"KafkaConfig({', '.join(fields)})"
 
     __str__ = __repr__
+
+
+def shard_config(config: KafkaConfig, shard: Shard) -> KafkaConfig:
+    """``config`` for the store of ``shard``: today's single shard unchanged; the global partition
+    on ``<prefix>.global.*`` (1 partition, id ``<prefix>-dispatch``); cell partition p on
+    partition p of ``<prefix>.cells.*`` (``shards`` partitions, id ``<prefix>-cell-<p>``)."""
+    prefix = config.topic_prefix
+    if shard.kind == "single":
+        return config
+    if shard.kind == "global":
+        return msgspec.structs.replace(config, topic_prefix=f"{prefix}.global", shard=0, shards=1,
+                                       transactional_id=f"{prefix}-dispatch")
+    return msgspec.structs.replace(config, topic_prefix=f"{prefix}.cells", shard=shard.partition,
+                                   transactional_id=f"{prefix}-cell-{shard.partition}")
 
 
 @contextlib.contextmanager
@@ -450,10 +466,16 @@ class KafkaLog(Log):
 
 
 class KafkaLogStore(LogStore):
-    """The three logs of one shard on a Kafka cluster, plus transactional decision commits."""
+    """The three logs of one shard on a Kafka cluster, plus transactional decision commits.
 
-    def __init__(self, config: KafkaConfig) -> None:
-        self.config = config
+    ``config`` is the configuration of the fleet; ``shard`` picks the partition (and topics and
+    transactional id) of this store (:func:`shard_config`)."""
+
+    def __init__(self, config: KafkaConfig, shard: Shard = Shard.SINGLE) -> None:
+        self.base = config
+        self.shard = shard
+        self.config = config = shard_config(config, shard)
+        self._ensured: set[Shard] = {shard}
         self._logs = {name: KafkaLog(self, name) for name in LOG_NAMES}
         self._inputs_tp = TopicPartition(config.topic(INPUTS), config.shard)
         self._admin: AIOKafkaAdminClient | None = None
@@ -531,6 +553,39 @@ class KafkaLogStore(LogStore):
             self._unseen = log
             self._settling = asyncio.create_task(self._await_visible(log, span, group, consumed))
         return span[0] if span is not None else await log.end_offset()
+
+    async def append_transactional_many(
+        self, appends: Mapping[Target, Sequence[Message]], *, group: str, consumed: int
+    ) -> dict[Target, int]:
+        tps = {}
+        for shard, name in appends:
+            pick_log(self._logs, name)
+            config = shard_config(self.base, shard)
+            tps[(shard, name)] = TopicPartition(config.topic(name), config.shard)
+        for shard in sorted({s for s, _ in appends} - self._ensured, key=str):
+            await self._ensure_shard(shard)
+        own = [t for t, m in appends.items() if t[0] == self.shard and m]
+        log = self.log(own[-1][1] if own else INPUTS)
+        async with self._txn_lock:
+            await self.settle()
+            producer = await self._transactional_producer()
+            batches = [(tps[t], m) for t, m in appends.items()]
+            topics = ", ".join(sorted({tp.topic for tp in tps.values()}))
+            with _translated(f"transactional append to {topics}"):
+                spans = await self._commit_many(producer, batches, group, consumed)
+            span = dict(zip(appends, spans, strict=True))[own[-1]] if own else None
+            self._unseen = log
+            self._settling = asyncio.create_task(self._await_visible(log, span, group, consumed))
+        return {t: s[0] if s is not None else -1 for t, s in zip(appends, spans, strict=True)}
+
+    async def _ensure_shard(self, shard: Shard) -> None:
+        """Create (and check) the topics of ``shard`` before the first transaction writes there."""
+        other = KafkaLogStore(self.base, shard)
+        try:
+            await other.open()
+        finally:
+            await other.close()
+        self._ensured.add(shard)
 
     async def settle(self) -> None:
         """Wait until the last transaction committed here is visible to every reader.
@@ -620,9 +675,19 @@ class KafkaLogStore(LogStore):
         consumed: int,
     ) -> tuple[int, int] | None:
         """One transaction: the records and the group's input offset; aborted on any error."""
+        return (await self._commit_many(producer, [(tp, messages)], group, consumed))[0]
+
+    async def _commit_many(
+        self,
+        producer: AIOKafkaProducer,
+        batches: Sequence[tuple[TopicPartition, Sequence[Message]]],
+        group: str,
+        consumed: int,
+    ) -> list[tuple[int, int] | None]:
+        """One transaction over every batch's topic-partition and the group's input offset."""
         await producer.begin_transaction()
         try:
-            span = await _send_all(producer, tp, messages) if messages else None
+            spans = [await _send_all(producer, tp, m) if m else None for tp, m in batches]
             offsets = {self._inputs_tp: OffsetAndMetadata(consumed, "")}
             await producer.send_offsets_to_transaction(offsets, group)
             await producer.commit_transaction()
@@ -632,7 +697,7 @@ class KafkaLogStore(LogStore):
             with contextlib.suppress(KafkaError):
                 await producer.abort_transaction()
             raise
-        return span
+        return spans
 
     async def _await_visible(
         self, log: KafkaLog, span: tuple[int, int] | None, group: str, consumed: int

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
-from fleetlog.log.base import LogStore
+from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 
@@ -141,17 +141,18 @@ def check_place(log: LogConfig, kafka: KafkaConfig | None) -> None:
 # -- using it -----------------------------------------------------------------------------------
 
 
-def make_store(config: Located) -> LogStore:
-    """An unopened store for the configured logs."""
+def make_store(config: Located, shard: Shard = Shard.SINGLE) -> LogStore:
+    """An unopened store for the configured logs of ``shard`` (today's single shard by default)."""
     if config.kafka is not None:
-        return KafkaLogStore(config.kafka)
+        return KafkaLogStore(config.kafka, shard)
     assert config.log.dir is not None
-    return FileLogStore(config.log.dir, fsync=config.log.fsync)
+    return FileLogStore(config.log.dir, shard=shard, fsync=config.log.fsync)
 
 
-async def open_store(config: Located) -> LogStore:
-    """The configured store, opened (a :class:`fleetlog.log.base.LogError` if it cannot be)."""
-    store = make_store(config)
+async def open_store(config: Located, shard: Shard = Shard.SINGLE) -> LogStore:
+    """The configured store of ``shard``, opened (a :class:`fleetlog.log.base.LogError` if it
+    cannot be)."""
+    store = make_store(config, shard)
     await store.open()
     return store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fleetlog.log.base import (
     LOG_NAMES,
@@ -15,6 +15,8 @@ from fleetlog.log.base import (
     Message,
     OffsetOutOfRangeError,
     Record,
+    Shard,
+    Target,
     pick_log,
 )
 
@@ -61,12 +63,25 @@ class MemoryLog(Log):
 
 
 class MemoryLogStore(LogStore):
-    """Logs kept in lists; committed offsets kept in a dict."""
+    """Logs kept in lists; committed offsets kept in a dict.  The stores of the shards of one
+    fleet share a registry (:meth:`for_shard`), so a cross-shard append finds its targets."""
 
-    def __init__(self, clock: Clock = wall_clock_ms) -> None:
+    def __init__(
+        self, clock: Clock = wall_clock_ms, shard: Shard = Shard.SINGLE,
+        peers: dict[Shard, MemoryLogStore] | None = None,
+    ) -> None:
+        self.shard = shard
+        self._clock = clock
         self._logs = {name: MemoryLog(name, clock) for name in LOG_NAMES}
         self._committed: dict[str, int] = {}
         self._open = False
+        self._peers = {} if peers is None else peers
+        self._peers.setdefault(shard, self)
+
+    def for_shard(self, shard: Shard) -> MemoryLogStore:
+        """The store of ``shard`` in this fleet (the same one each time; open it before use)."""
+        found = self._peers.get(shard)
+        return found if found is not None else MemoryLogStore(self._clock, shard, self._peers)
 
     async def open(self) -> None:
         self._open = True
@@ -88,3 +103,11 @@ class MemoryLogStore(LogStore):
 
     async def committed_offset(self, group: str) -> int | None:
         return self._committed.get(group)
+
+    async def append_transactional_many(
+        self, appends: Mapping[Target, Sequence[Message]], *, group: str, consumed: int
+    ) -> dict[Target, int]:
+        logs = {target: self.for_shard(target[0]).log(target[1]) for target in appends}  # all or none
+        firsts = {target: logs[target].append_now(messages) for target, messages in appends.items()}
+        self._committed[group] = consumed
+        return firsts
