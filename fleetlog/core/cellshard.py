@@ -114,12 +114,15 @@ def _pending_in(state: State, cid: int) -> list[int]:
 
 
 def _held_in(state: State, cid: int) -> list[int]:
-    """Dispatched jobs of cell ``cid`` waiting and never placed, in dispatch (seq) order."""
+    """Dispatched jobs of cell ``cid`` waiting and never placed, in dispatch (seq) order
+    (``State.held`` may still list jobs placed or ended since its last sweep: filtered)."""
     jc = state.jobs.cols
     out = [
-        (d[2], job)
-        for job, d in state.dispatches.items()
-        if d[0] == cid and int(jc["state"][job]) == _PENDING and int(jc["placed_at_ms"][job]) < 0
+        (state.dispatches[job][2], job)
+        for job in state.held
+        if state.dispatches[job][0] == cid
+        and int(jc["state"][job]) == _PENDING
+        and int(jc["placed_at_ms"][job]) < 0
     ]
     return [job for _, job in sorted(out)]
 
