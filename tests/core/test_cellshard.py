@@ -170,15 +170,20 @@ def test_a_returned_job_ignores_its_late_observations_and_a_cancel_and_can_come_
     assert [r.attempt for r in returns(drv.state, 0)] == [2]
 
 
-def test_the_batch_twins_hand_back_at_the_same_input_however_chunked() -> None:
-    inputs: list[tuple[Event, int]] = [(node(f"a-n{i}", cell="a", rack=f"r{i // 2}"), i) for i in range(4)]
-    inputs.append((dispatched("g", "a", tasks=3, gpus=8, topology="rack"), 10))
-    inputs += [(node(f"a-n{i % 4}", cell="a", rack=f"r{i % 4 // 2}"), 11 + 1000 * i) for i in range(80)]
-    config = CoreConfig(hold_ms=HOLD, cells=("a",))
+@pytest.mark.parametrize("submissions", [False, True])
+def test_the_batch_twins_hand_back_at_the_same_input_however_chunked(submissions: bool) -> None:
+    beats = [node(f"a-n{i}", cell="a", rack=f"r{i // 2}") for i in range(4)]
+    inputs: list[tuple[Event, int]] = [(beats[i % 4], i) for i in range(74)]  # (steady once seen)
+    inputs.append((dispatched("g", "a", tasks=3, gpus=8, topology="rack"), 100))
+    # the hold ends some 300 steady heartbeats later: in a later chunk of 64 than the dispatch
+    inputs += [(beats[i % 4], 101 + 100 * i) for i in range(400)]
+    if submissions:  # a run of submissions across the end of the hold
+        inputs[374:374] = [(job(f"s{k}", gpus=0), 30_050 + 10 * k) for k in range(10)]
+    config = CoreConfig(hold_ms=HOLD, cells=("a",), node_timeout_ms=3_600_000)  # (no sweep near the hold)
     one = State(config)
     for e, at in inputs:
         fold(one, e, at)
-    for chunk in (1, 7, 64, len(inputs)):
+    for chunk in (1, 7, 64, 100, len(inputs)):
         for fast in (fold_many, fold_lists):
             s = State(config)
             for i in range(0, len(inputs), chunk):
