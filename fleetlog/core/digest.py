@@ -21,9 +21,11 @@ from fleetlog.core.arrays import Interner, Table
 from fleetlog.core.fold import count_shape, rebuild_held
 from fleetlog.core.state import (
     CELL_SHARD_DEFAULTS,
+    SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
+    SUM_RETURNED,
     CoreConfig,
     Derived,
     Quota,
@@ -215,6 +217,9 @@ def _digest_scalars(state: State) -> dict[str, Any]:
     out["job_cells"] = [len(state.job_cells), state.sums[SUM_JOB_CELLS]]
     out["recent_shapes"] = [len(state.recent_shapes), state.sums[SUM_RECENT_SHAPES]]
     out["reason_text"] = [len(state.reason_text), state.sums[SUM_REASON_TEXT]]
+    if "dispatches" in out:  # (a cell shard's: by size and running sum, like the collections above)
+        out["dispatches"] = [len(state.dispatches), state.sums[SUM_DISPATCHES]]
+        out["returned"] = [len(state.returned), state.sums[SUM_RETURNED]]
     return out
 
 
@@ -265,11 +270,11 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.reason_text = dict(s["reason_text"])
     state.requeues = {row: msgspec.convert(r, Requeue) for row, r in s.get("requeues", ())}
     state.derived = Derived.of(state)
-    state.sums = collection_sums(state)
-    state.pending_count, state.duplicates, state.ignored = s["counters"]
     state.dispatches = {row: (a, b, c, d) for row, (a, b, c, d) in s.get("dispatches", ())}
     state.dispatched_seq = dict(s.get("dispatched_seq", ()))
     state.returned = {row: msgspec.convert(r, JobReturned) for row, r in s.get("returned", ())}
+    state.sums = collection_sums(state)
+    state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state
 
 

@@ -25,9 +25,11 @@ from fleetlog.core.state import (
     FULL_GPU,
     MAX_GPU_MODELS,
     NO_LIMIT,
+    SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
+    SUM_RETURNED,
     TERMINAL,
     TEXT_IDS,
     TOPOLOGY_CODES,
@@ -577,7 +579,11 @@ def on_dispatched(state: State, e: JobDispatched) -> None:
             state.ignored += 1
             return
         reopen(state, job, cell)
+    old = state.dispatches.get(job)
+    if old is not None:
+        add_entry(state, SUM_DISPATCHES, (job, old), -1)
     state.dispatches[job] = (cell, e.attempt, e.seq, state.now_ms)
+    add_entry(state, SUM_DISPATCHES, (job, state.dispatches[job]), 1)
     hold(state, job, state.now_ms + state.config.hold_ms)
 
 
@@ -593,7 +599,9 @@ def reopen(state: State, job: int, cell: int) -> None:
         add_entry(state, SUM_JOB_CELLS, (job, old), -1)
     state.job_cells[job] = (cell,)
     add_entry(state, SUM_JOB_CELLS, (job, (cell,)), 1)
-    state.returned.pop(job, None)
+    gone = state.returned.pop(job, None)
+    if gone is not None:
+        add_entry(state, SUM_RETURNED, (job, gone), -1)
     state.pending_count += 1
 
 
@@ -633,6 +641,7 @@ def return_job(state: State, job: int) -> None:
         as_of=state.offset,
         message=message[:4096],
     )
+    add_entry(state, SUM_RETURNED, (job, state.returned[job]), 1)
     state.jobs.cols["state"][job] = _RETURNED
     drop_reason_text(state, job)
     state.requeues.pop(job, None)

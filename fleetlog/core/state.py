@@ -204,6 +204,8 @@ class RowIds:
 SUM_REASON_TEXT = 0
 SUM_JOB_CELLS = 1
 SUM_RECENT_SHAPES = 2
+SUM_DISPATCHES = 3
+SUM_RETURNED = 4
 
 
 class Derived:
@@ -306,9 +308,10 @@ class State:
         self.shapes_seen = 0  # task shapes remembered since the start
         self.mix_due = 1  # ``shapes_seen`` at which the shape mix is taken again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
-        self.sums = [0, 0, 0]
+        self.sums = [0, 0, 0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
-        ``job_cells`` items and ``(index, shape)`` of ``recent_shapes`` (see SUM_*): what the
+        ``job_cells`` items, ``(index, shape)`` of ``recent_shapes``, ``dispatches`` items and
+        ``returned`` items (see SUM_*): what the
         digest hashes instead of those collections (kept by fold, rebuilt on restore by
         :func:`collection_sums`; not in ``derived``: the digest reads it)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
@@ -351,7 +354,9 @@ class State:
 
 def collection_sums(state: State) -> list[int]:
     """``State.sums`` computed afresh from the collections (restore, and the invariants)."""
-    sums = [0, 0, 0]
+    sums = [0, 0, 0, 0, 0]
+    sums[SUM_DISPATCHES] = entries_sum(state.dispatches.items())
+    sums[SUM_RETURNED] = entries_sum(state.returned.items())
     sums[SUM_REASON_TEXT] = entries_sum(state.reason_text.items())
     sums[SUM_JOB_CELLS] = entries_sum(state.job_cells.items())
     sums[SUM_RECENT_SHAPES] = entries_sum(enumerate(state.recent_shapes))
