@@ -18,11 +18,14 @@ import numpy as np
 import numpy.typing as npt
 
 from fleetlog.core.arrays import Interner, Table
-from fleetlog.core.fold import count_shape
+from fleetlog.core.fold import count_shape, rebuild_held
 from fleetlog.core.state import (
+    CELL_SHARD_DEFAULTS,
+    SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
+    SUM_RETURNED,
     CoreConfig,
     Derived,
     Quota,
@@ -30,6 +33,7 @@ from fleetlog.core.state import (
     State,
     collection_sums,
 )
+from fleetlog.events.model import JobReturned
 
 SNAPSHOT_FORMAT: Final = 3
 """2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30), 3
@@ -44,7 +48,7 @@ class SnapshotError(ValueError):
 
 def _small_scalars(state: State) -> dict[str, Any]:
     return {
-        "config": msgspec.to_builtins(state.config),
+        "config": _config(state.config),
         "now_ms": state.now_ms,
         "offset": state.offset,
         "next_sweep_ms": state.next_sweep_ms,
@@ -54,6 +58,28 @@ def _small_scalars(state: State) -> dict[str, Any]:
         "shape_mix": [list(row) for row in state.shape_mix],
         "shape_mix_due": [state.shapes_seen, state.mix_due],
         "counters": [state.pending_count, state.duplicates, state.ignored],
+    } | _cell_shard(state)
+
+
+def _config(config: CoreConfig) -> dict[str, Any]:
+    """The config, less its cell-shard fields at their defaults (a single shard's digest stays
+    what it was before they existed)."""
+    raw: dict[str, Any] = msgspec.to_builtins(config)
+    for name, default in CELL_SHARD_DEFAULTS.items():
+        if getattr(config, name) == default:
+            del raw[name]
+    return raw
+
+
+def _cell_shard(state: State) -> dict[str, Any]:
+    """A cell shard's dispatched jobs, in full (only once it folded a dispatch: a single shard
+    has none, and its digest is unchanged)."""
+    if not state.dispatches and not state.dispatched_seq:
+        return {}
+    return {
+        "dispatches": sorted([row, list(d)] for row, d in state.dispatches.items()),
+        "dispatched_seq": sorted(state.dispatched_seq.items()),
+        "returned": sorted([row, msgspec.to_builtins(r)] for row, r in state.returned.items()),
     }
 
 
@@ -191,6 +217,9 @@ def _digest_scalars(state: State) -> dict[str, Any]:
     out["job_cells"] = [len(state.job_cells), state.sums[SUM_JOB_CELLS]]
     out["recent_shapes"] = [len(state.recent_shapes), state.sums[SUM_RECENT_SHAPES]]
     out["reason_text"] = [len(state.reason_text), state.sums[SUM_REASON_TEXT]]
+    if "dispatches" in out:  # (a cell shard's: by size and running sum, like the collections above)
+        out["dispatches"] = [len(state.dispatches), state.sums[SUM_DISPATCHES]]
+        out["returned"] = [len(state.returned), state.sums[SUM_RETURNED]]
     return out
 
 
@@ -216,6 +245,7 @@ def restore(data: bytes) -> State:
             )
         state = _restore_scalars(body["scalars"])
         _restore_columns(state, body["sizes"], body["columns"])
+        rebuild_held(state)
     except (msgspec.DecodeError, LookupError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise SnapshotError(f"not a fleetlog snapshot: {exc}") from exc
     if digest(state) != body["digest"]:
@@ -240,6 +270,9 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.reason_text = dict(s["reason_text"])
     state.requeues = {row: msgspec.convert(r, Requeue) for row, r in s.get("requeues", ())}
     state.derived = Derived.of(state)
+    state.dispatches = {row: (a, b, c, d) for row, (a, b, c, d) in s.get("dispatches", ())}
+    state.dispatched_seq = dict(s.get("dispatched_seq", ()))
+    state.returned = {row: msgspec.convert(r, JobReturned) for row, r in s.get("returned", ())}
     state.sums = collection_sums(state)
     state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state

@@ -17,15 +17,19 @@ from __future__ import annotations
 import functools
 from typing import Final
 
+import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import HASH_MASK, Array, entry_hash
 from fleetlog.core.state import (
     FULL_GPU,
     MAX_GPU_MODELS,
+    NO_LIMIT,
+    SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
+    SUM_RETURNED,
     TERMINAL,
     TEXT_IDS,
     TOPOLOGY_CODES,
@@ -40,9 +44,11 @@ from fleetlog.events.model import (
     DecisionBatch,
     Event,
     JobCancelled,
+    JobDispatched,
     JobPending,
     JobPlaced,
     JobRejected,
+    JobReturned,
     JobSubmitted,
     NodeHeartbeat,
     NodeRemoved,
@@ -59,7 +65,9 @@ CAUSE_CODES: Final = {"priority": 1, "reclaim": 2}
 # Plain ints of the states written into columns: numpy probes an IntEnum member for the array
 # protocols before storing it (through the enum metaclass, about a microsecond a store).
 _UP: Final = int(NodeStatus.UP)
+_PENDING: Final = int(JobState.PENDING)
 _RUNNING: Final = int(JobState.RUNNING)
+_RETURNED: Final = int(JobState.RETURNED)
 _SUCCEEDED: Final = int(JobState.SUCCEEDED)
 _REJECTED: Final = int(JobState.REJECTED)
 _TASK_PENDING: Final = int(TaskState.PENDING)
@@ -97,6 +105,8 @@ def fold(state: State, event: Event, at_ms: int) -> None:
             on_task_failed(state, event)
         case QuotaSet():
             on_quota(state, event)
+        case JobDispatched():
+            on_dispatched(state, event)
         case _:
             raise UnknownEventError(f"fold cannot apply {type(event).__name__}")
 
@@ -120,8 +130,11 @@ def fold_decision(state: State, decision: object) -> None:
 
 
 def advance_time(state: State, at_ms: int) -> None:
-    """Move log time forward (never back) and mark nodes whose heartbeats stopped as down."""
+    """Move log time forward (never back), hand back dispatched jobs held too long and mark
+    nodes whose heartbeats stopped as down."""
     state.now_ms = max(state.now_ms, at_ms)
+    if state.now_ms >= state.next_return_ms:
+        hand_back(state)
     if state.now_ms < state.next_sweep_ms:
         return
     timeout = state.config.node_timeout_ms
@@ -132,6 +145,12 @@ def advance_time(state: State, at_ms: int) -> None:
     )
     for row in np.flatnonzero(stale).tolist():
         node_down(state, row, NodeStatus.DOWN, "node_lost")
+
+
+def next_due(state: State) -> int:
+    """The log time at which folding must next run :func:`advance_time`'s work (a node sweep
+    or a hold's end): the batch twins defer nothing across it."""
+    return min(state.next_sweep_ms, state.next_return_ms)
 
 
 _NODE_DOWN_TEXT: Final = {
@@ -533,3 +552,111 @@ def release_job(state: State, job: int, to: JobState) -> None:
         state.pending_count -= 1
     elif was != JobState.PENDING and to == JobState.PENDING:
         state.pending_count += 1
+
+
+# --- cell shards: dispatched jobs (docs/scale-out.md) ------------------------------------
+
+
+def on_dispatched(state: State, e: JobDispatched) -> None:
+    """A job the dispatcher sends to one of this shard's cells: folded as its submission
+    restricted to that cell, held until placed or handed back. Ignored (counted): a cell this
+    shard does not hold, a resend or an older attempt, a job this shard holds already or that
+    ended here, a job submitted here directly. A job returned here earlier and dispatched here
+    again (a newer attempt) is reopened."""
+    cells = state.config.cells
+    if cells and e.cell not in cells:
+        state.ignored += 1
+        return
+    cell = state.names["cell"].intern(e.cell)
+    state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), e.seq)
+    job = state.job_row(e.job.job_id)
+    if job < 0:
+        on_submitted(state, msgspec.structs.replace(e.job, allowed_cells=(e.cell,)))
+        job = state.job_row(e.job.job_id)
+    else:
+        last = state.dispatches.get(job)
+        if last is None or e.attempt <= last[1] or int(state.jobs.cols["state"][job]) != _RETURNED:
+            state.ignored += 1
+            return
+        reopen(state, job, cell)
+    old = state.dispatches.get(job)
+    if old is not None:
+        add_entry(state, SUM_DISPATCHES, (job, old), -1)
+    state.dispatches[job] = (cell, e.attempt, e.seq, state.now_ms)
+    add_entry(state, SUM_DISPATCHES, (job, state.dispatches[job]), 1)
+    hold(state, job, state.now_ms + state.config.hold_ms)
+
+
+def reopen(state: State, job: int, cell: int) -> None:
+    """A returned job dispatched here again: pending in ``cell`` from now, FIFO from now."""
+    jc = state.jobs.cols
+    jc["state"][job] = _PENDING
+    jc["submitted_at"][job] = state.now_ms
+    jc["seq"][job] = state.offset - 1
+    jc["reason"][job] = 0
+    old = state.job_cells.get(job)
+    if old is not None:
+        add_entry(state, SUM_JOB_CELLS, (job, old), -1)
+    state.job_cells[job] = (cell,)
+    add_entry(state, SUM_JOB_CELLS, (job, (cell,)), 1)
+    gone = state.returned.pop(job, None)
+    if gone is not None:
+        add_entry(state, SUM_RETURNED, (job, gone), -1)
+    state.pending_count += 1
+
+
+def hold(state: State, job: int, until_ms: int) -> None:
+    state.held.pop(job, None)
+    state.held[job] = until_ms
+    state.next_return_ms = min(state.next_return_ms, until_ms)
+
+
+def hand_back(state: State) -> None:
+    """Return every held job whose hold has ended (log time) and that was never placed; drop
+    from ``held`` the jobs placed or ended since."""
+    jc, now, nxt = state.jobs.cols, state.now_ms, NO_LIMIT
+    for job, until in list(state.held.items()):
+        if int(jc["state"][job]) != _PENDING or int(jc["placed_at_ms"][job]) >= 0:
+            del state.held[job]  # placed once (the cell owns it now) or ended
+        elif until > now:
+            nxt = min(nxt, until)
+        else:
+            return_job(state, job)
+    state.next_return_ms = nxt
+
+
+def return_job(state: State, job: int) -> None:
+    """Hand ``job`` back: its ``JobReturned`` (reason: its pending reason code) is kept for the
+    shard's loop to write, and the job leaves the cell (``RETURNED``, no longer pending)."""
+    cell, attempt, _, at_ms = state.dispatches[job]
+    code = int(state.jobs.cols["reason"][job])
+    reason = state.reason_codes.names[code - 1] if code else HOLD_EXPIRED
+    text = state.reason_text.get(job, "")
+    message = f"not placed within {state.now_ms - at_ms} ms of its dispatch" + (f": {text}" if text else "")
+    state.returned[job] = JobReturned(
+        job_id=state.names["job"].names[job],
+        cell=state.names["cell"].names[cell],
+        attempt=attempt,
+        reason=reason,
+        as_of=state.offset,
+        message=message[:4096],
+    )
+    add_entry(state, SUM_RETURNED, (job, state.returned[job]), 1)
+    state.jobs.cols["state"][job] = _RETURNED
+    drop_reason_text(state, job)
+    state.requeues.pop(job, None)
+    del state.held[job]
+    state.pending_count -= 1
+
+
+HOLD_EXPIRED: Final = "hold_expired"
+"""A returned job's reason when no decide said why it waits (it never saw a decide step)."""
+
+
+def rebuild_held(state: State) -> None:
+    """``held`` and ``next_return_ms`` from ``dispatches`` (restore)."""
+    jc, hold_ms = state.jobs.cols, state.config.hold_ms
+    state.held, state.next_return_ms = {}, NO_LIMIT
+    for job, (_, _, _, at_ms) in state.dispatches.items():
+        if int(jc["state"][job]) == _PENDING and int(jc["placed_at_ms"][job]) < 0:
+            hold(state, job, at_ms + hold_ms)

@@ -29,6 +29,7 @@ from fleetlog.core.fold import (
     fold_decision,
     mask_gpus,
     model_id,
+    next_due,
     on_placed,
     remember_shape,
     take_shape_mix,
@@ -69,13 +70,15 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
     log time are kept in locals until some other event needs the state. Runs of submissions
     are folded together (:func:`fold_submissions`).
 
-    Nothing deferred crosses a node sweep: the first event at or after the sweep time is
-    folded by :func:`fold` after every deferred write, whatever its type, so the sweep reads
-    the heartbeat times the events before it wrote — however the inputs were chunked.
+    Nothing deferred crosses a node sweep or the end of a cell shard's hold
+    (:func:`~fleetlog.core.fold.next_due`): the first event at or after it is folded by
+    :func:`fold` after every deferred write, whatever its type, so the sweep reads the heartbeat
+    times the events before it wrote, and a hold ends at the same input — however the inputs
+    were chunked.
     """
     beats: dict[int, int] = {}
     cache = state.derived.beat_cache
-    now, sweep, steady = state.now_ms, state.next_sweep_ms, 0
+    now, sweep, steady = state.now_ms, next_due(state), 0
     run: list[JobSubmitted] = []  # consecutive submissions, folded together
     run_at: list[int] = []
     # (at most one of ``run`` and ``steady`` is open: each closes the other's offset and clock)
@@ -107,7 +110,7 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
         if beats:
             _write_beats(state, beats)
         fold_fast(state, event, at_ms)
-        now, sweep = state.now_ms, state.next_sweep_ms
+        now, sweep = state.now_ms, next_due(state)
     if run:
         fold_submissions(state, run, run_at)
     if steady:
@@ -211,7 +214,7 @@ def fold_submissions(state: State, events: Sequence[JobSubmitted], times: Sequen
     """:func:`fold` of each of ``events`` in order, at ``times``: the same state, with the new
     jobs' and tasks' columns written once for the run instead of job by job (:class:`NewJobs`).
     One by one when a node sweep falls due within the run."""
-    if len(events) < 2 or max(times) >= state.next_sweep_ms:
+    if len(events) < 2 or max(times) >= next_due(state):
         for event, at_ms in zip(events, times, strict=True):
             fold(state, event, at_ms)
         return
@@ -283,7 +286,7 @@ def _fold_steady_runs(
         np.maximum.at(hb, seg[steady], now_after[flushed:end][steady])  # times only grow
         flushed = end
 
-    sweep = state.next_sweep_ms
+    sweep = next_due(state)
     sweep_at = _first_at_or_after(at, 0, sweep)
     k = 0
     while True:
@@ -302,8 +305,8 @@ def _fold_steady_runs(
         stale = _no_longer_steady(state, events, rows, j + 1)
         if stale:
             slow, k = sorted(set(slow[k:]) | set(stale)), 0
-        if state.next_sweep_ms != sweep or sweep_at <= j:
-            sweep = state.next_sweep_ms
+        if next_due(state) != sweep or sweep_at <= j:
+            sweep = next_due(state)
             sweep_at = _first_at_or_after(at, j + 1, sweep)
     flush(n)
     state.now_ms = int(now_after[-1])

@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import Interner, Table, entries_sum
+from fleetlog.events.model import JobReturned
 
 MAX_GPUS: Final = 64
 MAX_GPU_MODELS: Final = 64
@@ -34,6 +35,7 @@ class JobState(enum.IntEnum):
     FAILED = 3
     CANCELLED = 4
     REJECTED = 5
+    RETURNED = 6  # a cell shard handed a dispatched job back to the dispatcher (docs/scale-out.md)
 
 
 class TaskState(enum.IntEnum):
@@ -45,7 +47,10 @@ class TaskState(enum.IntEnum):
 
 TOPOLOGY_NONE: Final = 0
 TOPOLOGY_CODES: Final = {"block": 1, "rack": 2, "host": 3}
-TERMINAL: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED})
+TERMINAL: Final = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED, JobState.RETURNED}
+)
+"""States a job leaves only by a new dispatch (``RETURNED``, in a cell shard), else never."""
 
 
 class CoreConfig(msgspec.Struct, frozen=True):
@@ -59,6 +64,17 @@ class CoreConfig(msgspec.Struct, frozen=True):
     """How often (in submitted tasks) the shape mix the fragmentation score uses is taken from
     the window once it is full; before that, at every doubling (1, 2, 4, ... tasks). Between
     two refreshes the mix is fixed, so decide can remember node scores from one call to the next."""
+    hold_ms: int = 30_000
+    """A cell shard hands a dispatched job back (``JobReturned``) when it has waited this long
+    (log time) since its dispatch without being placed. Only dispatched jobs are held."""
+    cells: tuple[str, ...] = ()
+    """The cells this shard holds: a ``JobDispatched`` to another cell is ignored. Empty: any
+    (the single shard, which never sees a dispatch)."""
+
+
+CELL_SHARD_DEFAULTS: Final = {"hold_ms": 30_000, "cells": ()}
+"""The cell-shard fields of :class:`CoreConfig`: left out of a snapshot's and a digest's config
+at these defaults, so a single shard's digest is what it was before they existed."""
 
 
 class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -188,6 +204,8 @@ class RowIds:
 SUM_REASON_TEXT = 0
 SUM_JOB_CELLS = 1
 SUM_RECENT_SHAPES = 2
+SUM_DISPATCHES = 3
+SUM_RETURNED = 4
 
 
 class Derived:
@@ -290,15 +308,26 @@ class State:
         self.shapes_seen = 0  # task shapes remembered since the start
         self.mix_due = 1  # ``shapes_seen`` at which the shape mix is taken again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
-        self.sums = [0, 0, 0]
+        self.sums = [0, 0, 0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
-        ``job_cells`` items and ``(index, shape)`` of ``recent_shapes`` (see SUM_*): what the
+        ``job_cells`` items, ``(index, shape)`` of ``recent_shapes``, ``dispatches`` items and
+        ``returned`` items (see SUM_*): what the
         digest hashes instead of those collections (kept by fold, rebuilt on restore by
         :func:`collection_sums`; not in ``derived``: the digest reads it)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
         self.pending_count = 0
         self.requeues: dict[int, Requeue] = {}
         """job row -> why it was last requeued, while it waits (see :class:`Requeue`)."""
+        self.dispatches: dict[int, tuple[int, int, int, int]] = {}
+        """Cell shards: job row -> (cell id, attempt, seq, log time) of its latest accepted
+        ``JobDispatched``."""
+        self.dispatched_seq: dict[int, int] = {}  # cell id -> the last JobDispatched.seq folded
+        self.returned: dict[int, JobReturned] = {}
+        """job row -> the ``JobReturned`` that handed it back (until it is dispatched here again)."""
+        self.held: dict[int, int] = {}
+        """job row -> when its hold ends (log time), for dispatched jobs not placed yet (dropped
+        lazily once placed or ended). Rebuilt on restore from ``dispatches``, not snapshotted."""
+        self.next_return_ms = NO_LIMIT  # the earliest end of a hold in ``held`` (rebuilt with it)
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
         self.derived = Derived()
@@ -325,7 +354,9 @@ class State:
 
 def collection_sums(state: State) -> list[int]:
     """``State.sums`` computed afresh from the collections (restore, and the invariants)."""
-    sums = [0, 0, 0]
+    sums = [0, 0, 0, 0, 0]
+    sums[SUM_DISPATCHES] = entries_sum(state.dispatches.items())
+    sums[SUM_RETURNED] = entries_sum(state.returned.items())
     sums[SUM_REASON_TEXT] = entries_sum(state.reason_text.items())
     sums[SUM_JOB_CELLS] = entries_sum(state.job_cells.items())
     sums[SUM_RECENT_SHAPES] = entries_sum(enumerate(state.recent_shapes))

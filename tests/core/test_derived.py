@@ -113,8 +113,14 @@ SNAPSHOTTED = {
     "config", "now_ms", "offset", "next_sweep_ms", "nodes", "jobs", "tasks", "names", "job_cells",
     "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shapes_seen", "mix_due",
     "reason_text", "reason_codes", "pending_count", "requeues", "duplicates", "ignored",
+    "dispatches", "dispatched_seq", "returned",
 }  # fmt: skip
-REBUILT_ON_RESTORE = {"shape_stats", "sums"}  # (from recent_shapes; from the collections)
+REBUILT_ON_RESTORE = {
+    "shape_stats",
+    "sums",
+    "held",
+    "next_return_ms",
+}  # (from recent_shapes; the collections; dispatches)
 DERIVED = {"derived"}
 
 

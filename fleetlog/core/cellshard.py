@@ -1,0 +1,208 @@
+"""A cell shard's own shard events (issue 17, docs/scale-out.md): what it writes to the global
+partition besides its decisions.
+
+Pure, like the rest of ``core/``. A cell shard is today's shard (``fold``/``decide`` over its
+cell partition) that also folds ``JobDispatched`` (:func:`fleetlog.core.fold.on_dispatched`) and
+hands back, in fold and by log time, the dispatched jobs it could not place within
+``CoreConfig.hold_ms`` (:func:`fleetlog.core.fold.hand_back`). This module is what its loop
+calls after each step:
+
+- :func:`returns`: the ``JobReturned`` events folded since the last step, to write;
+- :func:`cell_summary`: the ``CellSummary`` of one of its cells now;
+- :func:`summary_due`: whether that summary is worth writing (:class:`SummaryRule`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+import numpy as np
+
+from fleetlog.core.dispatch import take
+from fleetlog.core.state import FULL_GPU, JobState, NodeStatus, State
+from fleetlog.events.model import (
+    GPU_BUCKETS,
+    MAX_SUMMARY_ENTRIES,
+    MAX_SUMMARY_TENANTS,
+    CellSummary,
+    FreeSlots,
+    JobReturned,
+    JobSubmitted,
+    Resources,
+    TaskGroup,
+    TenantUsage,
+)
+
+_PENDING: Final = int(JobState.PENDING)
+_UP: Final = int(NodeStatus.UP)
+
+
+class SummaryRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When a cell shard writes its cell's summary (log time of its cell partition)."""
+
+    every_ms: int = 5_000
+    """At least this often, even when nothing changed materially (the dispatcher's usage and
+    pending depth ride on it)."""
+    material_milli: int = 125
+    """A free row whose slots changed by at least this share of the larger of old and new
+    (milli: 125 = 1/8) is a material change, and so is a row that appears or disappears, or a
+    change of the cell's total (a node up, down or reshaped)."""
+
+
+def returns(state: State, since: int) -> list[JobReturned]:
+    """The jobs handed back while folding inputs from offset ``since`` on, in the order to write
+    them (by ``as_of``, then job id): the loop writes those of each step with its decisions."""
+    out = [r for r in state.returned.values() if r.as_of >= since]
+    return sorted(out, key=lambda r: (r.as_of, r.job_id))
+
+
+def summary_due(last: CellSummary | None, fresh: CellSummary, rule: SummaryRule) -> bool:
+    """Whether ``fresh`` should be written, ``last`` being the cell's last summary written."""
+    if last is None or fresh.at_ms - last.at_ms >= rule.every_ms or fresh.total != last.total:
+        return True
+    old = {(f.gpu_model, f.gpus): f.slots for f in last.free}
+    new = {(f.gpu_model, f.gpus): f.slots for f in fresh.free}
+    if old.keys() != new.keys():
+        return True
+    return any(abs(new[k] - old[k]) * 1000 >= rule.material_milli * max(new[k], old[k]) for k in sorted(new))
+
+
+def cell_summary(state: State, cell: str, partition: int, seq: int) -> CellSummary:
+    """The summary of ``cell`` as the shard's state has it now: the healthy nodes' total, its
+    pending depth, free rows net of its held jobs, usage by tenant (both cut to the event's
+    bounds, :func:`cut_free` and :func:`cut_usage`)."""
+    cid = state.names["cell"].get(cell)
+    up = _up_nodes(state, cid)
+    nc = state.nodes.cols
+    total = Resources(
+        cpu_milli=int(nc["cpu_alloc"][up].sum()),
+        mem_mib=int(nc["mem_alloc"][up].sum()),
+        gpu_milli=int(nc["gpu_count"][up].sum()) * FULL_GPU,
+    )
+    pending = _pending_in(state, cid)
+    room = {(m, b): [s, c, mm] for m, b, s, c, mm in free_rows(state, up)}
+    held = _held_in(state, cid)
+    for job in held:
+        take(room, spec_of(state, job), commit=True)
+    free = [FreeSlots(m, b, *row) for (m, b), row in sorted(room.items()) if row[0] > 0]
+    return CellSummary(
+        cell=cell,
+        partition=partition,
+        seq=seq,
+        as_of=state.offset,
+        at_ms=state.now_ms,
+        total=total,
+        dispatched_seq=state.dispatched_seq.get(cid, 0) if cid >= 0 else 0,
+        pending=len(pending),
+        free=tuple(cut_free(free)),
+        usage=tuple(cut_usage(usage_rows(state, cid, held))),
+    )
+
+
+def _up_nodes(state: State, cid: int) -> np.ndarray:
+    """Rows of the up nodes of cell ``cid`` (none if the shard never saw the cell)."""
+    if cid < 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((state.nodes.view("status") == _UP) & (state.nodes.view("cell") == cid))
+
+
+def _pending_in(state: State, cid: int) -> list[int]:
+    """Pending jobs allowed in cell ``cid`` (a dispatched job is allowed in its cell alone)."""
+    rows = np.flatnonzero(state.jobs.view("state") == _PENDING).tolist()
+    return [j for j in rows if cid in state.job_cells.get(j, (cid,))] if cid >= 0 else []
+
+
+def _held_in(state: State, cid: int) -> list[int]:
+    """Dispatched jobs of cell ``cid`` waiting and never placed, in dispatch (seq) order
+    (``State.held`` may still list jobs placed or ended since its last sweep: filtered)."""
+    jc = state.jobs.cols
+    out = [
+        (state.dispatches[job][2], job)
+        for job in state.held
+        if state.dispatches[job][0] == cid
+        and int(jc["state"][job]) == _PENDING
+        and int(jc["placed_at_ms"][job]) < 0
+    ]
+    return [job for _, job in sorted(out)]
+
+
+def free_rows(state: State, up: np.ndarray) -> list[tuple[str, int, int, int, int]]:
+    """``(gpu_model, bucket, slots, cpu_milli, mem_mib)`` over nodes ``up``, node by node with
+    numpy: bucket ``b`` > 0 has ``whole free GPUs // b`` slots per node (a GPU with a share
+    taken is not free), and the free CPU and memory of the nodes with a slot; bucket 0 (tasks
+    without GPUs) counts each node's free milli-CPU as slots (a task needs at least one: the
+    CPU and memory totals are what bound it), over nodes with free CPU and memory. Nodes
+    without GPUs are model ``""``. Rows without a slot are left out."""
+    nc, names = state.nodes.cols, state.names["model"].names
+    models = np.where(nc["gpu_count"][up] > 0, nc["model"][up], -1)
+    cpu, mem = nc["cpu_free"][up].clip(0), nc["mem_free"][up].clip(0)
+    whole = (nc["gpu_free"][up] == FULL_GPU).sum(axis=1)
+    ids, which = np.unique(models, return_inverse=True)
+    out = []
+    for b in GPU_BUCKETS:
+        per_node = np.where((cpu > 0) & (mem > 0), cpu, 0) if b == 0 else whole // b
+        has = per_node > 0
+        slots = np.bincount(which, weights=per_node, minlength=ids.size)
+        cpus = np.bincount(which, weights=np.where(has, cpu, 0), minlength=ids.size)
+        mems = np.bincount(which, weights=np.where(has, mem, 0), minlength=ids.size)
+        for i, m in enumerate(ids.tolist()):
+            if slots[i] > 0:
+                out.append((names[m] if m >= 0 else "", b, int(slots[i]), int(cpus[i]), int(mems[i])))
+    return sorted(out)
+
+
+def spec_of(state: State, job: int) -> JobSubmitted:
+    """Job row ``job`` as a submission, as much as the dispatcher's :func:`take` reads: one task
+    group per run of equal task shapes."""
+    tc, models = state.tasks.cols, state.names["model"].names
+    groups: list[TaskGroup] = []
+    for t in state.job_tasks(job):
+        mask = int(tc["models"][t])
+        shape = (int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["gpus"][t]), int(tc["milli"][t]))
+        wanted = tuple(models[m] for m in range(len(models)) if mask >> m & 1)
+        last = groups[-1] if groups else None
+        if last is not None and (last.cpu_milli, last.mem_mib, last.gpu_count, last.gpu_milli) == shape:
+            groups[-1] = msgspec.structs.replace(last, count=last.count + 1)
+        else:
+            groups.append(TaskGroup(1, *shape, gpu_models=wanted))
+    tenant = state.names["tenant"].names[int(state.jobs.cols["tenant"][job])]
+    return JobSubmitted(job_id=state.names["job"].names[job], tenant=tenant, task_groups=tuple(groups))
+
+
+def usage_rows(state: State, cid: int, held: list[int]) -> list[TenantUsage]:
+    """What each tenant's jobs in cell ``cid`` take: placed (the fold's usage counters) plus
+    held and not placed yet (their requests). Sorted by tenant; tenants at zero left out."""
+    rows: dict[int, list[int]] = {}
+    for (tenant, cell), used in state.usage.items():
+        if cell == cid and cid >= 0:
+            rows[tenant] = list(used)
+    jc = state.jobs.cols
+    for job in held:
+        row = rows.setdefault(int(jc["tenant"][job]), [0, 0, 0])
+        for i, col in enumerate(("req_cpu", "req_mem", "req_gpu")):
+            row[i] += int(jc[col][job])
+    names = state.names["tenant"].names
+    return sorted(
+        (TenantUsage(names[t], *row) for t, row in rows.items() if any(row)), key=lambda u: u.tenant
+    )
+
+
+def cut_free(rows: list[FreeSlots]) -> list[FreeSlots]:
+    """At most ``MAX_SUMMARY_ENTRIES`` rows: past it, the rows with the fewest slots are left out
+    (ties: the larger key), so the dispatcher sees the most room; the rest stays sorted. A state
+    cannot reach it today (64 GPU models and no GPUs, 8 buckets: 520 rows)."""
+    if len(rows) <= MAX_SUMMARY_ENTRIES:
+        return rows
+    keep = sorted(rows, key=lambda f: (-f.slots, f.gpu_model, f.gpus))[:MAX_SUMMARY_ENTRIES]
+    return sorted(keep, key=lambda f: (f.gpu_model, f.gpus))
+
+
+def cut_usage(rows: list[TenantUsage]) -> list[TenantUsage]:
+    """At most ``MAX_SUMMARY_TENANTS`` rows: past it, the tenants using least are left out (by
+    GPU, then CPU, then memory; ties: the larger name), so the fleet-wide DRF shares of the
+    biggest users stay exact and only the smallest are under-counted."""
+    if len(rows) <= MAX_SUMMARY_TENANTS:
+        return rows
+    keep = sorted(rows, key=lambda u: (-u.gpu_milli, -u.cpu_milli, -u.mem_mib, u.tenant))
+    return sorted(keep[:MAX_SUMMARY_TENANTS], key=lambda u: u.tenant)
