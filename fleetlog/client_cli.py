@@ -27,8 +27,9 @@ from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
 from fleetlog.log.base import DECISIONS, INPUTS
 from fleetlog.log.discovery import running_service
+from fleetlog.log.location import ConfigError
 from fleetlog.logsetup import silence
-from fleetlog.service.config import Config, ConfigError, load_config
+from fleetlog.service.config import Config, load_config
 from fleetlog.usage import add_log_options
 
 CLI_PRODUCER_ID = "fleetlog-cli"

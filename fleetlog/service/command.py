@@ -11,7 +11,8 @@ from typing import Any
 
 import uvloop
 
-from fleetlog.service.config import Config, ConfigError, load_config
+from fleetlog.log.location import ConfigError
+from fleetlog.service.config import Config, load_config
 from fleetlog.service.service import Service
 
 

@@ -29,26 +29,8 @@ from msgspec import Meta
 
 from fleetlog.core.policy import UnknownPolicyError, policy_named
 from fleetlog.log.kafka import KafkaConfig
-from fleetlog.log.location import (
-    MASK,
-    PASSWORD_FILE_KEY,
-    SASL_MECHANISMS,
-    SECRET_KEYS,
-    SECURITY_PROTOCOLS,
-    ConfigError,
-    FsyncPolicy,
-    LogConfig,
-    describe,
-    make_store,
-    open_store,
-)
-from fleetlog.log.settings import ENV_PREFIX, NOT_SETTINGS, Raw, Schema, located
-
-__all__ = [
-    "ENV_PREFIX", "MASK", "NOT_SETTINGS", "PASSWORD_FILE_KEY", "SASL_MECHANISMS", "SECRET_KEYS",
-    "SECURITY_PROTOCOLS", "Config", "ConfigError", "FsyncPolicy", "LogConfig", "ServiceSettings", "describe",
-    "load_config", "make_store", "open_store",
-]
+from fleetlog.log.location import MASK, SECRET_KEYS, ConfigError, LogConfig
+from fleetlog.log.settings import Raw, Schema, located
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]

@@ -14,8 +14,9 @@ from fleetlog.core.state import CoreConfig, NodeStatus
 from fleetlog.events import Event, encode, envelope
 from fleetlog.log.base import INPUTS, Message
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.location import ConfigError
 from fleetlog.log.memory import MemoryLogStore
-from fleetlog.service.config import ConfigError, load_config
+from fleetlog.service.config import load_config
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.service.service import Service
 from tests.core.builders import job, node

@@ -11,15 +11,8 @@ import pytest
 from fleetlog.log.base import INPUTS, Message
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
-from fleetlog.service.config import (
-    Config,
-    ConfigError,
-    LogConfig,
-    ServiceSettings,
-    describe,
-    load_config,
-    open_store,
-)
+from fleetlog.log.location import ConfigError, LogConfig, describe, open_store
+from fleetlog.service.config import Config, ServiceSettings, load_config
 
 SECRET = "s3cr3t-Pa55"
 
