@@ -122,8 +122,11 @@ def _null_value() -> UndecodableError:
                             "not an event: inputs are never deleted by key")
 
 
-def _not_an_input(env: Envelope) -> InvalidEventError:
+def _not_an_input(env: Envelope, accepts: tuple[type, ...]) -> InvalidEventError:
     name = type(env.event).__name__
+    if accepts is not INPUT_TYPES and not isinstance(env.event, DecisionBatch):
+        return InvalidEventError(f"{name} is not an input of this shard's log (it holds "
+                                 f"{', '.join(t.__name__ for t in accepts)})")
     return InvalidEventError(f"{name} is a decision, not an input: only the scheduler writes decisions")
 
 
@@ -131,10 +134,13 @@ class EventConsumer:
     """Decodes the records of one log, parking bad ones in ``dead_letters``."""
 
     def __init__(self, store: LogStore, source: str = INPUTS, dead_letters: str = DEAD_LETTERS,
-                 warn: bool = True) -> None:
+                 warn: bool = True, accepts: tuple[type, ...] = INPUT_TYPES) -> None:
         """``warn=False``: no warning line per parked record (``fleetlog demo``, which parks
-        malformed records on purpose and counts them in its summary)."""
+        malformed records on purpose and counts them in its summary).  ``accepts``: the event
+        types this log holds (a cell shard's inputs add ``JobDispatched``, the dispatcher's
+        global partition ``JobReturned`` and ``CellSummary``); any other is dead-lettered."""
         self._store = store
+        self._accepts = accepts
         self._warn = warn
         self._source = source
         self._dead_letters = dead_letters
@@ -188,16 +194,16 @@ class EventConsumer:
             ]
         else:
             keys = list(map(_VALUE, records))
-        found = list(map(self._memo.get, keys))  # repeats: no Python per record
+        found: list[Event | None] = list(map(self._memo.get, keys))  # repeats: no Python per record
         misses = list(compress(count(), map(is_, found, repeat(None)))) if None in found else []
         if not misses:
             return found  # type: ignore[return-value]  # no None left
         wanted = [(records[i].value, records[i].header(CONTENT_TYPE_HEADER)) for i in misses]
         for i, result in zip(misses, decode_many(wanted), strict=True):
-            if not isinstance(result, Envelope) or not isinstance(result.event, INPUT_TYPES):
+            if not isinstance(result, Envelope) or not isinstance(result.event, self._accepts):
                 return None
             found[i] = event = result.event
-            if type(event) is NodeHeartbeat:
+            if isinstance(event, NodeHeartbeat):
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
                 self._memo[keys[i]] = event
@@ -212,8 +218,8 @@ class EventConsumer:
         )
         for record, result in zip(records, decoded, strict=True):
             env = (
-                _not_an_input(result)
-                if isinstance(result, Envelope) and not isinstance(result.event, INPUT_TYPES)
+                _not_an_input(result, self._accepts)
+                if isinstance(result, Envelope) and not isinstance(result.event, self._accepts)
                 else result
             )
             note = record.header(UNREADABLE_HEADER) if record.headers else None

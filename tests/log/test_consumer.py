@@ -116,3 +116,29 @@ async def test_a_poison_record_nested_a_thousand_deep_is_parked_and_the_next_one
     assert b"nested too deeply" in (parked[0].header(ERROR_HEADER) or b"")
     polled = await EventConsumer(store).poll(0, timeout_ms=2000, park=False)
     assert [d.offset for d in polled.events] == [0, 4, 5]
+
+
+async def test_a_shard_log_accepts_its_own_shard_events_and_parks_the_rest(store: LogStore) -> None:
+    """A cell shard's inputs hold ``JobDispatched``; today's inputs log refuses it; a decision
+    batch is refused by both (with the log's own accepted types named)."""
+    from fleetlog.events.model import INPUT_TYPES, JobDispatched
+
+    dispatched = JobDispatched(job=job(), cell="c", attempt=1, seq=1, as_of=0)
+    decision = DecisionBatch(as_of=0, digest="x")
+    await store.log(INPUTS).append([Message(encode(envelope(e, "p"))) for e in (hb(0), dispatched, decision)])
+    for memo in (False, True):
+        cell = EventConsumer(store, accepts=(*INPUT_TYPES, JobDispatched))
+        polled = await (cell.poll_inputs(0, timeout_ms=2000, park=False) if memo
+                        else cell.poll(0, timeout_ms=2000, park=False))
+        events = polled.events if memo else [d.envelope.event for d in polled.events]
+        assert events == [hb(0), dispatched]
+        assert polled.dead_lettered == 1
+    single = await EventConsumer(store).poll(0, timeout_ms=2000)
+    assert [d.envelope.event for d in single.events] == [hb(0)]
+    assert single.dead_lettered == 2
+    cell_polled = await EventConsumer(store, accepts=(*INPUT_TYPES, JobDispatched)).poll(0, timeout_ms=2000)
+    assert cell_polled.dead_lettered == 1
+    parked = await store.log(DEAD_LETTERS).read(0, timeout_ms=2000)
+    errors = [r.header(ERROR_HEADER) or b"" for r in parked]
+    assert b"JobDispatched is a decision, not an input" in errors[0]
+    assert all(b"DecisionBatch is a decision" in e for e in (errors[1], errors[2]))
