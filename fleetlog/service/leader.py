@@ -6,7 +6,10 @@ On Kafka two mechanisms work together:
   ``<prefix>.shard<N>.leader`` subscribed to the one-partition topic ``<prefix>.leader``.
   The group coordinator assigns that partition to exactly one live member: the leader.
   Stand-bys stay members; when the leader dies its session times out
-  (``session_timeout_ms``) and the partition moves to a stand-by.
+  (``session_timeout_ms``) and the partition moves to a stand-by.  The assignment is **sticky**
+  (:func:`sticky_assignor`): a stand-by that joins (a restart, a new replica) never takes the
+  lead from a live leader — with the range assignor the member whose id sorted first would,
+  at every join, for a needless hand-over.
 * **Fencing** — the leader's transactional producer uses the shard's transactional id, so
   when a new leader starts its producer, Kafka aborts the old leader's open transaction
   and refuses the old producer from then on (a paused "zombie" cannot publish).
@@ -25,6 +28,8 @@ import contextlib
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
 
 from fleetlog.log.base import LogError
@@ -38,10 +43,21 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.election = election
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        self.election.set_leader(False)
+        """Every rebalance revokes first (the eager protocol), also the one a joining stand-by
+        causes, after which the sticky assignor gives the lead straight back: the leader goes on
+        until the new assignment says otherwise.  Safe: fencing, not the election, keeps a
+        former leader from publishing once a new one opened its producer."""
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self.election.set_leader(bool(assigned))
+
+
+def sticky_assignor() -> type[StickyPartitionAssignor]:
+    """A sticky assignor of its own for one election: aiokafka's keeps the member's current
+    assignment in class attributes, which two elections of one process would share (each would
+    claim the other's lead when it rejoins)."""
+    return type("ElectionStickyAssignor", (StickyPartitionAssignor,),
+                {"member_assignment": None, "generation": StickyPartitionAssignor.DEFAULT_GENERATION_ID})
 
 
 class KafkaElection:
@@ -79,6 +95,8 @@ class KafkaElection:
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 6),
             max_poll_interval_ms=max(60_000, self.session_timeout_ms * 10),
             auto_offset_reset="latest",
+            # sticky first; range too, so a process of an older version (range only) still joins
+            partition_assignment_strategy=(sticky_assignor(), RangePartitionAssignor),
         )
         try:
             await consumer.start()

@@ -73,6 +73,17 @@ class ServiceProcess:
             time.sleep(0.1)
         raise AssertionError(f"service did not lead in {timeout_s}s:\n{self.tail()}")
 
+    def wait_status(self, status: str, timeout_s: float = 60) -> dict[str, Any]:
+        """Wait until this process's health says ``status`` (``standby``, ``leading``…)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            found = self.health()
+            if found and found["status"] == status:
+                return found
+            time.sleep(0.1)
+        raise AssertionError(f"service was not {status} in {timeout_s}s:\n{self.tail()}")
+
     def _check_alive(self) -> None:
         assert self.proc is not None
         if self.proc.poll() is not None:

@@ -189,13 +189,17 @@ async def test_kill_9_under_load_leaves_no_duplicate_and_no_gap(
 async def test_two_services_on_one_shard_only_one_publishes_and_the_other_takes_over(
     kafka_store: KafkaLogStore, tmp_path: Path
 ) -> None:
+    """The second joins while the first leads (the election is sticky: a joining stand-by never
+    takes the lead, tests/service/test_leader.py); both run under load until the first dies."""
     producer = Producer(kafka_store).start()
     first = start_service(tmp_path, kafka_store, "first")
-    second = start_service(tmp_path, kafka_store, "second")
     try:
         await asyncio.to_thread(first.wait_leading, 90)
+        second = start_service(tmp_path, kafka_store, "second")
+        await asyncio.to_thread(second.wait_status, "standby", 90)
         await asyncio.sleep(2)
         assert (second.health() or {}).get("status") == "standby"
+        assert (first.health() or {}).get("status") == "leading"
         assert not [line for line in second.lines() if line.get("event") == "decision_batch"]
         first.kill9()
         started = time.monotonic()
