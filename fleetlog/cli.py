@@ -153,9 +153,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port,
-                           node_timeout_ms=args.node_timeout_flag_ms)
+                           node_timeout_ms=args.node_timeout_flag_ms, role=args.role)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
+    if config.service.role != "all" or config.cells:
+        raise UsageError(f"role {config.service.role} with {len(config.cells)} cells in [cells]: the cell "
+                         "shards and the dispatcher do not run as a service yet (docs/scale-out.md, "
+                         "\"What later steps build\"); run one shard over the fleet: --role all, no [cells]")
     try:
         run_service(config)
     except BindError as exc:  # leading without HTTP would strand producers: say so and exit
@@ -186,6 +190,9 @@ def _add_service_commands(sub: Any) -> None:
     add_log_options(run)
     run.add_argument("--policy", metavar="NAME", help="a policy spec (default: the config's, or default)")
     run.add_argument("--http-port", type=int, metavar="PORT", help="metrics/health/ingest port (0: any)")
+    run.add_argument("--role", choices=("all", "dispatch", "cell"),
+                     help="all (one shard over the fleet, the default), dispatch or cell: the global "
+                     "dispatcher or the cell shards of the [cells] map (docs/scale-out.md)")
     add_logging_options(run, "json", "info")  # the service's lines are JSON objects for collectors
     add_node_timeout(run, "producers must send heartbeats more often (docs/service.md)")
     run.set_defaults(func=cmd_run)

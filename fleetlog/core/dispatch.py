@@ -18,6 +18,7 @@ a reason.
 from __future__ import annotations
 
 import heapq
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
@@ -28,6 +29,7 @@ from fleetlog.core.state import Quota
 from fleetlog.events.model import (
     GPU_BUCKETS,
     MAX_DISPATCH_ATTEMPTS,
+    PRINTABLE_NAME,
     CellSummary,
     JobCancelled,
     JobDispatched,
@@ -36,6 +38,9 @@ from fleetlog.events.model import (
     QuotaSet,
 )
 
+MAX_NAME: Final = 253
+"""The longest identifier an event holds (``fleetlog.events.model.Name``): a cell of the map too."""
+_IDENTIFIER: Final = re.compile(PRINTABLE_NAME).match
 PENDING: Final = "pending"
 HELD: Final = "held"
 CANCELLED: Final = "cancelled"
@@ -70,6 +75,12 @@ class CellMap:
         cells = [c for c, _ in self.partitions]
         if cells != sorted(set(cells)):
             raise ValueError("the cell map lists each cell once, sorted by cell")
+        for cell, partition in self.partitions:
+            if len(cell) > MAX_NAME or not _IDENTIFIER(cell):
+                raise ValueError(f"cell {cell[:64]!r}: a cell is named like every identifier: 1 to "
+                                 f"{MAX_NAME} printable characters, no spaces (docs/events.md)")
+            if partition < 0:
+                raise ValueError(f"cell {cell!r}: partition {partition} is negative")
 
     def partition_of(self, cell: str) -> int | None:
         return dict(self.partitions).get(cell)

@@ -17,7 +17,7 @@ import re
 import tomllib
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, TypeVar, get_args, get_origin
 
 import msgspec
 
@@ -55,16 +55,22 @@ def _shown(key: str, value: object) -> str:
     return MASK if key in SECRET_KEYS else repr(value)
 
 
-def _line_of(text: str, table: str, key: str) -> int | None:
-    """The line of ``key = ...`` inside ``[table]`` (a hint for error messages)."""
+_HEADER: Final = re.compile(r"\s*\[\s*([\w.-]+|\"[^\"]*\")\s*\]")
+_KEY: Final = re.compile(r"""\s*(?:"([^"]*)"|'([^']*)'|([\w.-]+))\s*=""")
+
+
+def _lines(text: str) -> dict[tuple[str, str], int]:
+    """The line of each ``key = ...`` by (table, key), bare or quoted (hints for error messages),
+    in one pass: a map of 10,000 cells is indexed as fast as a table of ten keys."""
+    found: dict[tuple[str, str], int] = {}
     current = ""
     for number, line in enumerate(text.splitlines(), 1):
-        header = re.match(r"\s*\[\s*([\w.-]+)\s*\]", line)
+        header = _HEADER.match(line)
         if header:
-            current = header.group(1)
-        elif current == table and re.match(rf"\s*{re.escape(key)}\s*=", line):
-            return number
-    return None
+            current = header.group(1).strip('"')
+        elif key := _KEY.match(line):
+            found.setdefault((current, next(g for g in key.groups() if g is not None)), number)
+    return found
 
 
 def _parse(path: Path) -> tuple[str, dict[str, Any]]:
@@ -79,9 +85,20 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
+CELLS: Final = "cells"
+"""The ``[cells]`` table: each cell's partition of the cells topic, ``name = partition``
+(docs/scale-out.md: an explicit map, never a hash).  Every reader reads it: the service for its
+roles, producers to route a cell's events."""
+Partition = Annotated[int, msgspec.Meta(ge=0, le=(1 << 31) - 1)]
+MAPS: Final[Mapping[str, Any]] = {CELLS: Partition}
+"""Tables whose keys are names of the fleet's (any key), each value of one type."""
+
+
 class Schema:
     """The tables a reader knows (``name`` -> its struct), and the ``others``: tables of the same
-    file that another part of fleetlog reads (the backends leave ``[service]`` to the service)."""
+    file that another part of fleetlog reads (the backends leave ``[service]`` to the service).
+    Every reader also reads the :data:`MAPS` (``[cells]``), from the file only: their keys are
+    names no variable could spell (case, dashes)."""
 
     def __init__(self, tables: Mapping[str, type[msgspec.Struct]], others: Collection[str] = ()) -> None:
         self.tables, self.others = dict(tables), frozenset(others)
@@ -132,21 +149,34 @@ class Schema:
         """The file's tables, each key checked against its field's type (others' tables skipped)."""
         text, doc = _parse(path)
         raw: Raw = {}
+        lines = _lines(text)
         for table, values in doc.items():
             if table in self.others:
                 continue
-            if table not in self.tables:
+            if table not in self.tables and table not in MAPS:
                 raise ConfigError(f"{path}: unknown table [{table}]; expected "
-                                  f"{', '.join([*self.tables, *sorted(self.others)])}")
+                                  f"{', '.join([*self.tables, *MAPS, *sorted(self.others)])}")
             if not isinstance(values, dict):
                 raise ConfigError(f"{path}: {table} must be a table ([{table}]), not a value")
             raw[table] = {}
             for key, value in values.items():
-                line = _line_of(text, table, key)
+                line = lines.get((table, key))
                 where = f"{path}, line {line}" if line else str(path)
-                raw[table][key] = self.typed(table, key, value, where, strict=True)
+                raw[table][key] = (self.map_value(table, key, value, where) if table in MAPS
+                                   else self.typed(table, key, value, where, strict=True))
                 origins[f"{table}.{key}"] = where
         return raw
+
+    @staticmethod
+    def map_value(table: str, key: str, value: object, where: str) -> Any:
+        """One entry of a :data:`MAPS` table, of its type, or a :class:`ConfigError` naming ``where``."""
+        if isinstance(value, dict):
+            raise ConfigError(f"{where}: {table}.{key} is a table; [{table}] holds name = value lines")
+        try:
+            return msgspec.convert(value, MAPS[table], strict=True)
+        except msgspec.ValidationError as exc:
+            detail = str(exc).split(" - at ")[0]
+            raise ConfigError(f"{where}: {table}.{key} = {value!r}: {detail}") from None
 
     def apply_env(self, raw: Raw, env: Mapping[str, str], origins: Origins) -> None:
         """Merge ``FLEETLOG_<TABLE>_<KEY>`` variables into ``raw`` (the environment wins)."""
@@ -154,6 +184,9 @@ class Schema:
             if not name.startswith(ENV_PREFIX) or name in NOT_SETTINGS:
                 continue
             rest = name[len(ENV_PREFIX) :].lower()
+            if rest.split("_")[0] in MAPS:
+                raise ConfigError(f"environment variable {name}: the [{rest.split('_')[0]}] table is read "
+                                  "from the config file only (its keys are names a variable cannot spell)")
             table = next((t for t in self.tables if rest.startswith(t + "_")), None)
             if table is None:
                 continue  # not a setting of a table (e.g. FLEETLOG_KAFKA, FLEETLOG_TRACES, others')
@@ -211,11 +244,29 @@ class Schema:
 # -- where the logs are -------------------------------------------------------------------------
 
 
+CellPartitions = tuple[tuple[str, int], ...]
+"""The ``[cells]`` map as (cell, partition) pairs sorted by cell."""
+
+
 class Location(msgspec.Struct, frozen=True):
-    """Where the logs are (a :class:`~fleetlog.log.location.Located`), and nothing else."""
+    """Where the logs are (a :class:`~fleetlog.log.location.Located`), and each cell's partition."""
 
     log: LogConfig = LogConfig()
     kafka: KafkaConfig | None = None
+    cells: CellPartitions = ()
+
+
+def cells_of(raw: Raw, kafka: KafkaConfig | None) -> CellPartitions:
+    """The ``[cells]`` map of ``raw``, checked against the cells topics' partitions on Kafka
+    (``kafka.shards``: a partition past them would be a topic the cells cannot have)."""
+    cells = tuple(sorted(raw.get(CELLS, {}).items()))
+    for cell, partition in cells:
+        if kafka is not None and partition >= kafka.shards:
+            raise ConfigError(f"cells.{cell} = {partition}: the cells topics have kafka.shards = "
+                              f"{kafka.shards} partitions (0..{kafka.shards - 1}); raise kafka.shards "
+                              "(adding partitions moves no cell) or map the cell to one of them",
+                              f"{CELLS}.{cell}")
+    return cells
 
 
 def located(raw: Raw) -> tuple[LogConfig, KafkaConfig | None]:
@@ -229,7 +280,7 @@ def located(raw: Raw) -> tuple[LogConfig, KafkaConfig | None]:
 
 def _location(raw: Raw) -> Location:
     log, kafka = located(raw)
-    return Location(log=log, kafka=kafka)
+    return Location(log=log, kafka=kafka, cells=cells_of(raw, kafka))
 
 
 def load_location(

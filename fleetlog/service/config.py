@@ -22,23 +22,38 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
 
+from fleetlog.core.dispatch import CellMap
 from fleetlog.core.policy import UnknownPolicyError, policy_named
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.log.location import MASK, SECRET_KEYS, ConfigError, LogConfig
-from fleetlog.log.settings import Raw, Schema, located
+from fleetlog.log.settings import CellPartitions, Raw, Schema, cells_of, located
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
 
 
+Role = Literal["all", "dispatch", "cell"]
+ROLES: Final = ("all", "dispatch", "cell")
+
+
 class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The ``[service]`` table: how the scheduler runs."""
 
+    role: Role = "all"
+    """``all``: one shard folds the whole fleet (the default); ``dispatch``: the global
+    dispatcher; ``cell``: the cell shards of the ``[cells]`` map (docs/scale-out.md)."""
+    cell_hold_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 30_000
+    """A cell shard hands a dispatched job it could not place back after this much log time
+    (``CoreConfig.hold_ms``; replay must be given the same value)."""
+    summary_every_ms: Positive = 5_000
+    """A cell shard writes its summary at least this often (log time)."""
+    summary_material_milli: Annotated[int, Meta(ge=1, le=1000)] = 125
+    """...and when a free row's slots move by this share (milli) of the larger count."""
     policy: str = "default"
     """A policy spec, as :func:`fleetlog.core.policy.policy_named` reads it."""
     group: str = "fleetlog-scheduler"
@@ -84,6 +99,12 @@ class Config(msgspec.Struct, frozen=True):
     log: LogConfig = LogConfig()
     kafka: KafkaConfig | None = None
     service: ServiceSettings = ServiceSettings()
+    cells: CellPartitions = ()
+    """The ``[cells]`` map: each cell's partition of the cells topic, sorted by cell."""
+
+    @property
+    def cell_map(self) -> CellMap:
+        return CellMap(self.cells)
 
     def redacted(self) -> dict[str, Any]:
         """Plain data for logs and ``--json`` output, with every secret replaced by ``***``."""
@@ -105,11 +126,24 @@ def _check_policy(spec: str) -> None:
         raise ConfigError(f"service.policy = {spec!r}: {exc}", "service.policy") from None
 
 
+def _check_cells(service: ServiceSettings, cells: CellPartitions) -> None:
+    for cell in cells:
+        try:
+            CellMap((cell,))
+        except ValueError as exc:
+            raise ConfigError(f"[cells]: {exc}", f"cells.{cell[0]}") from None
+    if service.role != "all" and not cells:
+        raise ConfigError(f"service.role = {service.role!r} needs the [cells] table (each cell's "
+                          "partition, e.g. a100-east = 0): there is no cell to shard by", "service.role")
+
+
 def _build(raw: Raw) -> Config:
     service = msgspec.convert(raw.get("service", {}), ServiceSettings)
     _check_policy(service.policy)
     log, kafka = located(raw)
-    return Config(log=log, kafka=kafka, service=service)
+    cells = cells_of(raw, kafka)
+    _check_cells(service, cells)
+    return Config(log=log, kafka=kafka, service=service, cells=cells)
 
 
 def load_config(
