@@ -98,11 +98,20 @@ class KafkaElection:
             # sticky first; range too, so a process of an older version (range only) still joins
             partition_assignment_strategy=(sticky_assignor(), RangePartitionAssignor),
         )
+        topic = self.config.topic(LEADER_TOPIC)
         try:
             await consumer.start()
+            # The sticky assignor assigns nothing of a topic the group leader has no metadata
+            # for yet (a topic just created), and no rebalance follows when it appears: the lead
+            # would stay unassigned.  Subscribe once this consumer's metadata has the topic.
+            for _ in range(100):
+                if topic in await consumer.topics():
+                    break
+                await asyncio.sleep(0.1)
         except KafkaError as exc:
+            await consumer.stop()
             raise LogError(f"join the leader group {self.group}: {exc!r}") from exc
-        consumer.subscribe([self.config.topic(LEADER_TOPIC)], listener=_Listener(self))
+        consumer.subscribe([topic], listener=_Listener(self))
         self._consumer = consumer
         self._task = asyncio.create_task(self._poll(consumer), name="fleetlog-leader-poll")
 
