@@ -1,0 +1,212 @@
+"""The global dispatcher's service loop (issue 17, docs/scale-out.md "The dispatcher's loop").
+
+One shard over the global partition: each :meth:`DispatcherLoop.step` folds what arrived
+(submissions, cancellations, quotas, the cell shards' summaries and returns), calls
+:func:`fleetlog.core.dispatch.dispatch`, and writes in **one** ``append_transactional_many``:
+each ``JobDispatched`` and each forwarded ``JobCancelled`` into its cell's partition inputs, the
+step's record into the global partition's decisions log, and the consumed global offset.  A
+crash leaves all of a step or none of it; :meth:`DispatcherLoop.recover` recomputes every
+recorded step at its ``as_of`` (checking each against its record), so the state is the one an
+uncrashed dispatcher had at its last commit: nothing is dispatched twice, nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from fleetlog.core.dispatch import CellMap, DispatchState, Step, dispatch
+from fleetlog.core.dispatch_log import GLOBAL_INPUTS, encode_record, is_empty, record_of, state_digest
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, BadEventError, encode, envelope
+from fleetlog.events.model import Event
+from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message, Record, Shard, Target
+from fleetlog.log.consumer import REASON_HEADER, EventConsumer, dead_letter
+from fleetlog.log.kafka import FencedError
+from fleetlog.replay.dispatcher import DispatchDivergenceError, DispatchReplay, fold_delivered
+from fleetlog.service.loop import check_ahead
+
+DEFAULT_GROUP: Final = "fleetlog-dispatcher"
+STEP_HEADER: Final = "fleetlog-record"
+STEP_HEADER_VALUE: Final = b"dispatch-step"
+LOG: Final = logging.getLogger("fleetlog.dispatcher")
+
+
+class DispatcherConfig(msgspec.Struct, frozen=True):
+    group: str = DEFAULT_GROUP
+    """The consumer group whose committed offset says where the global partition was consumed."""
+    producer_id: str = "fleetlog-dispatcher"
+    max_batch: int = 10_000
+    """The most global records folded before one dispatch."""
+    commit_every: int = 1
+    """Commit the offset of a step that decided nothing only once this many inputs are
+    uncommitted (1: every step): recovery folds them again, nothing was written."""
+
+
+class DispatchStepResult(msgspec.Struct, frozen=True):
+    inputs: int
+    """Records read (good, bad and refused)."""
+    dead_lettered: int
+    """Records parked: undecodable, not a global-partition kind, or refused by the fold."""
+    dispatched: int
+    cancels: int
+    as_of: int
+    published: bool = False
+
+
+class Refused(BadEventError):
+    """A global event the dispatcher's fold refused (``code: message`` from ``dispatch.fold``)."""
+
+    def __init__(self, why: str) -> None:
+        code, _, message = why.partition(": ")
+        super().__init__(message or why)
+        self.reason = code
+
+
+class DispatcherLoop:
+    """Owns the dispatcher's state over the global partition's store (``Shard.GLOBAL``).
+
+    ``cells`` is the configuration's cell -> partition map.  On the file log the cells' stores
+    are ``store.for_shard(Shard.cell(p))`` of the same process (open them before
+    :meth:`recover`); on Kafka the transaction writes the cells' topic-partitions itself."""
+
+    def __init__(self, store: LogStore, cells: CellMap, config: DispatcherConfig | None = None) -> None:
+        if store.shard != Shard.GLOBAL:
+            raise ValueError(f"the dispatcher runs over the global partition's store, not {store.shard}")
+        self.store, self.cells = store, cells
+        self.config = config or DispatcherConfig()
+        self.replay = DispatchReplay(store, cells)
+        self.consumer = EventConsumer(store, accepts=GLOBAL_INPUTS)
+        self.committed = 0
+        """The global inputs offset last committed."""
+        self.fenced = False
+        """Another owner took the global shard: this loop must stop."""
+        self._broken = False
+
+    @property
+    def state(self) -> DispatchState:
+        return self.replay.state
+
+    @property
+    def offset(self) -> int:
+        """The next global inputs offset to read."""
+        return self.replay.state.offset
+
+    async def recover(self) -> None:
+        """Finish a crashed cross-partition append (the file log's outbox), then rebuild the state:
+        every recorded step computed again at its ``as_of`` and compared with its record (a
+        mismatch raises :class:`DispatchDivergenceError` naming the step), then the inputs up to
+        the committed offset folded."""
+        await self.store.recover()
+        self.replay = DispatchReplay(self.store, self.cells)
+        inputs_end = await self.store.log(INPUTS).end_offset()
+        async for offset, recorded in self.replay.steps():
+            what = await self.replay.redo(recorded)
+            if what:
+                raise DispatchDivergenceError(f"decisions@{offset} (global as_of {recorded.as_of}): {what}")
+        committed = await self.store.committed_offset(self.config.group) or 0
+        check_ahead(f"group {self.config.group!r} committed global inputs", committed, INPUTS, inputs_end)
+        await self.replay.fold_until(committed)
+        self.committed = max(committed, self.offset)
+        self._broken = False
+
+    async def step(self, timeout_ms: int = 0) -> DispatchStepResult:
+        """Fold what arrived (waiting up to ``timeout_ms`` for the first record), dispatch, publish.
+
+        An error after the fold leaves the state ahead of the logs: the next step recovers first.
+        :class:`FencedError` (another owner took the shard) sets :attr:`fenced` and propagates."""
+        if self.fenced:
+            raise FencedError("the dispatcher was fenced: another owner holds the global partition")
+        if self._broken:
+            await self.recover()
+        records = await self._read(timeout_ms)
+        if not records:
+            return DispatchStepResult(0, 0, 0, 0, self.offset)
+        try:
+            return await self._fold_and_publish(records)
+        except FencedError:
+            self.fenced = True
+            raise
+        except BaseException:
+            self._broken = True
+            raise
+
+    async def _read(self, timeout_ms: int) -> list[Record]:
+        """Up to ``max_batch`` records: everything there is when the first read returns."""
+        log, limit = self.store.log(INPUTS), self.config.max_batch
+        records = await log.read(self.offset, limit, 0)
+        if not records and timeout_ms > 0:
+            records = await log.read(self.offset, limit, timeout_ms)
+        if records:
+            end = await log.end_offset()
+            while len(records) < limit and records[-1].offset + 1 < end:
+                more = await log.read(records[-1].offset + 1, limit - len(records), 0)
+                if not more:
+                    break
+                records.extend(more)
+        return records
+
+    async def _fold_and_publish(self, records: list[Record]) -> DispatchStepResult:
+        good, bad = self.consumer.split(records)
+        by_offset = {r.offset: r for r in records}
+        refusals = fold_delivered(self.state, good, records[-1].offset + 1)
+        parked = bad + [dead_letter(by_offset[o], INPUTS, Refused(why)) for o, why in refusals]
+        if parked:
+            await self.store.log(DEAD_LETTERS).append(parked)
+            _warn(parked)
+        step = dispatch(self.state)
+        if is_empty(step):
+            if parked or self.offset - self.committed >= self.config.commit_every:
+                await self.commit()
+            return DispatchStepResult(len(records), len(parked), 0, 0, self.offset)
+        await self._publish(step)
+        return DispatchStepResult(len(records), len(parked), len(step.dispatched), len(step.cancels),
+                                  self.offset, True)
+
+    async def _publish(self, step: Step) -> None:
+        """One transaction: the cells' dispatches and cancellations, the step record, the offset."""
+        appends: dict[Target, list[Message]] = {}
+        for cell, cancel in step.cancels:
+            key = f"cancel/{cancel.job_id}"
+            appends.setdefault(self._target(cell), []).append(self._message(cancel, key))
+        for sent in step.dispatched:
+            key = f"dispatch/{sent.job.job_id}/{sent.attempt}"
+            appends.setdefault(self._target(sent.cell), []).append(self._message(sent, key))
+        record = record_of(step, self.offset, state_digest(self.state))
+        headers = ((STEP_HEADER, STEP_HEADER_VALUE),)
+        appends[(Shard.GLOBAL, DECISIONS)] = [Message(v, headers=headers) for v in encode_record(record)]
+        await self.store.append_transactional_many(appends, group=self.config.group, consumed=self.offset)
+        self.committed = self.offset
+
+    def _target(self, cell: str) -> Target:
+        partition = self.cells.partition_of(cell)
+        if partition is None:  # dispatch() chooses among the map's cells only
+            raise ValueError(f"cell {cell!r} is not in the cell map")
+        return (Shard.cell(partition), INPUTS)
+
+    def _message(self, event: Event, key: str) -> Message:
+        value = encode(envelope(event, self.config.producer_id, key))
+        return Message(value, key=key.encode(), headers=((CONTENT_TYPE_HEADER, MSGPACK),))
+
+    async def commit(self) -> None:
+        """Commit the global inputs folded so far (nothing decided): where a restart resumes."""
+        if self.committed == self.offset:
+            return
+        await self.store.append_transactional(DECISIONS, [], group=self.config.group, consumed=self.offset)
+        self.committed = self.offset
+
+    async def run(self, stop: asyncio.Event, timeout_ms: int = 100) -> None:
+        """Step until ``stop`` is set, then commit.  Returns early, raising :class:`FencedError`,
+        when another owner took the global shard (embedded mode runs this as a task)."""
+        while not stop.is_set():
+            await self.step(timeout_ms)
+        await self.commit()
+
+
+def _warn(parked: Sequence[Message]) -> None:
+    for message in parked:
+        reason = dict(message.headers).get(REASON_HEADER, b"").decode()
+        LOG.warning("dead-lettered a global-partition record (%s)", reason)
