@@ -13,6 +13,7 @@ uncrashed dispatcher had at its last commit: nothing is dispatched twice, nothin
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Sequence
 from typing import Final
@@ -32,6 +33,7 @@ from fleetlog.service.loop import check_ahead
 DEFAULT_GROUP: Final = "fleetlog-dispatcher"
 STEP_HEADER: Final = "fleetlog-record"
 STEP_HEADER_VALUE: Final = b"dispatch-step"
+MAX_KEY: Final = 253
 LOG: Final = logging.getLogger("fleetlog.dispatcher")
 
 
@@ -170,10 +172,10 @@ class DispatcherLoop:
         """One transaction: the cells' dispatches and cancellations, the step record, the offset."""
         appends: dict[Target, list[Message]] = {}
         for cell, cancel in step.cancels:
-            key = f"cancel/{cancel.job_id}"
+            key = record_key("cancel", cancel.job_id)
             appends.setdefault(self._target(cell), []).append(self._message(cancel, key))
         for sent in step.dispatched:
-            key = f"dispatch/{sent.job.job_id}/{sent.attempt}"
+            key = record_key("dispatch", sent.job.job_id, sent.attempt)
             appends.setdefault(self._target(sent.cell), []).append(self._message(sent, key))
         record = record_of(step, self.offset, state_digest(self.state))
         headers = ((STEP_HEADER, STEP_HEADER_VALUE),)
@@ -204,6 +206,16 @@ class DispatcherLoop:
         while not stop.is_set():
             await self.step(timeout_ms)
         await self.commit()
+
+
+def record_key(kind: str, job_id: str, attempt: int = 0) -> str:
+    """``kind/JOB[/ATTEMPT]``: an envelope key holds at most 253 characters, a job id as many, so
+    a key that would be longer names the job by a digest of its id instead."""
+    key = f"{kind}/{job_id}" + (f"/{attempt}" if attempt else "")
+    if len(key) <= MAX_KEY:
+        return key
+    named = hashlib.blake2b(job_id.encode(), digest_size=16).hexdigest()
+    return f"{kind}/#{named}" + (f"/{attempt}" if attempt else "")
 
 
 def _warn(parked: Sequence[Message]) -> None:
