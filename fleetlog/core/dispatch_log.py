@@ -162,3 +162,33 @@ def state_digest(state: DispatchState) -> str:
         summaries, sorted(state.dispatch_seq.items()), [(cell, c.job_id) for cell, c in state.cancels],
     )
     return hashlib.blake2b(_ENCODER.encode(doc), digest_size=16).hexdigest()
+
+
+class DispatchSnapshotError(ValueError):
+    """Bytes that do not restore to the dispatcher state they claim (damaged, or another build's)."""
+
+
+class _Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    digest: str
+    state: DispatchState
+
+
+_SNAPSHOT_DECODER: Final = msgspec.msgpack.Decoder(_Snapshot)
+
+
+def snapshot_state(state: DispatchState) -> bytes:
+    """The whole state as bytes, with its digest (checked again by :func:`restore_state`)."""
+    return _ENCODER.encode(_Snapshot(state_digest(state), state))
+
+
+def restore_state(data: bytes) -> DispatchState:
+    """The state :func:`snapshot_state` wrote; :class:`DispatchSnapshotError` when the bytes do
+    not decode or the state restored does not have the digest it was saved with."""
+    try:
+        snap = _SNAPSHOT_DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError, ValueError, TypeError) as exc:
+        raise DispatchSnapshotError(f"not a dispatcher snapshot: {exc}") from None
+    found = state_digest(snap.state)
+    if found != snap.digest:
+        raise DispatchSnapshotError(f"the restored state's digest is {found}, not the {snap.digest} saved")
+    return snap.state

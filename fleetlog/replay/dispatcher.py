@@ -93,6 +93,8 @@ class DispatchReplay:
     def __init__(self, store: LogStore, cells: CellMap, state: DispatchState | None = None) -> None:
         self.store = store
         self.state = state or DispatchState(cells)
+        self.decisions_next = 0
+        """The decisions offset after the last step record read."""
         self.consumer = EventConsumer(store, accepts=GLOBAL_INPUTS, warn=False)
 
     async def fold_until(self, as_of: int) -> None:
@@ -107,7 +109,8 @@ class DispatchReplay:
             fold_delivered(self.state, polled.events, polled.next_offset)
 
     async def steps(self, start: int = 0) -> AsyncIterator[tuple[int, StepRecord]]:
-        """Each recorded step (parts joined) with the offset of its first record."""
+        """Each recorded step (parts joined) from decisions offset ``start``, with the offset of
+        its first record."""
         log = self.store.log(DECISIONS)
         end, at = await log.end_offset(), start
         parts: list[StepRecord] = []
@@ -127,6 +130,7 @@ class DispatchReplay:
                     first = record.offset
                 parts.append(part)
                 if part.part == part.parts - 1:
+                    self.decisions_next = record.offset + 1
                     yield first, _joined(first, parts)
                     parts = []
             at = records[-1].offset + 1

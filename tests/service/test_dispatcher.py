@@ -26,6 +26,8 @@ from fleetlog.events import (
     JobDispatched,
     JobReturned,
     JobSubmitted,
+    QuotaSet,
+    Resources,
     TaskGroup,
     decode,
     encode,
@@ -37,6 +39,7 @@ from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import REASON_HEADER, SOURCE_HEADER
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import FencedError
+from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
 from fleetlog.replay.dispatcher import DispatchDivergenceError, verify_dispatcher
 from fleetlog.service import dispatcher as service_dispatcher
 from fleetlog.service.dispatcher import DispatcherConfig, DispatcherLoop
@@ -105,6 +108,8 @@ class Fleet:
                 e = decode(value).event
                 if isinstance(e, JobDispatched):
                     out.append((p, "JobDispatched", e.job.job_id, e.cell, e.attempt, e.seq, e.as_of))
+                elif isinstance(e, QuotaSet):
+                    out.append((p, "QuotaSet", e.tenant, e.cell, 0, 0, 0))
                 else:
                     assert isinstance(e, JobCancelled)
                     out.append((p, "JobCancelled", e.job_id, "", 0, 0, 0))
@@ -500,9 +505,10 @@ def digest_of_rounds() -> str:
     return ",".join(digests)
 
 
-async def test_a_run_stops_when_asked_and_commits(tmp_path: Path) -> None:
+async def test_a_run_stops_when_asked_commits_and_snapshots(tmp_path: Path) -> None:
+    snaps = DirectorySnapshots(tmp_path / "snapshots")
     async with Fleet(file_maker(tmp_path / "log")()) as fleet:
-        loop = DispatcherLoop(fleet.glob, MAP, DispatcherConfig(commit_every=1000))
+        loop = DispatcherLoop(fleet.glob, MAP, DispatcherConfig(commit_every=1000), snaps)
         await loop.recover()
         stop = asyncio.Event()
         task = asyncio.create_task(loop.run(stop, timeout_ms=20))
@@ -514,6 +520,8 @@ async def test_a_run_stops_when_asked_and_commits(tmp_path: Path) -> None:
         stop.set()
         await task
         assert await fleet.glob.committed_offset(loop.config.group) == 1
+        (newest, _), = await snaps.candidates()
+        assert newest.endswith(f"snapshot-{1:020d}.bin")
 
 
 
@@ -549,3 +557,78 @@ async def test_a_zombie_dispatcher_is_fenced_and_stops(kafka_bootstrap: str) -> 
     # aiokafka leaves the fenced batches' futures unretrieved: their "never retrieved" report at
     # collection must come now, not inside a later import (CPython 3.11's ast.parse then fails)
     gc.collect()
+
+
+# --- cell quotas ---------------------------------------------------------------------------------------
+
+
+def cell_quota(cell: str, tenant: str = "t") -> QuotaSet:
+    return QuotaSet(tenant=tenant, cell=cell, nominal=Resources(cpu_milli=1000, mem_mib=1024, gpu_milli=8000))
+
+
+async def test_a_cell_quota_goes_to_its_cells_partition_an_unknown_cells_is_parked(tmp_path: Path) -> None:
+    async with Fleet(file_maker(tmp_path / "log")()) as fleet:
+        loop = DispatcherLoop(fleet.glob, MAP)
+        await loop.recover()
+        fleet_wide = QuotaSet(tenant="t", nominal=Resources(cpu_milli=1, mem_mib=1, gpu_milli=1))
+        quotas = (cell_quota("c002"), cell_quota("nowhere"), fleet_wide)
+        await fleet.glob.log(INPUTS).append([msg(e) for e in quotas])
+        result = await loop.step()
+        assert (result.quotas, result.dead_lettered, result.published) == (1, 1, True)
+        assert [e[:4] for e in await fleet.cell_events()] == [(1, "QuotaSet", "t", "c002")]
+        (parked,) = await fleet.glob.log(DEAD_LETTERS).read(0, 10)
+        assert parked.header(REASON_HEADER) == b"unknown_cell"
+        assert await _read_all(fleet.glob, DECISIONS) == []  # dispatch() decided nothing: no step record
+        assert await fleet.glob.committed_offset(loop.config.group) == 3
+        again = DispatcherLoop(fleet.glob, MAP)
+        await again.recover()
+        assert dispatch_log.state_digest(again.state) == dispatch_log.state_digest(loop.state)
+
+
+# --- snapshots -----------------------------------------------------------------------------------------
+
+
+async def test_recovery_from_a_snapshot_is_the_full_replays_and_a_bad_one_is_skipped(tmp_path: Path) -> None:
+    snaps = DirectorySnapshots(tmp_path / "snapshots")
+    async with Fleet(file_maker(tmp_path / "log")()) as fleet:
+        loop = DispatcherLoop(fleet.glob, MAP, snapshots=snaps)
+        await loop.recover()
+        await drive_more(fleet, loop, ROUNDS[:2])
+        good = await loop.snapshot()
+        await drive_more(fleet, loop, ROUNDS[2:])
+        want = (dispatch_log.state_digest(loop.state), loop.offset, loop.decisions_next)
+        full = DispatcherLoop(fleet.glob, MAP)
+        await full.recover()
+        assert full.restored_from is None
+        assert (dispatch_log.state_digest(full.state), full.offset, full.decisions_next) == want
+        fast = DispatcherLoop(fleet.glob, MAP, snapshots=snaps)
+        await fast.recover()
+        assert fast.restored_from == good
+        assert (dispatch_log.state_digest(fast.state), fast.offset, fast.decisions_next) == want
+        # a newer snapshot whose state does not line up with the log (summaries lost): the tail's
+        # first step diverges from it, so recovery goes back to the good one
+        wrong = dispatch_log.restore_state(dispatch_log.snapshot_state(full.state))
+        wrong.summaries.clear()
+        wrong.offset = 10
+        header = SnapshotHeader(inputs_offset=10, decisions_offset=2, policy="dispatch", taken_ms=0)
+        await snaps.save(encode_snapshot(Snapshot(header, dispatch_log.snapshot_state(wrong))))
+        (tmp_path / "snapshots" / f"snapshot-{99:020d}.bin").write_bytes(b"FLSNAP1\n torn")
+        again = DispatcherLoop(fleet.glob, MAP, snapshots=snaps)
+        await again.recover()
+        assert again.restored_from == good
+        assert dispatch_log.state_digest(again.state) == want[0]
+
+
+def test_a_damaged_snapshot_state_is_refused() -> None:
+    from fleetlog.core.dispatch import DispatchState, fold
+
+    state = DispatchState(MAP)
+    for event in ROUNDS[0]:
+        fold(state, event, 5)
+    data = dispatch_log.snapshot_state(state)
+    assert dispatch_log.restore_state(data) == state
+    with pytest.raises(dispatch_log.DispatchSnapshotError, match="not a dispatcher snapshot"):
+        dispatch_log.restore_state(data[:-5])
+    forged = data.replace(b"gang", b"gane")
+    with pytest.raises(dispatch_log.DispatchSnapshotError, match="digest"):
+        dispatch_log.restore_state(forged)
