@@ -316,14 +316,13 @@ CRASHES = [
 async def test_a_crash_anywhere_writes_what_an_uncrashed_run_writes(
     kind: str, kill_at: str, when: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    reference = file_maker(tmp_path / "reference")  # offsets and decisions do not depend on the log
     if kind == "file":
-        reference, crashed = file_maker(tmp_path / "reference"), file_maker(tmp_path / "crashed")
-        where = str(tmp_path / "crashed")
+        crashed, where = file_maker(tmp_path / "crashed"), str(tmp_path / "crashed")
     else:
         bootstrap: str = request.getfixturevalue("kafka_bootstrap")
         run = uuid.uuid4().hex[:8]
-        reference, crashed = _kafka_maker(bootstrap, f"ref-{run}"), _kafka_maker(bootstrap, f"crash-{run}")
-        where = f"{bootstrap}|crash-{run}"
+        crashed, where = _kafka_maker(bootstrap, f"crash-{run}"), f"{bootstrap}|crash-{run}"
     async with Fleet(reference()) as fleet:
         await drive(fleet, ROUNDS)
         want_events, want_records = await fleet.cell_events(), await fleet.records()
