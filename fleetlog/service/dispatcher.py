@@ -124,7 +124,9 @@ class DispatcherLoop:
         self.decisions_next = 0
         """The global decisions offset after the last step record."""
         self._unsnapshotted = 0
-        self._broken = False
+        self._broken = True
+        """The state is not the logs' (not recovered yet, or a step failed after its fold): the
+        next step recovers first."""
 
     @property
     def state(self) -> DispatchState:

@@ -631,3 +631,11 @@ def test_a_damaged_snapshot_state_is_refused() -> None:
     forged = data.replace(b"gang", b"gane")
     with pytest.raises(dispatch_log.DispatchSnapshotError, match="digest"):
         dispatch_log.restore_state(forged)
+
+
+async def test_a_loop_that_was_not_recovered_recovers_before_its_first_step(tmp_path: Path) -> None:
+    async with Fleet(file_maker(tmp_path / "log")()) as fleet:
+        await drive(fleet, ROUNDS[:2])
+        loop = DispatcherLoop(fleet.glob, MAP)  # no recover(): a restart must not dispatch again
+        await drive_more(fleet, loop, ROUNDS[2:])
+        assert [e[:5] for e in await fleet.cell_events()] == EXPECTED
