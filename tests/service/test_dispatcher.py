@@ -51,6 +51,10 @@ MAP = CellMap((("c000", 0), ("c001", 1), ("c002", 1)))
 """Two cells share partition 1: a dispatch goes by the map, not by the cell's name."""
 PARTITIONS = 2
 MakeStore = Callable[[Shard], LogStore]
+Records = tuple[
+    int, tuple[dispatch_log.Sent, ...], tuple[dispatch_log.Forwarded, ...], tuple[dispatch_log.Waiting, ...]
+]
+"""A step record as the tests compare it: (as_of, dispatched, cancels, waiting); log times differ."""
 MonkeyPatch = pytest.MonkeyPatch
 Makers = tuple[str, Callable[[str], Callable[[], MakeStore]]]
 
@@ -115,7 +119,7 @@ class Fleet:
                     out.append((p, "JobCancelled", e.job_id, "", 0, 0, 0))
         return out
 
-    async def records(self) -> list[tuple[int, tuple[object, ...], tuple[object, ...], tuple[object, ...]]]:
+    async def records(self) -> list[Records]:
         """The step records (digest aside: log times differ between runs)."""
         out = []
         for value in await _read_all(self.glob, DECISIONS):
@@ -252,7 +256,7 @@ async def child(kind: str, where: str, kill_at: str, when: str) -> None:
         return call
 
     if kind == "file":
-        FileLogStore._commit_frame = counted(FileLogStore._commit_frame)  # type: ignore[method-assign]
+        FileLogStore._commit_frame = counted(FileLogStore._commit_frame)  # type: ignore[method-assign,assignment]
         make = file_maker(Path(where))()
     else:
         from aiokafka import AIOKafkaProducer
@@ -267,7 +271,7 @@ async def child(kind: str, where: str, kill_at: str, when: str) -> None:
             if calls[0] == int(kill_at):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        AIOKafkaProducer.commit_transaction = commit  # type: ignore[method-assign]
+        AIOKafkaProducer.commit_transaction = commit
         bootstrap, prefix = where.split("|")
         make = _kafka_maker(bootstrap, prefix)()
     async with Fleet(make) as fleet:
@@ -280,6 +284,20 @@ def _run_child(*args: str) -> int:
                           timeout=120, check=False, cwd=ROOT)
     assert done.returncode in (0, -signal.SIGKILL), done.stderr.decode()[-3000:]
     return done.returncode
+
+
+async def all_or_nothing(fleet: Fleet, want_events: list[tuple[int, str, str, str, int, int, int]],
+                         want_records: list[Records]) -> None:
+    """What a reader sees right after the crash: whole steps of the uncrashed run, no part of one
+    (the cells hold exactly what the visible step records sent, in the reference's order)."""
+    records = await fleet.records()
+    assert records == want_records[: len(records)]
+    sent = {(s.job_id, s.cell, s.attempt) for r in records for s in r[1]}
+    events = await fleet.cell_events()
+    assert {(e[2], e[3], e[4]) for e in events if e[1] == "JobDispatched"} == sent
+    for p in range(PARTITIONS):
+        mine = [e for e in events if e[0] == p]
+        assert mine == [e for e in want_events if e[0] == p][: len(mine)]
 
 
 async def finish(fleet: Fleet) -> DispatcherLoop:
@@ -328,6 +346,8 @@ async def test_a_crash_anywhere_writes_what_an_uncrashed_run_writes(
         want_events, want_records = await fleet.cell_events(), await fleet.records()
     assert _run_child(kind, where, kill_at, when) == -signal.SIGKILL
     async with Fleet(crashed()) as fleet:
+        await fleet.glob.recover()  # the file log's outbox; Kafka: nothing to finish
+        await all_or_nothing(fleet, want_events, want_records)
         loop = await finish(fleet)
         got_events = await fleet.cell_events()
         assert got_events == want_events  # no JobDispatched twice (same job and attempt), none missing
@@ -362,7 +382,7 @@ async def test_an_aborted_step_recovers_before_the_next(tmp_path: Path, monkeypa
 
 @pytest.mark.parametrize("tamper", ["dispatched", "digest"])
 async def test_verify_names_a_tampered_step(tamper: str, tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
-    real, calls = service_dispatcher.record_of, [0]
+    real, calls = dispatch_log.record_of, [0]
 
     def tampered(*args: object) -> dispatch_log.StepRecord:
         record = real(*args)  # type: ignore[arg-type]
