@@ -9,7 +9,10 @@ calls after each step:
 
 - :func:`returns`: the ``JobReturned`` events folded since the last step, to write;
 - :func:`cell_summary`: the ``CellSummary`` of one of its cells now;
-- :func:`summary_due`: whether that summary is worth writing (:class:`SummaryRule`).
+- :func:`summary_due`: whether that summary is worth writing (:class:`SummaryRule`);
+- :func:`due_summaries`: the summaries of a step, by that rule, with the seq rule
+  (``seq`` = ``as_of``: a function of the cell partition's log, so recovery and replay
+  make the same ones).
 """
 
 from __future__ import annotations
@@ -66,6 +69,27 @@ def summary_due(last: CellSummary | None, fresh: CellSummary, rule: SummaryRule)
     if old.keys() != new.keys():
         return True
     return any(abs(new[k] - old[k]) * 1000 >= rule.material_milli * max(new[k], old[k]) for k in sorted(new))
+
+
+def due_summaries(state: State, partition: int, rule: SummaryRule) -> list[CellSummary]:
+    """The summaries to write after a step, one per held cell (``CoreConfig.cells``, in order)
+    whose summary is due against the last one written; each is kept as the cell's last
+    (``State.summaries``). ``seq`` is ``as_of``, the inputs folded so far: every step that
+    writes one folded at least one more input, so it is strictly increasing per cell, across
+    restarts and takeovers too, and a function of the log alone. Nothing before the first
+    input (``seq`` starts at 1)."""
+    if state.offset < 1:
+        return []
+    out = []
+    for cell in state.config.cells:
+        last = state.summaries.get(cell)
+        if last is not None and last.seq >= state.offset:
+            continue  # (this step's already: called twice at one offset)
+        fresh = cell_summary(state, cell, partition, state.offset)
+        if summary_due(last, fresh, rule):
+            state.summaries[cell] = fresh
+            out.append(fresh)
+    return out
 
 
 def cell_summary(state: State, cell: str, partition: int, seq: int) -> CellSummary:

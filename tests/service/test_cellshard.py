@@ -1,0 +1,382 @@
+"""The cell shard's service loop (fleetlog/service/cellshard.py; docs/scale-out.md, "The cell
+shard's loop") over the real file log and a real Kafka broker: places what is dispatched to its
+cells, hands back at the bound and summarises into the global partition in the step's own
+transaction, parks other partitions' events, and recovers (restart, crash, snapshot) without a
+summary or a return duplicated or lost — the same outputs as a run that never stopped, and the
+same as the cell partition's log alone gives again."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from fleetlog.core.cellshard import SummaryRule
+from fleetlog.core.digest import digest, restore, snapshot
+from fleetlog.core.dispatch import CellMap
+from fleetlog.core.policy import Policy
+from fleetlog.core.state import CoreConfig
+from fleetlog.events import (
+    CellSummary,
+    JobDispatched,
+    JobPlaced,
+    JobReturned,
+    NodeRemoved,
+    TaskFinished,
+    encode,
+    envelope,
+)
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
+from fleetlog.events.model import INPUT_TYPES, DecisionBatch, Event
+from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message, Shard
+from fleetlog.log.consumer import ERROR_HEADER, REASON_HEADER, EventConsumer, decision_batches
+from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig
+from fleetlog.log.location import LogConfig
+from fleetlog.log.snapshots import Snapshot, SnapshotHeader, encode_snapshot
+from fleetlog.replay.verify import verify
+from fleetlog.service.cellshard import CellShardLoop, shard_snapshots
+from fleetlog.service.loop import LoopConfig
+from fleetlog.service.snapshots import recover
+from tests.core.builders import job, node, quota
+
+CELLS = CellMap((("a", 0), ("b", 1), ("c", 0)))
+"""Partition 0 holds cells a and c, partition 1 cell b."""
+HOLD = 10_000
+RULE = SummaryRule(every_ms=5_000)
+GLOBAL_TYPES = (*INPUT_TYPES, JobReturned, CellSummary)
+
+
+class Located(msgspec.Struct, frozen=True):
+    """Where the logs are, as the service's configuration says it."""
+
+    directory: Path
+    kafka: KafkaConfig | None = None
+
+    @property
+    def log(self) -> LogConfig:
+        return LogConfig(dir=str(self.directory))
+
+
+class Clock:
+    """The file log's append time (log time), moved by the test."""
+
+    def __init__(self) -> None:
+        self.ms = 1_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def msg(event: Event) -> Message:
+    return Message(encode(envelope(event, "test")), headers=((CONTENT_TYPE_HEADER, MSGPACK),))
+
+
+def dispatched(job_id: str, cell: str, seq: int, attempt: int = 1, **kw: object) -> JobDispatched:
+    return JobDispatched(job=job(job_id, **kw), cell=cell, attempt=attempt, seq=seq, as_of=seq)  # type: ignore[arg-type]
+
+
+def unplaceable(seq: int, attempt: int = 1) -> JobDispatched:
+    """A gang of 3 x 8 GPUs on one rack of two 8-GPU nodes: never placed in cell a."""
+    return dispatched("gang", "a", seq, attempt, tasks=3, gpus=8, topology="rack")
+
+
+def cell_nodes(cell: str = "a", n: int = 4) -> list[Event]:
+    return [node(f"{cell}-n{i}", cell=cell, rack=f"r{i // 2}") for i in range(n)]
+
+
+def make_loop(store: LogStore, partition: int = 0, hold_ms: int = HOLD, **kw: object) -> CellShardLoop:
+    return CellShardLoop(store, Policy(), partition, CELLS, LoopConfig(check_invariants=True),
+                         CoreConfig(hold_ms=hold_ms), kw.get("rule", RULE))  # type: ignore[arg-type]
+
+
+async def global_events(store: LogStore) -> list[Event]:
+    """What the cell shards wrote to the global partition, in order (decoded as the dispatcher
+    reads them)."""
+    polled = await EventConsumer(store, accepts=GLOBAL_TYPES).poll(0, 100_000, park=False)
+    assert polled.dead_lettered == 0
+    return [d.envelope.event for d in polled.events]
+
+
+async def batches(store: LogStore) -> list[DecisionBatch]:
+    return [b for _, b in decision_batches(await store.log(DECISIONS).read(0, 100_000))]
+
+
+class FileShards:
+    """The stores of one log directory's shards (one process: the outbox writes into them)."""
+
+    def __init__(self, directory: Path, clock: Clock) -> None:
+        self.directory, self.clock = directory, clock
+        self.root = FileLogStore(directory, shard=Shard.GLOBAL, clock=clock)
+
+    async def open(self) -> tuple[LogStore, LogStore, LogStore]:
+        glob, c0, c1 = self.root, self.root.for_shard(Shard.cell(0)), self.root.for_shard(Shard.cell(1))
+        for s in (glob, c0, c1):
+            await s.open()
+        return glob, c0, c1
+
+    async def close(self) -> None:
+        for s in (self.root.for_shard(Shard.cell(1)), self.root.for_shard(Shard.cell(0)), self.root):
+            await s.close()
+
+    def reopened(self) -> FileShards:
+        return FileShards(self.directory, self.clock)
+
+
+@pytest.fixture
+async def file_shards(tmp_path: Path) -> AsyncIterator[tuple[Clock, LogStore, LogStore, LogStore]]:
+    clock = Clock()
+    shards = FileShards(tmp_path / "log", clock)
+    glob, c0, c1 = await shards.open()
+    try:
+        yield clock, glob, c0, c1
+    finally:
+        await shards.close()
+
+
+async def feed(loop: CellShardLoop, clock: Clock, at_ms: int, *events: Event) -> None:
+    clock.ms = at_ms
+    await loop.store.log(INPUTS).append([msg(e) for e in events])
+
+
+# --- place, hand back at the bound, in the step's transaction -----------------------------------------
+
+
+async def test_places_what_is_dispatched_and_hands_back_exactly_at_the_bound(file_shards) -> None:  # type: ignore[no-untyped-def]
+    clock, glob, c0, _ = file_shards
+    loop = make_loop(c0)
+    await loop.recover()
+    await feed(loop, clock, 1_000, *cell_nodes(), dispatched("j1", "a", 1), unplaceable(2))
+    first = await loop.step()
+    placed = [d for b in await batches(c0) for d in b.decisions if isinstance(d, JobPlaced)]
+    assert [(p.job_id, p.cell) for p in placed] == [("j1", "a")]
+    assert first.returned == 0
+    assert first.summaries == 2
+    await feed(loop, clock, 1_000 + HOLD - 1, node("a-n0", cell="a", rack="r0"))
+    assert (await loop.step()).returned == 0
+    assert not [e for e in await global_events(glob) if isinstance(e, JobReturned)]
+    await feed(loop, clock, 1_000 + HOLD, node("a-n0", cell="a", rack="r0"))
+    back = await loop.step()
+    assert back.returned == 1
+    assert back.published
+    found = [e for e in await global_events(glob) if isinstance(e, JobReturned)]
+    assert [(r.job_id, r.cell, r.attempt, r.reason) for r in found] == [("gang", "a", 1, "never_fits")]
+    assert found[0].as_of == loop.state.offset - 1  # the input whose log time ended the hold
+    assert f"not placed within {HOLD} ms" in found[0].message
+    # in the step's transaction: a batch recorded at the step, the offset committed with it
+    assert (await batches(c0))[-1].as_of == loop.offset == await c0.committed_offset(loop.config.group)
+    assert (await verify(c0, core=loop.state.config)).ok
+
+
+async def test_summaries_when_due_and_not_otherwise(file_shards) -> None:  # type: ignore[no-untyped-def]
+    clock, glob, c0, _ = file_shards
+    loop = make_loop(c0)
+    await loop.recover()
+    heartbeat = node("a-n0", cell="a", rack="r0")
+
+    async def summaries_at(at_ms: int, *events: Event) -> list[tuple[str, int]]:
+        before = len(await global_events(glob))
+        await feed(loop, clock, at_ms, *events)
+        await loop.step()
+        return [(e.cell, e.seq) for e in (await global_events(glob))[before:] if isinstance(e, CellSummary)]
+
+    assert await summaries_at(1_000, *cell_nodes()) == [("a", 4), ("c", 4)]  # first: every held cell
+    assert await summaries_at(2_000, heartbeat) == []  # nothing changed
+    assert await summaries_at(3_000, dispatched("j1", "a", 1)) == [("a", 6)]  # 1 of 8 slots: material
+    assert await summaries_at(3_500, dispatched("j2", "a", 2)) == []  # 1 of 7: not
+    assert await summaries_at(4_000, node("a-n9", cell="a", rack="r9")) == [("a", 8)]  # total changed
+    assert await summaries_at(5_999, heartbeat) == []
+    assert await summaries_at(6_000, heartbeat) == [("c", 10)]  # every_ms since c's last (1,000)
+    assert await summaries_at(8_999, heartbeat) == []
+    assert await summaries_at(9_000, heartbeat) == [("a", 12)]  # every_ms since a's last (4,000)
+    summaries = [e for e in await global_events(glob) if isinstance(e, CellSummary)]
+    assert all(s.seq == s.as_of and s.partition == 0 for s in summaries)
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+
+async def test_other_partitions_events_are_dead_lettered_and_the_rest_is_folded(file_shards) -> None:  # type: ignore[no-untyped-def]
+    clock, _, c0, _ = file_shards
+    loop = make_loop(c0)
+    await loop.recover()
+    bad = [node("b-n0", cell="b"), node("z-n0", cell="zz"), dispatched("jb", "b", 1),
+           NodeRemoved(cell="b", node="b-n0"), msgspec.structs.replace(quota("t1", 8), cell="b")]
+    good = [*cell_nodes(), dispatched("ja", "a", 1), quota("t1", 64)]
+    await feed(loop, clock, 1_000, good[0], bad[0], good[1], bad[1], bad[2], *good[2:], bad[3], bad[4])
+    result = await loop.step()
+    assert (result.inputs, result.dead_lettered) == (len(good), len(bad))
+    parked = await c0.log(DEAD_LETTERS).read(0, 100)
+    reasons = [(r.header(REASON_HEADER), r.header(ERROR_HEADER)) for r in parked]
+    assert [r for r, _ in reasons] == [b"wrong_partition", b"unknown_cell", b"unknown_cell",
+                                       b"wrong_partition", b"wrong_partition"]
+    assert b"cell 'b' in cell partition 0, but the cell map gives 'b' partition 1" in reasons[0][1]
+    assert b"the cell map does not name 'zz'" in reasons[1][1]
+    assert b"job 'jb' to cell 'b', which cell partition 0 does not hold (it holds a, c" in reasons[2][1]
+    placed = [d.job_id for b in await batches(c0) for d in b.decisions if isinstance(d, JobPlaced)]
+    assert placed == ["ja"]
+    assert loop.state.ignored == 0  # (parked, not ignored by the core)
+    again = make_loop(c0)
+    await again.recover()  # recovery skips them again, parks nothing twice
+    assert digest(again.state) == digest(loop.state)
+    assert len(await c0.log(DEAD_LETTERS).read(0, 100)) == len(bad)
+    assert (await verify(c0, core=loop.state.config)).ok
+
+
+def test_a_loop_needs_its_partitions_store(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs the store of that partition, not of shard cells-0"):
+        CellShardLoop(FileLogStore(tmp_path, shard=Shard.cell(0)), Policy(), 1, CELLS)
+
+
+# --- restart, crash, snapshot: nothing duplicated, nothing lost ---------------------------------------
+
+SCRIPT: list[tuple[int, list[Event]]] = [
+    (1_000, [*cell_nodes("a"), *cell_nodes("c", 2)]),
+    (2_000, [dispatched("j1", "a", 1), unplaceable(2)]),
+    (3_000, [dispatched("j2", "c", 1, gpus=8), node("a-n0", cell="a", rack="r0")]),
+    (7_000, [node("a-n0", cell="a", rack="r0")]),
+    (12_000, [node("a-n1", cell="a", rack="r0")]),  # the gang's hold ends: returned
+    (13_000, [unplaceable(3, attempt=2)]),  # the dispatcher sends it again: reopened
+    (16_000, [TaskFinished(job_id="j1", task_index=0)]),
+    (23_000, [node("a-n1", cell="a", rack="r0")]),  # attempt 2 returned
+    (24_000, [NodeRemoved(cell="a", node="a-n3")]),
+    (24_500, [node("c-n0", cell="c", rack="r0")]),
+]
+
+
+Hook = Callable[[int, CellShardLoop, "FileShards"], Awaitable[CellShardLoop]]
+
+
+Outcome = tuple[list[Event], list[DecisionBatch], str]
+
+
+async def run_script(directory: Path, hook: Hook | None = None) -> Outcome:
+    """Run SCRIPT on partition 0, one step a round; ``hook(round, loop, shards)`` may restart or
+    crash the loop and returns the loop to go on with. The global partition's events, the cell
+    partition's batches and the final digest."""
+    clock = Clock()
+    shards = FileShards(directory, clock)
+    _glob, c0, _ = await shards.open()
+    loop = make_loop(c0)
+    await loop.recover()
+    for i, (at_ms, events) in enumerate(SCRIPT):
+        await feed(loop, clock, at_ms, *events)
+        if hook is not None:
+            loop = await hook(i, loop, shards)
+        await loop.step()
+    found = (await global_events(shards.root), await batches(loop.store), digest(loop.state))
+    await shards.close()
+    return found
+
+
+async def reopened(loop: CellShardLoop, shards: FileShards) -> CellShardLoop:
+    """Close every store and open them again; a new loop recovers."""
+    await shards.close()
+    again = shards.reopened()
+    _, c0, _ = await again.open()
+    shards.root = again.root
+    fresh = make_loop(c0)
+    await fresh.recover()
+    return fresh
+
+
+async def test_a_restart_between_every_step_changes_no_output(tmp_path: Path) -> None:
+    reference = await run_script(tmp_path / "ref")
+
+    async def restart(i: int, loop: CellShardLoop, shards: FileShards) -> CellShardLoop:
+        return await reopened(loop, shards)
+
+    assert await run_script(tmp_path / "restarted", restart) == reference
+    events, steps, _ = reference
+    summaries = [e for e in events if isinstance(e, CellSummary)]
+    returned = [(e.job_id, e.attempt) for e in events if isinstance(e, JobReturned)]
+    assert returned == [("gang", 1), ("gang", 2)]
+    for cell in ("a", "c"):
+        seqs = [s.seq for s in summaries if s.cell == cell]
+        assert seqs == sorted(set(seqs)), (cell, seqs)  # strictly increasing
+        assert len(seqs) >= 3, (cell, seqs)
+    assert any(not b.decisions for b in steps)  # (a step with only outputs was recorded)
+
+
+async def test_a_crash_inside_a_step_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    reference = await run_script(tmp_path / "ref")
+    crashed: list[int] = []
+
+    async def crash(i: int, loop: CellShardLoop, shards: FileShards) -> CellShardLoop:
+        store = loop.store
+
+        async def fail(*args: object, **kwargs: object) -> dict[object, int]:
+            raise RuntimeError("injected: the process dies before its step's transaction")
+
+        store.append_transactional_many = fail  # type: ignore[method-assign]
+        try:
+            await loop.step()  # (a step with outputs dies; one without commits nothing it needs)
+        except RuntimeError:
+            crashed.append(i)
+        finally:
+            del store.append_transactional_many  # type: ignore[method-assign]
+        fresh = make_loop(store)
+        await fresh.recover()
+        return fresh
+
+    assert await run_script(tmp_path / "crashed", crash) == reference
+    assert len(crashed) >= 4  # (every step with outputs died once)
+
+
+async def test_recovery_from_a_snapshot_rebuilds_the_last_summaries(tmp_path: Path) -> None:
+    reference = await run_script(tmp_path / "ref")
+
+    async def via_snapshot(i: int, loop: CellShardLoop, shards: FileShards) -> CellShardLoop:
+        if i not in (4, 8):
+            return loop
+        snaps = shard_snapshots(Located(tmp_path / "snap"), Shard.cell(0))
+        header = SnapshotHeader(loop.offset, loop.decisions_next, "fgd", 0)
+        await snaps.save(encode_snapshot(Snapshot(header, snapshot(loop.state))))
+        assert restore(snapshot(loop.state)).summaries == loop.state.summaries
+        fresh, used = await recover(loop.store, snaps, lambda s: make_loop(s, hold_ms=1))
+        assert used is not None
+        assert fresh.state.config == loop.state.config  # (hold_ms came back from the snapshot)
+        assert fresh.state.summaries == loop.state.summaries
+        return fresh
+
+    assert await run_script(tmp_path / "snap", via_snapshot) == reference
+
+
+async def test_another_shards_snapshot_is_refused(tmp_path: Path) -> None:
+    clock = Clock()
+    shards = FileShards(tmp_path / "log", clock)
+    _, c0, c1 = await shards.open()
+    try:
+        other = make_loop(c1, partition=1)
+        await other.recover()
+        await feed(other, clock, 1_000, *cell_nodes("b"))
+        await other.step()
+        header = SnapshotHeader(other.offset, other.decisions_next, "fgd", 0)
+        snaps = shard_snapshots(Located(tmp_path), Shard.cell(0))
+        await snaps.save(encode_snapshot(Snapshot(header, snapshot(other.state))))
+        loop, used = await recover(c0, snaps, make_loop)
+        assert used is None  # skipped: cells ['b'], not partition 0's ['a', 'c']
+        assert loop.state.config.cells == ("a", "c")
+        assert shard_snapshots(Located(tmp_path), Shard.cell(1)).directory != snaps.directory  # type: ignore[attr-defined]
+    finally:
+        await shards.close()
+
+
+async def test_the_cell_log_alone_gives_the_outputs_again_and_replay_verifies(tmp_path: Path) -> None:
+    events, steps, final = await run_script(tmp_path / "ref")
+    shards = FileShards(tmp_path / "ref", Clock())
+    _, c0, _ = await shards.open()
+    try:
+        loop = make_loop(c0)
+        loop.rederived = []
+        await loop.recover()
+        assert loop.rederived == events  # bit-exact: the same events in the same order
+        assert digest(loop.state) == final
+        report = await verify(c0, core=loop.state.config)
+        assert report.ok, report.divergence
+        assert report.batches == len(steps)
+        assert not (await verify(c0)).ok  # (without the shard's CoreConfig, dispatches are not inputs)
+    finally:
+        await shards.close()
