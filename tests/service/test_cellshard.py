@@ -7,6 +7,8 @@ same as the cell partition's log alone gives again."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -16,11 +18,13 @@ import pytest
 from fleetlog.core.cellshard import SummaryRule
 from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.dispatch import CellMap
+from fleetlog.core.fold_batch import fold_fast
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig
 from fleetlog.events import (
     CellSummary,
     JobDispatched,
+    JobPending,
     JobPlaced,
     JobReturned,
     NodeRemoved,
@@ -29,7 +33,17 @@ from fleetlog.events import (
     envelope,
 )
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
-from fleetlog.events.model import INPUT_TYPES, DecisionBatch, Event
+from fleetlog.events.model import (
+    GPU_BUCKETS,
+    INPUT_TYPES,
+    MAX_SUMMARY_ENTRIES,
+    MAX_SUMMARY_TENANTS,
+    DecisionBatch,
+    Event,
+    FreeSlots,
+    Resources,
+    TenantUsage,
+)
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message, Shard
 from fleetlog.log.consumer import ERROR_HEADER, REASON_HEADER, EventConsumer, decision_batches
 from fleetlog.log.file import FileLogStore
@@ -380,3 +394,180 @@ async def test_the_cell_log_alone_gives_the_outputs_again_and_replay_verifies(tm
         assert not (await verify(c0)).ok  # (without the shard's CoreConfig, dispatches are not inputs)
     finally:
         await shards.close()
+
+
+# --- two partitions, file log and Kafka ---------------------------------------------------------------
+
+SHORT_HOLD = 400
+
+
+class Shards:
+    """The global and two cell stores over one storage; ``later(ms)`` moves log time."""
+
+    def __init__(self, kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        self.kind, self.clock = kind, Clock()
+        if kind == "file":
+            root = FileLogStore(tmp_path / "log", shard=Shard.GLOBAL, clock=self.clock)
+            self.make: Callable[[Shard], LogStore] = root.for_shard
+        else:
+            from fleetlog.log.kafka import KafkaLogStore
+
+            bootstrap: str = request.getfixturevalue("kafka_bootstrap")
+            prefix = f"cs-{uuid.uuid4().hex[:10]}"
+            config = KafkaConfig(bootstrap_servers=bootstrap, topic_prefix=prefix, shards=2)
+            self.make = lambda shard: KafkaLogStore(config, shard)
+
+    async def later(self, ms: int) -> None:
+        """Log time moves ``ms`` on: the file log's clock, or the broker's (it is wall time)."""
+        if self.kind == "file":
+            self.clock.ms += ms
+        else:
+            await asyncio.sleep(ms / 1000)
+
+
+async def outputs_of(glob: LogStore, producer: str, at_least: int) -> list[Event]:
+    """The global partition's events of one cell shard, once there are ``at_least`` (a reader of
+    another store sees a Kafka transaction when its markers are written)."""
+    for _ in range(200):
+        polled = await EventConsumer(glob, accepts=GLOBAL_TYPES).poll(0, 100_000, park=False)
+        found = [d.envelope.event for d in polled.events if d.envelope.producer_id == producer]
+        if len(found) >= at_least:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{producer}: {len(found)} outputs, not {at_least}")
+
+
+@pytest.mark.parametrize("kind", ["file", pytest.param("kafka", marks=pytest.mark.kafka)])
+async def test_two_partitions_run_independently_and_recover(kind: str, tmp_path: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    env = Shards(kind, tmp_path, request)
+    glob, c0, c1 = env.make(Shard.GLOBAL), env.make(Shard.cell(0)), env.make(Shard.cell(1))
+    for s in (glob, c0, c1):
+        await s.open()
+    try:
+        p0, p1 = make_loop(c0, 0, SHORT_HOLD), make_loop(c1, 1, SHORT_HOLD)
+        for loop in (p0, p1):
+            await loop.recover()
+        first = [*cell_nodes("a"), dispatched("ja", "a", 1), unplaceable(2)]
+        await c0.log(INPUTS).append([msg(e) for e in first])
+        await c1.log(INPUTS).append([msg(e) for e in [*cell_nodes("b"), dispatched("jb", "b", 1)]])
+        assert (await p0.step()).decisions == 2  # ja placed, the gang pending
+        assert (await p1.step()).decisions == 1
+        await env.later(SHORT_HOLD + 50)
+        await c0.log(INPUTS).append([msg(node("a-n0", cell="a", rack="r0"))])
+        assert (await p0.step()).returned == 1
+        for loop, cells in ((p0, {"a", "c"}), (p1, {"b"})):
+            steps = await batches(loop.store)
+            placed = {d.cell for b in steps for d in b.decisions if isinstance(d, JobPlaced)}
+            assert placed == cells - {"c"}
+        out0 = await outputs_of(glob, p0.producer, 3)  # summaries a and c, the return
+        out1 = await outputs_of(glob, p1.producer, 1)
+        assert {(e.cell, e.partition) for e in out1 if isinstance(e, CellSummary)} == {("b", 1)}
+        assert [e.job_id for e in out0 if isinstance(e, JobReturned)] == ["gang"]
+        # partition 0 restarts (a new owner: a new store, recovery), partition 1 goes on
+        await c0.close()
+        c0 = env.make(Shard.cell(0))
+        await c0.open()
+        p0 = make_loop(c0, 0, SHORT_HOLD)
+        await p0.recover()
+        await env.later(6_000 if kind == "file" else 10)
+        await c0.log(INPUTS).append([msg(node("a-n9", cell="a", rack="r9"))])  # total changed
+        assert (await p0.step()).summaries >= 1
+        out0 = await outputs_of(glob, p0.producer, len(out0) + 1)
+        seqs = [e.seq for e in out0 if isinstance(e, CellSummary) and e.cell == "a"]
+        assert seqs == sorted(set(seqs))
+        assert len(seqs) >= 2
+        for loop in (p0, p1):
+            again = make_loop(loop.store, loop.partition, SHORT_HOLD)
+            again.rederived = []
+            await again.recover()
+            assert again.rederived == await outputs_of(glob, loop.producer, 0)
+            report = await verify(loop.store, core=loop.state.config)
+            assert report.ok, report.divergence
+    finally:
+        for s in (c0, c1, glob):
+            await s.close()
+
+
+# --- limits -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hold_ms", [0, 1 << 62, (1 << 63) - 1])
+async def test_hold_ms_at_its_extremes(hold_ms: int, file_shards) -> None:  # type: ignore[no-untyped-def]
+    clock, glob, c0, _ = file_shards
+    loop = make_loop(c0, hold_ms=hold_ms)
+    await loop.recover()
+    await feed(loop, clock, 1_000, *cell_nodes(), dispatched("j1", "a", 1))
+    assert (await loop.step()).decisions == 1  # placed in its own step, before any later input
+    await feed(loop, clock, 1_000, unplaceable(2))
+    await loop.step()
+    await feed(loop, clock, 1_000, node("a-n0", cell="a", rack="r0"))  # the same log time
+    assert (await loop.step()).returned == (1 if hold_ms == 0 else 0)  # 0: at the next input
+    await feed(loop, clock, 1_000 + 10**12, node("a-n0", cell="a", rack="r0"))  # 31 years later
+    await loop.step()
+    returned = [e.job_id for e in await global_events(glob) if isinstance(e, JobReturned)]
+    assert returned == (["gang"] if hold_ms < 1 << 40 else [])
+    assert (await verify(c0, core=loop.state.config)).ok
+
+
+async def test_a_return_whose_message_and_names_are_at_their_bounds(file_shards) -> None:  # type: ignore[no-untyped-def]
+    clock, glob, c0, _ = file_shards
+    loop = make_loop(c0)
+    await loop.recover()
+    long_id = "g" * 253
+    gang = dispatched(long_id, "a", 1, tasks=3, gpus=8, topology="rack")
+    await feed(loop, clock, 1_000, *cell_nodes(), gang)
+    await loop.step()
+    # the longest explanation a JobPending may carry, folded as fold takes a decision
+    longest = JobPending(job_id=long_id, reason="never_fits", message="why " * 1_024)
+    batch = DecisionBatch(as_of=loop.offset, digest="", decisions=(longest,))
+    fold_fast(loop.state, batch, loop.state.now_ms)
+    await feed(loop, clock, 1_000 + HOLD, node("a-n0", cell="a", rack="r0"))
+    assert (await loop.step()).returned == 1
+    (back,) = [e for e in await global_events(glob) if isinstance(e, JobReturned)]
+    assert back.job_id == long_id
+    assert len(back.message) == 4_096  # cut at the event's bound, and it decodes
+
+
+@pytest.mark.parametrize("kind", ["file", pytest.param("kafka", marks=pytest.mark.kafka)])
+async def test_a_summary_at_its_row_bounds_is_written(kind: str, tmp_path: Path,
+                                                      request: pytest.FixtureRequest) -> None:
+    env = Shards(kind, tmp_path, request)
+    glob, c0 = env.make(Shard.GLOBAL), env.make(Shard.cell(0))
+    for s in (glob, c0):
+        await s.open()
+    try:
+        loop = make_loop(c0)
+        free = tuple(FreeSlots(f"m{i:04d}", b, 1, 1, 1) for i in range(128) for b in GPU_BUCKETS)
+        usage = tuple(TenantUsage(f"{i:05d}" + "t" * 248, 1, 1, 1) for i in range(MAX_SUMMARY_TENANTS))
+        big = CellSummary(cell="a" * 253, partition=0, seq=1, as_of=1, at_ms=1, total=Resources(),
+                          free=free[:MAX_SUMMARY_ENTRIES], usage=usage)
+        await c0.log(INPUTS).append([msg(node("a-n0", cell="a"))])
+        messages = loop.global_messages([big])
+        await c0.append_transactional_many({(Shard.GLOBAL, INPUTS): messages, (c0.shard, DECISIONS): []},
+                                           group=loop.config.group, consumed=1)
+        assert await outputs_of(glob, loop.producer, 1) == [big]
+    finally:
+        for s in (c0, glob):
+            await s.close()
+
+
+async def test_a_partition_of_many_cells_summarises_them_all_in_one_step(tmp_path: Path) -> None:
+    cells = CellMap(tuple((f"cell{i:03d}", 0) for i in range(100)))
+    clock = Clock()
+    root = FileLogStore(tmp_path / "log", shard=Shard.GLOBAL, clock=clock)
+    c0 = root.for_shard(Shard.cell(0))
+    for s in (root, c0):
+        await s.open()
+    try:
+        loop = CellShardLoop(c0, Policy(), 0, cells, core=CoreConfig(hold_ms=HOLD), rule=RULE)
+        await loop.recover()
+        await feed(loop, clock, 1_000, *[node(f"{c}-n0", cell=c, model=f"M{i % 70}")
+                                       for i, c in enumerate(cells.cells)])
+        assert (await loop.step()).summaries == 100
+        found = [e for e in await global_events(root) if isinstance(e, CellSummary)]
+        assert [s.cell for s in found] == list(cells.cells)
+        assert all(s.total.gpu_milli == 8_000 for s in found)
+    finally:
+        for s in (c0, root):
+            await s.close()
