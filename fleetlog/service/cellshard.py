@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from fleetlog.core.cellshard import SummaryRule, due_summaries, returns
+from fleetlog.core.cellshard import CapacityMemo, SummaryRule, due_summaries, returns
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.dispatch import CellMap
@@ -90,6 +90,9 @@ class CellShardLoop(SchedulerLoop):
         self.consumer = CellInputsConsumer(store, partition, held, dict(cells.partitions))
         self.since = 0
         """The state offset folded at the previous step: the returns folded since are this step's."""
+        self.memo = CapacityMemo()
+        """What the last summaries were computed from: the live step skips the ones that cannot
+        be due (recovery recomputes every one: the same outputs, as the tests check)."""
         self.rederived: list[ShardOutput] | None = None
         """When a list: recovery appends to it what each recorded step wrote (the outputs made
         again from the cell partition's log alone, to compare with the global partition's)."""
@@ -114,7 +117,7 @@ class CellShardLoop(SchedulerLoop):
         """Fold one recorded step, then make its outputs again (written with it: kept only in
         :attr:`rederived`), so the last summary per cell is the one the live loop wrote."""
         await super()._fold_step(first, last, batch)
-        out = self.outputs()
+        out = self.outputs(memoised=False)
         if self.rederived is not None:
             self.rederived += out
 
@@ -156,11 +159,13 @@ class CellShardLoop(SchedulerLoop):
         return DecisionBatch(as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions),
                              policy=self.policy.name)
 
-    def outputs(self) -> list[ShardOutput]:
+    def outputs(self, memoised: bool = True) -> list[ShardOutput]:
         """What this step writes to the global partition: the summaries due (by cell), then the
         returns folded since the previous step (by ``as_of``, job) — summaries first, so the
-        dispatcher does not send a returned job back on the summary written with its return."""
-        out: list[ShardOutput] = [*due_summaries(self.state, self.partition, self.rule)]
+        dispatcher does not send a returned job back on the summary written with its return.
+        ``memoised=False``: compute every summary (recovery: the same outputs, the slow way)."""
+        memo = self.memo if memoised else None
+        out: list[ShardOutput] = [*due_summaries(self.state, self.partition, self.rule, memo)]
         out += returns(self.state, self.since)
         self.since = self.state.offset
         return out
