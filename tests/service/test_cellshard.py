@@ -53,7 +53,7 @@ from fleetlog.log.kafka import KafkaConfig
 from fleetlog.log.location import LogConfig
 from fleetlog.log.snapshots import Snapshot, SnapshotHeader, encode_snapshot
 from fleetlog.replay.verify import verify
-from fleetlog.service.cellshard import CellShardLoop, shard_snapshots
+from fleetlog.service.cellshard import CellShardLoop, check_outputs, recover_cell_shard, shard_snapshots
 from fleetlog.service.loop import LoopConfig
 from fleetlog.service.snapshots import recover
 from tests.core.builders import job, node, quota
@@ -351,7 +351,7 @@ async def test_recovery_from_a_snapshot_rebuilds_the_last_summaries(tmp_path: Pa
         header = SnapshotHeader(loop.offset, loop.decisions_next, "fgd", 0)
         await snaps.save(encode_snapshot(Snapshot(header, snapshot(loop.state))))
         assert restore(snapshot(loop.state)).summaries == loop.state.summaries
-        fresh, used = await recover(loop.store, snaps, lambda s: make_loop(s, hold_ms=1))
+        fresh, used = await recover_cell_shard(loop.store, snaps, lambda s: make_loop(s, hold_ms=1))
         assert used is not None
         assert fresh.state.config == loop.state.config  # (hold_ms came back from the snapshot)
         assert fresh.state.summaries == loop.state.summaries
@@ -383,7 +383,7 @@ async def test_another_shards_snapshot_is_refused(tmp_path: Path) -> None:
 async def test_the_cell_log_alone_gives_the_outputs_again_and_replay_verifies(tmp_path: Path) -> None:
     events, steps, final = await run_script(tmp_path / "ref")
     shards = FileShards(tmp_path / "ref", Clock())
-    _, c0, _ = await shards.open()
+    glob, c0, _ = await shards.open()
     try:
         loop = make_loop(c0)
         loop.rederived = []
@@ -394,6 +394,15 @@ async def test_the_cell_log_alone_gives_the_outputs_again_and_replay_verifies(tm
         assert report.ok, report.divergence
         assert report.batches == len(steps)
         assert not (await verify(c0)).ok  # (without the shard's CoreConfig, dispatches are not inputs)
+        assert (await check_outputs(make_loop(c0), glob)).ok
+        # an output the log does not give (a forged or doubled summary) is named
+        forged = msgspec.structs.replace(events[0], seq=10**6)
+        await glob.log(INPUTS).append([Message(encode(envelope(forged, loop.producer)))])
+        found = await check_outputs(make_loop(c0), glob)
+        n = len(events)
+        assert (found.written, found.rederived, found.first_difference) == (n + 1, n, n)
+        assert "seq=1000000" in found.recorded
+        assert found.replayed == "(nothing)"
     finally:
         await shards.close()
 
