@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import random
+import signal
+import subprocess
+import sys
+import textwrap
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -48,7 +53,7 @@ from fleetlog.events.model import (
 )
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogStore, Message, Shard
 from fleetlog.log.consumer import ERROR_HEADER, REASON_HEADER, EventConsumer, decision_batches
-from fleetlog.log.file import FileLogStore
+from fleetlog.log.file import OUTBOX_NAME, FileLogStore
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.log.location import LogConfig
 from fleetlog.log.snapshots import Snapshot, SnapshotHeader, encode_snapshot
@@ -668,3 +673,64 @@ async def test_a_new_owner_fences_the_old_one_and_seq_goes_on(
     # aiokafka leaves the fenced batches' futures unretrieved: their "never retrieved" report at
     # collection must come now, not inside a later import (CPython 3.11's ast.parse then fails)
     gc.collect()
+
+
+# --- kill -9 inside a step's cross-directory commit (file log) ------------------------------------------
+
+_CHILD = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from pathlib import Path
+    from fleetlog.log.file import FileLogStore
+    from tests.service.test_cellshard import SCRIPT, Clock, FileShards, feed, make_loop
+
+    directory, last = Path(sys.argv[1]), int(sys.argv[2])
+    armed, original = [False, 0], FileLogStore._commit_frame
+
+    def commit_frame(self, *args):
+        if armed[0]:
+            armed[1] += 1
+            if armed[1] == 2:  # the cell's commit frame is written, the global partition's not yet
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, *args)
+
+    FileLogStore._commit_frame = commit_frame
+
+    async def main():
+        clock = Clock()
+        shards = FileShards(directory, clock)
+        _, c0, _ = await shards.open()
+        loop = make_loop(c0)
+        await loop.recover()
+        for i, (at_ms, events) in enumerate(SCRIPT[:last + 1]):
+            await feed(loop, clock, at_ms, *events)
+            armed[0] = i == last
+            await loop.step()
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("last", [1, 4])  # the first summaries; the first return
+async def test_a_kill_between_the_cell_and_the_global_frame_is_finished_by_recovery(
+    last: int, tmp_path: Path
+) -> None:
+    reference = await run_script(tmp_path / "ref")
+    directory = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(directory), str(last)], env=env,
+                          capture_output=True, timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
+    assert (directory / "cells-0" / OUTBOX_NAME).exists()  # committed in the cell, not yet global
+    clock = Clock()
+    shards = FileShards(directory, clock)
+    glob, c0, _ = await shards.open()
+    try:
+        loop = make_loop(c0)
+        await loop.recover()  # finishes the outbox: the step's outputs reach the global partition
+        assert not (directory / "cells-0" / OUTBOX_NAME).exists()
+        for at_ms, events in SCRIPT[last + 1:]:
+            await feed(loop, clock, at_ms, *events)
+            await loop.step()
+        assert (await global_events(glob), await batches(c0), digest(loop.state)) == reference
+    finally:
+        await shards.close()
