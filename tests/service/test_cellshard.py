@@ -734,3 +734,14 @@ async def test_a_kill_between_the_cell_and_the_global_frame_is_finished_by_recov
         assert (await global_events(glob), await batches(c0), digest(loop.state)) == reference
     finally:
         await shards.close()
+
+
+def test_each_shard_has_its_own_snapshots(tmp_path: Path) -> None:
+    kafka = KafkaConfig(bootstrap_servers="127.0.0.1:1", topic_prefix="fl", shards=4)
+    on_kafka = [shard_snapshots(Located(tmp_path, kafka), Shard.cell(p)) for p in (0, 3)]
+    wanted = [("fl.cells.snapshots", 0), ("fl.cells.snapshots", 3)]
+    assert [(s.tp.topic, s.tp.partition) for s in on_kafka] == wanted  # type: ignore[attr-defined]
+    shards = (Shard.cell(0), Shard.cell(1), Shard.SINGLE)
+    on_file = [shard_snapshots(Located(tmp_path), shard) for shard in shards]
+    assert [s.directory for s in on_file] == [  # type: ignore[attr-defined]
+        tmp_path / "cells-0" / "snapshots", tmp_path / "cells-1" / "snapshots", tmp_path / "snapshots"]
