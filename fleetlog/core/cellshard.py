@@ -9,7 +9,10 @@ calls after each step:
 
 - :func:`returns`: the ``JobReturned`` events folded since the last step, to write;
 - :func:`cell_summary`: the ``CellSummary`` of one of its cells now;
-- :func:`summary_due`: whether that summary is worth writing (:class:`SummaryRule`).
+- :func:`summary_due`: whether that summary is worth writing (:class:`SummaryRule`);
+- :func:`due_summaries`: the summaries of a step, by that rule, with the seq rule
+  (``seq`` = ``as_of``: a function of the cell partition's log, so recovery and replay
+  make the same ones).
 """
 
 from __future__ import annotations
@@ -66,6 +69,81 @@ def summary_due(last: CellSummary | None, fresh: CellSummary, rule: SummaryRule)
     if old.keys() != new.keys():
         return True
     return any(abs(new[k] - old[k]) * 1000 >= rule.material_milli * max(new[k], old[k]) for k in sorted(new))
+
+
+def due_summaries(
+    state: State, partition: int, rule: SummaryRule, memo: CapacityMemo | None = None
+) -> list[CellSummary]:
+    """The summaries to write after a step, one per held cell (``CoreConfig.cells``, in order)
+    whose summary is due against the last one written; each is kept as the cell's last
+    (``State.summaries``). ``seq`` is ``as_of``, the inputs folded so far: every step that
+    writes one folded at least one more input, so it is strictly increasing per cell, across
+    restarts and takeovers too, and a function of the log alone. Nothing before the first
+    input (``seq`` starts at 1). ``memo``: skip computing the summaries that can only be due by
+    time when it is not time (:class:`CapacityMemo`; the same result without it)."""
+    if state.offset < 1:
+        return []
+    nodes_changed = memo is None or memo.nodes_changed(state)
+    held = held_by_cell(state) if memo is not None else {}
+    out = []
+    for cell in state.config.cells:
+        last = state.summaries.get(cell)
+        if last is not None and last.seq >= state.offset:
+            continue  # (this step's already: called twice at one offset)
+        key = held.get(state.names["cell"].get(cell), ())
+        by_time = last is None or state.now_ms - last.at_ms >= rule.every_ms
+        if memo is not None and not (nodes_changed or by_time) and memo.held.get(cell) == key:
+            continue  # the same total and free rows as when last computed: not due
+        fresh = cell_summary(state, cell, partition, state.offset)
+        if memo is not None:
+            memo.held[cell] = key
+        if summary_due(last, fresh, rule):
+            state.summaries[cell] = fresh
+            out.append(fresh)
+    if memo is not None and nodes_changed:
+        memo.remember_nodes(state)
+    return out
+
+
+_CAPACITY: Final = ("cell", "model", "gpu_count", "status", "cpu_alloc", "mem_alloc", "cpu_free",
+                    "mem_free", "gpu_free")
+"""The node columns a summary's ``total`` and ``free`` are computed from."""
+
+
+class CapacityMemo:
+    """What the cells' ``total`` and ``free`` rows were last computed from (the loop keeps one,
+    never snapshotted): the nodes' capacity columns and each cell's held jobs. A cell for which
+    both are unchanged has the same ``total`` and ``free`` rows, so its summary can only be due
+    by time: :func:`due_summaries` does not compute it (about 1 ms per 1,000 nodes, and more per
+    held job). The summaries are the same with it or without it (recovery runs without it, and
+    the tests compare the two)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, np.ndarray] = {}
+        self.held: dict[str, Held] = {}
+        """cell -> :func:`held_by_cell`'s key when its summary was last computed."""
+
+    def nodes_changed(self, state: State) -> bool:
+        return not self.columns or not all(
+            np.array_equal(self.columns[c], state.nodes.view(c)) for c in _CAPACITY)
+
+    def remember_nodes(self, state: State) -> None:
+        self.columns = {c: state.nodes.view(c).copy() for c in _CAPACITY}
+
+
+Held = tuple[tuple[int, int], ...]
+
+
+def held_by_cell(state: State) -> dict[int, Held]:
+    """cell id -> its held jobs not placed yet, as sorted (dispatch seq, job row) pairs: what the
+    summary takes off the free rows, in the order it does."""
+    jc = state.jobs.cols
+    out: dict[int, list[tuple[int, int]]] = {}
+    for job in state.held:
+        if int(jc["state"][job]) == _PENDING and int(jc["placed_at_ms"][job]) < 0:
+            cell, _, seq, _ = state.dispatches[job]
+            out.setdefault(cell, []).append((seq, job))
+    return {c: tuple(sorted(v)) for c, v in out.items()}
 
 
 def cell_summary(state: State, cell: str, partition: int, seq: int) -> CellSummary:

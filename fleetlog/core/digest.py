@@ -3,7 +3,8 @@
 The digest hashes the used rows of every table, the interned names, quotas,
 usage, the shape window and the clock — the same log gives the same digest in
 any process, whatever its hash seed.  Snapshots also carry ``State.requeues`` (why waiting
-jobs were requeued), which the digest leaves out: no decision reads it.
+jobs were requeued) and a cell shard's ``State.summaries`` (the last summary written per cell),
+which the digest leaves out: no decision reads them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from fleetlog.core.state import (
     State,
     collection_sums,
 )
-from fleetlog.events.model import JobReturned
+from fleetlog.events.model import CellSummary, JobReturned
 
 SNAPSHOT_FORMAT: Final = 3
 """2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30), 3
@@ -95,7 +96,15 @@ def _scalars(state: State) -> dict[str, Any]:
         "reason_text": sorted(state.reason_text.items()),
         # why waiting jobs were requeued: snapshotted for status, not digested (no decision reads it)
         "requeues": sorted([row, msgspec.to_builtins(r)] for row, r in state.requeues.items()),
-    }
+    } | _summaries(state)
+
+
+def _summaries(state: State) -> dict[str, Any]:
+    """A cell shard's last summary written per cell (snapshotted, not digested; a single shard
+    has none, and its snapshot is unchanged)."""
+    if not state.summaries:
+        return {}
+    return {"summaries": sorted([c, msgspec.to_builtins(s)] for c, s in state.summaries.items())}
 
 
 def _columns(state: State) -> list[tuple[str, str, bytes]]:
@@ -273,6 +282,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.dispatches = {row: (a, b, c, d) for row, (a, b, c, d) in s.get("dispatches", ())}
     state.dispatched_seq = dict(s.get("dispatched_seq", ()))
     state.returned = {row: msgspec.convert(r, JobReturned) for row, r in s.get("returned", ())}
+    state.summaries = {c: msgspec.convert(v, CellSummary) for c, v in s.get("summaries", ())}
     state.sums = collection_sums(state)
     state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state

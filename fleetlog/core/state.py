@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import Interner, Table, entries_sum
-from fleetlog.events.model import JobReturned
+from fleetlog.events.model import CellSummary, JobReturned
 
 MAX_GPUS: Final = 64
 MAX_GPU_MODELS: Final = 64
@@ -324,6 +324,10 @@ class State:
         self.dispatched_seq: dict[int, int] = {}  # cell id -> the last JobDispatched.seq folded
         self.returned: dict[int, JobReturned] = {}
         """job row -> the ``JobReturned`` that handed it back (until it is dispatched here again)."""
+        self.summaries: dict[str, CellSummary] = {}
+        """Cell shards: cell -> the last ``CellSummary`` its loop wrote (``cellshard.due_summaries``
+        keeps it, at the recorded steps, so recovery rebuilds it). Snapshotted, not digested: it is
+        what the loop wrote, not what a decision reads."""
         self.held: dict[int, int] = {}
         """job row -> when its hold ends (log time), for dispatched jobs not placed yet (dropped
         lazily once placed or ended). Rebuilt on restore from ``dispatches``, not snapshotted."""

@@ -339,8 +339,9 @@ class TenantUsage(_Struct, frozen=True, array_like=True):
 
 class CellSummary(_Event, frozen=True):
     """A cell shard's compact view of its cell, appended to the global partition when its
-    capacity changes materially and at least every few seconds.  ``seq`` counts the cell's
-    summaries from 1; ``as_of`` is the cell-partition offset and ``at_ms`` its log time;
+    capacity changes materially and at least every few seconds.  ``seq`` is the ``as_of`` it
+    was written at (strictly increasing per cell, across restarts and takeovers, and a function
+    of the cell partition's log); ``as_of`` is the cell-partition offset and ``at_ms`` its log time;
     ``dispatched_seq`` the last ``JobDispatched.seq`` for this cell the shard had folded.
     ``free`` is sorted by (gpu_model, gpus) without repeats, ``usage`` by tenant."""
 

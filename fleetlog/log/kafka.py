@@ -741,7 +741,8 @@ class KafkaLogStore(LogStore):
 
     def _new_topic(self, name: str) -> NewTopic:
         configs = {_TIMESTAMP_TYPE: _LOG_APPEND_TIME}
-        if name == DECISIONS:
+        # (the global partition's inputs hold the cell shards' summaries: up to about 1.5 MiB)
+        if name == DECISIONS or (name == INPUTS and self.shard.kind == "global"):
             configs[_MAX_MESSAGE_BYTES] = str(self.config.max_decision_bytes)
         return NewTopic(self.config.topic(name), self.config.shards, self.config.replication_factor,
                         topic_configs=configs)

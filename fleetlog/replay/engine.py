@@ -83,7 +83,7 @@ async def replay(
     recorded batch computed at or before ``stop`` (and before decisions offset ``decisions_stop``)."""
     store, state = source.store, start.state
     target = await end_offset(store, INPUTS) if stop is None else stop
-    reader = InputReader(store, start.inputs)
+    reader = InputReader(store, start.inputs, state.config.cells)
     count = 0
     async for _, _, batch in batches(store, start.decisions, decisions_stop):
         if batch.as_of > target:

@@ -24,6 +24,7 @@ from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, may_mentio
 from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
 from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record
+from fleetlog.log.cellinputs import CellInputsConsumer
 from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
 from fleetlog.log.file import FileLogStore, RecoveryWarning
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
@@ -239,11 +240,13 @@ class InputReader:
     consumer does (:meth:`EventConsumer.decode_memoised`: steady heartbeats decoded once, and
     the fold handed the very object it saw last time)."""
 
-    def __init__(self, store: LogStore, offset: int = 0) -> None:
+    def __init__(self, store: LogStore, offset: int = 0, cells: tuple[str, ...] = ()) -> None:
+        """``cells``: a cell shard's (``CoreConfig.cells``): its inputs are read as its loop reads
+        them (``JobDispatched`` too; other cells' events skipped, as the loop parked them)."""
         self.store = store
         self.offset = offset
         self.skipped = 0
-        self._consumer = EventConsumer(store)
+        self._consumer = CellInputsConsumer(store, 0, cells) if cells else EventConsumer(store)
 
     async def until(self, stop: int) -> AsyncIterator[Chunk]:
         """Chunks of decoded inputs from the current offset up to ``stop`` (excluded)."""

@@ -113,7 +113,8 @@ async def verify_stretch(
     """Verify the batches from ``start`` on; with ``stop`` = (inputs offset, decisions offset)
     of a snapshot, only those before it, and then fold the inputs up to it, so that the final
     digest is the replayed state's at the snapshot."""
-    state, reader, recent = start.state, InputReader(log_store, start.inputs), _Recent()
+    state, recent = start.state, _Recent()
+    reader = InputReader(log_store, start.inputs, state.config.cells)
     start_digest = digest(state)
     count = decisions = previous = 0
     until = None if stop is None else stop[1]

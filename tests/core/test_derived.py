@@ -113,7 +113,7 @@ SNAPSHOTTED = {
     "config", "now_ms", "offset", "next_sweep_ms", "nodes", "jobs", "tasks", "names", "job_cells",
     "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shapes_seen", "mix_due",
     "reason_text", "reason_codes", "pending_count", "requeues", "duplicates", "ignored",
-    "dispatches", "dispatched_seq", "returned",
+    "dispatches", "dispatched_seq", "returned", "summaries",
 }  # fmt: skip
 REBUILT_ON_RESTORE = {
     "shape_stats",
