@@ -87,7 +87,7 @@ class ShardOut:
     placed: int = 0
     decisions: list[object] = field(default_factory=list)
     to_global: list[Event] = field(default_factory=list)
-    """Its returns, then its summaries, in the order written."""
+    """Its summaries, then its returns, in the order written."""
 
 
 class CellShard:
@@ -124,7 +124,11 @@ class CellShard:
             out.placed = sum(1 for x in decisions if isinstance(x, JobPlaced))
             if self.config.keep_decisions:
                 out.decisions = list(decisions)
-        out.to_global = [*returns(state, self.since), *self._summaries()]
+        # Summaries before returns: the dispatcher then takes the summary written with a return
+        # as already seen when the return arrives (``Job.returned``), so it does not send the job
+        # straight back to the cell on the room that summary shows (its slots cannot say why
+        # the job did not fit, e.g. topology); the cell's next summary may.
+        out.to_global = [*self._summaries(), *returns(state, self.since)]
         self.since = state.offset
         for event in out.to_global:
             self.transcript.update(_ENCODER.encode(event))
