@@ -426,29 +426,44 @@ class Scores:
 
     def __init__(self, room: dict[str, Room], remember: bool = True) -> None:
         self.room, self.remember = room, remember
-        self.memo: dict[str, dict[tuple[TaskGroup, ...], int | None]] = {}
+        self.memo: dict[tuple[TaskGroup, ...], dict[str, int | None]] = {}
+        """Task groups -> cell -> the answer (a cell whose room changed is dropped from each)."""
 
     def left(self, cell: str, spec: JobSubmitted) -> int | None:
-        known = self.memo.setdefault(cell, {})
-        if spec.task_groups in known:
-            return known[spec.task_groups]
-        answer = take(self.room[cell], spec, commit=False)
-        if self.remember:
-            known[spec.task_groups] = answer
+        return self._left(self.known(spec), cell, spec)
+
+    def known(self, spec: JobSubmitted) -> dict[str, int | None]:
+        """The answers remembered for ``spec``'s task groups, by cell."""
+        return self.memo.setdefault(spec.task_groups, {})
+
+    def _left(self, known: dict[str, int | None], cell: str, spec: JobSubmitted) -> int | None:
+        answer = known.get(cell, _UNKNOWN)
+        if answer is _UNKNOWN:
+            answer = take(self.room[cell], spec, commit=False)
+            if self.remember:
+                known[cell] = answer
         return answer
 
     def take(self, cell: str, spec: JobSubmitted) -> None:
         take(self.room[cell], spec, commit=True)
-        self.memo.pop(cell, None)
+        for known in self.memo.values():
+            known.pop(cell, None)
+
+
+_UNKNOWN: Final = -2
+"""Not remembered (an answer is ``None`` or slots left, never negative)."""
 
 
 def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
     """Step 5: the candidate cell with the most room left after the job (ties: smaller id)."""
     best, best_left, room = "", -1, scores.room
+    known, left_of, spec = scores.known(job.spec), scores._left, job.spec
     for cell in candidates(state, job):
         if cell not in room:
             continue
-        left = scores.left(cell, job.spec)
+        left = known.get(cell, _UNKNOWN)
+        if left is _UNKNOWN:
+            left = left_of(known, cell, spec)
         if left is not None and left > best_left:
             best, best_left = cell, left
     return best
