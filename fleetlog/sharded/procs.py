@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 import msgspec
 
 from fleetlog.events.model import CellSummary, Event, JobReturned
-from fleetlog.sharded.driver import CellShard, FleetConfig, LocalShards, Record, ShardOut
+from fleetlog.sharded.driver import CellShard, FleetConfig, LocalShards, Record, ShardGroup, ShardOut
 
 Sent = list[tuple[int, list[tuple[Event, int]]]]
 Back = list[tuple[int, int, list[JobReturned | CellSummary]]]
@@ -78,13 +78,14 @@ class ChildShards:
         self._conn.close()
 
 
-def split_groups(config: FleetConfig, children: int) -> tuple[LocalShards, list[ChildShards]]:
-    """The partitions in ``children + 1`` contiguous parts: the first stepped here, one per child."""
+def split_groups(config: FleetConfig, children: int) -> list[ShardGroup]:
+    """The partitions in ``children + 1`` contiguous parts: the first stepped here (while the
+    children step theirs), one per child."""
     parts = list(config.partitions().items())
     size = -(-len(parts) // (children + 1))
     chunks = [dict(parts[i : i + size]) for i in range(0, len(parts), size)]
     local = LocalShards(CellShard(p, cells, config) for p, cells in chunks[0].items())
-    return local, [ChildShards(chunk, config) for chunk in chunks[1:]]
+    return [local, *(ChildShards(chunk, config) for chunk in chunks[1:])]
 
 
 def close_all(groups: Sequence[object]) -> None:

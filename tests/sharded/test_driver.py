@@ -30,7 +30,8 @@ class World:
     def __init__(self, cells: dict[str, tuple[int, int]], partitions: dict[str, int] | None = None,
                  hold_ms: int = HOLD) -> None:
         where = partitions or {c: i for i, c in enumerate(sorted(cells))}
-        self.fleet = ShardedFleet(FleetConfig(d.CellMap(tuple(sorted(where.items()))), hold_ms=hold_ms, check=True))
+        cell_map = d.CellMap(tuple(sorted(where.items())))
+        self.fleet = ShardedFleet(FleetConfig(cell_map, hold_ms=hold_ms, check=True))
         self.beats: dict[str, list[NodeHeartbeat]] = {
             c: [node(f"{c}-n{i}", cell=c, rack=f"r{i // per}") for i in range(racks * per)]
             for c, (racks, per) in sorted(cells.items())
@@ -138,7 +139,8 @@ def test_a_gang_larger_than_any_cell_is_never_dispatched_nor_split() -> None:
         step = w.step(advance_ms=HOLD if k else 0)
         assert step.dispatched == ()
     assert w.fleet.dispatcher.jobs["big"].reason.startswith(d.NO_ROOM)
-    assert w.state_in("a", "big") is None and w.state_in("b", "big") is None
+    assert w.state_in("a", "big") is None
+    assert w.state_in("b", "big") is None
 
 
 def test_bad_input_is_refused_with_a_reason_and_nothing_else_changes() -> None:
@@ -171,11 +173,11 @@ def scenario(seed: int, two_processes: bool = False) -> str:
     cells = {c: (rng.randint(1, 3), rng.randint(1, 3)) for c in "abcde"}
     where = {"a": 0, "b": 1, "c": 2, "d": 2, "e": 3}
     config = FleetConfig(d.CellMap(tuple(sorted(where.items()))), hold_ms=HOLD, keep_decisions=False)
-    groups = list(split_groups(config, 1)) if two_processes else None
-    if groups is not None:
-        groups = [groups[0], *groups[1]]  # type: ignore[list-item]
-    fleet = ShardedFleet(config, groups)  # type: ignore[arg-type]
-    beats = {c: [node(f"{c}-n{i}", cell=c, rack=f"r{i // p}") for i in range(r * p)] for c, (r, p) in cells.items()}
+    groups = split_groups(config, 1) if two_processes else None
+    fleet = ShardedFleet(config, groups)
+    beats = {
+        c: [node(f"{c}-n{i}", cell=c, rack=f"r{i // p}") for i in range(r * p)] for c, (r, p) in cells.items()
+    }
     try:
         for k in range(12):
             fleet.advance(rng.choice((0, 5, HOLD // 2)))
