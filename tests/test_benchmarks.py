@@ -196,3 +196,25 @@ def test_simulate() -> None:
     positive(r, "step_cost.ms_per_step_total", "step_cost_batch64.us_per_pod_total")
     assert "decide (total)" in r["step_cost"]["ms_per_step"]
     assert "decide: kernel place_run" in r["step_cost_batch64"]["us_per_pod"]
+
+
+def test_shards() -> None:
+    """Every key of issue 17 is printed; those the service must measure (Kafka latency,
+    takeover) are null and listed under ``not_measured`` with the reason, never made up."""
+    traces = Path(find_traces())
+    r = smoke("shards", {"FLEETLOG_TRACES": str(traces)})
+    assert r["benchmark"] == "shards"
+    assert r["size"] == "smoke"
+    positive(r, "single_shard_per_s", "split_one_process_per_s", "split_two_processes_per_s")
+    positive(r, "split_vs_single", "two_vs_one_process", "alloc_single_shard", "alloc_split")
+    assert 0 < r["alloc_single_shard"] <= 100
+    assert 0 < r["alloc_split"] <= 100
+    assert 0 <= r["drf_max_delta_points"] <= 100
+    assert sorted(r["dominant_share_split"]) == ["t0", "t1", "t2", "t3"]
+    unmeasured = ("kafka_latency_p50_ms", "kafka_latency_p99_ms", "takeover_p50_s", "takeover_max_s")
+    for key in unmeasured:
+        assert key in r
+        assert r[key] is None
+        assert "not wired" in r["not_measured"][key]
+    assert sorted(r["not_measured"]) == sorted(unmeasured)
+    assert set(r["targets_met"]) == {"split_one_process_20k", "split_vs_single_2x", "two_vs_one_1_6x"}

@@ -17,6 +17,7 @@ a reason.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import re
 from collections import deque
@@ -36,6 +37,7 @@ from fleetlog.events.model import (
     JobReturned,
     JobSubmitted,
     QuotaSet,
+    TaskGroup,
 )
 
 MAX_NAME: Final = 253
@@ -83,9 +85,13 @@ class CellMap:
                 raise ValueError(f"cell {cell!r}: partition {partition} is negative")
 
     def partition_of(self, cell: str) -> int | None:
-        return dict(self.partitions).get(cell)
+        return self._partition.get(cell)
 
-    @property
+    @functools.cached_property
+    def _partition(self) -> dict[str, int]:
+        return dict(self.partitions)
+
+    @functools.cached_property
     def cells(self) -> tuple[str, ...]:
         return tuple(c for c, _ in self.partitions)
 
@@ -334,14 +340,15 @@ def dispatch(state: DispatchState) -> Step:
     reason; the cancellations folded since the last step, for their holding cells."""
     room, used = rooms(state), usage(state)
     fleet = _fleet(state)
+    scores = Scores(room)
     dispatched: list[JobDispatched] = []
     waiting: list[tuple[str, str, str]] = []
     for job in _ordered(state, used, fleet):
         reason = _quota_reason(state, used, job)
-        cell = "" if reason else _choose(state, room, job)
+        cell = "" if reason else _choose(state, scores, job)
         if cell:
             dispatched.append(_send(state, job, cell))
-            take(room[cell], job.spec, commit=True)
+            scores.take(cell, job.spec)
             row = used.setdefault((job.tenant, -1), [0, 0, 0])
             for i in range(3):
                 row[i] += job.demand[i]
@@ -406,6 +413,8 @@ def _quota_reason(state: DispatchState, used: Usage, job: Job) -> str:
 def candidates(state: DispatchState, job: Job) -> list[str]:
     """The cells ``job`` may go to, sorted: allowed (all if none named) and in the map, less
     those that returned it and have written no newer summary since."""
+    if not job.spec.allowed_cells and not job.returned:
+        return list(state.cells.cells)  # (the common case, without a set per job)
     allowed = set(job.spec.allowed_cells)
     out = []
     for cell in state.cells.cells:
@@ -419,13 +428,53 @@ def candidates(state: DispatchState, job: Job) -> list[str]:
     return out
 
 
-def _choose(state: DispatchState, room: dict[str, Room], job: Job) -> str:
+class Scores:
+    """Each cell's answer to ``take(room, spec, commit=False)`` for the task groups asked this
+    step, remembered until that cell's room changes (only :meth:`take` changes it: a job
+    dispatched there). The answer depends on the room and the task groups alone, so it is the
+    plain one, without a dictionary copy per cell and job (the dispatcher's hot spot: every
+    job scores every allowed cell). ``remember=False`` is the plain twin, for tests."""
+
+    def __init__(self, room: dict[str, Room], remember: bool = True) -> None:
+        self.room, self.remember = room, remember
+        self.memo: dict[tuple[TaskGroup, ...], dict[str, int | None]] = {}
+        """Task groups -> cell -> the answer (a cell whose room changed is dropped from each)."""
+
+    def left(self, cell: str, spec: JobSubmitted) -> int | None:
+        return self._left(self.known(spec), cell, spec)
+
+    def known(self, spec: JobSubmitted) -> dict[str, int | None]:
+        """The answers remembered for ``spec``'s task groups, by cell."""
+        return self.memo.setdefault(spec.task_groups, {})
+
+    def _left(self, known: dict[str, int | None], cell: str, spec: JobSubmitted) -> int | None:
+        answer = known.get(cell, _UNKNOWN)
+        if answer is _UNKNOWN:
+            answer = take(self.room[cell], spec, commit=False)
+            if self.remember:
+                known[cell] = answer
+        return answer
+
+    def take(self, cell: str, spec: JobSubmitted) -> None:
+        take(self.room[cell], spec, commit=True)
+        for known in self.memo.values():
+            known.pop(cell, None)
+
+
+_UNKNOWN: Final = -2
+"""Not remembered (an answer is ``None`` or slots left, never negative)."""
+
+
+def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
     """Step 5: the candidate cell with the most room left after the job (ties: smaller id)."""
-    best, best_left = "", -1
+    best, best_left, room = "", -1, scores.room
+    known, left_of, spec = scores.known(job.spec), scores._left, job.spec
     for cell in candidates(state, job):
         if cell not in room:
             continue
-        left = take(room[cell], job.spec, commit=False)
+        left = known.get(cell, _UNKNOWN)
+        if left is _UNKNOWN:
+            left = left_of(known, cell, spec)
         if left is not None and left > best_left:
             best, best_left = cell, left
     return best

@@ -1,0 +1,355 @@
+"""Scale-out (issue 17): one shard over the whole fleet against the dispatcher and cell shards.
+
+    python -m benchmarks.shards --json [--quick | --smoke] [--repeats N] [--traces PATH]
+
+All three parts run the pure core in process, without a log (``fleetlog.sharded``: the
+dispatcher and one ``State`` per cell shard, joined as their partitions join them, on a virtual
+clock); the single shard is one ``State`` over every node, stepped as the service loop steps it
+(fold the inputs, decide, fold the decision batch). Same policy (``default``: FGD) everywhere.
+
+- **Scale** (``single_shard_per_s``, ``split_one_process_per_s``, ``split_two_processes_per_s``):
+  a fleet of C cells x N nodes of 8 A100 (64 x 1,000; ``--quick`` 64 x 250), cell-agnostic
+  one-task 1-GPU jobs of 4 tenants submitted 8,000 per dispatcher step (the loop's batch);
+  placements per wall second from the first submission until every job is placed (a) by one
+  shard over every node (fewer jobs: it is the slow one), (b) by the dispatcher and C cell
+  shards in this process, (c) the same with the cells of the second half of the partitions
+  stepped in a child process (``fleetlog.sharded.procs``; the exchange over a pipe counted),
+  the dispatcher and the first half here. Median of ``--repeats`` fresh fleets each. (b) and
+  (c) must write the same digest (checked: else the run fails).
+- **Quality** (``alloc_single_shard``, ``alloc_split``): the openb inflate protocol (the FGD
+  paper's: jobs plus seeded copies to 130% of the GPUs, shuffled, 64 per step, never leaving)
+  on ``openb_node_list_gpu_node.csv``; GPU allocation % when all have arrived, mean over seeds
+  1..S; single shard with ``fail_unplaced`` (the protocol), split: the node list round-robin in
+  4 cells, jobs allowed in every cell, cells hand back after 1 ms of log time what they cannot
+  place (not rejected: another cell may fit it), the dispatcher re-dispatches elsewhere.
+- **Fairness** (``drf_max_delta_points``): 4 equal-weight tenants of different shapes each
+  asking for twice the fleet (4 cells x 25 nodes), submitted interleaved at once; each tenant's
+  dominant share of the fleet once it is full, single shard vs split; the largest difference.
+- ``kafka_latency_*`` and ``takeover_*`` need the service roles over Kafka (not wired yet):
+  null, with the reason under ``not_measured``.
+
+``--smoke`` (CI): 4 cells x 20 nodes, 400 jobs, 3% of openb's arrivals, one seed, one repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from benchmarks.common import add_smoke, emit, machine
+from benchmarks.simulate import find_traces
+from fleetlog.core import dispatch as d
+from fleetlog.core.cellshard import SummaryRule
+from fleetlog.core.decide import decide
+from fleetlog.core.digest import digest
+from fleetlog.core.fold_batch import fold_fast, fold_lists
+from fleetlog.core.policy import Policy, policy_named
+from fleetlog.core.state import CoreConfig, State
+from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup
+from fleetlog.events.model import DecisionBatch, Event
+from fleetlog.sharded import FleetConfig, ShardedFleet
+from fleetlog.sharded.procs import close_all, split_groups
+from fleetlog.simulation import load_cluster, load_workload, parse_mode
+from fleetlog.simulation.modes import inflate
+
+STEP_JOBS: Final = 8_000
+"""Submissions per dispatcher step in the scale part (the service loop folds up to 10,000)."""
+SCALE_SUMMARIES: Final = SummaryRule(material_milli=0)
+"""The scale part's cells write a summary every step they fold something. With the default rule
+(a change of 1/8 of a row's slots, or 5 s of log time) and 125 placements per cell per step out
+of 8,000 slots, a summary is rarely due while the clock stands still, and the dispatcher re-takes
+at every step each job dispatched since the cell's last summary (``dispatch.rooms``): quadratic.
+A summary per step is 64 small events per 8,000 placements."""
+NOT_MEASURED: Final = {
+    "kafka_latency_p50_ms": "needs the dispatcher and cell roles of the service over Kafka (not wired yet)",
+    "kafka_latency_p99_ms": "needs the dispatcher and cell roles of the service over Kafka (not wired yet)",
+    "takeover_p50_s": "needs cell processes in a Kafka consumer group to kill (not wired yet)",
+    "takeover_max_s": "needs cell processes in a Kafka consumer group to kill (not wired yet)",
+}
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="64 cells x 250 nodes, 2 seeds (< 2 minutes)")
+    parser.add_argument("--repeats", type=int, default=None, help="fleets per scale measure (3; quick 1)")
+    parser.add_argument("--seeds", type=int, default=None, help="openb seeds (3; quick 2)")
+    parser.add_argument("--traces", default=find_traces(), help="the openb CSV folder")
+    add_smoke(parser)
+    return parser.parse_args()
+
+
+# --- fleets and jobs ----------------------------------------------------------------------------
+
+
+def cell_nodes(cell: str, n: int) -> list[NodeHeartbeat]:
+    return [
+        NodeHeartbeat(cell=cell, node=f"{cell}-n{i:05d}", cpu_milli=96_000, mem_mib=786_432, gpu_count=8,
+                      gpu_model="A100", topology=(f"b{i // 512}", f"r{i // 16}", f"n{i:05d}"))
+        for i in range(n)
+    ]
+
+
+def single_gpu_jobs(count: int) -> list[JobSubmitted]:
+    group = (TaskGroup(count=1, cpu_milli=4_000, mem_mib=8_192, gpu_count=1, gpu_milli=1_000),)
+    return [JobSubmitted(job_id=f"j{i}", tenant=f"t{i % 4}", task_groups=group) for i in range(count)]
+
+
+def cell_map(cells: int) -> d.CellMap:
+    return d.CellMap(tuple((f"c{i:03d}", i) for i in range(cells)))
+
+
+class Single:
+    """One shard over every node: the service loop's step without a log."""
+
+    def __init__(self, policy: Policy, core: CoreConfig | None = None) -> None:
+        self.state, self.policy, self.now_ms = State(core), policy, 0
+
+    def step(self, events: Sequence[Event]) -> list[object]:
+        fold_lists(self.state, list(events), [self.now_ms] * len(events))
+        decisions = decide(self.state, self.policy)
+        if decisions:
+            batch = DecisionBatch(as_of=self.state.offset, digest=digest(self.state),
+                                  decisions=tuple(decisions), policy=self.policy.name)
+            fold_fast(self.state, batch, self.now_ms)
+        return list(decisions)
+
+
+# --- scale --------------------------------------------------------------------------------------
+
+
+def single_rate(cells: int, nodes: int, jobs: int) -> float:
+    shard = Single(Policy())
+    for c in cell_map(cells).cells:
+        shard.step(cell_nodes(c, nodes))
+    work = single_gpu_jobs(jobs)
+    start, placed = time.perf_counter(), 0
+    for k in range(0, jobs, STEP_JOBS):
+        placed += sum(isinstance(x, JobPlaced) for x in shard.step(work[k : k + STEP_JOBS]))
+    elapsed = time.perf_counter() - start
+    assert placed == jobs, (placed, jobs)
+    return placed / elapsed
+
+
+def split_rate(cells: int, nodes: int, jobs: int, processes: int) -> tuple[float, str]:
+    """Placements/s of the dispatcher and ``cells`` shards over ``processes`` processes, and the
+    run's digest."""
+    config = FleetConfig(cell_map(cells), keep_decisions=False, summary=SCALE_SUMMARIES)
+    groups = split_groups(config, processes - 1) if processes > 1 else None
+    fleet = ShardedFleet(config, groups)
+    try:
+        for c in config.cells.cells:
+            fleet.to_cell(c, *cell_nodes(c, nodes))
+        fleet.step()  # the cells fold their nodes and write their first summaries
+        work = single_gpu_jobs(jobs)
+        start, placed = time.perf_counter(), 0
+        for k in range(0, jobs, STEP_JOBS):
+            fleet.submit(*work[k : k + STEP_JOBS])
+            placed += fleet.step().placed
+        while placed < jobs:
+            before = placed
+            placed += fleet.step().placed
+            assert placed > before or fleet.global_in, f"stuck at {placed} of {jobs} placed"
+        elapsed = time.perf_counter() - start
+        return placed / elapsed, fleet.digest()
+    finally:
+        close_all(groups or [])
+
+
+def scale(cells: int, nodes: int, jobs: int, single_jobs: int, repeats: int) -> dict[str, Any]:
+    singles = [single_rate(cells, nodes, single_jobs) for _ in range(repeats)]
+    ones, twos = [], []
+    for _ in range(repeats):
+        one, one_digest = split_rate(cells, nodes, jobs, 1)
+        two, two_digest = split_rate(cells, nodes, jobs, 2)
+        if one_digest != two_digest:
+            raise SystemExit(f"the split in two processes wrote {two_digest}, in one {one_digest}")
+        ones.append(one)
+        twos.append(two)
+    a, b, c = statistics.median(singles), statistics.median(ones), statistics.median(twos)
+    return {
+        "scale_cells": cells, "scale_nodes_per_cell": nodes, "scale_jobs": jobs,
+        "scale_single_jobs": single_jobs, "scale_step_jobs": STEP_JOBS, "scale_repeats": repeats,
+        "single_shard_per_s": a, "split_one_process_per_s": b, "split_two_processes_per_s": c,
+        "split_vs_single": b / a, "two_vs_one_process": c / b,
+        "single_shard_runs": singles, "split_one_process_runs": ones, "split_two_processes_runs": twos,
+        "targets_met": {"split_one_process_20k": b >= 20_000, "split_vs_single_2x": b / a >= 2,
+                        "two_vs_one_1_6x": c / b >= 1.6},
+    }
+
+
+# --- quality: the openb inflate protocol ---------------------------------------------------------
+
+QUALITY_CELLS: Final = 4
+BATCH: Final = 64
+
+
+def openb(traces: Path, seed: int, ratio: str) -> tuple[list[NodeHeartbeat], list[list[JobSubmitted]], int]:
+    """The openb GPU nodes (cell ``c<i % 4>`` by list order), the inflate arrivals of ``seed`` in
+    steps of 64, and the fleet's milli-GPUs."""
+    cluster = load_cluster(str(traces / "openb_node_list_gpu_node.csv"))
+    workload = load_workload(str(traces / "openb_pod_list_default.csv"), cluster, seed)
+    jobs = inflate(parse_mode(f"inflate?batch={BATCH}{ratio}"), workload, cluster, seed)
+    nodes = [
+        NodeHeartbeat(cell=f"c{i % QUALITY_CELLS}", node=n.name, cpu_milli=n.cpu_milli, mem_mib=n.mem_mib,
+                      gpu_count=n.gpu_count, gpu_model=n.gpu_model, topology=n.topology)
+        for i, n in enumerate(cluster.nodes)
+    ]
+    steps: list[list[JobSubmitted]] = []
+    for job in jobs:
+        if not steps or len(steps[-1]) == BATCH:
+            steps.append([])
+        steps[-1].append(job.event)
+    return nodes, steps, cluster.gpu_milli
+
+
+def gpu_placed(state: State) -> int:
+    """Milli-GPUs the running jobs of ``state`` hold."""
+    return sum(used[2] for (_, cell), used in state.usage.items() if cell == -1)
+
+
+def alloc_single(nodes: list[NodeHeartbeat], steps: list[list[JobSubmitted]], gpu_milli: int) -> float:
+    shard = Single(policy_named("default", fail_unplaced=True))
+    shard.step(nodes)
+    for arrivals in steps:
+        shard.now_ms += 1
+        shard.step(arrivals)
+    return 100 * gpu_placed(shard.state) / gpu_milli
+
+
+def drain(fleet: ShardedFleet, tick: dict[str, NodeHeartbeat], every_ms: int, rounds: int = 40) -> None:
+    """After the last arrival: time moves (each cell hears one heartbeat per ``every_ms``: the
+    periodic summaries and the hand-backs ride on it) until two rounds in a row move nothing."""
+    quiet = 0
+    for _ in range(rounds):
+        fleet.advance(every_ms)
+        for cell, beat in sorted(tick.items()):
+            fleet.to_cell(cell, beat)
+        step = fleet.step()
+        quiet = quiet + 1 if not step.dispatched and not step.placed else 0
+        if quiet == 2:
+            return
+
+
+def alloc_split(nodes: list[NodeHeartbeat], steps: list[list[JobSubmitted]], gpu_milli: int) -> float:
+    cells = d.CellMap(tuple((f"c{i}", i) for i in range(QUALITY_CELLS)))
+    fleet = ShardedFleet(FleetConfig(cells, hold_ms=1, keep_decisions=False))
+    for n in nodes:
+        fleet.to_cell(n.cell, n)
+    fleet.step()
+    tick = {c: next(n for n in nodes if n.cell == c) for c in cells.cells}  # a heartbeat moves log time
+    for arrivals in steps:
+        fleet.advance(1)
+        fleet.submit(*arrivals)
+        fleet.step()
+    drain(fleet, tick, 1)
+    states = [s.state for s in fleet.local_shards().values()]
+    return 100 * sum(gpu_placed(s) for s in states) / gpu_milli
+
+
+def quality(traces: Path, seeds: int, ratio: str) -> dict[str, Any]:
+    single, split = [], []
+    for seed in range(1, seeds + 1):
+        nodes, steps, gpu_milli = openb(traces, seed, ratio)
+        single.append(alloc_single(nodes, steps, gpu_milli))
+        split.append(alloc_split(nodes, steps, gpu_milli))
+    a, b = statistics.mean(single), statistics.mean(split)
+    return {
+        "quality_seeds": seeds, "quality_cells": QUALITY_CELLS,
+        "alloc_single_shard": a, "alloc_split": b, "alloc_delta_points": b - a,
+        "alloc_single_runs": single, "alloc_split_runs": split,
+        "alloc_within_half_point": abs(b - a) <= 0.5,
+    }
+
+
+# --- fairness: four tenants under contention ----------------------------------------------------
+
+SHAPES: Final = {  # tenant -> (GPUs, milli-CPU) of its one-task jobs: each dominant in its own way
+    "t0": (1, 4_000), "t1": (4, 16_000), "t2": (8, 24_000), "t3": (1, 48_000),
+}
+
+
+def fairness_jobs(nodes: int) -> list[JobSubmitted]:
+    """Each tenant asks for about twice the fleet's GPUs (or CPUs), interleaved."""
+    out = []
+    for tenant, (gpus, cpu) in sorted(SHAPES.items()):
+        asks = 2 * nodes * min(8 // gpus, 96_000 // cpu)
+        group = (TaskGroup(count=1, cpu_milli=cpu, mem_mib=8_192 * gpus, gpu_count=gpus, gpu_milli=1_000),)
+        out.append([JobSubmitted(job_id=f"{tenant}-{i}", tenant=tenant, task_groups=group)
+                    for i in range(asks)])
+    longest = max(len(x) for x in out)
+    return [x[i] for i in range(longest) for x in out if i < len(x)]
+
+
+def dominant_shares(states: Sequence[State], nodes: int) -> dict[str, float]:
+    """Each tenant's dominant share (% of the fleet's CPU, memory or GPUs, the largest)."""
+    total = (96_000 * nodes, 786_432 * nodes, 8_000 * nodes)
+    used: dict[str, list[int]] = {t: [0, 0, 0] for t in SHAPES}
+    for state in states:
+        for (tenant, cell), row in state.usage.items():
+            if cell == -1:
+                name = state.names["tenant"].names[tenant]
+                used[name] = [u + r for u, r in zip(used[name], row, strict=True)]
+    return {t: 100 * max(u / n for u, n in zip(used[t], total, strict=True)) for t in sorted(used)}
+
+
+def fairness(per_cell: int) -> dict[str, Any]:
+    cells, nodes = cell_map(QUALITY_CELLS), QUALITY_CELLS * per_cell
+    jobs = fairness_jobs(nodes)
+    single = Single(Policy())
+    for c in cells.cells:
+        single.step(cell_nodes(c, per_cell))
+    for k in range(0, len(jobs), 1_000):
+        single.step(jobs[k : k + 1_000])
+    fleet = ShardedFleet(FleetConfig(cells, keep_decisions=False))
+    for c in cells.cells:
+        fleet.to_cell(c, *cell_nodes(c, per_cell))
+    fleet.step()
+    for k in range(0, len(jobs), 1_000):
+        fleet.submit(*jobs[k : k + 1_000])
+        fleet.step()
+    ticks = {c: cell_nodes(c, 1)[0] for c in cells.cells}
+    drain(fleet, ticks, fleet.config.summary.every_ms)
+    a = dominant_shares([single.state], nodes)
+    b = dominant_shares([s.state for s in fleet.local_shards().values()], nodes)
+    return {
+        "fairness_nodes": nodes, "dominant_share_single": a, "dominant_share_split": b,
+        "drf_max_delta_points": max(abs(a[t] - b[t]) for t in a),
+    }
+
+
+def timed(part: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    start = time.perf_counter()
+    out = part()
+    return out | {"seconds": round(time.perf_counter() - start, 1)}
+
+
+def main() -> None:
+    args = parse()
+    size = "smoke" if args.smoke else "quick" if args.quick else "full"
+    cells, nodes, jobs, single_jobs = {"smoke": (4, 20, 400, 200), "quick": (64, 250, 64_000, 2_000),
+                                       "full": (64, 1_000, 128_000, 4_000)}[size]
+    repeats = args.repeats or {"smoke": 1, "quick": 1, "full": 3}[size]
+    seeds = args.seeds or {"smoke": 1, "quick": 2, "full": 3}[size]
+    result: dict[str, Any] = {"benchmark": "shards", "size": size, **machine()}
+    scaled = timed(lambda: scale(cells, nodes, jobs, single_jobs, repeats))
+    ratio = "&ratio=0.03" if args.smoke else ""
+    judged = timed(lambda: quality(Path(args.traces), seeds, ratio))
+    fair = timed(lambda: fairness(5 if args.smoke else 25))
+    result |= scaled | judged | fair
+    result["seconds"] = {"scale": scaled["seconds"], "quality": judged["seconds"],
+                         "fairness": fair["seconds"]}
+    result["drf_within_2_points"] = fair["drf_max_delta_points"] <= 2
+    result |= dict.fromkeys(NOT_MEASURED)
+    result["not_measured"] = NOT_MEASURED
+    emit(result, args.json)
+
+
+if __name__ == "__main__":
+    main()

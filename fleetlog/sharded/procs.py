@@ -1,0 +1,94 @@
+"""A group of cell shards stepped in a child process: the same :class:`CellShard` steps, their
+partitions' records sent over a pipe (msgpack, as the logs would carry them) and what each shard
+wrote sent back. The driver still orders everything by partition, so a fleet whose shards run in
+two processes writes exactly what it writes in one (the same digest: tested).
+
+The child is started with ``spawn`` (a fresh interpreter: no lock or numba thread state copied
+from a parent mid-flight); it compiles nothing new, as the kernels are cached on disk.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+
+import msgspec
+
+from fleetlog.events.model import CellSummary, Event, JobReturned
+from fleetlog.sharded.driver import CellShard, FleetConfig, LocalShards, Record, ShardGroup, ShardOut
+
+Sent = list[tuple[int, list[tuple[Event, int]]]]
+Back = list[tuple[int, int, list[JobReturned | CellSummary]]]
+_ENCODER = msgspec.msgpack.Encoder()
+_SENT = msgspec.msgpack.Decoder(Sent)
+_BACK = msgspec.msgpack.Decoder(Back)
+
+
+def _serve(conn: Connection, partitions: dict[int, tuple[str, ...]], config: FleetConfig) -> None:
+    """The child: step its shards on each batch of records until told to stop (``b""``); then
+    send the transcripts."""
+    group = LocalShards(CellShard(p, cells, config) for p, cells in partitions.items())
+    while True:
+        raw = conn.recv_bytes()
+        if not raw:
+            break
+        group.send({p: [(e, at) for e, at in records] for p, records in _SENT.decode(raw)})
+        outs = group.receive()
+        back: Back = [(o.partition, o.placed, o.to_global) for o in outs]  # type: ignore[misc]
+        conn.send_bytes(_ENCODER.encode(back))
+    conn.send(group.transcripts())
+    conn.close()
+
+
+class ChildShards:
+    """Cell shards of ``partitions`` stepped in a child process (``close`` it when done)."""
+
+    def __init__(self, partitions: dict[int, tuple[str, ...]], config: FleetConfig) -> None:
+        self.partitions = tuple(sorted(partitions))
+        if config.keep_decisions or config.check:
+            raise ValueError("shards in a child process send counts only: keep_decisions=False, check=False")
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, partitions, config), daemon=True)
+        self._proc.start()
+        child.close()
+        self._final: dict[int, str] | None = None
+
+    def send(self, records: dict[int, list[Record]]) -> None:
+        sent: Sent = [(p, records[p]) for p in sorted(records)]
+        self._conn.send_bytes(_ENCODER.encode(sent))
+
+    def receive(self) -> list[ShardOut]:
+        back = _BACK.decode(self._conn.recv_bytes())
+        return [ShardOut(p, placed, [], list(to_global)) for p, placed, to_global in back]
+
+    def transcripts(self) -> dict[int, str]:
+        """Each partition's transcript digest (stops the child: call it last)."""
+        if self._final is None:
+            self._conn.send_bytes(b"")
+            self._final = self._conn.recv()
+            self._proc.join(timeout=30)
+        return dict(self._final)
+
+    def close(self) -> None:
+        """Stop the child (its transcripts are read first, so it exits cleanly)."""
+        if self._proc.is_alive():
+            self.transcripts()
+        self._conn.close()
+
+
+def split_groups(config: FleetConfig, children: int) -> list[ShardGroup]:
+    """The partitions in ``children + 1`` contiguous parts: the first stepped here (while the
+    children step theirs), one per child."""
+    parts = list(config.partitions().items())
+    size = -(-len(parts) // (children + 1))
+    chunks = [dict(parts[i : i + size]) for i in range(0, len(parts), size)]
+    local = LocalShards(CellShard(p, cells, config) for p, cells in chunks[0].items())
+    return [local, *(ChildShards(chunk, config) for chunk in chunks[1:])]
+
+
+def close_all(groups: Sequence[object]) -> None:
+    for g in groups:
+        if isinstance(g, ChildShards):
+            g.close()
