@@ -25,7 +25,7 @@ import msgspec
 from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
-from fleetlog.log.base import DECISIONS, INPUTS
+from fleetlog.log.base import DECISIONS, INPUTS, Shard
 from fleetlog.log.discovery import running_service
 from fleetlog.log.location import ConfigError
 from fleetlog.logsetup import silence
@@ -151,8 +151,9 @@ def check_log_dir(config: Config, create: bool) -> None:
     path = Path(config.log.dir)
     if running_service(path) is not None:
         return  # the service that holds it answers
-    if not path.is_dir() or not any((path / name).is_dir() for name in (INPUTS, DECISIONS)):
-        raise CommandLineError(f"no file log at {path} (expected {INPUTS}/ and {DECISIONS}/ directories; "
+    shard = path / Shard.GLOBAL.dirname if config.cells else path  # a map: submissions go to global/
+    if not shard.is_dir() or not any((shard / name).is_dir() for name in (INPUTS, DECISIONS)):
+        raise CommandLineError(f"no file log at {shard} (expected {INPUTS}/ and {DECISIONS}/ directories; "
                                "--create starts a new one)")
 
 
@@ -184,14 +185,19 @@ def _report(args: argparse.Namespace, envelopes: list[Envelope], sent: Sent, whe
         job_id = getattr(event, "job_id", None)
         at = None if duplicate else offset
         offset += 0 if duplicate else 1
+        shard = sent.shards[index] if sent.shards else None  # a [cells] map: the event's partition
+        if sent.shards:
+            at = sent.offsets[index]
         if args.json:
             print(json.dumps({"event": type(event).__name__, "job_id": job_id, "key": env.key, "offset": at,
-                              "duplicate": duplicate, "log": where}))
+                              "duplicate": duplicate, "log": where, **({"shard": shard} if shard else {})}))
         elif duplicate:
             what = "cancelled already" if isinstance(event, JobCancelled) else "submitted already, same spec"
             print(f"{type(event).__name__} {job_id} (key {env.key}) {what}: nothing appended ({where})")
         else:
-            print(f"{type(event).__name__} {job_id} (key {env.key}) appended at inputs offset {at} ({where})")
+            inputs = f"the {shard} inputs" if shard else "inputs"
+            print(f"{type(event).__name__} {job_id} (key {env.key}) appended at {inputs} offset {at} "
+                  f"({where})")
 
 
 # -- what to submit -----------------------------------------------------------------------------
