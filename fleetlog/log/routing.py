@@ -6,7 +6,8 @@ Without a map every event goes to today's single shard (:attr:`Shard.SINGLE`), u
 changes.  With a map:
 
 - ``JobSubmitted``, ``JobCancelled``, ``QuotaSet`` -> the global partition (the dispatcher's; it
-  forwards a cancel or a cell's quota to the cell that needs it);
+  forwards a cancel or a cell's quota to the cell that needs it; a quota of a cell the map does
+  not name is refused here, not dead-lettered there);
 - ``NodeHeartbeat``, ``NodeRemoved`` -> the partition the map gives their ``cell``;
 - ``TaskStarted``, ``TaskFinished``, ``TaskFailed`` carry no cell: they go to the partition of
   the **producer's** cell (a backend serves one cell; the client takes ``--cell``).
@@ -107,6 +108,8 @@ class Router:
         if not self.partitions:
             return Shard.SINGLE
         if isinstance(event, GLOBAL_EVENTS):
+            if isinstance(event, QuotaSet) and event.cell:  # the dispatcher forwards it to the cell
+                self.partition_of(event.cell, f"QuotaSet of tenant {event.tenant!r}: cell")
             return Shard.GLOBAL
         if isinstance(event, CELL_EVENTS):
             return Shard.cell(self.partition_of(event.cell, f"{type(event).__name__} of node "

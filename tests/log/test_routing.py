@@ -35,7 +35,8 @@ def beat(cell: str, node: str = "n") -> NodeHeartbeat:
 
 def every_kind(cell: str) -> list[InputEvent]:
     return [job(), JobCancelled(job_id="j"), QuotaSet(tenant="t", nominal=Resources()),
-            QuotaSet(tenant="t", cell=cell, nominal=Resources()), beat(cell), NodeRemoved(cell=cell, node="n"),
+            QuotaSet(tenant="t", cell=cell, nominal=Resources()), beat(cell),
+            NodeRemoved(cell=cell, node="n"),
             TaskStarted(job_id="j", task_index=0, node="n"), TaskFinished(job_id="j", task_index=0),
             TaskFailed(job_id="j", task_index=0, reason="oom")]
 
@@ -78,6 +79,8 @@ def test_an_unknown_cell_is_refused_naming_it_and_the_map() -> None:
                           "nothing was sent")
     with pytest.raises(RoutingError, match="'gone' is not in the"):
         router.shard_of(NodeRemoved(cell="gone", node="n"))
+    with pytest.raises(RoutingError, match="QuotaSet of tenant 't': cell 'gone' is not in the"):
+        router.shard_of(QuotaSet(tenant="t", cell="gone", nominal=Resources()))
     with pytest.raises(RoutingError, match="the producer's cell 'nope' is not in the") as caught:
         Router(MAP, cell="nope")
     assert caught.value.reason == "unknown_cell"
