@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 from fleetlog.backends.cell_store import CellStore
+from fleetlog.backends.kubernetes.ledger import read_ledger
 from fleetlog.backends.shared_log import SharedFileStore
 from fleetlog.backends.simulated import CellBehaviour, Cluster, NodeSpec, SimulatedCell, Timers
 from fleetlog.backends.simulated.clock import VirtualClock
 from fleetlog.backends.store_args import open_store
 from fleetlog.events import (
     DecisionBatch,
+    JobDispatched,
     JobPlaced,
     JobSubmitted,
     NodeHeartbeat,
@@ -117,3 +119,16 @@ def test_a_backend_of_a_cell_missing_from_the_map_exits_2_writing_nothing(tmp_pa
     assert done.stderr == ("python -m fleetlog.backends.slurm: error: the producer's cell 'north' is not in "
                            "the [cells] map (it names east, west): add it to the map, or fix the cell\n")
     assert not log.exists()
+
+
+async def test_the_kubernetes_ledger_reads_its_dispatched_pod_groups_as_said(tmp_path: Path) -> None:
+    """After a restart the Kubernetes backend must not submit a pod group again that its cell's
+    partition holds as dispatched (the submission itself is in the global partition)."""
+    job = JobSubmitted(job_id="pod-1", tenant="ns", allowed_cells=("lab",),
+                       task_groups=(TaskGroup(count=2, cpu_milli=1, mem_mib=1),))
+    dispatched = JobDispatched(job=job, cell="lab", attempt=1, seq=1, as_of=0)
+    async with FileLogStore(tmp_path / "log", shard=Shard.cell(1)) as store:
+        await store.log(INPUTS).append([Message(encode(envelope(dispatched, "dispatcher")))])
+        ledger, offset = await read_ledger(store, "lab")
+    assert (ledger.jobs, offset) == ({"pod-1": 2}, 1)
+    assert not ledger.says_new(job)
