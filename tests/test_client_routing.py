@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from fleetlog.cli import main
 from fleetlog.client import Client, ClientError
@@ -25,9 +27,11 @@ from fleetlog.events.model import (
     TaskStarted,
 )
 from fleetlog.log.base import INPUTS, LogStore, Shard
+from fleetlog.log.discovery import announce
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.location import LogConfig
+from fleetlog.log.routing import CELL_HEADER
 from fleetlog.log.settings import Location
 
 MAP = (("a100-east", 0), ("a100-west", 1), ("t4-lab", 1))
@@ -203,3 +207,37 @@ async def test_on_kafka_each_event_lands_in_its_topic_partition(kafka_bootstrap:
     assert await read(KafkaLogStore(kafka, GLOBAL)) == [job("k1")]
     assert await read(KafkaLogStore(kafka, CELL0)) == [TaskStarted(job_id="k1", task_index=0, node="e1")]
     assert await read(KafkaLogStore(kafka, CELL1)) == [beat("t4-lab", "t1"), beat("a100-west", "w1")]
+
+
+async def test_to_a_running_service_the_batch_goes_whole_with_the_producers_cell(tmp_path: Path) -> None:
+    """The service that holds the file log routes by the same rule (its ingest); the client checks
+    the batch first and names its cell in the ``fleetlog-cell`` header."""
+    seen: list[tuple[str | None, int]] = []
+
+    async def ingest(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append((request.headers.get(CELL_HEADER), len(body)))
+        return web.json_response({"appended": len(body), "first_offset": 7})
+
+    app = web.Application()
+    app.router.add_post("/v1/events", ingest)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    base = tmp_path / "log"
+    base.mkdir()
+    announce(base, os.getpid(), f"127.0.0.1:{port}")
+    try:
+        async with await Client.connect(located(base), cell="t4-lab") as client:
+            sent = await client.deliver([job("j1"), TaskStarted(job_id="j1", task_index=0, node="t1")])
+            with pytest.raises(ClientError, match="cell 'gone' is not in the"):
+                await client.send([job("j2"), beat("gone", "g")])
+        async with await Client.connect(located(base)) as client:
+            await client.submit(job("j3"))
+    finally:
+        await runner.cleanup()
+    assert (sent.first_offset, sent.appended) == (7, 2)
+    assert seen == [("t4-lab", 2), (None, 1)]  # the refused batch never left the client
+    assert await on_disk(base) == {}

@@ -21,8 +21,8 @@ this module imports :mod:`fleetlog.events` only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final, TypeVar
 
 from fleetlog.events.model import (
     InputEvent,
@@ -45,6 +45,7 @@ TASK_EVENTS: Final = (TaskStarted, TaskFinished, TaskFailed)
 """What a cell says about tasks: no cell in the event, routed by the producer's cell."""
 CELL_HEADER: Final = "fleetlog-cell"
 """The ingest request header naming the producer's cell (its task events' partition)."""
+T = TypeVar("T")
 SHOWN_CELLS: Final = 20
 """Cells a refusal lists by name (a map may hold 10,000): the rest are counted."""
 
@@ -135,3 +136,19 @@ class Router:
                 raise RoutingError(f"event {index}: {exc}; nothing was sent", exc.reason, exc.cell) from None
             parts.setdefault(shard, []).append(index)
         return list(parts.items())
+
+
+def producer_cell(headers: Mapping[str, str]) -> str | None:
+    """The producer's cell an ingest request names (:data:`CELL_HEADER`; header names in lower
+    case, as the service's HTTP server gives them), ``None`` if none."""
+    return headers.get(CELL_HEADER) or None
+
+
+def route(router: Router, events: Sequence[InputEvent], items: Sequence[T]) -> list[tuple[Shard, list[T]]]:
+    """``items`` (the records of ``events``, one each, e.g. an ingest body's messages) grouped by
+    the shard of their event, each group in batch order (:meth:`Router.split`): what a service's
+    ingest appends, each group to its shard's inputs log (atomic per partition).  A
+    :class:`RoutingError` before any group: refuse the whole request (400, its ``reason``)."""
+    if len(items) != len(events):
+        raise ValueError(f"{len(items)} records for {len(events)} events")
+    return [(shard, [items[i] for i in indexes]) for shard, indexes in router.split(events)]

@@ -20,7 +20,7 @@ from fleetlog.events.model import (
     TaskStarted,
 )
 from fleetlog.log.base import Shard
-from fleetlog.log.routing import SHOWN_CELLS, Router, RoutingError
+from fleetlog.log.routing import CELL_HEADER, SHOWN_CELLS, Router, RoutingError, producer_cell, route
 
 MAP = (("a100-east", 0), ("a100-west", 1), ("t4-lab", 1))
 
@@ -117,3 +117,16 @@ def test_limits_ten_thousand_cells_and_names_at_253() -> None:
     assert f"cell-{SHOWN_CELLS - 2:05d}, … (10001 cells in all)" in message
     assert f"cell-{SHOWN_CELLS - 1:05d}" not in message
     assert len(message) < 1200
+
+
+def test_an_ingest_request_is_routed_with_the_producers_cell_from_its_header() -> None:
+    events: list[InputEvent] = [job("1"), TaskFinished(job_id="1", task_index=0), beat("a100-east")]
+    router = Router(MAP, producer_cell({CELL_HEADER: "t4-lab", "content-type": "application/json"}))
+    assert route(router, events, ["r0", "r1", "r2"]) == [
+        (Shard.GLOBAL, ["r0"]), (Shard.cell(1), ["r1"]), (Shard.cell(0), ["r2"])]
+    assert producer_cell({}) is None
+    with pytest.raises(RoutingError, match="carries no cell"):
+        route(Router(MAP, producer_cell({})), events, ["r0", "r1", "r2"])
+    assert route(Router(), events, [0, 1, 2]) == [(Shard.SINGLE, [0, 1, 2])]
+    with pytest.raises(ValueError, match="2 records for 3 events"):
+        route(router, events, [0, 1])
