@@ -172,8 +172,8 @@ def test_submit_and_cancel_go_to_the_global_partition(
     where = ("--config", str(config), "--log", str(base))
     code, out, err = run(capsys, "submit", "j1", "--tenant", "t", "--cell", "t4-lab", *where)
     assert code == 2
-    assert err == (f"fleetlog submit: error: no file log at {base / 'global'} (expected inputs/ and "
-                   "decisions/ directories; --create starts a new one)\n")
+    assert err == (f"fleetlog submit: error: no file log at {base} (expected inputs/ and decisions/ "
+                   "directories in global/ or cells-<p>/ (a [cells] map); --create starts a new one)\n")
     code, out, err = run(capsys, "submit", "j1", "--tenant", "t", "--cell", "t4-lab", *where, "--create")
     assert (code, err) == (0, "")
     assert out == ("JobSubmitted j1 (key submit/j1) appended at the global inputs offset 0 "
@@ -241,3 +241,37 @@ async def test_to_a_running_service_the_batch_goes_whole_with_the_producers_cell
     assert (sent.first_offset, sent.appended) == (7, 2)
     assert seen == [("t4-lab", 2), (None, 1)]  # the refused batch never left the client
     assert await on_disk(base) == {}
+
+
+def test_send_routes_heartbeats_and_task_events_with_cell(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "fleetlog.toml"
+    config.write_text('[cells]\na100-east = 0\nt4-lab = 1\n')
+    base = tmp_path / "log"
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        '{"type": "NodeHeartbeat", "cell": "t4-lab", "node": "t1", "cpu_milli": 1000, "mem_mib": 1024}\n'
+        '{"type": "TaskStarted", "job_id": "j1", "task_index": 0, "node": "e1"}\n'
+        '{"type": "NodeRemoved", "cell": "a100-east", "node": "e9"}\n')
+    where = ("--config", str(config), "--log", str(base), "--create")
+    code, _, err = run(capsys, "send", "--file", str(events), *where)  # a task event: which cell?
+    assert code == 2
+    assert err == ("fleetlog send: error: event 1: TaskStarted of job 'j1' carries no cell: with a [cells] "
+                   "map its producer must say its cell (--cell NAME, Client(cell=...)); nothing was sent\n")
+    code, _, err = run(capsys, "send", "--file", str(events), "--cell", "h100", *where)
+    assert code == 2
+    assert "the producer's cell 'h100' is not in the [cells] map (it names a100-east, t4-lab)" in err
+    assert not base.exists()  # nothing written anywhere, not even a directory
+    code, out, err = run(capsys, "send", "--file", str(events), "--cell", "a100-east", *where)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1].startswith("TaskStarted j1 (key started/j1/0/")
+    assert out.splitlines()[1].endswith(f"appended at the cells-0 inputs offset 0 (the file log at {base})")
+    assert asyncio.run(on_disk(base)) == {
+        "cells-0": [TaskStarted(job_id="j1", task_index=0, node="e1"),
+                    NodeRemoved(cell="a100-east", node="e9")],
+        "cells-1": [beat("t4-lab", "t1")],
+    }
+    without = ("--log", str(tmp_path / "plain"), "--create")  # no map: --cell changes nothing
+    assert run(capsys, "send", "--file", str(events), "--cell", "any", *without)[0] == 0
+    assert sorted(asyncio.run(on_disk(tmp_path / "plain"))) == ["single"]
