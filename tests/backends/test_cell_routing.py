@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+
+import pytest
 
 from fleetlog.backends.cell_store import CellStore
 from fleetlog.backends.kubernetes.ledger import read_ledger
@@ -28,10 +31,11 @@ from fleetlog.events import (
 )
 from fleetlog.log.base import DECISIONS, INPUTS, Message, Shard
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.location import LogConfig
 from fleetlog.log.settings import Location
 from fleetlog.simulation.metrics import Recorder
-from tests.test_client_routing import on_disk
+from tests.test_client_routing import on_disk, read
 
 REPO = Path(__file__).resolve().parents[2]
 MAP = (("east", 0), ("lab", 1), ("west", 1))
@@ -132,3 +136,21 @@ async def test_the_kubernetes_ledger_reads_its_dispatched_pod_groups_as_said(tmp
         ledger, offset = await read_ledger(store, "lab")
     assert (ledger.jobs, offset) == ({"pod-1": 2}, 1)
     assert not ledger.says_new(job)
+
+
+@pytest.mark.kafka
+async def test_on_kafka_a_backend_writes_its_cells_partition_and_the_global_one(
+    kafka_bootstrap: str,
+) -> None:
+    prefix = f"cr-{uuid.uuid4().hex[:10]}"
+    kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, shards=2)
+    config = Location(kafka=kafka, cells=MAP)
+    job = JobSubmitted(job_id="pod-k", tenant="ns", allowed_cells=("west",),
+                       task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),))
+    beat = NodeHeartbeat(cell="west", node="w0", cpu_milli=1000, mem_mib=1024)
+    async with open_store(config, "west") as store:
+        assert isinstance(store, CellStore)
+        await store.log(INPUTS).append([Message(encode(envelope(e, "kube"))) for e in (job, beat)])
+    assert await read(KafkaLogStore(kafka, Shard.GLOBAL)) == [job]
+    assert await read(KafkaLogStore(kafka, Shard.cell(1))) == [beat]
+    assert await read(KafkaLogStore(kafka, Shard.cell(0))) == []
