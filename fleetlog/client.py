@@ -24,9 +24,9 @@ import asyncio
 import hashlib
 import json
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 import aiohttp
 import msgspec
@@ -60,10 +60,11 @@ from fleetlog.events.model import (
     TopologyLevel,
 )
 from fleetlog.events.spec import same_submission, spec_differences, submission_spec
-from fleetlog.log.base import INPUTS, LogError, LogStore, Message, chunks
+from fleetlog.log.base import INPUTS, LogError, LogStore, Message, Shard, chunks
 from fleetlog.log.discovery import running_service
 from fleetlog.log.file import FileLogStore, HandOverError, LockedError
 from fleetlog.log.location import Located, make_store
+from fleetlog.log.routing import CELL_HEADER, Router, RoutingError
 from fleetlog.retry import Backoff, poll
 
 DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
@@ -197,6 +198,10 @@ class Sent(msgspec.Struct, frozen=True):
     first_offset: int
     appended: int
     duplicates: tuple[int, ...] = ()
+    shards: tuple[str, ...] = ()
+    """With a ``[cells]`` map (:class:`RoutedTransport`): each envelope's shard (``global``,
+    ``cells-3``), and in ``offsets`` its offset in that shard's inputs log (``None``: a duplicate)."""
+    offsets: tuple[int | None, ...] = ()
 
 
 class Transport(Protocol):
@@ -346,8 +351,9 @@ class FileTransport:
     for it (``LOCK.intent``): then the log is handed over before the next append and every
     batch from then on goes to the service's ingest endpoint."""
 
-    def __init__(self, config: Located, inner: Transport) -> None:
-        self.config, self.inner = config, inner
+    def __init__(self, config: Located, inner: Transport, shard: Shard = Shard.SINGLE,
+                 headers: dict[str, str] | None = None) -> None:
+        self.config, self.inner, self.shard, self.headers = config, inner, shard, headers
 
     async def append(self, envelopes: Sequence[Envelope]) -> int:
         return (await self.deliver(envelopes)).first_offset
@@ -357,7 +363,7 @@ class FileTransport:
             return await self.inner.deliver(envelopes, check)
         except HandOverError:
             await self.inner.close()
-            self.inner = await _after_handover(self.config)
+            self.inner = await _after_handover(self.config, self.shard, self.headers)
             return await self.inner.deliver(envelopes, check)
 
     async def close(self) -> None:
@@ -426,27 +432,29 @@ async def _logged_jobs(store: LogStore, ids: Sequence[str]
     return submits, cancels
 
 
-async def _direct(config: Located) -> StoreTransport:
-    store = FileLogStore(str(config.log.dir), fsync=config.log.fsync, yields=True)
+async def _direct(config: Located, shard: Shard = Shard.SINGLE) -> StoreTransport:
+    store = FileLogStore(str(config.log.dir), shard=shard, fsync=config.log.fsync, yields=True)
     await store.open()
-    return StoreTransport(store, owned=True, what=f"the file log at {config.log.dir}")
+    where = f"the file log at {config.log.dir}" + ("" if shard == Shard.SINGLE else f", shard {shard}")
+    return StoreTransport(store, owned=True, what=where)
 
 
 def _is_some(value: object) -> bool:
     return value is not None
 
 
-async def _after_handover(config: Located) -> Transport:
+async def _after_handover(config: Located, shard: Shard = Shard.SINGLE,
+                          headers: dict[str, str] | None = None) -> Transport:
     """The service that took (or is taking) the file log over, once it announces itself; the
-    log itself again if that service went away without taking it."""
+    log (of ``shard``) itself again if that service went away without taking it."""
     directory = Path(str(config.log.dir))
 
     async def where() -> Transport | None:
         found = running_service(directory)
         if found is not None:
-            return HttpTransport(*found)
+            return HttpTransport(*found, headers=headers)
         try:
-            return await _direct(config)
+            return await _direct(config, shard)
         except LockedError:  # HandOverError too: the service is taking the log, wait for it
             return None
         except LogError as exc:
@@ -481,6 +489,134 @@ async def open_transport(config: Located) -> Transport:
     return StoreTransport(store, owned=True, what=what)
 
 
+# -- routing by cell (a [cells] map) ------------------------------------------------------------
+
+ShardOpener = Callable[[Shard], Awaitable[Transport]]
+
+
+class RoutedTransport:
+    """With a ``[cells]`` map: each batch split by partition (:class:`~fleetlog.log.routing.Router`)
+    and each part delivered to its shard's inputs log, whose transport is opened on first use (one
+    per shard, kept).  Every event is routed, and every part's transport opened, before anything
+    is written: a cell missing from the map or an unreachable shard writes nothing.  Atomic **per
+    partition**: each part is appended whole or not at all; a failure between two parts leaves the
+    earlier parts written (resending the batch is harmless: every event carries its key).  With
+    ``whole`` (a running service's ingest, which routes by the same rule), the batch is checked
+    here and sent there in one request."""
+
+    def __init__(self, router: Router, opener: ShardOpener | None = None, what: str = "the logs",
+                 whole: Transport | None = None) -> None:
+        self.router, self.opener, self.what, self.whole = router, opener, what, whole
+        self.transports: dict[Shard, Transport] = {}
+
+    async def append(self, envelopes: Sequence[Envelope]) -> int:
+        return (await self.deliver(envelopes)).first_offset
+
+    def parts(self, envelopes: Sequence[Envelope]) -> list[tuple[Shard, list[int]]]:
+        """The batch by shard; a :class:`ClientError` (``unknown_cell``, ``cell_needed``) if an
+        event has no partition."""
+        try:
+            return self.router.split([cast(InputEvent, e.event) for e in envelopes])
+        except RoutingError as exc:
+            raise ClientError(str(exc), exc.reason) from None
+
+    async def deliver(self, envelopes: Sequence[Envelope], check: bool = False) -> Sent:
+        parts = self.parts(envelopes)
+        if self.whole is not None:
+            return await self.whole.deliver(envelopes, check)
+        for shard, _ in parts:
+            await self._transport(shard)
+        shards: list[str] = [""] * len(envelopes)
+        offsets: list[int | None] = [None] * len(envelopes)
+        for shard, indexes in parts:
+            sent = await self.transports[shard].deliver([envelopes[i] for i in indexes], check)
+            at, skipped = sent.first_offset, frozenset(sent.duplicates)
+            for local, index in enumerate(indexes):
+                shards[index] = str(shard)
+                if local not in skipped:
+                    offsets[index], at = at, at + 1
+        return _gathered(parts, shards, offsets)
+
+    async def _transport(self, shard: Shard) -> Transport:
+        found = self.transports.get(shard)
+        if found is None:
+            assert self.opener is not None
+            found = self.transports[shard] = await self.opener(shard)
+        return found
+
+    async def close(self) -> None:
+        transports, self.transports = list(self.transports.values()), {}
+        if self.whole is not None:
+            transports.append(self.whole)
+        for transport in transports:
+            await transport.close()
+
+    def describe(self) -> str:
+        return self.whole.describe() if self.whole is not None else self.what
+
+
+def _gathered(parts: list[tuple[Shard, list[int]]], shards: list[str], offsets: list[int | None]) -> Sent:
+    """One :class:`Sent` of the parts: the first offset is the first appended event's (in its
+    shard), or the first part's end."""
+    duplicates = tuple(i for i, offset in enumerate(offsets) if offset is None)
+    first = next((o for o in offsets if o is not None), 0)
+    return Sent(first, len(offsets) - len(duplicates), duplicates, tuple(shards), tuple(offsets))
+
+
+def cell_headers(router: Router) -> dict[str, str]:
+    """The ingest header naming a routed producer's cell (none without a map or a cell)."""
+    return {CELL_HEADER: router.cell} if router.routed and router.cell is not None else {}
+
+
+async def _open_shard(config: Located, shard: Shard, headers: dict[str, str]) -> Transport:
+    """The inputs log of ``shard``: the file log's shard directory (handed over like the single
+    log's), or its Kafka topic partition."""
+    if config.log.dir is not None:
+        try:
+            return FileTransport(config, await _direct(config, shard), shard, headers)
+        except HandOverError:
+            return FileTransport(config, await _after_handover(config, shard, headers), shard, headers)
+        except LogError as exc:
+            raise ClientError(f"cannot open the file log at {config.log.dir}, shard {shard}: {exc}",
+                              "unreachable") from None
+    store = make_store(config, shard)
+    what = f"Kafka at {config.kafka.bootstrap_servers}, shard {shard}" if config.kafka else f"shard {shard}"
+    try:
+        await store.open()
+    except LogError as exc:
+        raise ClientError(f"cannot open {what}: {exc}", "unreachable") from None
+    return StoreTransport(store, owned=True, what=what)
+
+
+def router_of(config: Located, cell: str | None = None) -> Router:
+    """The routing rule of ``config``'s ``[cells]`` map (``Location.cells``, ``Config.cells``; none:
+    today's single shard) for a producer of ``cell``; a :class:`ClientError` if the map does not
+    name ``cell``."""
+    try:
+        return Router(getattr(config, "cells", ()), cell)
+    except RoutingError as exc:
+        raise ClientError(str(exc), exc.reason) from None
+
+
+async def open_routed(config: Located, router: Router) -> Transport:
+    """The transport of a configuration with a map: the running service that holds the file log
+    (it routes; the producer's cell in :data:`~fleetlog.log.routing.CELL_HEADER`), else each
+    shard's inputs log directly."""
+    headers = cell_headers(router)
+    if config.log.dir is not None:
+        found = running_service(Path(config.log.dir))
+        if found is not None:
+            return RoutedTransport(router, whole=HttpTransport(*found, headers=headers))
+        what = f"the file log at {config.log.dir}"
+    else:
+        what = f"Kafka at {config.kafka.bootstrap_servers}" if config.kafka else "the logs"
+
+    async def opener(shard: Shard) -> Transport:
+        return await _open_shard(config, shard, headers)
+
+    return RoutedTransport(router, opener, what)
+
+
 # -- the client ---------------------------------------------------------------------------------
 
 
@@ -493,7 +629,15 @@ class Client:
         self.producer_id = producer_id
 
     @classmethod
-    async def connect(cls, config: Located, producer_id: str = DEFAULT_PRODUCER_ID) -> Client:
+    async def connect(cls, config: Located, producer_id: str = DEFAULT_PRODUCER_ID,
+                      cell: str | None = None) -> Client:
+        """A client of the logs ``config`` names.  With a ``[cells]`` map each event goes to its
+        partition (:mod:`fleetlog.log.routing`); ``cell`` is the producer's cell, where its task
+        events go (a cell the map does not name: :class:`ClientError` ``unknown_cell``).
+        Without a map ``cell`` changes nothing."""
+        router = router_of(config, cell)
+        if router.routed:
+            return cls(await open_routed(config, router), producer_id)
         return cls(await open_transport(config), producer_id)
 
     async def close(self) -> None:
@@ -511,11 +655,18 @@ class Client:
 
     async def send(self, events: Iterable[InputEvent | Envelope]) -> int:
         """Check every event (nothing is sent if one is bad), then append them in order, in one
-        batch; returns the offset of the first."""
+        batch; returns the offset of the first (with a ``[cells]`` map: in its partition; see
+        :meth:`deliver` for each event's)."""
+        return (await self.deliver(events)).first_offset
+
+    async def deliver(self, events: Iterable[InputEvent | Envelope]) -> Sent:
+        """:meth:`send`, saying where each event went: with a ``[cells]`` map the batch is split
+        by partition, each part appended whole (atomic per partition), ``Sent.shards`` and
+        ``Sent.offsets`` name each event's shard and offset."""
         envelopes = [checked(e) if isinstance(e, Envelope) else self.wrap(e) for e in events]
         if not envelopes:
             raise ClientError("nothing to send")
-        return await self.transport.append(envelopes)
+        return await self.transport.deliver(envelopes)
 
     async def submit(
         self,

@@ -1,7 +1,9 @@
-"""``fleetlog submit`` and ``fleetlog cancel``: the producer client on the command line.
+"""``fleetlog submit``, ``fleetlog cancel`` and ``fleetlog send``: the producer client on the
+command line (``send``: input events of any kind from a JSON file, e.g. heartbeats and task
+events; with a ``[cells]`` map each goes to its partition, task events to ``--cell``'s).
 
-Both take the logs from ``--config FILE`` and ``FLEETLOG_<TABLE>_<KEY>`` variables, or from the
-shortcuts ``--log DIR`` / ``--kafka HOST:PORT``; both print the inputs offset the event got.  A bad
+All take the logs from ``--config FILE`` and ``FLEETLOG_<TABLE>_<KEY>`` variables, or from the
+shortcuts ``--log DIR`` / ``--kafka HOST:PORT``; each prints the inputs offset every event got.  A bad
 flag, a bad JSON file, an event the scheduler would refuse, a file log that does not exist (without
 ``--create``) or a log that cannot be reached is one line and exit code 2.  A refusal of what the
 log already holds — a job id submitted before with another spec, a cancel of a job never submitted
@@ -25,7 +27,7 @@ import msgspec
 from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
-from fleetlog.log.base import DECISIONS, INPUTS
+from fleetlog.log.base import DECISIONS, INPUTS, Shard
 from fleetlog.log.discovery import running_service
 from fleetlog.log.location import ConfigError
 from fleetlog.logsetup import silence
@@ -106,6 +108,16 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
     submit.add_argument("--duration-ms", type=_count(0), help="expected duration, for backfill")
     _add_common(submit)
     submit.set_defaults(func=_reporting(cmd_submit, usage_error))
+    send = sub.add_parser(
+        "send", help="send input events of any kind (heartbeats, task events, quotas, ...)",
+        description="Send input events from a JSON file: an envelope or a bare event with its \"type\", a "
+        "JSON array of them, or JSON lines (- reads stdin). With a [cells] map each goes to its partition; "
+        "task events to --cell's.")
+    send.add_argument("--file", required=True, metavar="EVENTS.json", help="the events; - for stdin")
+    send.add_argument("--cell", dest="cell_of_producer", metavar="CELL",
+                      help="the producer's cell: where its task events go when the config has a [cells] map")
+    _add_common(send)
+    send.set_defaults(func=_reporting(cmd_send, usage_error))
     cancel = sub.add_parser("cancel", help="cancel a job, pending or running")
     cancel.add_argument("job_id", metavar="JOB_ID")
     cancel.add_argument("--reason", default="", help="why (kept in the log)")
@@ -126,6 +138,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     except ClientError as exc:
         raise CommandLineError(f"invalid cancel: {exc}") from None
     return _send(args, [env])
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    return _send(args, _from_file(args.file, args.producer_id, None))
 
 
 def configured(args: argparse.Namespace) -> Config:
@@ -151,9 +167,12 @@ def check_log_dir(config: Config, create: bool) -> None:
     path = Path(config.log.dir)
     if running_service(path) is not None:
         return  # the service that holds it answers
-    if not path.is_dir() or not any((path / name).is_dir() for name in (INPUTS, DECISIONS)):
-        raise CommandLineError(f"no file log at {path} (expected {INPUTS}/ and {DECISIONS}/ directories; "
-                               "--create starts a new one)")
+    # with a [cells] map the logs are in the shards' directories: global/, cells-<p>/
+    shards = [path / Shard.GLOBAL.dirname, *sorted(path.glob("cells-*"))] if config.cells else [path]
+    if not any((shard / name).is_dir() for shard in shards for name in (INPUTS, DECISIONS)):
+        where = f" in {Shard.GLOBAL.dirname}/ or cells-<p>/ (a [cells] map)" if config.cells else ""
+        raise CommandLineError(f"no file log at {path} (expected {INPUTS}/ and {DECISIONS}/ "
+                               f"directories{where}; --create starts a new one)")
 
 
 def _send(args: argparse.Namespace, envelopes: list[Envelope]) -> int:
@@ -162,7 +181,8 @@ def _send(args: argparse.Namespace, envelopes: list[Envelope]) -> int:
     silence("aiokafka")  # its errors come back as one line
 
     async def send() -> tuple[Sent, str]:
-        client: Client = await Client.connect(config, args.producer_id)
+        cell = getattr(args, "cell_of_producer", None)  # send's --cell (submit's names allowed cells)
+        client: Client = await Client.connect(config, args.producer_id, cell)
         async with client:
             return await client.transport.deliver(envelopes, check=True), client.describe()
 
@@ -182,16 +202,22 @@ def _report(args: argparse.Namespace, envelopes: list[Envelope], sent: Sent, whe
     for index, env in enumerate(envelopes):
         event, duplicate = env.event, index in sent.duplicates
         job_id = getattr(event, "job_id", None)
+        label = job_id or getattr(event, "node", None) or getattr(event, "tenant", "")
         at = None if duplicate else offset
         offset += 0 if duplicate else 1
+        shard = sent.shards[index] if sent.shards else None  # a [cells] map: the event's partition
+        if sent.shards:
+            at = sent.offsets[index]
         if args.json:
             print(json.dumps({"event": type(event).__name__, "job_id": job_id, "key": env.key, "offset": at,
-                              "duplicate": duplicate, "log": where}))
+                              "duplicate": duplicate, "log": where, **({"shard": shard} if shard else {})}))
         elif duplicate:
             what = "cancelled already" if isinstance(event, JobCancelled) else "submitted already, same spec"
-            print(f"{type(event).__name__} {job_id} (key {env.key}) {what}: nothing appended ({where})")
+            print(f"{type(event).__name__} {label} (key {env.key}) {what}: nothing appended ({where})")
         else:
-            print(f"{type(event).__name__} {job_id} (key {env.key}) appended at inputs offset {at} ({where})")
+            inputs = f"the {shard} inputs" if shard else "inputs"
+            print(f"{type(event).__name__} {label} (key {env.key}) appended at {inputs} offset {at} "
+                  f"({where})")
 
 
 # -- what to submit -----------------------------------------------------------------------------
@@ -250,19 +276,22 @@ def _documents(data: bytes, name: str) -> list[tuple[str, bytes]]:
         return [(f"line {n}", line) for n, line in lines]
 
 
-def _from_file(path: str, producer_id: str) -> list[Envelope]:
+def _from_file(path: str, producer_id: str, default_type: str | None = "JobSubmitted") -> list[Envelope]:
+    """The envelopes of a job file (``default_type`` ``JobSubmitted``: ``submit``), or of any
+    input events, each naming its ``type`` (``None``: ``send``)."""
     name = "stdin" if path == "-" else path
     documents = _documents(_read(path), name)
+    what = "job" if default_type else "event"
     if not documents:
-        raise CommandLineError(f"{name} holds no job (an empty JSON array)")
+        raise CommandLineError(f"{name} holds no {what} (an empty JSON array)")
     out = []
     for where, doc in documents:
         at = f"{name}: {where}" if where else name
         try:
-            env = envelope_from_json(doc, producer_id, default_type="JobSubmitted")
+            env = envelope_from_json(doc, producer_id, default_type=default_type)
         except ClientError as exc:
             raise CommandLineError(f"{at}: {exc} (reason {exc.reason})") from None
-        if not isinstance(env.event, JobSubmitted):
+        if default_type and not isinstance(env.event, JobSubmitted):
             raise CommandLineError(f"{at} holds a {type(env.event).__name__}, not a JobSubmitted")
         out.append(env)
     return out

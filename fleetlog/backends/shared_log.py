@@ -36,10 +36,21 @@ from fleetlog.client import (
 )
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
 from fleetlog.events.model import Envelope
-from fleetlog.log.base import INPUTS, LOG_NAMES, Log, LogClosedError, LogError, LogStore, Message, Record
+from fleetlog.log.base import (
+    INPUTS,
+    LOG_NAMES,
+    Log,
+    LogClosedError,
+    LogError,
+    LogStore,
+    Message,
+    Record,
+    Shard,
+)
 from fleetlog.log.discovery import ACCEPT_NEVER_FITS, running_service
 from fleetlog.log.file import FileLogStore, LockedError
 from fleetlog.log.location import Located
+from fleetlog.log.routing import CELL_HEADER
 
 log = logging.getLogger("fleetlog.backends")
 
@@ -86,9 +97,14 @@ class _SharedLog(Log):
 class SharedFileStore(LogStore):
     """The file log at ``config.log.dir``, shared with the service that may hold it (see above)."""
 
-    def __init__(self, config: Located) -> None:
+    def __init__(self, config: Located, shard: Shard = Shard.SINGLE, cell: str | None = None) -> None:
         assert config.log.dir is not None, "a shared file store needs log.dir"
         self.config, self.directory = config, Path(config.log.dir)
+        self.shard = shard
+        """The shard it reads and appends to (with a ``[cells]`` map: the backend's cell's)."""
+        self.headers = dict([ACCEPT_NEVER_FITS, *([(CELL_HEADER, cell)] if cell is not None else [])])
+        """Of every ingest request: a pod group that can never fit is kept and explained; with a
+        map, the backend's cell (where its task events go)."""
         self._reader: FileLogStore | None = None
         self._transport: Transport | None = None
         self._logs = {name: _SharedLog(self, name) for name in LOG_NAMES}
@@ -99,7 +115,7 @@ class SharedFileStore(LogStore):
         if self._reader is not None:
             return
         self._transport = await self._connect(asyncio.get_running_loop().time() + APPEND_RETRY_S)
-        reader = FileLogStore(self.directory, read_only=True)
+        reader = FileLogStore(self.directory, shard=self.shard, read_only=True)
         try:
             await reader.open()
         except BaseException:
@@ -195,17 +211,18 @@ class SharedFileStore(LogStore):
         waiting while another process holds the log and no service is announced."""
         while True:
             found = running_service(self.directory)
-            if found is not None:  # a pod group that can never fit is kept and explained
-                return HttpTransport(*found, headers=dict([ACCEPT_NEVER_FITS]))
-            store = FileLogStore(self.directory, fsync=self.config.log.fsync, yields=True)
+            if found is not None:
+                return HttpTransport(*found, headers=self.headers)
+            store = FileLogStore(self.directory, shard=self.shard, fsync=self.config.log.fsync, yields=True)
             try:
                 await store.open()
             except LockedError as exc:  # a service taking the log over, or another writer
                 self._wait_note(str(exc), deadline)
                 await asyncio.sleep(RETRY_SLEEP_S)
                 continue
-            direct = StoreTransport(store, owned=True, what=f"the file log at {self.directory}")
-            return FileTransport(self.config, direct)
+            shard = "" if self.shard == Shard.SINGLE else f", shard {self.shard}"
+            direct = StoreTransport(store, owned=True, what=f"the file log at {self.directory}{shard}")
+            return FileTransport(self.config, direct, self.shard, self.headers)
 
     def _wait_note(self, why: str, deadline: float) -> None:
         """Log the first of a run of waits (and fail once the deadline passed)."""

@@ -17,10 +17,12 @@ from typing import Any, Final
 
 import msgspec
 
+from fleetlog.backends.cell_store import backend_store
 from fleetlog.backends.shared_log import SharedFileStore
-from fleetlog.log.base import LogStore
+from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.kafka import KafkaLogStore
 from fleetlog.log.location import ConfigError, Located, describe
+from fleetlog.log.routing import Router, RoutingError
 from fleetlog.log.settings import Location, load_location
 from fleetlog.logsetup import configure_logging
 
@@ -62,11 +64,20 @@ def store_config(args: argparse.Namespace) -> Location:
     return config
 
 
-def open_store(config: Located) -> LogStore:
-    """The (unopened) store a backend uses: Kafka, or the file log shared with the service."""
-    if config.kafka is not None:
-        return KafkaLogStore(config.kafka)
-    return SharedFileStore(config)
+def open_store(config: Located, cell: str | None = None) -> LogStore:
+    """The (unopened) store a backend of ``cell`` uses: Kafka, or the file log shared with the
+    service; with a ``[cells]`` map, its cell's partition with its appends routed by cell
+    (:func:`fleetlog.backends.cell_store.backend_store`; a cell the map does not name: a
+    :class:`~fleetlog.log.routing.RoutingError`, which :func:`run_backend` checks first)."""
+
+    def make(shard: Shard) -> LogStore:
+        if config.kafka is not None:
+            return KafkaLogStore(config.kafka, shard)
+        return SharedFileStore(config, shard, cell if shard != Shard.SINGLE else None)
+
+    if cell is None:
+        return make(Shard.SINGLE)
+    return backend_store(config, cell, make)
 
 
 def run_backend(prog: str, serve: Callable[[Location], Coroutine[Any, Any, None]],
@@ -76,7 +87,8 @@ def run_backend(prog: str, serve: Callable[[Location], Coroutine[Any, Any, None]
     configure_logging(args.log_format, args.log_level)
     try:
         config = store_config(args)
-    except (ConfigError, UsageError) as exc:
+        Router(config.cells, getattr(args, "cell", None))  # a cell the [cells] map does not name
+    except (ConfigError, UsageError, RoutingError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     log.info("logs: %s", describe(config))

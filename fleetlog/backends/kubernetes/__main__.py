@@ -50,7 +50,7 @@ async def serve(args: argparse.Namespace, config: Located) -> None:
     cfg = KubeBackendConfig(cell=args.cell, scheduler_name=args.scheduler_name)
     api = await KubeApi.connect(args.kubeconfig)  # first: a bad kubeconfig creates no log
     try:
-        async with open_store(config) as store:
+        async with open_store(config, args.cell) as store:
             backend = KubernetesBackend(store, api, cfg)
             try:
                 await backend.start()

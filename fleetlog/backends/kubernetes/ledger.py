@@ -21,7 +21,7 @@ from fleetlog.events import (
     TaskFinished,
     TaskStarted,
 )
-from fleetlog.events.model import INPUT_TYPES
+from fleetlog.events.model import INPUT_TYPES, JobDispatched
 from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.consumer import EventConsumer
 
@@ -97,7 +97,9 @@ class Ledger:
 
 async def read_ledger(store: LogStore, cell: str) -> tuple[Ledger, int]:
     """Fold the whole inputs log into a ledger; also return the offset it ends at."""
-    ledger, consumer, offset = Ledger(cell), EventConsumer(store, INPUTS), 0
+    # with a [cells] map the cell's partition holds its pod groups as dispatched, not as submitted
+    consumer = EventConsumer(store, INPUTS, accepts=(*INPUT_TYPES, JobDispatched))
+    ledger, offset = Ledger(cell), 0
     end = await store.log(INPUTS).end_offset()
     while offset < end:
         polled = await consumer.poll(offset, 10_000, park=False)
@@ -105,7 +107,9 @@ async def read_ledger(store: LogStore, cell: str) -> tuple[Ledger, int]:
             break
         for delivered in polled.events:
             event = delivered.envelope.event
-            if isinstance(event, INPUT_TYPES):  # the consumer parks the rest; never here
+            if isinstance(event, JobDispatched):
+                ledger.record(event.job)
+            elif isinstance(event, INPUT_TYPES):  # the consumer parks the rest; never here
                 ledger.record(event)
         offset = polled.next_offset
     return ledger, offset

@@ -68,7 +68,7 @@ async def serve(args: argparse.Namespace, logs: Located) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    async with open_store(logs) as store:
+    async with open_store(logs, args.cell) as store:
         await SlurmBackend(store, config(args), workload(args.command)).run(stop)
 
 

@@ -55,6 +55,7 @@ from fleetlog.events import (
     DecisionBatch,
     InputEvent,
     JobCancelled,
+    JobDispatched,
     JobPlaced,
     JobSubmitted,
     NodeHeartbeat,
@@ -67,6 +68,7 @@ from fleetlog.events import (
     encode,
     envelope,
 )
+from fleetlog.events.model import INPUT_TYPES
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
@@ -153,7 +155,8 @@ class SlurmBackend:
     ) -> None:
         self.store, self.config, self.workload, self.clock = store, config or SlurmConfig(), workload, clock
         self.client = SlurmClient(self.config.slurm_conf or None, self.config.command_timeout_s)
-        self.consumer = EventConsumer(store)
+        self.consumer = EventConsumer(store, accepts=(*INPUT_TYPES, JobDispatched))
+        """With a ``[cells]`` map the cell's partition holds the dispatched jobs, not their submissions."""
         self.specs: dict[str, JobSubmitted] = {}
         self.runs: dict[str, Run] = {}
         self.emitted: set[str] = set()
@@ -266,6 +269,8 @@ class SlurmBackend:
         match event:
             case JobSubmitted():
                 self.specs[event.job_id] = event
+            case JobDispatched(job=job):  # a cell partition's: the whole submission, as dispatched
+                self.specs[job.job_id] = job
             case JobCancelled():
                 self.cancelled_at[event.job_id] = d.offset
                 self.specs.pop(event.job_id, None)
