@@ -9,37 +9,36 @@ exits with 1 when the log diverges.  Long work shows a progress bar when stderr 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import re
 import sys
 import tomllib
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.display import console, describe, human_row, log_time
-from fleetlog.log.base import INPUTS, LogError
+from fleetlog.log.base import INPUTS, LogError, Shard
 from fleetlog.log.consumer import parked_for_job
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.logsetup import silence
 from fleetlog.measures import ROWS as MEASURE_ROWS
 from fleetlog.measures import rows as measure_rows
+from fleetlog.replay import fleet_handlers
 from fleetlog.replay import source as src
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
 from fleetlog.replay.jobend import job_end, job_events
+from fleetlog.replay.shards import Topology, open_shard
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, log_time_of, state_at
+from fleetlog.replay.terminal import parse_point, progress_bar
 from fleetlog.replay.timeline import record, write_report, write_trace
 from fleetlog.replay.verify import verify
 from fleetlog.replay.whatif import what_if
@@ -52,14 +51,14 @@ T = TypeVar("T")
 SECTIONS = ("nodes", "jobs", "tenants", "queues")
 
 
-async def _with_source(place: Place, args: argparse.Namespace, handler: Handler) -> int:
+async def _with_source(place: Place, args: argparse.Namespace, handler: Handler,
+                       shard: Shard = Shard.SINGLE, topology: Topology | None = None) -> int:
+    """Run ``handler`` on the logs of ``shard`` (a cell partition: folded with its shard's
+    settings from ``topology``)."""
     snapshots = not getattr(args, "no_snapshots", False)
-    if isinstance(place, Path):
-        source = await src.open_file_source(place, snapshots)
-    else:
-        source = await src.open_kafka_source(place, snapshots)
+    source = await open_shard(place, shard, topology, snapshots)
     timeout = getattr(args, "node_timeout_ms", None)
-    if timeout is not None:
+    if timeout is not None and topology is None:
         source.core = CoreConfig(node_timeout_ms=timeout)
     try:
         for note in source.warnings:
@@ -67,21 +66,6 @@ async def _with_source(place: Place, args: argparse.Namespace, handler: Handler)
         return await handler(args, source)
     finally:
         await source.close()
-
-
-# --- progress ------------------------------------------------------------------------------
-
-
-@contextmanager
-def progress_bar(what: str, total: int | None) -> Iterator[Callable[[int], None] | None]:
-    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        yield lambda n: bar.advance(task, n)
 
 
 async def _inputs_total(source: Source) -> int:
@@ -137,25 +121,6 @@ def _print_verify(report: Any) -> None:
 
 
 # --- state-at ------------------------------------------------------------------------------
-
-
-def parse_point(text: str) -> Point:
-    """An inputs offset (digits), epoch milliseconds (``1700000000000ms``) or an ISO 8601 time
-    (``2026-11-30T01:00:00Z``; no zone = UTC)."""
-    if re.fullmatch(r"\d+", text):
-        return Point(offset=int(text))
-    if m := re.fullmatch(r"(\d+)ms", text):
-        return Point(time_ms=int(m.group(1)))
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
-    except ValueError:
-        raise ReplayError(
-            f"{text!r} is neither an offset (digits), epoch milliseconds (e.g. 1700000000000ms) "
-            "nor an ISO 8601 time (e.g. 2026-11-30T01:00:00Z)"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return Point(time_ms=int(when.timestamp() * 1000))
 
 
 async def cmd_state_at(args: argparse.Namespace, source: Source) -> int:
@@ -401,9 +366,17 @@ async def cmd_dump(args: argparse.Namespace, source: Source) -> int:
 
 
 async def run(name: str, place: Place, args: argparse.Namespace) -> int:
-    """Open the logs at ``place`` and run the handler of subcommand ``name``."""
+    """Open the logs at ``place`` and run the handler of subcommand ``name``: across the shards of
+    a deployment with a ``[cells]`` map (or on the one ``--shard`` names), else on the one log."""
     silence("aiokafka")  # its connection errors reach us as one line
-    return await _with_source(place, args, HANDLERS[name])
+    topology: Topology | None = getattr(args, "topology", None)
+    if topology is None and getattr(args, "shard", None) is None:
+        return await _with_source(place, args, HANDLERS[name])
+
+    async def single(shard: Shard) -> int:
+        return await _with_source(place, args, HANDLERS[name], shard, topology)
+
+    return await fleet_handlers.run(name, place, args, topology, single)
 
 
 HANDLERS: dict[str, Handler] = {
