@@ -58,8 +58,9 @@ async def inputs_total(opened: Opened, only: Shard | None = None) -> int:
 
 async def verify_fleet(opened: Opened, only: Shard | None = None, progress: Progress | None = None,
                        jobs: int = 1) -> dict[str, Any]:
-    """One report per shard (the dispatcher first), an overall ``ok`` and the first shard that
-    ``diverged`` (``None`` when every one replays and its outputs match)."""
+    """One report per shard (the dispatcher first), an overall ``ok``, the first shard that
+    ``diverged`` (``None`` when every one replays and its outputs match), and whether there was
+    ``nothing_to_verify`` (no dispatcher step, no cell batch: not a pass, as for one shard)."""
     reports = []
     for shard in opened.topology.shards() if only is None else (only,):
         if shard == Shard.GLOBAL:
@@ -67,7 +68,9 @@ async def verify_fleet(opened: Opened, only: Shard | None = None, progress: Prog
         else:
             reports.append(await _verify_cell(opened, shard, progress, jobs))
     diverged = next((r["shard"] for r in reports if not r["ok"]), None)
-    return {"ok": diverged is None, "diverged": diverged, "shards": reports}
+    empty = all(r.get("steps", r.get("batches")) == 0 for r in reports)
+    return {"ok": diverged is None and not empty, "diverged": diverged, "nothing_to_verify": empty,
+            "shards": reports}
 
 
 async def _verify_global(opened: Opened, progress: Progress | None) -> dict[str, Any]:

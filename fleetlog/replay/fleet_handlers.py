@@ -34,6 +34,7 @@ from fleetlog.replay.state_at import resolve
 from fleetlog.replay.terminal import parse_point, progress_bar
 
 EXIT_DIVERGED = 1
+EXIT_NOTHING_TO_VERIFY = 3
 ACROSS = ("verify", "status", "explain", "state-at")
 """The commands that work across the shards; the others read one shard (``--shard``)."""
 
@@ -75,6 +76,8 @@ async def cmd_verify(args: argparse.Namespace, opened: Opened, only: Shard | Non
         _print_json(report)
     else:
         _print_verify(report)
+    if report["nothing_to_verify"]:
+        return EXIT_NOTHING_TO_VERIFY
     return 0 if report["ok"] else EXIT_DIVERGED
 
 
@@ -94,8 +97,12 @@ def _print_verify(report: dict[str, Any]) -> None:
             print(f"           recorded: {out['recorded']}")
             print(f"           replayed: {out['replayed']}")
     n = len(report["shards"])
-    print(f"OK: {n} shard{'s' * (n != 1)} replayed bit-exactly" if report["ok"]
-          else f"DIVERGED: {report['diverged']}")
+    if report["diverged"] is not None:
+        print(f"DIVERGED: {report['diverged']}")
+    elif report["nothing_to_verify"]:
+        print("NOTHING TO VERIFY: no dispatcher step and no decision batch in any shard yet")
+    else:
+        print(f"OK: {n} shard{'s' * (n != 1)} replayed bit-exactly")
 
 
 def _verified(r: dict[str, Any]) -> str:

@@ -130,10 +130,6 @@ def _step_lines(recorded: StepRecord, job_id: str, offset: int, at_ms: int, why:
 # --- explain -------------------------------------------------------------------------------------
 
 
-_AFTER_CELLS = ("returned by", "cancel forwarded")
-"""Global steps told after the cells' steps of the same millisecond (they answer them)."""
-
-
 async def explain_fleet(opened: Opened, job_id: str, why: bool = True, progress: Progress | None = None,
                         only_global: bool = False) -> dict[str, Any]:
     """The job's story across the dispatcher and every cell partition it was dispatched to, in
@@ -152,21 +148,13 @@ async def explain_fleet(opened: Opened, job_id: str, why: bool = True, progress:
 
 
 def _merged(glob: list[Step], cells: list[Step]) -> list[Step]:
-    """The global steps and the cells' in log time, each in its own order; at the same millisecond
-    a return or a forwarded cancel follows the cell's steps (it answers them), the rest precede, and
-    a cell's "dispatched here" follows the dispatcher's steps (it is their consequence)."""
+    """The global steps and the cells' in log time, each in its own order; at the same
+    millisecond the dispatcher's step comes first (a cell's step is its consequence: the dispatch
+    arrives, the cancel is forwarded; a cell decides nothing about a job it returned)."""
     out: list[Step] = []
     i = j = 0
     while i < len(glob) or j < len(cells):
-        if j == len(cells):
-            take_global = True
-        elif i == len(glob):
-            take_global = False
-        else:
-            g, c = glob[i], cells[j]
-            answers = g.what.startswith(_AFTER_CELLS) and c.what != "dispatched here"
-            take_global = g.time_ms < c.time_ms or (g.time_ms == c.time_ms and not answers)
-        if take_global:
+        if j == len(cells) or (i < len(glob) and glob[i].time_ms <= cells[j].time_ms):
             out.append(glob[i])
             i += 1
         else:

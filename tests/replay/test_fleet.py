@@ -105,7 +105,8 @@ class Deployment:
         await beat(0)  # both cells summarise; the dispatcher has nothing to do
         self.clock.ms = START + 1000
         await self.root.log(INPUTS).append([msg(job("gang", tasks=2, gpus=8, topology="rack")),
-                                            msg(job("small", gpus=1, cells=("a",)))])
+                                            msg(job("small", gpus=1, cells=("a",))),
+                                            msg(job("nowhere", cells=("zz",)))])
         await dispatcher.step()  # the gang to a (a tie: the smaller id), small to a
         await beat(2)  # a cannot place the gang (it waits), places small
         await beat(2 + HOLD_MS // 1000)  # a hands the gang back; the dispatcher sends it to b (attempt 2)
@@ -145,6 +146,7 @@ def test_verify_passes_on_a_clean_sharded_log(recorded: Path, tmp_path: Path,
     report = json.loads(out)
     assert report["ok"]
     assert report["diverged"] is None
+    assert not report["nothing_to_verify"]
     by = {r["shard"]: r for r in report["shards"]}
     assert list(by) == ["global", "cells-0", "cells-1"]
     assert by["global"]["steps"] >= 2  # the first dispatch and the re-dispatch
@@ -273,6 +275,12 @@ def test_status_finds_the_job_in_the_cell_that_placed_it_after_another_returned_
     code, out, _ = cli(capsys, "status", "small", "--config", config, "--json")
     small = json.loads(out)
     assert (small["held_by"], small["state"], small["returns"]) == ("a", "running", [])
+    code, out, _ = cli(capsys, "status", "nowhere", "--config", config, "--json")
+    nowhere = json.loads(out)
+    assert (nowhere["dispatcher"], nowhere["state"], nowhere["pending_reason"]) == (
+        "pending", "waiting", "no_allowed_cell_in_map")
+    assert "held_by" not in nowhere
+    assert nowhere["dispatches"] == []
     code, _, err = cli(capsys, "status", "nobody", "--config", config)
     assert code == 2
     assert "unknown job 'nobody'" in err
@@ -328,7 +336,7 @@ def test_state_at_per_shard_and_fleet_wide(recorded: Path, tmp_path: Path,
     fleet = json.loads(out)
     rows = {r["shard"]: r for r in fleet["shards"]}
     assert list(rows) == ["global", "cells-0", "cells-1"]
-    assert (rows["global"]["held"], rows["global"]["waiting"], rows["global"]["jobs_known"]) == (1, 1, 2)
+    assert (rows["global"]["held"], rows["global"]["waiting"], rows["global"]["jobs_known"]) == (1, 2, 3)
     assert (rows["cells-0"]["pending"], rows["cells-0"]["running"], rows["cells-0"]["nodes_up"]) == (1, 0, 2)
     assert (rows["cells-1"]["pending"], rows["cells-1"]["running"]) == (0, 0)
     assert fleet["totals"]["nodes_up"] == 4
@@ -374,3 +382,21 @@ def test_shard_choices_are_checked(recorded: Path, tmp_path: Path,
     code, _, err = cli(capsys, "replay", "verify", "--log", str(recorded / "cells-0"), "--shard", "global")
     assert code == 2
     assert "no [cells] map" in err
+
+
+def test_a_deployment_that_decided_nothing_yet_has_nothing_to_verify(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def heartbeats_only() -> None:
+        root = FileLogStore(tmp_path / "log", shard=Shard.GLOBAL, fsync="never")
+        cells = [root.for_shard(Shard.cell(p)) for p in (0, 1)]
+        for store in (*cells, root):
+            await store.open()
+        for p, store in enumerate(cells):
+            await store.log(INPUTS).append([msg(e) for e in cell_nodes("ab"[p])])
+        for store in (root, *cells):
+            await store.close()
+
+    asyncio.run(heartbeats_only())
+    code, out, _ = cli(capsys, "replay", "verify", "--config", config_for(tmp_path / "log", tmp_path))
+    assert code == 3
+    assert out.splitlines()[-1].startswith("NOTHING TO VERIFY")
