@@ -25,6 +25,7 @@ from fleetlog.log.consumer import parked_for_job
 from fleetlog.replay.dispatcher import DispatchReplay
 from fleetlog.replay.explain import Step, explain
 from fleetlog.replay.fleet import Opened
+from fleetlog.replay.jobend import with_run_facts
 from fleetlog.replay.source import Progress, ReplayError, end_offset, mentioning, read
 from fleetlog.replay.state_at import Point, state_at
 
@@ -205,9 +206,11 @@ async def status_fleet(opened: Opened, job_id: str) -> dict[str, Any] | None:
 async def _cell_status(opened: Opened, shard: Shard, job_id: str) -> dict[str, Any] | None:
     source = await opened.get(shard)
     end = await end_offset(source.store, INPUTS)
-    found = job_status((await state_at(source, Point(offset=end))).state, job_id)
+    state = (await state_at(source, Point(offset=end))).state
+    found = job_status(state, job_id)
     if found is None:
         return None
+    found = await with_run_facts(source, state, found)  # (how long it ran, how it ended)
     found.pop("job_id")
     found["dispatched_at_ms"] = found.pop("submitted_at_ms")  # (the cell folds a dispatch as a submission)
     return found

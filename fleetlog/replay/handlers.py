@@ -20,7 +20,7 @@ import msgspec
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.state import CoreConfig, State
+from fleetlog.core.state import CoreConfig
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.display import console, describe, human_row, log_time
 from fleetlog.log.base import INPUTS, LogError, Shard
@@ -34,7 +34,7 @@ from fleetlog.replay import source as src
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
-from fleetlog.replay.jobend import job_end, job_events
+from fleetlog.replay.jobend import with_run_facts
 from fleetlog.replay.shards import Topology, open_shard
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, log_time_of, state_at
@@ -170,38 +170,12 @@ async def cmd_status(args: argparse.Namespace, source: Source) -> int:
                 f"offset {parked.offset} ({parked.reason}: {parked.error[:300]}); see `fleetlog replay dump "
                 f"--from-log dead-letters --start {parked.offset}`")
         raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log")
-    anchor = "placed_at_ms" if "placed_at_ms" in found else "submitted_at_ms"
-    found = _after(found, anchor, await _run_facts(source, state, found))
+    found = await with_run_facts(source, state, found)
     if args.json:
         _print_json(found)
     else:
         print("\n".join(describe(found)))
     return 0
-
-
-def _after(facts: dict[str, Any], key: str, more: dict[str, Any]) -> dict[str, Any]:
-    """``facts`` with ``more`` placed after ``key`` (or at the end when it has no ``key``)."""
-    keys = list(facts)
-    at = keys.index(key) + 1 if key in facts else len(keys)
-    return {k: facts[k] for k in keys[:at]} | more | {k: facts[k] for k in keys[at:]}
-
-
-async def _run_facts(source: Source, state: State, found: dict[str, Any]) -> dict[str, Any]:
-    """``elapsed_ms`` of a running job (to the log time of the state); ``ended_at_ms``,
-    ``elapsed_ms`` (its last run, if it ran), ``exit_code`` and ``end`` of a job that ended."""
-    placed: int | None = found.get("placed_at_ms")
-    if found["state"] in ("pending", "running"):
-        running = found["state"] == "running"
-        return {"elapsed_ms": state.now_ms - placed} if running and placed is not None else {}
-    ended = job_end(await job_events(source, found["job_id"]), found["state"], found["tasks"])
-    if ended is None:  # not from its own events (the log was cut?): say so rather than guess
-        return {"ended_at_ms": None, "elapsed_ms": None, "exit_code": None, "end": "unknown"}
-    return {
-        "ended_at_ms": ended.at_ms,
-        "elapsed_ms": ended.at_ms - placed if ended.running and placed is not None else None,
-        "exit_code": ended.exit_code,
-        "end": ended.what,
-    }
 
 
 def _sections(text: str) -> tuple[str, ...]:

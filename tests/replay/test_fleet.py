@@ -23,7 +23,7 @@ from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig
 from fleetlog.events import encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
-from fleetlog.events.model import CellSummary, DecisionBatch, Event, JobPlaced, TaskStarted
+from fleetlog.events.model import CellSummary, DecisionBatch, Event, JobPlaced, TaskFinished, TaskStarted
 from fleetlog.log.base import INPUTS, LogStore, Message, Shard
 from fleetlog.log.file import FileLogStore
 from fleetlog.service import dispatcher as service_dispatcher
@@ -111,8 +111,9 @@ class Deployment:
         await beat(2)  # a cannot place the gang (it waits), places small
         await beat(2 + HOLD_MS // 1000)  # a hands the gang back; the dispatcher sends it to b (attempt 2)
         await beat(13)  # b places it
-        await beat(14, (1, TaskStarted(job_id="gang", task_index=0, node="b-n0")))
-        await beat(20)
+        await beat(14, (1, TaskStarted(job_id="gang", task_index=0, node="b-n0")),
+                   (0, TaskStarted(job_id="small", task_index=0, node="a-n0")))
+        await beat(20, (0, TaskFinished(job_id="small", task_index=0, exit_code=0)))
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +275,8 @@ def test_status_finds_the_job_in_the_cell_that_placed_it_after_another_returned_
     # a job the cell placed at once; an unknown one is one line and exit code 2
     code, out, _ = cli(capsys, "status", "small", "--config", config, "--json")
     small = json.loads(out)
-    assert (small["held_by"], small["state"], small["returns"]) == ("a", "running", [])
+    assert (small["held_by"], small["state"], small["returns"]) == ("a", "succeeded", [])
+    assert (small["ended_at_ms"], small["exit_code"], small["elapsed_ms"]) == (START + 20_000, 0, 7000)
     code, out, _ = cli(capsys, "status", "nowhere", "--config", config, "--json")
     nowhere = json.loads(out)
     assert (nowhere["dispatcher"], nowhere["state"], nowhere["pending_reason"]) == (
