@@ -124,7 +124,7 @@ async def dispatcher_at(store: LogStore, topology: Topology, offset: int | None 
         if recorded.as_of > stop:
             break
         await replay.redo(recorded)
-    await replay.fold_until(stop)
+    await (replay.fold_to_end() if stop == end else replay.fold_until(stop))
     return replay.state
 
 

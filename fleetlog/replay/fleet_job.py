@@ -11,6 +11,7 @@ folded with its shard's ``CoreConfig``.
 from __future__ import annotations
 
 import heapq
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,7 @@ async def global_story(opened: Opened, job_id: str, progress: Progress | None = 
             lines = _step_lines(recorded, job_id, offset, at_ms, why, story.dispatches)
             story.steps += [msgspec.structs.replace(s, position=recorded.as_of) for s in lines]
         await replay.redo(recorded)
-    await replay.fold_until(await end_offset(store, INPUTS))
+    await replay.fold_to_end()
     story.state = replay.state
     return story
 
@@ -151,17 +152,32 @@ async def explain_fleet(opened: Opened, job_id: str, why: bool = True, progress:
 def _merged(glob: list[Step], cells: list[Step]) -> list[Step]:
     """The global steps and the cells' in log time, each in its own order; at the same
     millisecond the dispatcher's step comes first (a cell's step is its consequence: the dispatch
-    arrives, the cancel is forwarded; a cell decides nothing about a job it returned)."""
+    arrives, the cancel is forwarded; a cell decides nothing about a job it returned). Shards'
+    clocks are not one (Kafka stamps each partition's batches): a dispatch's arrival in its cell
+    never comes before the dispatcher's step that sent it."""
     out: list[Step] = []
     i = j = 0
     while i < len(glob) or j < len(cells):
-        if j == len(cells) or (i < len(glob) and glob[i].time_ms <= cells[j].time_ms):
+        if j == len(cells) or (i < len(glob) and (glob[i].time_ms <= cells[j].time_ms
+                                                  or _sent_later(cells[j], glob[i:]))):
             out.append(glob[i])
             i += 1
         else:
             out.append(cells[j])
             j += 1
     return out
+
+
+def _sent_later(step: Step, glob: list[Step]) -> bool:
+    """Whether ``step`` is a cell's "dispatched here" whose dispatch is among the ``glob`` steps."""
+    if step.what != "dispatched here":
+        return False
+    m = _ATTEMPT.search(step.detail)
+    sent = f"attempt {m.group(1)} " if m else ""
+    return any(g.what.startswith("dispatched to cell") and g.detail.startswith(sent) for g in glob)
+
+
+_ATTEMPT = re.compile(r"attempt (\d+)")
 
 
 def _partitions(opened: Opened, story: Story) -> list[int]:

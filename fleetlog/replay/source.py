@@ -272,6 +272,9 @@ class InputReader:
                 self.offset = stop
                 return
             if not records:
+                if stop <= await end_offset(self.store, INPUTS):  # (a commit marker at the tail: Kafka)
+                    self.offset = stop
+                    return
                 raise ReplayError(
                     f"the inputs log ends at offset {self.offset}, but offset {stop} is needed "
                     "(a truncated log?)"

@@ -402,3 +402,67 @@ def test_a_deployment_that_decided_nothing_yet_has_nothing_to_verify(
     code, out, _ = cli(capsys, "replay", "verify", "--config", config_for(tmp_path / "log", tmp_path))
     assert code == 3
     assert out.splitlines()[-1].startswith("NOTHING TO VERIFY")
+
+
+# --- Kafka -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.kafka
+def test_the_tools_read_every_shard_on_kafka(kafka_bootstrap: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The same loops over a real broker (log time is the broker's): the tools find the global
+    topics and each cell's partition of the cells topics, verify all three and find the job."""
+    import uuid
+
+    from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+
+    prefix = f"tf-{uuid.uuid4().hex[:8]}"
+    kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, shards=2)
+
+    async def run() -> None:
+        stores = {s: KafkaLogStore(kafka, s) for s in (Shard.cell(0), Shard.cell(1), Shard.GLOBAL)}
+        for store in stores.values():
+            await store.open()
+        core, rule = CoreConfig(hold_ms=HOLD_MS), SummaryRule(every_ms=5000)
+        loops = [CellShardLoop(stores[Shard.cell(p)], Policy(), p, MAP, LoopConfig(), core, rule)
+                 for p in (0, 1)]
+        dispatcher = DispatcherLoop(stores[Shard.GLOBAL], MAP)
+        try:
+            await dispatcher.recover()
+            for loop in loops:
+                await loop.recover()
+            for p, cell in ((0, "a"), (1, "b")):
+                await stores[Shard.cell(p)].log(INPUTS).append([msg(e) for e in cell_nodes(cell)])
+            for loop in loops:
+                await loop.step(timeout_ms=5000)  # the first summaries
+            await stores[Shard.GLOBAL].log(INPUTS).append([msg(job("one", gpus=1))])
+            while not dispatcher.state.jobs or dispatcher.state.jobs["one"].status != "held":
+                await dispatcher.step(timeout_ms=5000)
+            held = loops[MAP.partition_of(dispatcher.state.jobs["one"].cell) or 0]
+            while held.state.job_row("one") < 0:
+                await held.step(timeout_ms=5000)
+        finally:
+            for store in stores.values():
+                await store.close()
+
+    asyncio.run(run())
+    config = tmp_path / "kafka.toml"
+    config.write_text(f'[kafka]\nbootstrap_servers = "{kafka_bootstrap}"\ntopic_prefix = "{prefix}"\n'
+                      f'shards = 2\n[service]\ncell_hold_ms = {HOLD_MS}\nsummary_every_ms = 5000\n'
+                      '[cells]\na = 0\nb = 1\n')
+    code, out, _ = cli(capsys, "replay", "verify", "--config", str(config), "--json", "--jobs", "1")
+    report = json.loads(out)
+    assert code == 0, out
+    assert [(r["shard"], r["ok"]) for r in report["shards"]] == [("global", True), ("cells-0", True),
+                                                                  ("cells-1", True)]
+    assert report["shards"][0]["steps"] >= 1
+    code, out, err = cli(capsys, "status", "one", "--config", str(config), "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["dispatcher"] == "held"
+    assert found["held_by"] in ("a", "b")
+    assert found["state"] == "running"
+    code, out, _ = cli(capsys, "replay", "explain", "one", "--config", str(config), "--json")
+    whats = [s["what"] for s in json.loads(out)["steps"]]
+    assert whats[:3] == ["submitted", f"dispatched to cell {found['held_by']}", "dispatched here"]
+    assert "placed" in whats
