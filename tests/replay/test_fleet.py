@@ -466,3 +466,15 @@ def test_the_tools_read_every_shard_on_kafka(kafka_bootstrap: str, tmp_path: Pat
     whats = [s["what"] for s in json.loads(out)["steps"]]
     assert whats[:3] == ["submitted", f"dispatched to cell {found['held_by']}", "dispatched here"]
     assert "placed" in whats
+
+
+def test_dump_shows_the_dispatchers_step_records(recorded: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    config = config_for(recorded, tmp_path)
+    code, out, _ = cli(capsys, "replay", "dump", "--config", config, "--shard", "global", "--from-log",
+                       "decisions")
+    steps = [json.loads(line)["step"] for line in out.splitlines()]
+    assert code == 0
+    assert steps[0]["dispatched"][0] == {"job_id": "gang", "cell": "a", "attempt": 1, "seq": 1}
+    assert {"job_id": "gang", "cell": "b", "attempt": 2, "seq": 1} in steps[1]["dispatched"]
+    assert [w["code"] for w in steps[0]["waiting"]] == ["no_cell_has_room", "no_allowed_cell_in_map"]
