@@ -271,7 +271,35 @@ def _replay_place(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
     flag = getattr(args, "node_timeout_flag_ms", None)  # fold as the service that wrote the log did
     args.node_timeout_ms = config.service.node_timeout_ms if flag is None else flag
+    args.topology = _topology(config, args.node_timeout_ms)
     return config.kafka if config.kafka is not None else Path(str(config.log.dir))
+
+
+def _topology(config: Any, node_timeout_ms: int) -> Any:
+    """The shards of a deployment with a [cells] map (``None`` without one), and how to check a
+    cell partition's outputs (the service's ``check_outputs``: replay may not import the service)."""
+    if not config.cells:
+        return None
+    from fleetlog.core.cellshard import SummaryRule
+    from fleetlog.replay.shards import Topology
+
+    s = config.service
+    rule = SummaryRule(every_ms=s.summary_every_ms, material_milli=s.summary_material_milli)
+    return Topology(config.cell_map, s.cell_hold_ms, node_timeout_ms, s.producer_id, rule, _cell_outputs)
+
+
+async def _cell_outputs(topology: Any, store: Any, glob: Any, partition: int) -> dict[str, Any]:
+    """What the global partition holds from cell partition ``partition`` against what its own log
+    gives again (a fresh cell loop recovered from the start, read-only)."""
+    from fleetlog.core.policy import Policy
+    from fleetlog.log.base import Shard
+    from fleetlog.service.cellshard import CellShardLoop, check_outputs
+    from fleetlog.service.loop import LoopConfig
+
+    loop, core = LoopConfig(producer_id=topology.producer_id), topology.core(Shard.cell(partition))
+    fresh = CellShardLoop(store, Policy(), partition, topology.cells, loop, core, topology.rule)
+    found = await check_outputs(fresh, glob)
+    return {"ok": found.ok, **msgspec.to_builtins(found)}
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -53,6 +53,17 @@ def _add_place(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--log", metavar="DIR", help="the embedded file log in DIR")
     where.add_argument("--kafka", metavar="HOST:PORT", help="Kafka bootstrap servers")
     add_node_timeout(parser, "fold as the service that wrote the log did: give it the same value")
+    add_shard(parser)
+
+
+def add_shard(parser: argparse.ArgumentParser) -> None:
+    """``--shard global|cells-<p>``: one shard of a deployment with a ``[cells]`` map."""
+    parser.add_argument(
+        "--shard",
+        metavar="global|cells-P",
+        help="with a [cells] map: read only this shard (the dispatcher's global partition or cell "
+        "partition P); without it verify, explain, state-at TIME and status work across the shards",
+    )
 
 
 def add_node_timeout(parser: argparse.ArgumentParser, why: str) -> None:

@@ -98,7 +98,10 @@ class DispatchReplay:
         self.consumer = EventConsumer(store, accepts=GLOBAL_INPUTS, warn=False)
 
     async def fold_until(self, as_of: int) -> None:
-        """Fold the global partition up to (excluding) ``as_of``, parking nothing."""
+        """Fold the global partition up to (excluding) ``as_of``, parking nothing. A read counts
+        records, not offsets: on Kafka the cell shards' transactions leave commit markers between
+        the records, so a read of ``as_of - offset`` records can reach past ``as_of`` — what it
+        read from ``as_of`` on is left for later."""
         while self.state.offset < as_of:
             wanted = min(READ_RECORDS * 10, as_of - self.state.offset)
             polled = await self.consumer.poll(self.state.offset, wanted, park=False)
@@ -106,7 +109,19 @@ class DispatchReplay:
                 raise DispatchDivergenceError(
                     f"the dispatcher's records refer to global inputs up to {as_of}; the global inputs "
                     f"log ends at {self.state.offset}: it lost acknowledged records")
-            fold_delivered(self.state, polled.events, polled.next_offset)
+            events = [d for d in polled.events if d.offset < as_of]
+            fold_delivered(self.state, events, min(polled.next_offset, as_of))
+
+    async def fold_to_end(self) -> None:
+        """Fold every record the global partition holds. Its end offset may lie past its last
+        record (on Kafka, a transaction's commit marker): a read that finds nothing more ends it."""
+        end = await self.store.log(INPUTS).end_offset()
+        while self.state.offset < end:
+            polled = await self.consumer.poll(self.state.offset, READ_RECORDS * 10, park=False)
+            if polled.next_offset == self.state.offset:
+                return
+            events = [d for d in polled.events if d.offset < end]
+            fold_delivered(self.state, events, min(polled.next_offset, end))
 
     async def steps(self, start: int = 0) -> AsyncIterator[tuple[int, StepRecord]]:
         """Each recorded step (parts joined) from decisions offset ``start``, with the offset of
@@ -167,5 +182,5 @@ async def verify_dispatcher(store: LogStore, cells: CellMap) -> DispatchVerifyRe
             divergence = DispatchDivergence(offset, recorded.as_of, what)
             return DispatchVerifyReport(count, replay.state.offset, state_digest(replay.state), divergence)
         count += 1
-    await replay.fold_until(await store.log(INPUTS).end_offset())
+    await replay.fold_to_end()
     return DispatchVerifyReport(count, replay.state.offset, state_digest(replay.state))

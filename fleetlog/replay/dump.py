@@ -5,6 +5,8 @@ event or, for a record that does not decode, the error (so a corrupt record is s
 record key that differs from it (Kafka's partitioning key) is shown as ``record_key``.  Structs the
 wire format packs as arrays (``TaskPlacement``) are shown as objects with field names: a dump is
 for people and ``jq``, not for sending back.
+A dispatcher's step record (the global shard's decisions log) is shown as ``step``: its as_of,
+digest, dispatches, forwarded cancellations and changed reasons.
 A submission of a job id submitted before carries ``"note": "duplicate, ignored: …"``: the
 scheduler's fold keeps the first submission of a job id and ignores the others."""
 
@@ -15,10 +17,14 @@ from typing import Any
 
 import msgspec
 
+from fleetlog.core.dispatch_log import StepRecordError, decode_record
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
 from fleetlog.events.model import JobSubmitted
 from fleetlog.log.base import INPUTS, LOG_NAMES, Record
 from fleetlog.replay.source import ReplayError, Source, end_offset, read
+
+STEP_HEADER = "fleetlog-record"
+"""The header of the dispatcher's step records (``dispatch-step``): not event envelopes."""
 
 
 def record_json(record: Record) -> dict[str, Any]:
@@ -29,6 +35,12 @@ def record_json(record: Record) -> dict[str, Any]:
         "key": record_key,
         "headers": {k: v.decode("utf-8", "replace") for k, v in record.headers},
     }
+    if record.header(STEP_HEADER) == b"dispatch-step":  # the dispatcher's decisions log (global shard)
+        try:
+            out["step"] = as_objects(decode_record(record.value))
+        except StepRecordError as exc:
+            out["error"] = {"reason": "invalid_step_record", "message": str(exc), "bytes": len(record.value)}
+        return out
     try:
         env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
     except BadEventError as exc:

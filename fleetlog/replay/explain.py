@@ -20,8 +20,10 @@ from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.scratch import shape_matrix
 from fleetlog.core.state import NodeStatus, State
 from fleetlog.events.model import (
+    INPUT_TYPES,
     DecisionBatch,
     JobCancelled,
+    JobDispatched,
     JobPending,
     JobPlaced,
     JobRejected,
@@ -62,7 +64,7 @@ async def explain(
 ) -> Explanation:
     """The timeline of ``job_id``; a :class:`ReplayError` when no input ever submitted it."""
     steps = await _input_steps(source, job_id, progress)
-    if not any(s.what == "submitted" for s in steps):
+    if not any(s.what in ("submitted", "dispatched here") for s in steps):
         raise ReplayError(f"unknown job {job_id!r}: no JobSubmitted for it in the inputs log")
     steps += await _decision_steps(source, job_id, why)
     steps.sort(key=_ORDER)
@@ -114,8 +116,14 @@ async def _requeue_step(source: Source, job_id: str, after: Step) -> list[Step]:
 
 async def _input_steps(source: Source, job_id: str, progress: Progress | None) -> list[Step]:
     out: list[Step] = []
-    async for d in mentioning(source.store, job_id, progress):
-        step = _input_step(d.envelope.event, d.offset, d.timestamp_ms, job_id)
+    cell_shard = source.core is not None and bool(source.core.cells)  # its inputs hold JobDispatched
+    accepts = (*INPUT_TYPES, JobDispatched) if cell_shard else None
+    async for d in mentioning(source.store, job_id, progress, accepts):
+        event = d.envelope.event
+        if isinstance(event, JobDispatched):
+            step = _dispatched_step(event, d.offset, d.timestamp_ms, job_id)
+        else:
+            step = _input_step(event, d.offset, d.timestamp_ms, job_id)
         if step is not None:
             out.append(_duplicate(msgspec.structs.replace(step, position=d.offset), out))
     return out
@@ -130,6 +138,14 @@ def _duplicate(step: Step, before: list[Step]) -> Step:
         f"{step.detail}; the job was first submitted at inputs@{first.offset}: the scheduler ignores this one"
     )
     return msgspec.structs.replace(step, what="submitted (duplicate, ignored)", detail=detail)
+
+
+def _dispatched_step(event: JobDispatched, offset: int, at_ms: int, job_id: str) -> Step | None:
+    """A cell partition's ``JobDispatched``: the job arrived in this shard (a cell shard's explain)."""
+    if event.job.job_id != job_id:
+        return None
+    detail = f"cell {event.cell}, attempt {event.attempt} (seq {event.seq}, global as_of {event.as_of})"
+    return Step(INPUTS, offset, at_ms, "dispatched here", detail)
 
 
 def _input_step(event: object, offset: int, at_ms: int, job_id: str) -> Step | None:

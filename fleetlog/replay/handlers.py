@@ -9,37 +9,36 @@ exits with 1 when the log diverges.  Long work shows a progress bar when stderr 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import re
 import sys
 import tomllib
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.state import CoreConfig, State
+from fleetlog.core.state import CoreConfig
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.display import console, describe, human_row, log_time
-from fleetlog.log.base import INPUTS, LogError
+from fleetlog.log.base import INPUTS, LogError, Shard
 from fleetlog.log.consumer import parked_for_job
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.logsetup import silence
 from fleetlog.measures import ROWS as MEASURE_ROWS
 from fleetlog.measures import rows as measure_rows
+from fleetlog.replay import fleet_handlers
 from fleetlog.replay import source as src
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
-from fleetlog.replay.jobend import job_end, job_events
+from fleetlog.replay.jobend import with_run_facts
+from fleetlog.replay.shards import Topology, open_shard
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, log_time_of, state_at
+from fleetlog.replay.terminal import parse_point, progress_bar
 from fleetlog.replay.timeline import record, write_report, write_trace
 from fleetlog.replay.verify import verify
 from fleetlog.replay.whatif import what_if
@@ -52,14 +51,14 @@ T = TypeVar("T")
 SECTIONS = ("nodes", "jobs", "tenants", "queues")
 
 
-async def _with_source(place: Place, args: argparse.Namespace, handler: Handler) -> int:
+async def _with_source(place: Place, args: argparse.Namespace, handler: Handler,
+                       shard: Shard = Shard.SINGLE, topology: Topology | None = None) -> int:
+    """Run ``handler`` on the logs of ``shard`` (a cell partition: folded with its shard's
+    settings from ``topology``)."""
     snapshots = not getattr(args, "no_snapshots", False)
-    if isinstance(place, Path):
-        source = await src.open_file_source(place, snapshots)
-    else:
-        source = await src.open_kafka_source(place, snapshots)
+    source = await open_shard(place, shard, topology, snapshots)
     timeout = getattr(args, "node_timeout_ms", None)
-    if timeout is not None:
+    if timeout is not None and topology is None:
         source.core = CoreConfig(node_timeout_ms=timeout)
     try:
         for note in source.warnings:
@@ -67,21 +66,6 @@ async def _with_source(place: Place, args: argparse.Namespace, handler: Handler)
         return await handler(args, source)
     finally:
         await source.close()
-
-
-# --- progress ------------------------------------------------------------------------------
-
-
-@contextmanager
-def progress_bar(what: str, total: int | None) -> Iterator[Callable[[int], None] | None]:
-    """A rich progress bar on stderr when it is a terminal; otherwise nothing."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        yield lambda n: bar.advance(task, n)
 
 
 async def _inputs_total(source: Source) -> int:
@@ -139,25 +123,6 @@ def _print_verify(report: Any) -> None:
 # --- state-at ------------------------------------------------------------------------------
 
 
-def parse_point(text: str) -> Point:
-    """An inputs offset (digits), epoch milliseconds (``1700000000000ms``) or an ISO 8601 time
-    (``2026-11-30T01:00:00Z``; no zone = UTC)."""
-    if re.fullmatch(r"\d+", text):
-        return Point(offset=int(text))
-    if m := re.fullmatch(r"(\d+)ms", text):
-        return Point(time_ms=int(m.group(1)))
-    try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
-    except ValueError:
-        raise ReplayError(
-            f"{text!r} is neither an offset (digits), epoch milliseconds (e.g. 1700000000000ms) "
-            "nor an ISO 8601 time (e.g. 2026-11-30T01:00:00Z)"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return Point(time_ms=int(when.timestamp() * 1000))
-
-
 async def cmd_state_at(args: argparse.Namespace, source: Source) -> int:
     point = parse_point(args.point)
     sections = _sections(args.show)
@@ -205,38 +170,12 @@ async def cmd_status(args: argparse.Namespace, source: Source) -> int:
                 f"offset {parked.offset} ({parked.reason}: {parked.error[:300]}); see `fleetlog replay dump "
                 f"--from-log dead-letters --start {parked.offset}`")
         raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log")
-    anchor = "placed_at_ms" if "placed_at_ms" in found else "submitted_at_ms"
-    found = _after(found, anchor, await _run_facts(source, state, found))
+    found = await with_run_facts(source, state, found)
     if args.json:
         _print_json(found)
     else:
         print("\n".join(describe(found)))
     return 0
-
-
-def _after(facts: dict[str, Any], key: str, more: dict[str, Any]) -> dict[str, Any]:
-    """``facts`` with ``more`` placed after ``key`` (or at the end when it has no ``key``)."""
-    keys = list(facts)
-    at = keys.index(key) + 1 if key in facts else len(keys)
-    return {k: facts[k] for k in keys[:at]} | more | {k: facts[k] for k in keys[at:]}
-
-
-async def _run_facts(source: Source, state: State, found: dict[str, Any]) -> dict[str, Any]:
-    """``elapsed_ms`` of a running job (to the log time of the state); ``ended_at_ms``,
-    ``elapsed_ms`` (its last run, if it ran), ``exit_code`` and ``end`` of a job that ended."""
-    placed: int | None = found.get("placed_at_ms")
-    if found["state"] in ("pending", "running"):
-        running = found["state"] == "running"
-        return {"elapsed_ms": state.now_ms - placed} if running and placed is not None else {}
-    ended = job_end(await job_events(source, found["job_id"]), found["state"], found["tasks"])
-    if ended is None:  # not from its own events (the log was cut?): say so rather than guess
-        return {"ended_at_ms": None, "elapsed_ms": None, "exit_code": None, "end": "unknown"}
-    return {
-        "ended_at_ms": ended.at_ms,
-        "elapsed_ms": ended.at_ms - placed if ended.running and placed is not None else None,
-        "exit_code": ended.exit_code,
-        "end": ended.what,
-    }
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -401,9 +340,17 @@ async def cmd_dump(args: argparse.Namespace, source: Source) -> int:
 
 
 async def run(name: str, place: Place, args: argparse.Namespace) -> int:
-    """Open the logs at ``place`` and run the handler of subcommand ``name``."""
+    """Open the logs at ``place`` and run the handler of subcommand ``name``: across the shards of
+    a deployment with a ``[cells]`` map (or on the one ``--shard`` names), else on the one log."""
     silence("aiokafka")  # its connection errors reach us as one line
-    return await _with_source(place, args, HANDLERS[name])
+    topology: Topology | None = getattr(args, "topology", None)
+    if topology is None and getattr(args, "shard", None) is None:
+        return await _with_source(place, args, HANDLERS[name])
+
+    async def single(shard: Shard) -> int:
+        return await _with_source(place, args, HANDLERS[name], shard, topology)
+
+    return await fleet_handlers.run(name, place, args, topology, single)
 
 
 HANDLERS: dict[str, Handler] = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fleetlog.core.state import State
 from fleetlog.events.model import (
     JobCancelled,
     JobPlaced,
@@ -115,3 +116,34 @@ def job_end(events: list[Seen], final_state: str, tasks: int) -> End | None:
         if ended is not None and ended[0] == final_state:
             return End(seen.time_ms, ended[1], ended[2], walk.state == "running")
     return None
+
+
+async def with_run_facts(source: Source, state: State, found: dict[str, Any]) -> dict[str, Any]:
+    """``found`` (a job's status) with :func:`run_facts` after its placement (or submission)."""
+    anchor = "placed_at_ms" if "placed_at_ms" in found else "submitted_at_ms"
+    return after(found, anchor, await run_facts(source, state, found))
+
+
+def after(facts: dict[str, Any], key: str, more: dict[str, Any]) -> dict[str, Any]:
+    """``facts`` with ``more`` placed after ``key`` (or at the end when it has no ``key``)."""
+    keys = list(facts)
+    at = keys.index(key) + 1 if key in facts else len(keys)
+    return {k: facts[k] for k in keys[:at]} | more | {k: facts[k] for k in keys[at:]}
+
+
+async def run_facts(source: Source, state: State, found: dict[str, Any]) -> dict[str, Any]:
+    """``elapsed_ms`` of a running job (to the log time of the state); ``ended_at_ms``,
+    ``elapsed_ms`` (its last run, if it ran), ``exit_code`` and ``end`` of a job that ended."""
+    placed: int | None = found.get("placed_at_ms")
+    if found["state"] in ("pending", "running"):
+        running = found["state"] == "running"
+        return {"elapsed_ms": state.now_ms - placed} if running and placed is not None else {}
+    ended = job_end(await job_events(source, found["job_id"]), found["state"], found["tasks"])
+    if ended is None:  # not from its own events (the log was cut?): say so rather than guess
+        return {"ended_at_ms": None, "elapsed_ms": None, "exit_code": None, "end": "unknown"}
+    return {
+        "ended_at_ms": ended.at_ms,
+        "elapsed_ms": ended.at_ms - placed if ended.running and placed is not None else None,
+        "exit_code": ended.exit_code,
+        "end": ended.what,
+    }

@@ -23,11 +23,11 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, may_mention
 from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
-from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record
+from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record, Shard
 from fleetlog.log.cellinputs import CellInputsConsumer
 from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
 from fleetlog.log.file import FileLogStore, RecoveryWarning
-from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore, shard_config
 from fleetlog.log.snapshots import DirectorySnapshots, KafkaSnapshots, SnapshotStore
 
 READ_CHUNK = 10_000
@@ -60,34 +60,48 @@ class Source:
         await self.store.close()
 
 
-async def open_file_source(directory: str | Path, snapshots: bool = True) -> Source:
-    """The file log in ``directory``, read-only (a torn tail is ignored and reported, not cut)."""
+async def open_file_source(
+    directory: str | Path, snapshots: bool = True, shard: Shard = Shard.SINGLE
+) -> Source:
+    """The file log in ``directory`` (of ``shard``: its sub-directory, ``global`` or ``cells-<p>``),
+    read-only (a torn tail is ignored and reported, not cut).  The global partition's snapshots
+    are the dispatcher's, not a scheduler state's: none are opened for it."""
     path = Path(directory)
-    if not path.is_dir() or not any((path / name).is_dir() for name in (INPUTS, DECISIONS)):
-        raise ReplayError(f"no file log at {path} (expected {', '.join(LOG_NAMES)} directories)")
-    store = FileLogStore(path, read_only=True)
+    here = path / shard.dirname
+    if not here.is_dir() or not any((here / name).is_dir() for name in (INPUTS, DECISIONS)):
+        raise ReplayError(f"no file log at {here} (expected {', '.join(LOG_NAMES)} directories)")
+    store = FileLogStore(path, shard=shard, read_only=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RecoveryWarning)
-        await _opened(store, str(path))
+        await _opened(store, str(here))
     notes = tuple(str(w.message) for w in caught if issubclass(w.category, RecoveryWarning))
-    snaps = DirectorySnapshots(path / "snapshots") if snapshots else None
-    return Source(store, snaps, f"file log {path}", notes, lambda: open_file_source(path, snapshots))
+    snaps = DirectorySnapshots(here / "snapshots") if snapshots and shard != Shard.GLOBAL else None
+    where = f"file log {path}" + (f" shard {shard}" if shard != Shard.SINGLE else "")
+    return Source(store, snaps, where, notes, lambda: open_file_source(path, snapshots, shard))
 
 
-async def open_kafka_source(config: KafkaConfig, snapshots: bool = True) -> Source:
-    """The Kafka topics of ``config`` (producers start lazily: reading never fences the scheduler).
-    Replay creates nothing: a prefix whose topics do not exist is an error, not an empty log."""
+async def open_kafka_source(
+    config: KafkaConfig, snapshots: bool = True, shard: Shard = Shard.SINGLE
+) -> Source:
+    """The Kafka topics of ``config`` (of ``shard``: ``<prefix>.global.*`` or partition p of
+    ``<prefix>.cells.*``; producers start lazily: reading never fences the scheduler).  Replay
+    creates nothing: a prefix whose topics do not exist is an error, not an empty log."""
     topics = await kafka_topics(config)
-    missing = [config.topic(name) for name in (INPUTS, DECISIONS) if config.topic(name) not in topics]
+    own = shard_config(config, shard)
+    missing = [own.topic(name) for name in (INPUTS, DECISIONS) if own.topic(name) not in topics]
     if missing:
         raise ReplayError(
             f"no topic {', '.join(missing)} on Kafka at {config.bootstrap_servers} "
             "(is the topic prefix right? --config or FLEETLOG_KAFKA_TOPIC_PREFIX)"
         )
-    store = KafkaLogStore(config)
+    store = KafkaLogStore(config, shard)
     await _opened(store, config.bootstrap_servers)
-    snaps = KafkaSnapshots(config) if snapshots and config.topic("snapshots") in topics else None
-    return Source(store, snaps, f"Kafka {config.bootstrap_servers} topics {config.topic_prefix}.*")
+    wanted = snapshots and shard != Shard.GLOBAL and own.topic("snapshots") in topics
+    snaps = KafkaSnapshots(own) if wanted else None
+    where = f"Kafka {config.bootstrap_servers} topics {own.topic_prefix}.*"
+    if shard.kind == "cell":
+        where += f" partition {shard.partition}"
+    return Source(store, snaps, where)
 
 
 async def kafka_topics(config: KafkaConfig) -> set[str]:
@@ -129,12 +143,13 @@ async def read(store: LogStore, name: str, offset: int, limit: int = READ_CHUNK)
 
 
 async def mentioning(
-    store: LogStore, job_id: str, progress: Progress | None = None
+    store: LogStore, job_id: str, progress: Progress | None = None, accepts: tuple[type, ...] | None = None
 ) -> AsyncIterator[Delivered]:
     """The decodable input records that may mention ``job_id``, in log order: a pre-filter
     (:func:`~fleetlog.events.codec.may_mention`), so a job's story decodes little more than its own
-    records (bad ones are skipped)."""
-    needles, consumer = (job_id.encode(),), EventConsumer(store)
+    records (bad ones are skipped).  ``accepts``: the event types of the log (a shard's)."""
+    needles = (job_id.encode(),)
+    consumer = EventConsumer(store) if accepts is None else EventConsumer(store, accepts=accepts)
     end, at = await end_offset(store, INPUTS), 0
     while at < end:
         records = await read(store, INPUTS, at)
@@ -257,6 +272,9 @@ class InputReader:
                 self.offset = stop
                 return
             if not records:
+                if stop <= await end_offset(self.store, INPUTS):  # (a commit marker at the tail: Kafka)
+                    self.offset = stop
+                    return
                 raise ReplayError(
                     f"the inputs log ends at offset {self.offset}, but offset {stop} is needed "
                     "(a truncated log?)"
