@@ -25,7 +25,7 @@ from fleetlog.core.cellshard import CapacityMemo, SummaryRule, due_summaries, re
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.dispatch import CellMap
-from fleetlog.core.fold_batch import fold_fast, fold_lists
+from fleetlog.core.fold_batch import fold_fast
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
@@ -135,15 +135,7 @@ class CellShardLoop(SchedulerLoop):
         """Fold what arrived, decide, then write the decisions, the returns and the summaries due
         and the consumed offset in one transaction (a step with only returns or summaries writes
         a batch without decisions, so recovery and replay see the step)."""
-        started = time.perf_counter()
-        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, 0)
-        if timeout_ms > 0 and polled.next_offset == self.offset:  # nothing yet: wait (not work)
-            polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
-            started = polled.read_at
-        fold_lists(self.state, polled.events, polled.times)
-        if self.config.check_invariants:
-            check(self.state)
-        self.offset = polled.next_offset
+        polled, started = await self.fold_arrived(timeout_ms)
         if not polled.events:
             if polled.dead_lettered:
                 await self.commit()

@@ -24,7 +24,7 @@ from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
 from fleetlog.events.model import DecisionBatch
 from fleetlog.events.parts import PartsError, StepJoiner, encode_step
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
-from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, decision_batches
+from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, Inputs, decision_batches
 
 DEFAULT_GROUP: Final = "fleetlog-scheduler"
 READ_DECISIONS: Final = 1000
@@ -148,15 +148,7 @@ class SchedulerLoop:
 
     async def step(self, timeout_ms: int = 0) -> StepResult:
         """Fold the inputs that arrived (waiting up to ``timeout_ms``), decide, publish."""
-        started = time.perf_counter()
-        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, 0)
-        if timeout_ms > 0 and polled.next_offset == self.offset:  # nothing yet: wait (not work)
-            polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
-            started = polled.read_at
-        fold_lists(self.state, polled.events, polled.times)
-        if self.config.check_invariants:
-            check(self.state)
-        self.offset = polled.next_offset
+        polled, started = await self.fold_arrived(timeout_ms)
         if not polled.events and polled.dead_lettered == 0:
             return StepResult(0, 0, 0, self.offset, work_s=time.perf_counter() - started)
         oldest = polled.times[0] if polled.times else 0
@@ -180,6 +172,21 @@ class SchedulerLoop:
         work = time.perf_counter() - started
         counts = (len(polled.events), polled.dead_lettered, len(decisions))
         return StepResult(*counts, self.offset, oldest, True, work)
+
+    async def fold_arrived(self, timeout_ms: int) -> tuple[Inputs, float]:
+        """Read what arrived (waiting up to ``timeout_ms`` when nothing had) and fold it: the
+        inputs and when the step's work began (a step that had to wait starts its clock when its
+        read returned: the wait for input is not work)."""
+        started = time.perf_counter()
+        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, 0)
+        if timeout_ms > 0 and polled.next_offset == self.offset:
+            polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
+            started = polled.read_at
+        fold_lists(self.state, polled.events, polled.times)
+        if self.config.check_invariants:
+            check(self.state)
+        self.offset = polled.next_offset
+        return polled, started
 
     async def commit(self) -> None:
         """Commit the inputs folded so far (no decisions): where a restart resumes."""
