@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from rich.console import Console
+from rich.table import Table
 
 WIDE: Final = 100_000
 """Columns of a console that is not a terminal: a table piped to a file keeps every column whole
@@ -107,3 +108,16 @@ def _item(item: Mapping[str, Any]) -> tuple[str, str]:
 
 def _pairs(value: Mapping[str, Any]) -> str:
     return ", ".join(f"{label(k).replace('_', ' ')} {cell(k, v)}" for k, v in value.items() if v is not None)
+
+def print_sections(screen: Console, out: dict[str, Any], sections: tuple[str, ...], limit: int) -> None:
+    """One table per section of ``out`` (its rows made human), at most ``limit`` rows each."""
+    for name in sections:
+        rows = [human_row(row) for row in out[name]]
+        table = Table(title=f"{name} ({len(rows):,})")
+        for column in rows[0] if rows else ():
+            table.add_column(column)
+        for row in rows[:limit]:
+            table.add_row(*row.values())
+        screen.print(table)
+        if len(rows) > limit:
+            screen.print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)")

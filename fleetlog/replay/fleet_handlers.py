@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 import msgspec
-from rich.table import Table
 
-from fleetlog.display import console, describe, human_row, log_time
+from fleetlog.display import console, describe, log_time, print_sections
 from fleetlog.log.base import INPUTS, Shard
 from fleetlog.replay.fleet import (
     Opened,
@@ -185,16 +183,7 @@ def _print_fleet(out: dict[str, Any]) -> None:
 def _print_tables(title: str, out: dict[str, Any], sections: tuple[str, ...], limit: int) -> None:
     screen = console()
     screen.print(title)
-    for name in sections:
-        rows = [human_row(row) for row in out[name]]
-        table = Table(title=f"{name} ({len(rows):,})")
-        for column in rows[0] if rows else ():
-            table.add_column(column)
-        for row in rows[:limit]:
-            table.add_row(*row.values())
-        screen.print(table)
-        if len(rows) > limit:
-            print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)", file=sys.stdout)
+    print_sections(screen, out, sections, limit)
 
 
 _ACROSS = {"verify": cmd_verify, "status": cmd_status, "explain": cmd_explain, "state-at": cmd_state_at}

@@ -22,7 +22,7 @@ from rich.table import Table
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.state import CoreConfig
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
-from fleetlog.display import console, describe, human_row, log_time
+from fleetlog.display import console, describe, log_time, print_sections
 from fleetlog.log.base import INPUTS, LogError, Shard
 from fleetlog.log.consumer import parked_for_job
 from fleetlog.log.kafka import KafkaConfig
@@ -197,16 +197,7 @@ def _print_state(out: dict[str, Any], sections: tuple[str, ...], limit: int) -> 
     )
     for note in out["notes"]:
         screen.print(f"note: {note}")
-    for name in sections:
-        rows = [human_row(row) for row in out[name]]
-        table = Table(title=f"{name} ({len(rows):,})")
-        for column in rows[0] if rows else ():
-            table.add_column(column)
-        for row in rows[:limit]:
-            table.add_row(*row.values())
-        screen.print(table)
-        if len(rows) > limit:
-            screen.print(f"… {len(rows) - limit:,} more {name} (--limit N, or --json for all)")
+    print_sections(screen, out, sections, limit)
 
 
 # --- explain -------------------------------------------------------------------------------
@@ -363,3 +354,4 @@ HANDLERS: dict[str, Handler] = {
     "report": cmd_report,
     "dump": cmd_dump,
 }
+
