@@ -353,26 +353,29 @@ def _draw(room: Room, key: tuple[str, int], tasks: int, gpus: int, cpu: int, mem
         row[2] = max(0, row[2] - tasks * mem)
 
 
-Kind = tuple[int, tuple[str, ...] | None, int, int]
-"""What a job's cell score counts: its largest task's bucket, the GPU models it may use
-(``None``: any), its milli-CPU and MiB."""
+Kind = tuple[int, tuple[str, ...] | None]
+"""What a job's cell score reads: its largest task's bucket and the GPU models it may use
+(``None``: any)."""
 
 
 def kind_of(spec: JobSubmitted) -> Kind:
-    """The task a job's cell score counts (:func:`room_for`): its largest (by GPUs, CPU, memory)."""
+    """The rows a job's cell score reads (:func:`room_for`): its largest task's (by GPUs, CPU,
+    memory) bucket, of the models that task may use."""
     g = max(spec.task_groups, key=lambda g: (g.gpu_count, g.cpu_milli, g.mem_mib))
-    models = tuple(sorted(set(g.gpu_models))) if g.gpu_models else None
-    return (bucket_of(g.gpu_count), models, g.cpu_milli, g.mem_mib)
+    return (bucket_of(g.gpu_count), tuple(sorted(set(g.gpu_models))) if g.gpu_models else None)
 
 
 def room_for(room: Room, kind: Kind) -> int:
-    """A cell's room for a job of ``kind``: how many more of its largest task the rows it may
-    draw on hold (slots, CPU and memory alike: a CPU-heavy task is counted by CPU)."""
-    bucket, models, cpu, mem = kind
+    """A cell's room for a job of ``kind``: the most free slots in any one row it may draw its
+    largest task from (one GPU model's nodes). The largest row, not the rows' sum: a cell with
+    many models is not roomier for a job than one with one large row of the model it lands on
+    (summed, the openb quality benchmark lost about a point). It only shrinks as the room does
+    (:class:`Scores` relies on it)."""
+    bucket, models = kind
     out = 0
     for (m, b), row in room.items():
-        if b == bucket and (models is None or m in models) and (m or not bucket):
-            out += min(row[0], row[1] // cpu if cpu else row[0], row[2] // mem if mem else row[0])
+        if b == bucket and (models is None or m in models) and (m or not bucket) and row[0] > out:
+            out = row[0]
     return out
 
 
@@ -533,11 +536,10 @@ class Scores:
 
 def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
     """Step 5: among the candidate cells the job fits in, the one with the most room for it
-    (free whole GPUs of the models it may use; free CPU for a job without GPUs), ties to the
-    smaller id. The whole cell's room, not the rows the job draws on: by those, each job shape
-    went to the cell where its own bucket was largest and the tenants' shapes piled into
-    separate cells (the fairness benchmark). The job takes the same from every cell, so the
-    most room before it is the most left after it."""
+    (:func:`room_for`: the most free slots in one row of its largest task's bucket), ties to
+    the smaller id. Asked before the job is drawn, so the same for every cell whatever row the
+    job would fall through to (the slots left in the rows drawn on, the first rule, could grow
+    as a room shrank: no heap could keep them)."""
     if not job.spec.allowed_cells and not job.returned:
         return scores.best(job.spec)
     return scores.best(job.spec, candidates(state, job))

@@ -107,19 +107,21 @@ def test_a_smaller_task_costs_a_share_of_a_larger_slot() -> None:
     assert d.take(room, job("w", gpus=4), commit=False)
 
 
-def test_the_score_is_how_many_more_of_the_jobs_task_the_cell_holds() -> None:
-    """All rows of the task's bucket and models count, by slots, CPU and memory alike: a
-    1-GPU job goes where most 1-GPU tasks fit (rows of any model), a job limited to A100 by
-    A100 rows only, a CPU-heavy one by CPU, a job without GPUs by the bucket-0 rows."""
-    a = {("A100", 1): [4, 10**6, 10**7, 0], ("T4", 1): [20, 10**6, 10**7, 0],
-         ("T4", 0): [5_000, 5_000, 10**7, 0]}
-    b = {("A100", 1): [8, 96_000, 10**7, 0], ("A100", 0): [9_000, 9_000, 10**7, 0]}
+def test_the_score_is_the_largest_row_the_jobs_largest_task_may_draw_on() -> None:
+    """The most free slots in one row of the task's bucket and models (not the rows' sum): a
+    1-GPU job goes where one model's row is largest, a job limited to A100 by A100 rows only,
+    a gang by its largest task's bucket, a job without GPUs by the bucket-0 rows."""
+    big = [10**6, 10**7, 0]
+    a = {("A100", 1): [4, *big], ("T4", 1): [7, *big], ("V100", 1): [7, *big], ("T4", 0): [5_000, *big],
+         ("A100", 8): [2, *big]}
+    b = {("A100", 1): [8, *big], ("A100", 0): [9_000, *big], ("A100", 8): [1, *big]}
     scores = d.Scores({"a": a, "b": b})
-    assert scores.best(job("any", gpus=1)) == "a"  # 24 tasks against 8
-    assert scores.best(job("a100", gpus=1, models=("A100",))) == "b"  # 8 against 4
-    assert scores.best(job("heavy", gpus=1, cpu=48_000)) == "a"  # 20 + 4 against 2 (CPU-bound)
-    assert scores.best(job("cpu", gpus=0, milli=0)) == "b"  # 9 one-core tasks against 5
-    assert d.room_for(b, d.kind_of(job("h", gpus=1, cpu=48_000))) == 2
+    assert d.room_for(a, d.kind_of(job("any", gpus=1))) == 7  # (not 4 + 7 + 7)
+    assert scores.best(job("any", gpus=1)) == "b"  # 8 in one row against 7
+    assert scores.best(job("t4", gpus=1, models=("T4", "V100"))) == "a"
+    assert scores.best(job("big", gpus=8)) == "a"  # two 8-GPU slots against one
+    assert scores.best(job("cpu", gpus=0, milli=0)) == "b"  # 9,000 against 5,000
+    assert d.kind_of(job("mixed", gpus=1)) == (1, None)
 
 
 def test_asking_whether_one_group_fits_answers_as_drawing_it_on_a_copy() -> None:
