@@ -12,10 +12,11 @@ clock); the single shard is one ``State`` over every node, stepped as the servic
   one-task 1-GPU jobs of 4 tenants submitted 8,000 per dispatcher step (the loop's batch);
   placements per wall second from the first submission until every job is placed (a) by one
   shard over every node (fewer jobs: it is the slow one), (b) by the dispatcher and C cell
-  shards in this process, (c) the same with the cells of the second half of the partitions
-  stepped in a child process (``fleetlog.sharded.procs``; the exchange over a pipe counted),
-  the dispatcher and the first half here. Median of ``--repeats`` fresh fleets each. (b) and
-  (c) must write the same digest (checked: else the run fails).
+  shards in this process, (c) the same with 70% of the partitions stepped in a child process
+  (``fleetlog.sharded.procs``; the exchange over a pipe counted), the dispatcher and the other
+  30% here (:data:`PARENT_SHARE`). Both pipelined (``FleetConfig(pipeline=True)``: the
+  dispatcher's step k+1 runs while the cells run step k). Median of ``--repeats`` fresh fleets
+  each. (b) and (c) must write the same digest (checked: else the run fails).
 - **Quality** (``alloc_single_shard``, ``alloc_split``): the openb inflate protocol (the FGD
   paper's: jobs plus seeded copies to 130% of the GPUs, shuffled, 64 per step, never leaving)
   on ``openb_node_list_gpu_node.csv``; GPU allocation % when all have arrived, mean over seeds
