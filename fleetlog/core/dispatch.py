@@ -10,9 +10,9 @@ Steps of :func:`dispatch`: (1) each cell's room: its latest summary less what wa
 it since (``JobDispatched.seq`` past the summary's ``dispatched_seq``); (2) fleet-wide usage the
 same way; (3) pending jobs in priority order, tenants by weighted DRF, FIFO within a tenant
 (:func:`fleetlog.core.order.weighted_share`); (4) fleet-wide quotas with cohort borrowing
-(:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells the one
-with the most room left for it, ties to the smaller cell id; a job no summary can hold waits with
-a reason.
+(:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells it fits in,
+the one with the most room for it (:func:`room_for`), ties to the smaller cell id; a job no
+summary can hold waits with a reason.
 """
 
 from __future__ import annotations
@@ -483,7 +483,7 @@ class Scores:
     the first current top the job fits in is the plain answer (a cell it does not fit is
     dropped from that shape's heap: it will not fit later in the step either). O(log cells) per
     job instead of a loop over every cell. ``remember=False`` is the plain twin (tests): every
-    candidate cell, a ``take`` on a copy each."""
+    candidate cell asked in turn."""
 
     def __init__(self, room: dict[str, Room], remember: bool = True) -> None:
         self.room, self.remember = room, remember
