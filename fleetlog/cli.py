@@ -108,7 +108,10 @@ def _print_demo(result: Any) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    """Simulated cells on a virtual clock drive the real scheduling loop over the file log."""
+    """Simulated cells on a virtual clock drive the real scheduling loop over the file log
+    (with ``--cells``: the dispatcher and cell shards in one process, :func:`simulate_cells`)."""
+    if any(getattr(args, k) is not None for k in ("cells", "shards", "jobs", "nodes_per_cell")):
+        return simulate_cells(args)
     from fleetlog.core.policy import UnknownPolicyError, policy_named
     from fleetlog.kernel_warmup import warm_kernels
     from fleetlog.log.base import LogStore
@@ -143,6 +146,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("fleetlog simulate: interrupted; the log and the report hold what was simulated until then",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    return 0
+
+
+SHARDED_ONLY = {"cluster": "synthetic", "workload": "synthetic", "mode": "replay", "policy": "default",
+                "seeds": 1, "log": None, "report": None, "check_invariants": False}
+"""Options of the single-shard simulation that ``--cells`` does not take (at their defaults)."""
+
+
+def simulate_cells(args: argparse.Namespace) -> int:
+    """``simulate --cells N --shards K``: the global layer in one process (no log, no server)."""
+    from fleetlog.sharded.world import WorldSpec
+    from fleetlog.simulate_cells import CellsUsageError, run_cells
+
+    if args.cells is None:
+        given = [f"--{k.replace('_', '-')}" for k in ("shards", "jobs", "nodes_per_cell") if getattr(args, k)]
+        raise UsageError(f"{', '.join(given)} only with --cells N (the sharded simulation)")
+    given = [f"--{k.replace('_', '-')}" for k, v in SHARDED_ONLY.items() if getattr(args, k) != v]
+    if given:
+        raise UsageError(f"{', '.join(given)}: not with --cells (the sharded simulation runs its own "
+                         "synthetic cells in memory, with the default policy and no log)")
+    spec = WorldSpec(cells=args.cells, shards=args.shards if args.shards is not None else args.cells,
+                     nodes=20 if args.nodes_per_cell is None else args.nodes_per_cell,
+                     jobs=2_000 if args.jobs is None else args.jobs, seed=args.seed)
+    try:
+        run_cells(spec, args.json)
+    except CellsUsageError as exc:
+        raise UsageError(str(exc)) from None
     return 0
 
 
@@ -247,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "--log and --report (never a directory holding other files)")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--check-invariants", action="store_true", help="check the invariants after every fold")
+    sim.add_argument("--cells", type=int, metavar="N", help="the global layer instead: N synthetic cells "
+                     "under the dispatcher, in one process with no log (docs/scale-out.md)")
+    sim.add_argument("--shards", type=int, metavar="K", help="with --cells: K cell shards (partitions), "
+                     "cell i in shard i mod K (default: one per cell)")
+    sim.add_argument("--nodes-per-cell", type=int, metavar="N",
+                     help="with --cells: 8-GPU nodes per cell (20)")
+    sim.add_argument("--jobs", type=int, metavar="N", help="with --cells: jobs of 4 tenants (2000)")
     sim.set_defaults(func=cmd_simulate)
     _add_service_commands(sub)
     from fleetlog.client_cli import add_client_commands

@@ -159,11 +159,11 @@ def cell_summary(state: State, cell: str, partition: int, seq: int) -> CellSumma
         gpu_milli=int(nc["gpu_count"][up].sum()) * FULL_GPU,
     )
     pending = _pending_in(state, cid)
-    room = {(m, b): [s, c, mm] for m, b, s, c, mm in free_rows(state, up)}
+    room = {(m, b): [s, c, mm, 0] for m, b, s, c, mm in free_rows(state, up)}
     held = _held_in(state, cid)
     for job in held:
         take(room, spec_of(state, job), commit=True)
-    free = [FreeSlots(m, b, *row) for (m, b), row in sorted(room.items()) if row[0] > 0]
+    free = [FreeSlots(m, b, *row[:3]) for (m, b), row in sorted(room.items()) if row[0] > 0]
     return CellSummary(
         cell=cell,
         partition=partition,

@@ -32,12 +32,14 @@ SINGLES_CHUNK: Final = 64  # jobs whose columns place_singles reads at once
 
 def place_singles(sc: Scratch, run: Array, at: int) -> int:
     """Schedule the jobs from ``at`` on while each is one task with no topology and no allowed
-    cells of its own: exactly what :func:`schedule_job` does for such a job when its tenant is
-    alone in its priority class and there is one cell, no quota and no reservation. The
-    placing is done by ``kernels.place_run`` a chunk of jobs at a time; a job of a key that
-    already failed is settled here, and one that does not fit goes through
-    :func:`schedule_job`. The index of the first job left to the caller: ``run.size``, or a
-    job of another kind, or the one after a reservation was made or free capacity swapped."""
+    cells of its own, or allowed cells that include the one cell (a cell shard's dispatched
+    jobs: ``place.allowed_cells`` is then that cell, as for a job without): exactly what
+    :func:`schedule_job` does for such a job when its tenant is alone in its priority class and
+    there is one cell, no quota and no reservation. The placing is done by ``kernels.place_run``
+    a chunk of jobs at a time; a job of a key that already failed is settled here, and one that
+    does not fit goes through :func:`schedule_job`. The index of the first job left to the
+    caller: ``run.size``, or a job of another kind, or the one after a reservation was made or
+    free capacity swapped."""
     state = sc.state
     jc, tc = state.jobs.cols, state.tasks.cols
     (cell,) = sc.cells
@@ -46,8 +48,9 @@ def place_singles(sc: Scratch, run: Array, at: int) -> int:
     while at < run.size:
         jobs = run[at : at + chunk]
         simple = (jc["ntasks"][jobs] == 1) & (jc["topology"][jobs] == 0) & (sc.key_of[jobs] >= 0)
-        if state.job_cells:
-            simple &= np.fromiter((j not in state.job_cells for j in jobs.tolist()), np.bool_, jobs.size)
+        if state.job_cells:  # allowed cells that hold the one cell: as if none (a dispatched job)
+            allowed = state.job_cells.get
+            simple &= np.fromiter((cell in allowed(j, sc.cells) for j in jobs.tolist()), np.bool_, jobs.size)
         k = jobs.size if simple.all() else int(np.argmin(simple))
         if k == 0:
             return at

@@ -10,9 +10,9 @@ Steps of :func:`dispatch`: (1) each cell's room: its latest summary less what wa
 it since (``JobDispatched.seq`` past the summary's ``dispatched_seq``); (2) fleet-wide usage the
 same way; (3) pending jobs in priority order, tenants by weighted DRF, FIFO within a tenant
 (:func:`fleetlog.core.order.weighted_share`); (4) fleet-wide quotas with cohort borrowing
-(:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells the one
-with the most room left for it, ties to the smaller cell id; a job no summary can hold waits with
-a reason.
+(:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells it fits in,
+the one with the most room for it (:func:`room_for`), ties to the smaller cell id; a job no
+summary can hold waits with a reason.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ UNKNOWN_JOB: Final = "unknown_job"
 TOO_MANY_RETURNS: Final = "returned_too_often"
 
 Row = list[int]
-"""A summary row as the dispatcher draws on it: [slots, cpu_milli, mem_mib]."""
+"""A summary row as the dispatcher draws on it: [slots, cpu_milli, mem_mib, GPUs owed] (the
+GPUs smaller tasks took from the row's nodes, less than one of its slots: :func:`_draw`)."""
 Room = dict[tuple[str, int], Row]
 
 
@@ -264,7 +265,7 @@ def rooms(state: DispatchState) -> dict[str, Room]:
         summary = state.summaries.get(cell)
         if summary is None:
             continue
-        room = {(f.gpu_model, f.gpus): [f.slots, f.cpu_milli, f.mem_mib] for f in summary.free}
+        room = {(f.gpu_model, f.gpus): [f.slots, f.cpu_milli, f.mem_mib, 0] for f in summary.free}
         for job in flying.get(cell, []):
             take(room, job.spec, commit=True)
         out[cell] = room
@@ -292,11 +293,14 @@ def usage(state: DispatchState) -> Usage:
     return out
 
 
-def take(room: Room, spec: JobSubmitted, commit: bool) -> int | None:
-    """Draw ``spec``'s tasks from ``room`` (changed only when ``commit``): ``None`` when some
-    task finds no row, else the room left in the rows it drew on (slots, the score)."""
+def take(room: Room, spec: JobSubmitted, commit: bool) -> bool:
+    """Draw ``spec``'s tasks from ``room`` (changed only when ``commit``): whether every task
+    found a row (a gang: all in this room, or none). Asked without ``commit`` for one task
+    group, nothing is drawn: the rows it may take from (one bucket, other models) do not share
+    nodes, so no draw changes another's fit."""
+    if not commit and len(spec.task_groups) == 1:
+        return _fits(room, spec.task_groups[0])
     work = room if commit else {k: list(v) for k, v in room.items()}
-    used: set[tuple[str, int]] = set()
     for g in spec.task_groups:
         bucket, left = bucket_of(g.gpu_count), g.count
         models = sorted(set(g.gpu_models))
@@ -307,19 +311,35 @@ def take(room: Room, spec: JobSubmitted, commit: bool) -> int | None:
             fits = min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
                        row[2] // g.mem_mib if g.mem_mib else left, left)
             if fits > 0:
-                _draw(work, key, fits, g.gpu_count, g.cpu_milli, g.mem_mib)
-                used.add(key)
+                _draw(work, key, fits, max(g.gpu_count, 1) if bucket else 0, g.cpu_milli, g.mem_mib)
                 left -= fits
             if left == 0:
                 break
         if left:
-            return None
-    return sum(work[k][0] for k in sorted(used))
+            return False
+    return True
+
+
+def _fits(room: Room, g: TaskGroup) -> bool:
+    """Whether the rows of ``room`` hold ``g``'s tasks (``take`` of one group, nothing drawn)."""
+    bucket, left = bucket_of(g.gpu_count), g.count
+    for (model, b), row in room.items():
+        if b != bucket or (g.gpu_models and model not in g.gpu_models) or (bucket and not model):
+            continue
+        left -= min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
+                    row[2] // g.mem_mib if g.mem_mib else left, left)
+        if left <= 0:
+            return True
+    return left <= 0
 
 
 def _draw(room: Room, key: tuple[str, int], tasks: int, gpus: int, cpu: int, mem: int) -> None:
-    """Take ``tasks`` tasks from row ``key`` and what they cost from the model's other rows
-    (the same nodes): a bigger bucket loses a slot per task, a smaller one ``gpus / bucket``."""
+    """Take ``tasks`` tasks of ``gpus`` whole GPUs from row ``key``, and what they cost from the
+    model's other buckets (the same nodes): ``gpus / bucket`` of a slot each, the fraction
+    carried in the row (``row[3]``, GPUs owed), so eight 1-GPU tasks take one 8-GPU slot, as a
+    cell that packs them does. Not a whole slot per task: that counted every 1-GPU task as
+    spoiling an 8-GPU slot, and made a cell look full of big slots it still had (the fairness
+    benchmark, docs/scale-out.md)."""
     model = key[0]
     for (m, bucket), row in room.items():
         if m != model:
@@ -327,9 +347,36 @@ def _draw(room: Room, key: tuple[str, int], tasks: int, gpus: int, cpu: int, mem
         if (m, bucket) == key:
             row[0] -= tasks
         elif bucket and gpus:
-            row[0] = max(0, row[0] - (tasks if bucket > gpus else tasks * gpus // bucket))
+            owed = row[3] + tasks * gpus
+            row[0], row[3] = max(0, row[0] - owed // bucket), owed % bucket
         row[1] = max(0, row[1] - tasks * cpu)
         row[2] = max(0, row[2] - tasks * mem)
+
+
+Kind = tuple[int, tuple[str, ...] | None]
+"""What a job's cell score reads: its largest task's bucket and the GPU models it may use
+(``None``: any)."""
+
+
+def kind_of(spec: JobSubmitted) -> Kind:
+    """The rows a job's cell score reads (:func:`room_for`): its largest task's (by GPUs, CPU,
+    memory) bucket, of the models that task may use."""
+    g = max(spec.task_groups, key=lambda g: (g.gpu_count, g.cpu_milli, g.mem_mib))
+    return (bucket_of(g.gpu_count), tuple(sorted(set(g.gpu_models))) if g.gpu_models else None)
+
+
+def room_for(room: Room, kind: Kind) -> int:
+    """A cell's room for a job of ``kind``: the most free slots in any one row it may draw its
+    largest task from (one GPU model's nodes). The largest row, not the rows' sum: a cell with
+    many models is not roomier for a job than one with one large row of the model it lands on
+    (summed, the openb quality benchmark lost about a point). It only shrinks as the room does
+    (:class:`Scores` relies on it)."""
+    bucket, models = kind
+    out = 0
+    for (m, b), row in room.items():
+        if b == bucket and (models is None or m in models) and (m or not bucket) and row[0] > out:
+            out = row[0]
+    return out
 
 
 # --- dispatch -----------------------------------------------------------------------------------
@@ -429,55 +476,73 @@ def candidates(state: DispatchState, job: Job) -> list[str]:
 
 
 class Scores:
-    """Each cell's answer to ``take(room, spec, commit=False)`` for the task groups asked this
-    step, remembered until that cell's room changes (only :meth:`take` changes it: a job
-    dispatched there). The answer depends on the room and the task groups alone, so it is the
-    plain one, without a dictionary copy per cell and job (the dispatcher's hot spot: every
-    job scores every allowed cell). ``remember=False`` is the plain twin, for tests."""
+    """Step 5's choice of cell, fast: for each job shape (its task groups) asked this step, a
+    heap of the cells by their room for it (:func:`room_for`), largest first, ties to the
+    smaller id. Within a step a cell's room only shrinks (:meth:`take`), so an entry computed
+    before a cell's last change is an upper bound: it is recomputed when it reaches the top, and
+    the first current top the job fits in is the plain answer (a cell it does not fit is
+    dropped from that shape's heap: it will not fit later in the step either). O(log cells) per
+    job instead of a loop over every cell. ``remember=False`` is the plain twin (tests): every
+    candidate cell asked in turn."""
 
     def __init__(self, room: dict[str, Room], remember: bool = True) -> None:
         self.room, self.remember = room, remember
-        self.memo: dict[tuple[TaskGroup, ...], dict[str, int | None]] = {}
-        """Task groups -> cell -> the answer (a cell whose room changed is dropped from each)."""
+        self.version = dict.fromkeys(room, 0)
+        self.heaps: dict[tuple[TaskGroup, ...], list[tuple[int, str, int]]] = {}
+        self.kinds: dict[tuple[TaskGroup, ...], Kind] = {}
 
-    def left(self, cell: str, spec: JobSubmitted) -> int | None:
-        return self._left(self.known(spec), cell, spec)
+    def kind(self, spec: JobSubmitted) -> Kind:
+        kind = self.kinds.get(spec.task_groups)
+        if kind is None:
+            kind = self.kinds[spec.task_groups] = kind_of(spec)
+        return kind
 
-    def known(self, spec: JobSubmitted) -> dict[str, int | None]:
-        """The answers remembered for ``spec``'s task groups, by cell."""
-        return self.memo.setdefault(spec.task_groups, {})
+    def best(self, spec: JobSubmitted, cells: list[str] | None = None) -> str:
+        """The cell among ``cells`` (``None``: every cell with a room) that ``spec`` fits in with
+        the most room for it, ties to the smaller id; ``""`` when it fits in none."""
+        if cells is not None or not self.remember:
+            return self._plain(spec, sorted(self.room) if cells is None else cells)
+        heap = self.heaps.get(spec.task_groups)
+        kind, room, version = self.kind(spec), self.room, self.version
+        if heap is None:
+            heap = [(-room_for(room[c], kind), c, version[c]) for c in sorted(room)]
+            heapq.heapify(heap)
+            self.heaps[spec.task_groups] = heap
+        while heap:
+            _, cell, seen = heap[0]
+            if seen != version[cell]:
+                heapq.heapreplace(heap, (-room_for(room[cell], kind), cell, version[cell]))
+            elif take(room[cell], spec, commit=False):
+                return cell
+            else:
+                heapq.heappop(heap)
+        return ""
 
-    def _left(self, known: dict[str, int | None], cell: str, spec: JobSubmitted) -> int | None:
-        answer = known.get(cell, _UNKNOWN)
-        if answer is _UNKNOWN:
-            answer = take(self.room[cell], spec, commit=False)
-            if self.remember:
-                known[cell] = answer
-        return answer
+    def _plain(self, spec: JobSubmitted, cells: list[str]) -> str:
+        best, most, kind = "", -1, self.kind(spec)
+        for cell in cells:
+            room = self.room.get(cell)
+            if room is None or not take(room, spec, commit=False):
+                continue
+            left = room_for(room, kind)
+            if left > most:
+                best, most = cell, left
+        return best
 
     def take(self, cell: str, spec: JobSubmitted) -> None:
         take(self.room[cell], spec, commit=True)
-        for known in self.memo.values():
-            known.pop(cell, None)
-
-
-_UNKNOWN: Final = -2
-"""Not remembered (an answer is ``None`` or slots left, never negative)."""
+        self.version[cell] += 1
 
 
 def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
-    """Step 5: the candidate cell with the most room left after the job (ties: smaller id)."""
-    best, best_left, room = "", -1, scores.room
-    known, left_of, spec = scores.known(job.spec), scores._left, job.spec
-    for cell in candidates(state, job):
-        if cell not in room:
-            continue
-        left = known.get(cell, _UNKNOWN)
-        if left is _UNKNOWN:
-            left = left_of(known, cell, spec)
-        if left is not None and left > best_left:
-            best, best_left = cell, left
-    return best
+    """Step 5: among the candidate cells the job fits in, the one with the most room for it
+    (:func:`room_for`: the most free slots in one row of its largest task's bucket), ties to
+    the smaller id. Asked before the job is drawn, so the same for every cell whatever row the
+    job would fall through to (the slots left in the rows drawn on, the first rule, could grow
+    as a room shrank: no heap could keep them)."""
+    if not job.spec.allowed_cells and not job.returned:
+        return scores.best(job.spec)
+    return scores.best(job.spec, candidates(state, job))
 
 
 def _no_cell_reason(state: DispatchState, job: Job) -> str:

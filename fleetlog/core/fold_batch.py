@@ -27,6 +27,7 @@ from fleetlog.core.fold import (
     drop_reason_text,
     fold,
     fold_decision,
+    hold,
     mask_gpus,
     model_id,
     next_due,
@@ -34,11 +35,20 @@ from fleetlog.core.fold import (
     remember_shape,
     take_shape_mix,
 )
-from fleetlog.core.state import SUM_JOB_CELLS, TOPOLOGY_CODES, JobState, NodeStatus, State, TaskState
+from fleetlog.core.state import (
+    SUM_DISPATCHES,
+    SUM_JOB_CELLS,
+    TOPOLOGY_CODES,
+    JobState,
+    NodeStatus,
+    State,
+    TaskState,
+)
 from fleetlog.events.model import (
     DecisionBatch,
     Event,
     JobCancelled,
+    JobDispatched,
     JobPlaced,
     JobSubmitted,
     NodeHeartbeat,
@@ -79,12 +89,12 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
     beats: dict[int, int] = {}
     cache = state.derived.beat_cache
     now, sweep, steady = state.now_ms, next_due(state), 0
-    run: list[JobSubmitted] = []  # consecutive submissions, folded together
+    run: list[JobSubmitted | JobDispatched] = []  # consecutive submissions and dispatches, folded together
     run_at: list[int] = []
     # (at most one of ``run`` and ``steady`` is open: each closes the other's offset and clock)
     for event, at_ms in events:
         if at_ms < sweep:
-            if type(event) is JobSubmitted:
+            if type(event) is JobSubmitted or type(event) is JobDispatched:
                 if steady:
                     state.offset += steady
                     state.now_ms, steady = now, 0
@@ -97,6 +107,12 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
                     if run:
                         fold_submissions(state, run, run_at)
                         run, run_at, now = [], [], state.now_ms
+                        sweep = next_due(state)  # (a dispatch holds a job: a hold may end sooner)
+                        if at_ms >= sweep:
+                            _write_beats(state, beats)
+                            fold_fast(state, event, at_ms)
+                            now, sweep = state.now_ms, next_due(state)
+                            continue
                     steady += 1
                     now = at_ms if at_ms > now else now  # max() costs a call per heartbeat
                     beats[hit[0]] = now
@@ -138,8 +154,9 @@ class NewJobs:
         self.jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
         self.tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
 
-    def take(self, state: State, e: JobSubmitted) -> None:
-        """Fold ``e`` (the clock and offset already moved to it) but for the column writes."""
+    def take(self, state: State, e: JobSubmitted, allowed: tuple[str, ...] | None = None) -> None:
+        """Fold ``e`` (the clock and offset already moved to it) but for the column writes;
+        ``allowed``: its allowed cells instead of its own (a dispatch: :meth:`dispatch`)."""
         names = state.names
         job_names = names["job"]
         if e.job_id in job_names.ids:
@@ -157,8 +174,9 @@ class NewJobs:
         first.append(self.first_task + len(self.tasks[0]))
         topo.append(TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0)
         expected.append(-1 if e.expected_duration_ms is None else e.expected_duration_ms)
-        if e.allowed_cells:
-            cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
+        allowed = e.allowed_cells if allowed is None else allowed
+        if allowed:
+            cells = tuple(sorted({names["cell"].intern(c) for c in allowed}))
             state.job_cells[job] = cells
             add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
         n, cpu, mem, gpu = self._take_tasks(state, e, job)
@@ -170,6 +188,19 @@ class NewJobs:
         if state.shapes_seen >= state.mix_due:
             take_shape_mix(state)
         state.pending_count += 1
+
+    def dispatch(self, state: State, e: JobDispatched) -> None:
+        """``fold.on_dispatched`` of a job new to this shard, to a cell it holds (the clock and
+        offset already moved to it; :func:`plain_dispatch` says which): its submission
+        restricted to the cell, but for the column writes, then the dispatch remembered and
+        held."""
+        cell = state.names["cell"].intern(e.cell)
+        state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), e.seq)
+        self.take(state, e.job, (e.cell,))
+        job = state.names["job"].ids[e.job.job_id]
+        entry = state.dispatches[job] = (cell, e.attempt, e.seq, state.now_ms)
+        add_entry(state, SUM_DISPATCHES, (job, entry), 1)
+        hold(state, job, state.now_ms + state.config.hold_ms)
 
     def _take_tasks(self, state: State, e: JobSubmitted, job: int) -> tuple[int, int, int, int]:
         """The job's task rows, group by group, its shapes remembered; (tasks, cpu, mem, GPU
@@ -210,20 +241,41 @@ class NewJobs:
                     cols[name][start : start + len(values)] = values
 
 
-def fold_submissions(state: State, events: Sequence[JobSubmitted], times: Sequence[int]) -> None:
+def fold_submissions(
+    state: State, events: Sequence[JobSubmitted | JobDispatched], times: Sequence[int]
+) -> None:
     """:func:`fold` of each of ``events`` in order, at ``times``: the same state, with the new
-    jobs' and tasks' columns written once for the run instead of job by job (:class:`NewJobs`).
-    One by one when a node sweep falls due within the run."""
+    jobs' and tasks' columns written once for the run instead of job by job (:class:`NewJobs`),
+    dispatches of new jobs too (a cell shard's runs of ``JobDispatched``). One by one when a
+    node sweep or a hold's end falls due within the run (a dispatch moves the next hold's end:
+    checked at each event); a dispatch the batch does not take (:func:`plain_dispatch`) is
+    folded by the spec after the rows gathered so far are written."""
     if len(events) < 2 or max(times) >= next_due(state):
         for event, at_ms in zip(events, times, strict=True):
             fold(state, event, at_ms)
         return
-    new = NewJobs(state)
+    new, due = NewJobs(state), next_due(state)
     for e, at_ms in zip(events, times, strict=True):
+        if at_ms >= due or (type(e) is JobDispatched and plain_dispatch(state, e)):
+            new.write(state)
+            fold(state, e, at_ms)
+            new, due = NewJobs(state), next_due(state)
+            continue
         state.now_ms = max(state.now_ms, at_ms)
         state.offset += 1
-        new.take(state, e)
+        if type(e) is JobDispatched:
+            new.dispatch(state, e)
+            due = min(due, state.next_return_ms)
+        else:
+            new.take(state, e)  # type: ignore[arg-type]
     new.write(state)
+
+
+def plain_dispatch(state: State, e: JobDispatched) -> bool:
+    """Whether ``fold.on_dispatched`` must fold ``e`` (it reads the job's columns): a job the
+    shard knows (a resend, a reopen, a job of its own) or a cell it does not hold (ignored)."""
+    cells = state.config.cells
+    return bool(cells and e.cell not in cells) or e.job.job_id in state.names["job"].ids
 
 
 def _write_beats(state: State, beats: dict[int, int]) -> None:

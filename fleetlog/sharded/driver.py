@@ -70,6 +70,9 @@ class FleetConfig:
     keep_decisions: bool = True
     """Hand each step's decisions back to the caller (a world that starts tasks needs them);
     ``False``: counts only (the benchmark, and groups in other processes)."""
+    pipeline: bool = False
+    """The dispatcher's step k+1 runs while the cell shards run step k (:meth:`ShardedFleet.step`):
+    it folds what the cells wrote up to step k-1, one step staler than in lock step."""
 
     def partitions(self) -> dict[int, tuple[str, ...]]:
         """Partition -> the cells it holds, sorted both ways."""
@@ -235,19 +238,30 @@ class ShardedFleet:
     # --- the step -------------------------------------------------------------------------
 
     def step(self) -> FleetStep:
-        """Dispatcher fold and dispatch, then every cell shard's step (see the module doc)."""
-        self._fold_global()
-        dispatched = d.dispatch(self.dispatcher)
-        self._route(dispatched)
+        """Dispatcher fold and dispatch, then every cell shard's step (see the module doc).
+        Pipelined (``FleetConfig.pipeline``): the cells' records are sent first — a group in
+        another process starts on them — then the dispatcher folds and dispatches into the
+        cells' next records, then the groups' outputs are collected: the same records in the
+        same order whichever process steps a group, so one and two processes write the same."""
+        if not self.config.pipeline:
+            dispatched = self._dispatch()
         records, self.cell_in = self.cell_in, {p: [] for p in self.cell_in}
         for group in self.groups:
             group.send({p: records[p] for p in group.partitions if records[p]})
+        if self.config.pipeline:
+            dispatched = self._dispatch()
         outs = sorted((o for g in self.groups for o in g.receive()), key=lambda o: o.partition)
         for out in outs:
             self.global_in.extend((e, self.now_ms) for e in out.to_global)
         self.steps += 1
         placed = sum(o.placed for o in outs)
         return FleetStep(dispatched.dispatched, dispatched.cancels, dispatched.waiting, placed, outs)
+
+    def _dispatch(self) -> d.Step:
+        self._fold_global()
+        dispatched = d.dispatch(self.dispatcher)
+        self._route(dispatched)
+        return dispatched
 
     def _fold_global(self) -> None:
         records, self.global_in = self.global_in, []

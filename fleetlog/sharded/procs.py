@@ -78,12 +78,21 @@ class ChildShards:
         self._conn.close()
 
 
-def split_groups(config: FleetConfig, children: int) -> list[ShardGroup]:
+def split_groups(config: FleetConfig, children: int, local_share: float | None = None) -> list[ShardGroup]:
     """The partitions in ``children + 1`` contiguous parts: the first stepped here (while the
-    children step theirs), one per child."""
+    children step theirs), one per child. ``local_share``: the first part's share of the
+    partitions (default: an equal part) — smaller when this process also runs the dispatcher
+    (pipelined, its work and the children's overlap)."""
     parts = list(config.partitions().items())
-    size = -(-len(parts) // (children + 1))
-    chunks = [dict(parts[i : i + size]) for i in range(0, len(parts), size)]
+    if local_share is None:
+        size = -(-len(parts) // (children + 1))
+        chunks = [dict(parts[i : i + size]) for i in range(0, len(parts), size)]
+    else:
+        if not 0 < local_share < 1 or len(parts) < children + 1:
+            raise ValueError(f"local share {local_share} of {len(parts)} partitions over {children} children")
+        here = min(len(parts) - children, max(1, round(local_share * len(parts))))
+        size = -(-(len(parts) - here) // children)
+        chunks = [dict(parts[:here])] + [dict(parts[i : i + size]) for i in range(here, len(parts), size)]
     local = LocalShards(CellShard(p, cells, config) for p, cells in chunks[0].items())
     return [local, *(ChildShards(chunk, config) for chunk in chunks[1:])]
 

@@ -75,7 +75,8 @@ def inputs(rng: random.Random, step: int, placed: list[str], cells: int) -> list
         elif kind < 0.92:
             events.append(job(name, tasks=2, gpus=1, topology="rack"))
         else:
-            events.append(job(name, gpus=1, milli=500, cells=("c0",)))
+            allowed = rng.choice([("c0",), ("c0",), ("c9",), ("c0", "c9")])  # (c9: a cell of no node)
+            events.append(job(name, gpus=1, milli=500, cells=allowed))
     for _ in range(rng.randint(0, 6)):
         if placed:
             events.append(TaskFinished(job_id=placed.pop(rng.randrange(len(placed))), task_index=0))

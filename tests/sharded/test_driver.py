@@ -3,6 +3,7 @@ cell shards joined in memory, the cross-shard invariants checked after every ste
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -166,14 +167,17 @@ def test_the_invariant_check_can_fail() -> None:
         w.step()
 
 
-def scenario(seed: int, two_processes: bool = False) -> str:
+def scenario(
+    seed: int, two_processes: bool = False, pipeline: bool = False, share: float | None = None
+) -> str:
     """A seeded run: cells of random shapes (two share a partition), jobs of random shapes,
     tenants and allowed cells, time moving past holds, a few cancellations; its digest."""
     rng = random.Random(seed)
     cells = {c: (rng.randint(1, 3), rng.randint(1, 3)) for c in "abcde"}
     where = {"a": 0, "b": 1, "c": 2, "d": 2, "e": 3}
-    config = FleetConfig(d.CellMap(tuple(sorted(where.items()))), hold_ms=HOLD, keep_decisions=False)
-    groups = split_groups(config, 1) if two_processes else None
+    config = FleetConfig(d.CellMap(tuple(sorted(where.items()))), hold_ms=HOLD, keep_decisions=False,
+                         pipeline=pipeline)
+    groups = split_groups(config, 1, share) if two_processes else None
     fleet = ShardedFleet(config, groups)
     beats = {
         c: [node(f"{c}-n{i}", cell=c, rack=f"r{i // p}") for i in range(r * p)] for c, (r, p) in cells.items()
@@ -195,6 +199,7 @@ def scenario(seed: int, two_processes: bool = False) -> str:
             fleet.step()
             if groups is None:
                 check_fleet(fleet)
+        fleet.run_until_idle()
         return fleet.digest()
     finally:
         close_all(groups or [])
@@ -210,3 +215,29 @@ def test_the_same_seed_gives_the_same_digest_here_in_two_processes_and_under_oth
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                          check=True, timeout=300)
     assert out.stdout.split() == [here]
+
+
+def test_pipelined_the_same_seed_gives_the_same_digest_in_one_and_two_processes() -> None:
+    """The dispatcher's step k+1 overlapping the cells' step k: another run than lock step (its
+    summaries are one step staler), the same however the shards are split over processes."""
+    here = scenario(7, pipeline=True)
+    assert here != scenario(7)
+    assert scenario(7, two_processes=True, pipeline=True) == here
+    assert scenario(7, two_processes=True, pipeline=True, share=0.25) == here  # (one partition here)
+    code = "from tests.sharded.test_driver import scenario; print(scenario(7, pipeline=True))"
+    env = {**os.environ, "PYTHONHASHSEED": "77", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=300)
+    assert out.stdout.split() == [here]
+
+
+def test_a_pipelined_fleet_checks_its_invariants_at_every_step() -> None:
+    w = World({"a": (2, 2), "b": (1, 4)})
+    w.fleet = ShardedFleet(dataclasses.replace(w.fleet.config, pipeline=True))
+    w.heartbeat()
+    for _ in range(3):
+        w.step()
+    w.fleet.submit(*[job(f"j{i}", tenant=f"t{i % 3}", gpus=(1, 2, 4, 8)[i % 4]) for i in range(12)])
+    placed = sum(w.step(advance_ms=1_000).placed for _ in range(6))
+    assert placed == 12  # (45 of the 64 GPUs)
+    assert w.fleet.refused == []
