@@ -172,6 +172,13 @@ async def wait_owned(processes: list[ServiceProcess], wanted: set[int], timeout_
     raise AssertionError(f"partitions {sets}, not {wanted}:\n" + "\n".join(p.tail(20) for p in processes))
 
 
+async def wait_dispatching(process: ServiceProcess, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ((process.health() or {}).get("dispatcher") or {}).get("leading"):
+        assert time.monotonic() < deadline, process.tail(20)
+        await asyncio.sleep(0.1)
+
+
 @pytest.fixture
 def kafka_config(kafka_bootstrap: str) -> KafkaConfig:
     prefix = f"roles{uuid.uuid4().hex[:8]}"
@@ -215,12 +222,12 @@ async def test_cell_processes_share_the_partitions_and_survive_kill_9(
         dispatcher = start(tmp_path, "dispatch", "--config", str(path), "--role", "dispatch")
         cells = [start(tmp_path, f"cell{i}", "--config", str(path), "--role", "cell") for i in range(2)]
         load = Load(glob, stores)
-        dispatcher.wait_leading()
+        await wait_dispatching(dispatcher)
         await wait_owned(cells, named, each=True)
         takeovers = []
         for kill in range(5):
             victim, survivor = cells[kill % 2], cells[1 - kill % 2]
-            await asyncio.sleep(1.0)  # under load
+            await asyncio.sleep(0.5)  # under load
             assert await owned(victim), "the victim steps partitions when it is killed"
             victim.kill9()
             takeovers.append(await wait_owned([survivor], named))  # every partition on the survivor
@@ -243,20 +250,22 @@ async def test_cell_processes_share_the_partitions_and_survive_kill_9(
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize("roles", [("dispatch", "cell"), ("all",)])
 async def test_a_job_its_first_cell_cannot_place_is_placed_in_the_other(
-    tmp_path: Path, kafka_config: KafkaConfig
+    tmp_path: Path, kafka_config: KafkaConfig, roles: tuple[str, ...]
 ) -> None:
     """Cell x has 4 nodes of 8 GPUs on 4 racks (most room, but no rack holds the gang); cell y 2
     nodes on one rack.  The gang of 2 x 8 GPUs that needs one rack goes to x first, is handed
-    back after the hold, and is placed in y."""
+    back after the hold, and is placed in y.  Run as a dispatcher and a cell process, and as one
+    ``--role all`` process on Kafka."""
     cells = {"x": 0, "y": 1}
     hold = 1500
     path = config_file(tmp_path, kafka_place(kafka_config), cells, cell_hold_ms=hold)
     glob, stores = await open_stores(kafka_config, {0, 1})
     try:
-        processes = [start(tmp_path, "dispatch", "--config", str(path), "--role", "dispatch"),
-                     start(tmp_path, "cell", "--config", str(path), "--role", "cell")]
-        await wait_owned(processes[1:], {0, 1})
+        processes = [start(tmp_path, role, "--config", str(path), "--role", role) for role in roles]
+        await wait_owned(processes[-1:], {0, 1})
+        await wait_dispatching(processes[0])
         x_nodes = [node(f"x{i}", cell="x", rack=f"r{i}") for i in range(4)]
         y_nodes = [node(f"y{i}", cell="y", rack="r0") for i in range(2)]
 
