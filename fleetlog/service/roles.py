@@ -237,29 +237,41 @@ class RoleService:
 
     async def _embedded(self) -> None:
         """``--role all`` with a map on the file log: the dispatcher and every cell partition in
-        this process, the cells' stores opened before the dispatcher recovers (its outbox)."""
+        this process, the cells' stores opened before the dispatcher recovers (its outbox).  A
+        failure closes every store and starts again from the logs after a back-off."""
         assert self.dispatching is not None
+        failures, announced = 0, False
+        try:
+            while not self.stopping.is_set():
+                try:
+                    await self._embedded_open()
+                    return
+                except LockedError as exc:
+                    if not announced:
+                        announced = True
+                        log.info("standing_by", reason=str(exc))
+                    await self._sleep(LOCK_POLL_S)
+                except Exception as exc:
+                    wait = RETRY_S[min(failures, len(RETRY_S) - 1)]
+                    failures += 1
+                    log.warning("loop_interrupted", error=str(exc)[:2000], error_type=type(exc).__name__,
+                                retry_s=wait)
+                    await self._sleep(wait)
+        finally:
+            await self.dispatching.snapshots.close()
+
+    async def _embedded_open(self) -> None:
         named = sorted({p for _, p in self.config.cells})
-        while not self.stopping.is_set():
-            root = make_store(self.config, Shard.GLOBAL)
-            opened: list[LogStore] = []
-            try:
-                for store in [root, *(root.for_shard(Shard.cell(p)) for p in named)]:  # type: ignore[attr-defined]
-                    await store.open()
-                    opened.append(store)
-            except LockedError as exc:
-                log.info("standing_by", reason=str(exc))
-                for store in reversed(opened):
-                    await store.close()
-                await self._sleep(LOCK_POLL_S)
-                continue
-            try:
-                await self._embedded_cycle(root, named)
-            finally:
-                for store in reversed(opened):
-                    await store.close()
-                await self.dispatching.snapshots.close()
-            return
+        root = make_store(self.config, Shard.GLOBAL)
+        opened: list[LogStore] = []
+        try:
+            for store in [root, *(root.for_shard(Shard.cell(p)) for p in named)]:  # type: ignore[attr-defined]
+                await store.open()
+                opened.append(store)
+            await self._embedded_cycle(root, named)
+        finally:
+            for store in reversed(opened):
+                await store.close()
 
     async def _embedded_cycle(self, root: LogStore, named: list[int]) -> None:
         assert self.dispatching is not None
