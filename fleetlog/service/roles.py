@@ -37,7 +37,7 @@ from fleetlog.service.cellrunner import RETRY_S, CellShards
 from fleetlog.service.cellshard import shard_snapshots
 from fleetlog.service.config import Config
 from fleetlog.service.dispatcher import DispatcherConfig, DispatcherLoop
-from fleetlog.service.http import HttpServer, Request, Response, json_response
+from fleetlog.service.http import HttpServer, PortInUseError, Request, Response, json_response
 from fleetlog.service.ingest import http_limits
 from fleetlog.service.leader import KafkaElection
 from fleetlog.service.metrics import Metrics
@@ -184,8 +184,13 @@ class RoleService:
         if self.role != "dispatch":
             warm_up(self.policy)
             log.info("kernels_ready", seconds=round(time.monotonic() - started, 3))
-        await self.http.start()
-        log.info("service_started", http=f"{self.settings.http_host}:{self.http.port}", pid=os.getpid(),
+        try:
+            await self.http.start()
+        except PortInUseError as exc:  # every process of these roles steps: none waits for the port
+            log.warning("http_port_in_use", error=str(exc), action="running without HTTP: give each "
+                        "process its own port (--http-port, service.http_port)")
+        address = f"{self.settings.http_host}:{self.http.port}" if self.http.serving else None
+        log.info("service_started", http=address, pid=os.getpid(),
                  role=self.role, cells=len(self.config.cells), policy=self.policy.name,
                  config=self.config.redacted())
         try:
