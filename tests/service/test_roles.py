@@ -65,6 +65,12 @@ def start(tmp_path: Path, name: str, *args: str) -> ServiceProcess:
     return process
 
 
+def started(*processes: ServiceProcess) -> None:
+    """Wait for each to serve HTTP (a cold numba cache compiles for a minute or more first)."""
+    for process in processes:
+        process.address(timeout_s=300)
+
+
 async def read_all(store: LogStore, name: str) -> list:  # type: ignore[type-arg]
     log, out, at = store.log(name), [], 0
     end = await log.end_offset()
@@ -221,6 +227,7 @@ async def test_cell_processes_share_the_partitions_and_survive_kill_9(
     try:
         dispatcher = start(tmp_path, "dispatch", "--config", str(path), "--role", "dispatch")
         cells = [start(tmp_path, f"cell{i}", "--config", str(path), "--role", "cell") for i in range(2)]
+        started(dispatcher, *cells)
         load = Load(glob, stores)
         await wait_dispatching(dispatcher)
         await wait_owned(cells, named, each=True)
@@ -264,6 +271,7 @@ async def test_a_job_its_first_cell_cannot_place_is_placed_in_the_other(
     glob, stores = await open_stores(kafka_config, {0, 1})
     try:
         processes = [start(tmp_path, role, "--config", str(path), "--role", role) for role in roles]
+        started(*processes)
         await wait_owned(processes[-1:], {0, 1})
         await wait_dispatching(processes[0])
         x_nodes = [node(f"x{i}", cell="x", rack=f"r{i}") for i in range(4)]
@@ -336,6 +344,7 @@ async def test_role_all_with_a_map_runs_every_shard_in_one_process_and_resumes(t
     first = [f"a{i}" for i in range(20)]
     await write_file(directory, parts, {**beats, None: [job(j, gpus=0, cpu=1000, mem=512) for j in first]})
     service = start(tmp_path, "all", "--config", str(path))
+    started(service)
     found = service.wait_leading()
     assert found["role"] == "all"
     assert set(found["partitions"]) == {"0", "1"}
