@@ -39,7 +39,8 @@ import uvloop
 
 from benchmarks.common import emit, machine, parse
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup, encode, envelope
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, decode
+from fleetlog.events.model import JobDispatched
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message, Shard
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
@@ -157,7 +158,36 @@ async def latency(cluster: Cluster, nodes: int, seconds: float, rate: float = 20
     waits.sort()
     q = statistics.quantiles(waits, n=100) if len(waits) > 1 else [float("nan")] * 99
     return {"probes": len(appended), "placed": len(waits), "kafka_latency_p50_ms": round(q[49], 2),
-            "kafka_latency_p99_ms": round(q[98], 2)}
+            "kafka_latency_p99_ms": round(q[98], 2), "latency_parts_p50_p99_ms": await _parts(cluster)}
+
+
+async def _parts(cluster: Cluster) -> dict[str, list[float]]:
+    """Where a probe's time goes, by broker append times: submitted -> its ``JobDispatched`` in the
+    cell partition (the dispatcher's hop) -> its ``JobPlaced`` batch (the cell shard's hop)."""
+    submitted, dispatched, placed = {}, {}, {}
+    for record in await cluster.glob.log(INPUTS).read(0, 100_000, timeout_ms=2000):
+        if b"probe-" in record.value:
+            env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
+            if isinstance(env.event, JobSubmitted):
+                submitted[env.event.job_id] = record.timestamp_ms
+    for store in cluster.stores.values():
+        for record in await store.log(INPUTS).read(0, 1_000_000, timeout_ms=2000):
+            if b"probe-" in record.value:
+                env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
+                if isinstance(env.event, JobDispatched):
+                    dispatched[env.event.job.job_id] = record.timestamp_ms
+        for record in await store.log(DECISIONS).read(0, 100_000, timeout_ms=2000):
+            for _, batch in decision_batches([record]):
+                for d in batch.decisions:
+                    if isinstance(d, JobPlaced):
+                        placed[d.job_id] = record.timestamp_ms
+
+    def p50_p99(values: list[float]) -> list[float]:
+        q = statistics.quantiles(sorted(values), n=100) if len(values) > 1 else [float("nan")] * 99
+        return [round(q[49], 1), round(q[98], 1)]
+
+    return {"dispatcher": p50_p99([dispatched[j] - t for j, t in submitted.items() if j in dispatched]),
+            "cell_shard": p50_p99([placed[j] - dispatched[j] for j in dispatched if j in placed])}
 
 
 async def takeover(cluster: Cluster, nodes: int, kills: int) -> dict[str, Any]:

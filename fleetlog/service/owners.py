@@ -24,6 +24,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
@@ -33,6 +34,8 @@ from fleetlog.log.kafka import KafkaConfig, ensure_topic
 from fleetlog.service.leader import sticky_assignor
 
 OWNERS_TOPIC: Final = "cells.owners"
+
+log = structlog.get_logger("fleetlog.service")
 
 Revoke = Callable[[], Awaitable[None]]
 Assign = Callable[[frozenset[int]], Awaitable[None]]
@@ -96,16 +99,20 @@ class Ownership:
         )
         try:
             await consumer.start()
-            # As in the leader election: the sticky assignor assigns nothing of a topic the group
-            # leader has no metadata for yet, and no rebalance follows when it appears.
-            for _ in range(100):
-                if self.topic in await consumer.topics():
+            # As in the leader election: the sticky assignor assigns nothing of a topic (nor of
+            # a partition) the group leader has no metadata for yet, and no rebalance follows
+            # when it appears.  Subscribe once this consumer's metadata has every partition.
+            for _ in range(300):
+                if self.topic in await consumer.topics() and len(
+                        consumer.partitions_for_topic(self.topic) or ()) >= self.config.shards:
                     break
                 await asyncio.sleep(0.1)
         except KafkaError as exc:
             await consumer.stop()
             raise LogError(f"join the cell owners group {self.group}: {exc!r}") from exc
         consumer.subscribe([self.topic], listener=_Listener(self))
+        log.info("owners_group_joining", group=self.group,
+                 partitions=sorted(consumer.partitions_for_topic(self.topic) or ()))
         self._consumer = consumer
         self._task = asyncio.create_task(self._poll(consumer), name="fleetlog-owners-poll")
 
