@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -63,6 +64,8 @@ class Ownership:
         self.on_revoke, self.on_assign = on_revoke, on_assign
         self.assigned: frozenset[int] = frozenset()
         self.rebalances = 0
+        self.waiting_since: float | None = None
+        """Since when this member has waited for an assignment (joined or revoked)."""
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -77,12 +80,20 @@ class Ownership:
 
     async def revoke(self) -> None:
         self.assigned = frozenset()
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
         await self.on_revoke()
 
     async def assign(self, partitions: frozenset[int]) -> None:
         self.assigned = partitions
         self.rebalances += 1
+        self.waiting_since = None
         await self.on_assign(partitions)
+
+    def stuck(self, limit_s: float) -> bool:
+        """Joined (or revoked) ``limit_s`` ago and still no assignment: the membership should
+        start again (seen once on a fresh, loaded broker: a member whose assignment never came)."""
+        return self.waiting_since is not None and time.monotonic() - self.waiting_since > limit_s
 
     async def start(self) -> None:
         """Join the group (the topic is created with ``kafka.shards`` partitions if missing)."""
@@ -99,20 +110,18 @@ class Ownership:
         )
         try:
             await consumer.start()
-            # As in the leader election: the sticky assignor assigns nothing of a topic (nor of
-            # a partition) the group leader has no metadata for yet, and no rebalance follows
-            # when it appears.  Subscribe once this consumer's metadata has every partition.
-            for _ in range(300):
-                if self.topic in await consumer.topics() and len(
-                        consumer.partitions_for_topic(self.topic) or ()) >= self.config.shards:
+            # As in the leader election: the sticky assignor assigns nothing of a topic the group
+            # leader has no metadata for yet, and no rebalance follows when it appears.
+            for _ in range(100):
+                if self.topic in await consumer.topics():
                     break
                 await asyncio.sleep(0.1)
         except KafkaError as exc:
             await consumer.stop()
             raise LogError(f"join the cell owners group {self.group}: {exc!r}") from exc
+        self.waiting_since = time.monotonic()
         consumer.subscribe([self.topic], listener=_Listener(self))
-        log.info("owners_group_joining", group=self.group,
-                 partitions=sorted(consumer.partitions_for_topic(self.topic) or ()))
+        log.info("owners_group_joining", group=self.group, topic=self.topic)
         self._consumer = consumer
         self._task = asyncio.create_task(self._poll(consumer), name="fleetlog-owners-poll")
 

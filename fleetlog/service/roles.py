@@ -226,19 +226,30 @@ class RoleService:
         ownership = self.ownership = Ownership(
             self.config.kafka, f"{self.settings.producer_id}-cells-{os.getpid()}", cells.pause, cells.assign,
             self.settings.leader_session_timeout_ms)
+        limit_s = 2 * self.settings.leader_session_timeout_ms / 1000 + 20
         try:
             while not self.stopping.is_set():
-                try:
-                    await ownership.start()
-                    break
-                except Exception as exc:
-                    log.warning("owners_group_unreachable", error=str(exc)[:2000], retry_s=1.0)
+                if ownership.stuck(limit_s):
+                    log.warning("owners_group_no_assignment", seconds=round(limit_s), action="joining again")
+                    await cells.pause()
+                    await ownership.stop()
+                if not await self._join(ownership):
                     await self._sleep(1.0)
-            await self.stopping.wait()
+                    continue
+                await self._sleep(1.0)
         finally:
             await cells.pause()  # no step after this; then commit and snapshot each shard, then leave
             await cells.stop()
             await ownership.stop()
+
+    async def _join(self, ownership: Ownership) -> bool:
+        """Join the owners group unless a member; ``False`` when the broker cannot be reached."""
+        try:
+            await ownership.start()
+            return True
+        except Exception as exc:
+            log.warning("owners_group_unreachable", error=str(exc)[:2000], retry_s=1.0)
+            return False
 
     async def _embedded(self) -> None:
         """``--role all`` with a map on the file log: the dispatcher and every cell partition in
