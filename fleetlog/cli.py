@@ -178,18 +178,15 @@ def simulate_cells(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """The scheduler service over Kafka or the embedded file log, until SIGTERM/SIGINT."""
-    from fleetlog.service.command import CommandError, configure, run_service
+    from fleetlog.service.command import CommandError, check_role, configure, run_service
     from fleetlog.service.http import BindError
 
     try:
         config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port,
                            node_timeout_ms=args.node_timeout_flag_ms, role=args.role)
+        check_role(config)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
-    if config.service.role != "all" or config.cells:
-        raise UsageError(f"role {config.service.role} with {len(config.cells)} cells in [cells]: the cell "
-                         "shards and the dispatcher do not run as a service yet (docs/scale-out.md, "
-                         "\"What later steps build\"); run one shard over the fleet: --role all, no [cells]")
     try:
         run_service(config)
     except BindError as exc:  # leading without HTTP would strand producers: say so and exit

@@ -162,16 +162,23 @@ class EventConsumer:
         return Polled(events, len(bad), next_offset)
 
     async def poll_inputs(
-        self, offset: int, max_records: int = 10_000, timeout_ms: int = 0, park: bool = True
+        self, offset: int, max_records: int = 10_000, timeout_ms: int = 0, park: bool = True,
+        before: int | None = None,
     ) -> Inputs:
         """:meth:`poll` for the scheduling loop: the same events, as parallel lists.
 
         A fleet's steady heartbeats repeat byte for byte: a heartbeat's bytes are decoded once
         and a repeat is a dictionary lookup (handing the fold the very object it saw last time,
-        which its steady-heartbeat path recognises by identity)."""
+        which its steady-heartbeat path recognises by identity).
+
+        ``before``: read nothing at or past this offset (recovery folding up to a batch's
+        ``as_of``).  A count of records is not a span of offsets: on Kafka transaction markers
+        take offsets too (a cell partition's inputs hold the dispatcher's transactions)."""
         records = await self._store.log(self._source).read(offset, max_records, timeout_ms)
         read_at = time.perf_counter()
         next_offset = records[-1].offset + 1 if records else offset
+        if before is not None and records and next_offset > before:
+            records, next_offset = [r for r in records if r.offset < before], before
         events = self.decode_memoised(records)
         if events is not None:
             return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset, read_at)

@@ -652,6 +652,16 @@ class KafkaLogStore(LogStore):
                 self._producer = producer
         return self._producer
 
+    async def fence(self) -> None:
+        """Take the shard's transactional id now, not at the first transaction: a former owner's
+        open transaction is ended and its producer refused from here on, so a recovery that
+        starts after this reads everything the former owner will ever have committed (a new
+        owner of a shard fences, then recovers)."""
+        producer = await self._transactional_producer()
+        with _translated(f"fence the transactional id {self.config.effective_transactional_id}"):
+            await producer.begin_transaction()  # (waits for the producer id: the fence)
+            await producer.abort_transaction()
+
     async def _transactional_producer(self) -> AIOKafkaProducer:
         async with self._start_lock:
             if self._txn_producer is None:

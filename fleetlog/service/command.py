@@ -13,6 +13,7 @@ import uvloop
 
 from fleetlog.log.location import ConfigError
 from fleetlog.service.config import Config, load_config
+from fleetlog.service.roles import RoleService
 from fleetlog.service.service import Service
 
 
@@ -32,15 +33,26 @@ def configure(config_path: str | None, log_dir: str | None, kafka: str | None, *
         raise CommandError(str(exc)) from None
 
 
+def check_role(config: Config) -> None:
+    """What ``fleetlog run`` cannot run: the roles apart on the file log (one process holds every
+    partition's directory: ``--role all`` with the map)."""
+    if config.kafka is None and config.service.role != "all":
+        raise CommandError(f"--role {config.service.role} runs on Kafka (processes share the partitions); "
+                           "on the file log one process runs every role: --role all with the [cells] map")
+
+
 def run_service(config: Config) -> None:
-    """Run until SIGTERM or SIGINT, on uvloop when it is installed."""
+    """Run until SIGTERM or SIGINT, on uvloop when it is installed: today's single shard, or the
+    roles of a ``[cells]`` map (:mod:`fleetlog.service.roles`)."""
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # first: a signal during start-up still stops cleanly
             loop.add_signal_handler(sig, stop.set)
-        service = Service(config, stop)
-        await service.run()
+        if config.service.role == "all" and not config.cells:
+            await Service(config, stop).run()
+        else:
+            await RoleService(config, stop).run()
 
     uvloop.run(main())

@@ -106,15 +106,17 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, check=False)
 
 
-def test_run_with_a_role_not_built_yet_says_so_in_one_line_and_exit_code_2(tmp_path: Path) -> None:
+def test_run_refuses_the_roles_apart_on_the_file_log_in_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    """On the file log one process holds every partition's directory: ``--role all`` with the map
+    runs the roles (tests/service/test_roles.py); ``dispatch`` and ``cell`` alone need Kafka."""
     path = write(tmp_path, MAP)
-    for argv in (["--config", str(path)], ["--config", str(path), "--role", "cell"],
-                 ["--log", str(tmp_path / "l"), "--role", "dispatch"]):
+    for argv in (["--config", str(path), "--role", "cell"], ["--config", str(path), "--role", "dispatch"]):
         done = run("run", *argv)
         assert done.returncode == 2, done
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
-        assert lines[0].startswith("fleetlog run: error:")
-    assert "do not run as a service yet" in run("run", "--config", str(path)).stderr
+        assert lines[0].startswith("fleetlog run: error: --role ")
+        assert "runs on Kafka" in lines[0]
+        assert "--role all with the [cells] map" in lines[0]
     assert "needs the [cells] table" in run("run", "--log", str(tmp_path / "l"), "--role", "cell").stderr
     assert "invalid choice: 'both'" in run("run", "--log", str(tmp_path / "l"), "--role", "both").stderr

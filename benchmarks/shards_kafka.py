@@ -1,0 +1,246 @@
+"""The scaled-out roles over real Kafka (issue 17): submit → ``JobPlaced`` latency through the
+dispatcher and a cell shard, and the takeover time of a cell partition after ``kill -9``.
+
+    python -m benchmarks.shards_kafka --json [--quick | --smoke]
+
+* **Latency** (``kafka_latency_p50_ms``, ``kafka_latency_p99_ms``): one ``fleetlog run --role
+  dispatch`` and two ``--role cell`` processes over C cells x N nodes of 8 A100 (10 x 1,000;
+  ``--quick`` 4 x 250), one cell per partition. Probe jobs (1 GPU, any cell) are appended to the
+  global partition at 20/s while every cell's nodes keep heartbeating; a probe's latency is from
+  its append time (broker time) to its ``JobPlaced`` being read from its cell's decisions
+  partition (the dispatcher's transaction, the cell shard's step and transaction in between).
+  Target p99 <= 100 ms at 10 x 1,000.
+* **Takeover** (``takeover_p50_s``, ``takeover_max_s``): one of the two cell processes is killed
+  with SIGKILL (10 times; ``--quick`` 3), alternately; the time from the kill until the survivor
+  steps every partition again (its ``/healthz``: recovered and stepping), then the killed process
+  is started again and takes its share back. Bounded by the session timeout (3 s here) + one
+  rebalance + recovery. Target <= 5 s.
+
+The broker is ``FLEETLOG_KAFKA`` or one started for the run (``tests/kafka_broker.py``).
+``benchmarks/shards.py`` can call :func:`run` for these keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvloop
+
+from benchmarks.common import emit, machine, parse
+from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup, encode, envelope
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, decode
+from fleetlog.events.model import JobDispatched
+from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message, Shard
+from fleetlog.log.consumer import decision_batches
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from tests.kafka_broker import KafkaBroker
+from tests.service.process import ServiceProcess
+
+SESSION_MS = 3000
+
+
+def _msgs(events: list[Any]) -> list[Message]:
+    return [Message(encode(envelope(e, "bench")), headers=((CONTENT_TYPE_HEADER, MSGPACK),)) for e in events]
+
+
+def _nodes(cell: str, n: int) -> list[NodeHeartbeat]:
+    return [NodeHeartbeat(cell=cell, node=f"{cell}-n{i}", cpu_milli=96_000, mem_mib=786_432, gpu_count=8,
+                          gpu_model="A100", topology=("b0", f"r{i // 16}", f"{cell}-n{i}")) for i in range(n)]
+
+
+def _probe(job_id: str) -> JobSubmitted:
+    return JobSubmitted(job_id=job_id, tenant="bench", task_groups=(
+        TaskGroup(count=1, cpu_milli=1000, mem_mib=1024, gpu_count=1, gpu_milli=1000),))
+
+
+class Cluster:
+    """A dispatcher and two cell processes over fresh topics; the producers' stores."""
+
+    def __init__(self, bootstrap: str, cells: int, directory: Path) -> None:
+        self.cells = [f"cell{c:02d}" for c in range(cells)]
+        prefix = f"bench-roles-{uuid.uuid4().hex[:8]}"
+        self.kafka = KafkaConfig(bootstrap_servers=bootstrap, topic_prefix=prefix, shards=cells)
+        self.directory = directory
+        self.path = directory / "fleetlog.toml"
+        lines = ["[kafka]", f'bootstrap_servers = "{bootstrap}"', f'topic_prefix = "{prefix}"',
+                 f"shards = {cells}", "[service]", "idle_wait_ms = 20", "snapshot_every_s = 5.0",
+                 f"leader_session_timeout_ms = {SESSION_MS}", "[cells]",
+                 *(f"{c} = {p}" for p, c in enumerate(self.cells))]
+        self.path.write_text("\n".join(lines) + "\n")
+        self.glob: LogStore = KafkaLogStore(self.kafka, Shard.GLOBAL)
+        self.stores: dict[int, LogStore] = {p: KafkaLogStore(self.kafka, Shard.cell(p)) for p in range(cells)}
+        self.processes: dict[str, ServiceProcess] = {}
+        self._started = itertools.count()
+
+    async def open(self) -> None:
+        for store in (self.glob, *self.stores.values()):
+            await store.open()
+
+    async def close(self) -> None:
+        for process in self.processes.values():
+            process.kill_if_running()
+        for store in (*self.stores.values(), self.glob):
+            await store.close()
+
+    def start(self, name: str, role: str) -> ServiceProcess:
+        log = self.directory / f"{name}-{next(self._started)}.log"
+        self.processes[name] = ServiceProcess(log, ["--config", str(self.path), "--role", role], {}).start()
+        return self.processes[name]
+
+    async def heartbeats(self, nodes: int) -> None:
+        for p, cell in enumerate(self.cells):
+            await self.stores[p].log(INPUTS).append(_msgs(_nodes(cell, nodes)))
+
+    def owned(self, name: str) -> set[int]:
+        found = self.processes[name].health() or {}
+        return {int(p) for p, s in found.get("partitions", {}).items() if s["stepping"]}
+
+    async def wait_owned(self, names: list[str], each: bool, timeout_s: float = 120) -> float:
+        """Seconds until ``names`` step every partition between them (``each``: all some)."""
+        started = time.monotonic()
+        wanted = set(self.stores)
+        while time.monotonic() - started < timeout_s:
+            sets = [await asyncio.to_thread(self.owned, n) for n in names]
+            whole = set().union(*sets) == wanted and sum(map(len, sets)) == len(wanted)
+            if whole and (not each or all(sets)):
+                return time.monotonic() - started
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"partitions not owned by {names} within {timeout_s} s")
+
+
+async def _reader(store: LogStore, seen: dict[str, float], stop: asyncio.Event, at: int) -> None:
+    log = store.log(DECISIONS)
+    while not stop.is_set():
+        records = await log.read(at, 1000, timeout_ms=100)
+        now = time.time()
+        for _, batch in decision_batches(records):
+            for d in batch.decisions:
+                if isinstance(d, JobPlaced) and d.job_id.startswith("probe-"):
+                    seen.setdefault(d.job_id, now)
+        if records:
+            at = records[-1].offset + 1
+
+
+async def latency(cluster: Cluster, nodes: int, seconds: float, rate: float = 20) -> dict[str, Any]:
+    seen: dict[str, float] = {}
+    stop = asyncio.Event()
+    starts = {p: await s.log(DECISIONS).end_offset() for p, s in cluster.stores.items()}
+    readers = [asyncio.create_task(_reader(s, seen, stop, starts[p])) for p, s in cluster.stores.items()]
+    appended: dict[str, int] = {}
+    deadline, beat_at, n = time.monotonic() + seconds, 0.0, 0
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        if started >= beat_at:
+            beat_at = started + 2.0
+            await cluster.heartbeats(nodes)
+        appended[f"probe-{n}"] = await cluster.glob.log(INPUTS).append(_msgs([_probe(f"probe-{n}")]))
+        n += 1
+        await asyncio.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
+    await asyncio.sleep(3)
+    stop.set()
+    await asyncio.gather(*readers)
+    waits = []
+    for probe_id, offset in appended.items():
+        (record,) = await cluster.glob.log(INPUTS).read(offset, 1, timeout_ms=5000)
+        if probe_id in seen:
+            waits.append((seen[probe_id] - record.timestamp_ms / 1000) * 1000)
+    waits.sort()
+    q = statistics.quantiles(waits, n=100) if len(waits) > 1 else [float("nan")] * 99
+    return {"probes": len(appended), "placed": len(waits), "kafka_latency_p50_ms": round(q[49], 2),
+            "kafka_latency_p99_ms": round(q[98], 2), "latency_parts_p50_p99_ms": await _parts(cluster)}
+
+
+async def _parts(cluster: Cluster) -> dict[str, list[float]]:
+    """Where a probe's time goes, by broker append times: submitted -> its ``JobDispatched`` in the
+    cell partition (the dispatcher's hop) -> its ``JobPlaced`` batch (the cell shard's hop)."""
+    submitted, dispatched, placed = {}, {}, {}
+    for record in await cluster.glob.log(INPUTS).read(0, 100_000, timeout_ms=2000):
+        if b"probe-" in record.value:
+            env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
+            if isinstance(env.event, JobSubmitted):
+                submitted[env.event.job_id] = record.timestamp_ms
+    for store in cluster.stores.values():
+        for record in await store.log(INPUTS).read(0, 1_000_000, timeout_ms=2000):
+            if b"probe-" in record.value:
+                env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
+                if isinstance(env.event, JobDispatched):
+                    dispatched[env.event.job.job_id] = record.timestamp_ms
+        for record in await store.log(DECISIONS).read(0, 100_000, timeout_ms=2000):
+            for _, batch in decision_batches([record]):
+                for d in batch.decisions:
+                    if isinstance(d, JobPlaced):
+                        placed[d.job_id] = record.timestamp_ms
+
+    def p50_p99(values: list[float]) -> list[float]:
+        q = statistics.quantiles(sorted(values), n=100) if len(values) > 1 else [float("nan")] * 99
+        return [round(q[49], 1), round(q[98], 1)]
+
+    return {"dispatcher": p50_p99([dispatched[j] - t for j, t in submitted.items() if j in dispatched]),
+            "cell_shard": p50_p99([placed[j] - dispatched[j] for j in dispatched if j in placed])}
+
+
+async def takeover(cluster: Cluster, nodes: int, kills: int) -> dict[str, Any]:
+    times = []
+    for kill in range(kills):
+        victim, survivor = f"cell{kill % 2}", f"cell{1 - kill % 2}"
+        await cluster.heartbeats(nodes)  # (the partitions have something to fold)
+        await asyncio.to_thread(cluster.processes[victim].kill9)
+        times.append(await cluster.wait_owned([survivor], each=False))
+        cluster.start(victim, "cell")
+        await cluster.wait_owned(["cell0", "cell1"], each=True)
+    return {"kills": kills, "takeover_s": [round(t, 3) for t in times],
+            "takeover_p50_s": round(statistics.median(times), 3), "takeover_max_s": round(max(times), 3)}
+
+
+async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str, Any]:
+    size = (2, 20, 3.0, 1) if smoke else (4, 250, 10.0, 3) if quick else (10, 1000, 30.0, 10)
+    cells, nodes, seconds, kills = size
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster(bootstrap, cells, Path(tmp))
+        await cluster.open()
+        try:
+            await cluster.heartbeats(nodes)
+            cluster.start("dispatch", "dispatch")
+            cluster.start("cell0", "cell")
+            cluster.start("cell1", "cell")
+            await cluster.wait_owned(["cell0", "cell1"], each=True, timeout_s=300)
+            await asyncio.sleep(1.0)  # the first summaries reach the dispatcher
+            lat = await latency(cluster, nodes, seconds)
+            take = await takeover(cluster, nodes, kills)
+        finally:
+            await cluster.close()
+    return {"machine": machine(), "cells": cells, "nodes_per_cell": nodes, "session_timeout_ms": SESSION_MS,
+            **lat, **take, "target_latency_p99_ms": 100, "target_takeover_s": 5.0}
+
+
+def run(quick: bool, smoke: bool = False) -> dict[str, Any]:
+    external = os.environ.get("FLEETLOG_KAFKA")
+    broker = None if external else KafkaBroker(ephemeral=True, heap="1g")
+    bootstrap = external or broker.start()  # type: ignore[union-attr]
+    try:
+        return uvloop.run(measure(bootstrap, quick, smoke))
+    finally:
+        if broker is not None:
+            broker.close()
+
+
+def main() -> None:
+    args = parse(__doc__ or "")
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    emit(run(args.quick, args.smoke), args.json)
+
+
+if __name__ == "__main__":
+    main()
