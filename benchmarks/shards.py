@@ -26,8 +26,10 @@ clock); the single shard is one ``State`` over every node, stepped as the servic
 - **Fairness** (``drf_max_delta_points``): 4 equal-weight tenants of different shapes each
   asking for twice the fleet (4 cells x 25 nodes), submitted interleaved at once; each tenant's
   dominant share of the fleet once it is full, single shard vs split; the largest difference.
-- ``kafka_latency_*`` and ``takeover_*`` need the service roles over Kafka (not wired yet):
-  null, with the reason under ``not_measured``.
+- ``kafka_latency_*`` and ``takeover_*``: :mod:`benchmarks.shards_kafka` (real ``fleetlog run
+  --role dispatch`` and ``--role cell`` processes on a broker: ``FLEETLOG_KAFKA`` or one started
+  for the run); ``--no-kafka`` skips it, and at ``--smoke`` it runs on its own (its own smoke
+  test): null then, with the reason under ``not_measured``.
 
 ``--smoke`` (CI): 4 cells x 20 nodes, 400 jobs, 3% of openb's arrivals, one seed, one repeat.
 """
@@ -71,12 +73,10 @@ the parent runs the dispatcher (about 30% of (b)'s time), its cells and the enco
 child's records while the child runs the rest: with D the dispatcher's share and C the cells',
 the two are even at (C - D) / 2C ~ 0.3 before the encoding; measured at load ~1.5, shares 0.2
 and 0.25 gave ~23,000/s, 0.3 ~20,000/s, 0.15 ~19,000/s (2 runs each)."""
-NOT_MEASURED: Final = {
-    "kafka_latency_p50_ms": "needs the dispatcher and cell roles of the service over Kafka (not wired yet)",
-    "kafka_latency_p99_ms": "needs the dispatcher and cell roles of the service over Kafka (not wired yet)",
-    "takeover_p50_s": "needs cell processes in a Kafka consumer group to kill (not wired yet)",
-    "takeover_max_s": "needs cell processes in a Kafka consumer group to kill (not wired yet)",
-}
+KAFKA_KEYS: Final = ("kafka_latency_p50_ms", "kafka_latency_p99_ms", "takeover_p50_s", "takeover_max_s")
+"""Measured by :mod:`benchmarks.shards_kafka` (real ``fleetlog run --role`` processes on a broker)."""
+SKIPPED_AT_SMOKE: Final = ("at --smoke the Kafka part runs on its own (python -m benchmarks.shards_kafka "
+                           "--smoke; tests/test_benchmarks.py::test_shards_kafka)")
 
 
 def parse() -> argparse.Namespace:
@@ -88,6 +88,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="fleets per scale measure (3; quick 1)")
     parser.add_argument("--seeds", type=int, default=None, help="openb seeds (3; quick 2)")
     parser.add_argument("--traces", default=find_traces(), help="the openb CSV folder")
+    parser.add_argument("--no-kafka", action="store_true",
+                        help="skip the Kafka part (latency, takeover: real fleetlog run --role processes)")
     add_smoke(parser)
     return parser.parse_args()
 
@@ -355,8 +357,17 @@ def main() -> None:
     result["seconds"] = {"scale": scaled["seconds"], "quality": judged["seconds"],
                          "fairness": fair["seconds"]}
     result["drf_within_2_points"] = fair["drf_max_delta_points"] <= 2
-    result |= dict.fromkeys(NOT_MEASURED)
-    result["not_measured"] = NOT_MEASURED
+    if args.smoke or args.no_kafka:
+        result |= dict.fromkeys(KAFKA_KEYS)
+        why = SKIPPED_AT_SMOKE if args.smoke else "--no-kafka"
+        result["not_measured"] = dict.fromkeys(KAFKA_KEYS, why)
+    else:
+        from benchmarks import shards_kafka
+
+        measured = timed(lambda: shards_kafka.run(args.quick))
+        result |= {k: measured[k] for k in KAFKA_KEYS}
+        result["kafka"] = measured
+        result["seconds"]["kafka"] = measured["seconds"]
     emit(result, args.json)
 
 

@@ -220,7 +220,8 @@ async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str,
             take = await takeover(cluster, nodes, kills)
         finally:
             await cluster.close()
-    return {"machine": machine(), "cells": cells, "nodes_per_cell": nodes, "session_timeout_ms": SESSION_MS,
+    return {"benchmark": "shards_kafka", "machine": machine(), "cells": cells, "nodes_per_cell": nodes,
+            "session_timeout_ms": SESSION_MS,
             **lat, **take, "target_latency_p99_ms": 100, "target_takeover_s": 5.0}
 
 
