@@ -131,13 +131,18 @@ class KafkaElection:
                 await consumer.seek_to_end()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            with contextlib.suppress(KafkaError):
-                await consumer.stop()
+        task, self._task, consumer, self._consumer = self._task, None, self._consumer, None
+        await leave(task, consumer)
         self.set_leader(False)
+
+
+async def leave(task: asyncio.Task[None] | None, consumer: AIOKafkaConsumer | None) -> None:
+    """End a group membership at once: its polling ``task``, then its ``consumer`` (which leaves
+    the group, so the others rebalance without waiting for its session to expire)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if consumer is not None:
+        with contextlib.suppress(KafkaError):
+            await consumer.stop()

@@ -32,7 +32,7 @@ from aiokafka.errors import KafkaError
 
 from fleetlog.log.base import LogError
 from fleetlog.log.kafka import KafkaConfig, ensure_topic
-from fleetlog.service.leader import sticky_assignor
+from fleetlog.service.leader import leave, sticky_assignor
 
 OWNERS_TOPIC: Final = "cells.owners"
 
@@ -139,12 +139,5 @@ class Ownership:
 
     async def stop(self) -> None:
         """Leave the group at once (the survivors rebalance without waiting for a session)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            with contextlib.suppress(KafkaError):
-                await consumer.stop()
+        task, self._task, consumer, self._consumer = self._task, None, self._consumer, None
+        await leave(task, consumer)
