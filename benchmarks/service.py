@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -264,11 +265,17 @@ async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str,
 
 
 def run(quick: bool, smoke: bool = False) -> dict[str, Any]:
+    return on_broker(measure, quick, smoke)
+
+
+def on_broker(measured: Callable[[str, bool, bool], Awaitable[dict[str, Any]]], quick: bool,
+              smoke: bool) -> dict[str, Any]:
+    """``measured(bootstrap, quick, smoke)`` on ``FLEETLOG_KAFKA``, or on a broker started for it."""
     external = os.environ.get("FLEETLOG_KAFKA")
     broker = None if external else KafkaBroker(ephemeral=True, heap="1g")
     bootstrap = external or broker.start()  # type: ignore[union-attr]
     try:
-        return uvloop.run(measure(bootstrap, quick, smoke))
+        return uvloop.run(measured(bootstrap, quick, smoke))
     finally:
         if broker is not None:
             broker.close()

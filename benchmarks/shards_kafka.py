@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import statistics
 import sys
 import tempfile
@@ -35,16 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import uvloop
 
 from benchmarks.common import emit, machine, parse
+from benchmarks.service import on_broker
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, decode
 from fleetlog.events.model import JobDispatched
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message, Shard
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
-from tests.kafka_broker import KafkaBroker
 from tests.service.process import ServiceProcess
 
 SESSION_MS = 3000
@@ -226,14 +224,7 @@ async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str,
 
 
 def run(quick: bool, smoke: bool = False) -> dict[str, Any]:
-    external = os.environ.get("FLEETLOG_KAFKA")
-    broker = None if external else KafkaBroker(ephemeral=True, heap="1g")
-    bootstrap = external or broker.start()  # type: ignore[union-attr]
-    try:
-        return uvloop.run(measure(bootstrap, quick, smoke))
-    finally:
-        if broker is not None:
-            broker.close()
+    return on_broker(measure, quick, smoke)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 from typing import Any, Final
 
+import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
@@ -36,6 +37,8 @@ from fleetlog.log.base import LogError
 from fleetlog.log.kafka import KafkaConfig, ensure_topic
 
 LEADER_TOPIC: Final = "leader"
+
+log = structlog.get_logger("fleetlog.service")
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -129,6 +132,18 @@ class KafkaElection:
                 await asyncio.sleep(0.5)
             except Exception:  # a record aiokafka cannot parse (a header key not UTF-8, ...)
                 await consumer.seek_to_end()
+
+    async def elected(self, stopping: asyncio.Event) -> bool:
+        """Join, then wait until this process leads or ``stopping`` is set: whether it leads."""
+        await self.start()
+        if not self.leader.is_set():
+            log.info("standing_by", group=self.group)
+        waiter = asyncio.create_task(self.leader.wait())
+        stopper = asyncio.create_task(stopping.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (waiter, stopper):
+            task.cancel()
+        return self.leader.is_set() and not stopping.is_set()
 
     async def stop(self) -> None:
         task, self._task, consumer, self._consumer = self._task, None, self._consumer, None

@@ -45,15 +45,7 @@ class Leadership:
         election = self.election
         if election is None:
             return True
-        await election.start()
-        if not election.leader.is_set():
-            log.info("standing_by", group=election.group)
-        waiter = asyncio.create_task(election.leader.wait())
-        stopper = asyncio.create_task(self.stopping.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (waiter, stopper):
-            task.cancel()
-        return election.leader.is_set() and not self.stopping.is_set()
+        return await election.elected(self.stopping)
 
     async def open_store(self) -> LogStore | None:
         """Open the logs; in embedded mode wait while another process holds the file log.

@@ -97,15 +97,7 @@ class Dispatching:
     async def _elected_cycle(self) -> None:
         election = self.election
         assert election is not None
-        await election.start()
-        if not election.leader.is_set():
-            log.info("standing_by", group=election.group)
-        waiter = asyncio.create_task(election.leader.wait())
-        stopper = asyncio.create_task(self.stopping.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (waiter, stopper):
-            task.cancel()
-        if self.stopping.is_set():
+        if not await election.elected(self.stopping):
             return
         store = await open_fenced(self.config, Shard.GLOBAL)
         try:
