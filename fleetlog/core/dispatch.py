@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from fleetlog.core.order import weighted_share
+from fleetlog.core.order import SCALE, weighted_share
 from fleetlog.core.quota import RESOURCES, Usage, limit_in
 from fleetlog.core.state import Quota
 from fleetlog.events.model import (
@@ -257,9 +257,10 @@ def _in_flight(state: DispatchState) -> dict[str, list[Job]]:
     return out
 
 
-def rooms(state: DispatchState) -> dict[str, Room]:
-    """Step 1: each summarised cell's room, less what was dispatched to it since its summary."""
-    flying = _in_flight(state)
+def rooms(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> dict[str, Room]:
+    """Step 1: each summarised cell's room, less what was dispatched to it since its summary
+    (``flying``: :func:`_in_flight`'s, when the caller has it)."""
+    flying = _in_flight(state) if flying is None else flying
     out: dict[str, Room] = {}
     for cell in state.cells.cells:
         summary = state.summaries.get(cell)
@@ -272,7 +273,7 @@ def rooms(state: DispatchState) -> dict[str, Room]:
     return out
 
 
-def usage(state: DispatchState) -> Usage:
+def usage(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> Usage:
     """Step 2: fleet-wide usage by tenant (key ``(tenant, -1)``): the summaries' plus in flight.
     A tenant the dispatcher never saw (no job, no quota here) cannot change a decision: skipped."""
     out: Usage = {}
@@ -285,7 +286,7 @@ def usage(state: DispatchState) -> Usage:
             row = out.setdefault((tenant, -1), [0, 0, 0])
             for i, value in enumerate((u.cpu_milli, u.mem_mib, u.gpu_milli)):
                 row[i] += value
-    for jobs in _in_flight(state).values():
+    for jobs in (_in_flight(state) if flying is None else flying).values():
         for job in jobs:
             row = out.setdefault((job.tenant, -1), [0, 0, 0])
             for i in range(3):
@@ -385,9 +386,10 @@ def room_for(room: Room, kind: Kind) -> int:
 def dispatch(state: DispatchState) -> Step:
     """Decide and apply one step: every pending job dispatched to a cell or left waiting with a
     reason; the cancellations folded since the last step, for their holding cells."""
-    room, used = rooms(state), usage(state)
+    flying = _in_flight(state)
+    room, used = rooms(state, flying), usage(state, flying)
     fleet = _fleet(state)
-    scores = Scores(room)
+    scores = Scores(room, spread=Spread.of(state, flying))
     dispatched: list[JobDispatched] = []
     waiting: list[tuple[str, str, str]] = []
     for job in _ordered(state, used, fleet):
@@ -395,7 +397,7 @@ def dispatch(state: DispatchState) -> Step:
         cell = "" if reason else _choose(state, scores, job)
         if cell:
             dispatched.append(_send(state, job, cell))
-            scores.take(cell, job.spec)
+            scores.take(cell, job.spec, job.tenant, job.demand)
             row = used.setdefault((job.tenant, -1), [0, 0, 0])
             for i in range(3):
                 row[i] += job.demand[i]
@@ -475,20 +477,75 @@ def candidates(state: DispatchState, job: Job) -> list[str]:
     return out
 
 
-class Scores:
-    """Step 5's choice of cell, fast: for each job shape (its task groups) asked this step, a
-    heap of the cells by their room for it (:func:`room_for`), largest first, ties to the
-    smaller id. Within a step a cell's room only shrinks (:meth:`take`), so an entry computed
-    before a cell's last change is an upper bound: it is recomputed when it reaches the top, and
-    the first current top the job fits in is the plain answer (a cell it does not fit is
-    dropped from that shape's heap: it will not fit later in the step either). O(log cells) per
-    job instead of a loop over every cell. ``remember=False`` is the plain twin (tests): every
-    candidate cell asked in turn."""
+class Spread:
+    """Each tenant's share of each cell: what its jobs take there (the cell's latest summary's
+    ``usage``, plus the jobs in flight to it and this step's dispatches) over the cell's
+    ``total``, the largest of CPU, memory and GPUs, in parts per billion. The first key of the
+    choice of cell (:class:`Scores`): a tenant's job goes to a cell where the tenant has least,
+    so each cell gets a slice of every tenant's jobs in proportion to its size, each cell's own
+    DRF order sees the fleet's mix, and the cells' placements add up to the fleet's shares.
+    Chosen by room alone, each job shape piled into the cells the others had not reached, and a
+    cell given only CPU-heavy and small jobs could not hold them together (the fairness
+    benchmark, docs/scale-out.md)."""
 
-    def __init__(self, room: dict[str, Room], remember: bool = True) -> None:
+    def __init__(self, totals: dict[str, tuple[int, int, int]] | None = None,
+                 used: dict[tuple[str, int], list[int]] | None = None) -> None:
+        self.totals = totals if totals is not None else {}
+        self.used = used if used is not None else {}
+        """(cell, tenant) -> [cpu_milli, mem_mib, gpu_milli]."""
+
+    @classmethod
+    def of(cls, state: DispatchState, flying: dict[str, list[Job]] | None = None) -> Spread:
+        """From the latest summaries and the jobs in flight (``flying``: :func:`_in_flight`'s,
+        when the caller has it). A tenant the dispatcher never saw is skipped, as in
+        :func:`usage`."""
+        flying = _in_flight(state) if flying is None else flying
+        totals, used = {}, {}
+        for cell in state.cells.cells:
+            summary = state.summaries.get(cell)
+            if summary is None:
+                continue
+            t = summary.total
+            totals[cell] = (t.cpu_milli, t.mem_mib, t.gpu_milli)
+            for u in summary.usage:
+                tenant = state.tenants.get(u.tenant)
+                if tenant is not None:
+                    used[(cell, tenant)] = [u.cpu_milli, u.mem_mib, u.gpu_milli]
+        out = cls(totals, used)
+        for cell, jobs in flying.items():
+            for job in jobs:
+                out.add(cell, job.tenant, job.demand)
+        return out
+
+    def share(self, cell: str, tenant: int) -> int:
+        used, total = self.used.get((cell, tenant)), self.totals.get(cell)
+        if used is None or total is None:
+            return 0
+        return max((used[i] * SCALE // total[i] for i in range(3) if total[i] > 0), default=0)
+
+    def add(self, cell: str, tenant: int, demand: tuple[int, int, int]) -> None:
+        row = self.used.setdefault((cell, tenant), [0, 0, 0])
+        for i in range(3):
+            row[i] += demand[i]
+
+
+class Scores:
+    """Step 5's choice of cell, fast: for each job shape (its task groups) and tenant asked this
+    step, a heap of the cells by the tenant's share of the cell (:class:`Spread`, least first),
+    then the room for the shape (:func:`room_for`, largest first), ties to the smaller id.
+    Within a step a cell's room only shrinks and a tenant's share of it only grows, both only by
+    :meth:`take` into that cell, so an entry computed before a cell's last change is a lower
+    bound of its key: it is recomputed when it reaches the top, and the first current top the
+    job fits in is the plain answer (a cell it does not fit is dropped from that heap: it will
+    not fit later in the step either). O(log cells) per job instead of a loop over every cell.
+    ``remember=False`` is the plain twin (tests): every candidate cell asked in turn. Without a
+    ``spread`` every share is 0 (the room alone decides)."""
+
+    def __init__(self, room: dict[str, Room], remember: bool = True, spread: Spread | None = None) -> None:
         self.room, self.remember = room, remember
+        self.spread = spread if spread is not None else Spread()
         self.version = dict.fromkeys(room, 0)
-        self.heaps: dict[tuple[TaskGroup, ...], list[tuple[int, str, int]]] = {}
+        self.heaps: dict[tuple[tuple[TaskGroup, ...], int], list[tuple[int, int, str, int]]] = {}
         self.kinds: dict[tuple[TaskGroup, ...], Kind] = {}
 
     def kind(self, spec: JobSubmitted) -> Kind:
@@ -497,52 +554,60 @@ class Scores:
             kind = self.kinds[spec.task_groups] = kind_of(spec)
         return kind
 
-    def best(self, spec: JobSubmitted, cells: list[str] | None = None) -> str:
-        """The cell among ``cells`` (``None``: every cell with a room) that ``spec`` fits in with
-        the most room for it, ties to the smaller id; ``""`` when it fits in none."""
+    def key(self, cell: str, kind: Kind, tenant: int) -> tuple[int, int, str]:
+        """What the choice minimises: the tenant's share of the cell, then less room, then id."""
+        return self.spread.share(cell, tenant), -room_for(self.room[cell], kind), cell
+
+    def best(self, spec: JobSubmitted, cells: list[str] | None = None, tenant: int = -1) -> str:
+        """The cell among ``cells`` (``None``: every cell with a room) that ``spec`` of
+        ``tenant`` fits in with the least :meth:`key`; ``""`` when it fits in none."""
         if cells is not None or not self.remember:
-            return self._plain(spec, sorted(self.room) if cells is None else cells)
-        heap = self.heaps.get(spec.task_groups)
+            return self._plain(spec, sorted(self.room) if cells is None else cells, tenant)
+        heap = self.heaps.get((spec.task_groups, tenant))
         kind, room, version = self.kind(spec), self.room, self.version
         if heap is None:
-            heap = [(-room_for(room[c], kind), c, version[c]) for c in sorted(room)]
+            heap = [(*self.key(c, kind, tenant), version[c]) for c in sorted(room)]
             heapq.heapify(heap)
-            self.heaps[spec.task_groups] = heap
+            self.heaps[(spec.task_groups, tenant)] = heap
         while heap:
-            _, cell, seen = heap[0]
+            cell, seen = heap[0][2], heap[0][3]
             if seen != version[cell]:
-                heapq.heapreplace(heap, (-room_for(room[cell], kind), cell, version[cell]))
+                heapq.heapreplace(heap, (*self.key(cell, kind, tenant), version[cell]))
             elif take(room[cell], spec, commit=False):
                 return cell
             else:
                 heapq.heappop(heap)
         return ""
 
-    def _plain(self, spec: JobSubmitted, cells: list[str]) -> str:
-        best, most, kind = "", -1, self.kind(spec)
+    def _plain(self, spec: JobSubmitted, cells: list[str], tenant: int) -> str:
+        best: tuple[int, int, str] | None = None
+        kind = self.kind(spec)
         for cell in cells:
             room = self.room.get(cell)
             if room is None or not take(room, spec, commit=False):
                 continue
-            left = room_for(room, kind)
-            if left > most:
-                best, most = cell, left
-        return best
+            key = self.key(cell, kind, tenant)
+            if best is None or key < best:
+                best = key
+        return "" if best is None else best[2]
 
-    def take(self, cell: str, spec: JobSubmitted) -> None:
+    def take(self, cell: str, spec: JobSubmitted, tenant: int = -1,
+             demand: tuple[int, int, int] = (0, 0, 0)) -> None:
         take(self.room[cell], spec, commit=True)
+        self.spread.add(cell, tenant, demand)
         self.version[cell] += 1
 
 
 def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
-    """Step 5: among the candidate cells the job fits in, the one with the most room for it
-    (:func:`room_for`: the most free slots in one row of its largest task's bucket), ties to
-    the smaller id. Asked before the job is drawn, so the same for every cell whatever row the
-    job would fall through to (the slots left in the rows drawn on, the first rule, could grow
-    as a room shrank: no heap could keep them)."""
+    """Step 5: among the candidate cells the job fits in, the one where its tenant has the least
+    share (:class:`Spread`), then the most room for it (:func:`room_for`: the most free slots
+    in one row of its largest task's bucket), ties to the smaller id. Asked before the job is
+    drawn, so the same for every cell whatever row the job would fall through to (the slots
+    left in the rows drawn on, the first rule, could grow as a room shrank: no heap could keep
+    them)."""
     if not job.spec.allowed_cells and not job.returned:
-        return scores.best(job.spec)
-    return scores.best(job.spec, candidates(state, job))
+        return scores.best(job.spec, tenant=job.tenant)
+    return scores.best(job.spec, candidates(state, job), job.tenant)
 
 
 def _no_cell_reason(state: DispatchState, job: Job) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from fleetlog.core.dispatch import HELD, DispatchState, candidates, kind_of, room_for, rooms, take
+from fleetlog.core.dispatch import HELD, DispatchState, Spread, candidates, kind_of, room_for, rooms, take
 from fleetlog.core.dispatch_log import StepRecord
 from fleetlog.core.views import job_status
 from fleetlog.events.model import INPUT_TYPES, SHARD_TYPES, JobCancelled, JobReturned, JobSubmitted
@@ -92,21 +92,23 @@ def _global_input(event: object, offset: int, at_ms: int, job_id: str) -> Step |
 
 
 def _why(state: DispatchState, job_id: str) -> str:
-    """Why the dispatcher would choose where it did: each candidate cell's room for the job at the
-    step's start (:func:`~fleetlog.core.dispatch.room_for`: the most free slots in one row of its
-    largest task's bucket; among the cells it fits, the most wins, ties to the smaller cell id),
-    and the cells it may not go to."""
+    """Why the dispatcher would choose where it did: each candidate cell's share of the job's
+    tenant and room for the job at the step's start (:class:`~fleetlog.core.dispatch.Spread`;
+    :func:`~fleetlog.core.dispatch.room_for`: the most free slots in one row of its largest
+    task's bucket; among the cells it fits, the least share wins, then the most room, ties to
+    the smaller cell id), and the cells it may not go to."""
     job = state.jobs.get(job_id)
     if job is None:
         return ""
-    room = rooms(state)
+    room, spread = rooms(state), Spread.of(state)
     parts = []
     for cell in candidates(state, job):
         if cell not in room:
             parts.append(f"{cell}: no summary")
             continue
         fits = take(room[cell], job.spec, commit=False)
-        parts.append(f"{cell}: {f'room {room_for(room[cell], kind_of(job.spec))}' if fits else 'no room'}")
+        share = f"tenant's share {spread.share(cell, job.tenant) / 10**7:.1f}%, "
+        parts.append(f"{cell}: {f'{share}room {room_for(room[cell], kind_of(job.spec))}' if fits else 'no room'}")
     waiting = [c for c in sorted(job.returned) if c not in candidates(state, job)]
     if waiting:
         parts.append("not asked again until a newer summary: " + ", ".join(waiting))
@@ -120,8 +122,9 @@ def _step_lines(recorded: StepRecord, job_id: str, offset: int, at_ms: int, why:
         if sent.job_id == job_id:
             dispatches.append({"dispatched": sent.cell, "attempt": sent.attempt, "seq": sent.seq,
                                "dispatched_at_ms": at_ms})
-            detail = (f"attempt {sent.attempt} (seq {sent.seq}): the most room of the candidate cells it "
-                      f"fits, at global as_of {recorded.as_of}, ties to the smaller id ({why})")
+            detail = (f"attempt {sent.attempt} (seq {sent.seq}): the least share of its tenant, then the "
+                      f"most room, of the candidate cells it fits, at global as_of {recorded.as_of}, ties to "
+                      f"the smaller id ({why})")
             out.append(Step(log, offset, at_ms, f"dispatched to cell {sent.cell}", detail,
                             why={"room": why, "as_of": recorded.as_of}))
     out += [Step(log, offset, at_ms, f"waiting: {w.code}", w.message)

@@ -184,6 +184,59 @@ def test_many_cells() -> None:
     assert sent(step) == [(f"j{k}", biggest[k], 1) for k in range(3)]
 
 
+def test_a_tenants_job_goes_first_to_the_cell_where_the_tenant_has_least() -> None:
+    """The tenant's share of the cell (its usage there over the cell's total) before the room:
+    a has 8 of c000's 24 GPUs, so its job goes to c001 though c000 has more room; its next one
+    to c000 (c001 is full); b, with no share anywhere, where the room is most."""
+    state = DispatchState(cells(2))
+    step = run(
+        state,
+        summary("c000", 1, nodes=3, usage=(TenantUsage("a", 0, 0, 8 * GPU),)),
+        summary("c001", 1, nodes=1),
+        gpu_job("a1", tenant="a"),
+        gpu_job("a2", tenant="a"),
+        gpu_job("b1", tenant="b"),
+    )
+    assert sorted(sent(step)) == [("a1", "c001", 1), ("a2", "c000", 1), ("b1", "c000", 1)]
+
+
+def test_a_share_is_of_the_cells_total_and_counts_what_is_in_flight() -> None:
+    """The same 8 GPUs are a quarter of a 4-node cell and half of a 2-node one: the job goes to
+    the larger (its free room smaller); a job dispatched to a cell and not yet in its summary
+    counts in the tenant's share there at the next step."""
+    state = DispatchState(cells(2))
+    used = (TenantUsage("a", 0, 0, 8 * GPU),)
+    four = Resources(cpu_milli=4 * 64_000, mem_mib=4 * 524_288, gpu_milli=32 * GPU)
+    big = msgspec.structs.replace(summary("c000", 1, nodes=1, usage=used), total=four)
+    step = run(state, big, summary("c001", 1, nodes=2, usage=used), gpu_job("a1", tenant="a", gpus=1))
+    assert sent(step) == [("a1", "c000", 1)]
+    state = DispatchState(cells(2))
+    assert sent(run(state, summary("c000", 1, nodes=2), summary("c001", 1, nodes=2),
+                    gpu_job("a1", tenant="a"))) == [("a1", "c000", 1)]
+    assert sent(run(state, gpu_job("a2", tenant="a"))) == [("a2", "c001", 1)]  # a1 in flight to c000
+    assert sent(run(state, gpu_job("b1", tenant="b"))) == [("b1", "c000", 1)]  # room 1 each: the smaller id
+
+
+def test_each_tenants_jobs_spread_over_equal_cells_in_one_step() -> None:
+    """Over four equal cells, each tenant's jobs go one to each cell before any gets a second,
+    whatever the other tenants took (the room alone sent a run of jobs to the emptiest cells);
+    at the limits: a tenant whose usage the dispatcher never saw is skipped, a cell whose
+    total is 0 in a resource does not count it."""
+    state = DispatchState(cells(4))
+    stranger = (TenantUsage("never-seen", 10**9, 10**9, 10**9),)
+    step = run(
+        state,
+        *[summary(f"c{i:03}", 1, nodes=4, usage=stranger if i == 0 else ()) for i in range(4)],
+        *[gpu_job(f"{t}{k}", tenant=t, gpus=g) for k in range(8) for t, g in (("a", 1), ("b", 4), ("c", 8))],
+    )
+    where: dict[str, list[str]] = {}
+    for job_id, cell, _ in sent(step):
+        where.setdefault(job_id[0], []).append(cell)
+    assert {t: sorted(cs) for t, cs in where.items()} == {t: sorted(cells(4).cells * 2) for t in "abc"}
+    spread = d.Spread({"x": (0, 100, 0)}, {("x", 0): [50, 10, 7]})
+    assert (spread.share("x", 0), spread.share("x", 1), spread.share("y", 0)) == (100_000_000, 0, 0)
+
+
 # --- order and quotas --------------------------------------------------------------------------------
 
 
@@ -228,7 +281,8 @@ def test_fleet_wide_quota_counts_every_cell_and_what_is_in_flight() -> None:
         summary("c001", 1, nodes=2),
         *[gpu_job(f"j{k}") for k in range(3)],
     )
-    assert sent(step) == [("j0", "c000", 1)]  # 8 used in c000 + 8 = 16: the quota
+    # 8 used in c000 + 8 = 16: the quota (to c001: the tenant has a share of c000 already)
+    assert sent(step) == [("j0", "c001", 1)]
     assert step.waiting == (
         (
             "j1",

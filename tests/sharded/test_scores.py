@@ -1,6 +1,7 @@
-"""The dispatcher's fast choice of cell (``fleetlog.core.dispatch.Scores``: a heap per job shape)
-against its plain twin (every candidate cell, a ``take`` on a copy), on generated rooms with
-several models, gangs, jobs without GPUs, ties and cells that fill up; and the room rule
+"""The dispatcher's fast choice of cell (``fleetlog.core.dispatch.Scores``: a heap per job shape
+and tenant) against its plain twin (every candidate cell, a ``take`` on a copy), on generated
+rooms with several models, gangs, jobs without GPUs, ties, cells that fill up and tenants with
+shares of the cells (``Spread``); and the room rule
 (``_draw``: a smaller task costs ``gpus / bucket`` of a larger bucket's slot, carried)."""
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ def random_room(rng: random.Random) -> d.Room:
     return {k: v for k, v in room.items() if v[0] > 0}
 
 
+def random_spread(rng: random.Random, cells: list[str]) -> d.Spread:
+    """Tenants 0..2 with some usage in some cells (a cell's total may be 0 in a resource: not
+    counted then)."""
+    totals = {c: (rng.choice((0, 96_000)) * n, 786_432 * n, rng.choice((0, 8_000)) * n)
+              for c in cells for n in [rng.randint(1, 6)]}
+    used = {(c, t): [rng.randrange(0, 96_000), 0, rng.randrange(0, 16_000)]
+            for c in cells for t in range(3) if rng.random() < 0.4}
+    return d.Spread(totals, used)
+
+
 def random_spec(rng: random.Random, i: int) -> d.JobSubmitted:
     gpus = rng.choice((0, 1, 1, 2, 3, 4, 8))
     models = tuple(sorted(rng.sample(MODELS, rng.randint(1, 2)))) if rng.random() < 0.3 else ()
@@ -56,18 +67,23 @@ def test_the_heap_chooses_as_the_plain_loop_over_every_cell(seed: int) -> None:
     if seed % 3 == 0:  # ties everywhere
         rooms = {c: {k: list(v) for k, v in rooms["c000"].items()} for c in rooms} if rooms else {}
     plain = {c: {k: list(v) for k, v in r.items()} for c, r in rooms.items()}
-    fast, twin = d.Scores(rooms), d.Scores(plain, remember=False)
+    who = random.Random(-seed)  # the tenants' draws: the rooms and shapes as without them
+    spread, twins = random_spread(who, sorted(rooms)), d.Spread()
+    twins.totals, twins.used = dict(spread.totals), {k: list(v) for k, v in spread.used.items()}
+    fast, twin = d.Scores(rooms, spread=spread), d.Scores(plain, remember=False, spread=twins)
     shapes = [random_spec(rng, i) for i in range(6)]
     chosen = []
     for i in range(600):
-        spec = rng.choice(shapes)
-        cell = fast.best(spec)
-        assert cell == twin.best(spec), (i, spec)
+        spec, tenant = rng.choice(shapes), who.randrange(-1, 3)
+        cell = fast.best(spec, tenant=tenant)
+        assert cell == twin.best(spec, tenant=tenant), (i, spec, tenant)
         if cell:
-            fast.take(cell, spec)
-            twin.take(cell, spec)
+            demand = (spec.task_groups[0].cpu_milli, 0, 1000 * spec.task_groups[0].gpu_count)
+            fast.take(cell, spec, tenant, demand)
+            twin.take(cell, spec, tenant, demand)
         chosen.append(cell)
         assert rooms == plain
+        assert spread.used == twins.used
     if n:
         assert any(chosen)
         assert seed % 3 == 0 or n < 2 or len(set(chosen)) > 2
@@ -84,7 +100,8 @@ def test_the_twin_test_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """A heap that misses a cell's change (its room taken, its entry not recomputed) keeps
     choosing that cell."""
     class Stale(d.Scores):
-        def take(self, cell: str, spec: d.JobSubmitted) -> None:
+        def take(self, cell: str, spec: d.JobSubmitted, tenant: int = -1,
+                 demand: tuple[int, int, int] = (0, 0, 0)) -> None:
             d.take(self.room[cell], spec, commit=True)
 
     monkeypatch.setattr(d, "Scores", Stale)
