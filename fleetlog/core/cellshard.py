@@ -159,11 +159,11 @@ def cell_summary(state: State, cell: str, partition: int, seq: int) -> CellSumma
         gpu_milli=int(nc["gpu_count"][up].sum()) * FULL_GPU,
     )
     pending = _pending_in(state, cid)
-    room = {(m, b): [s, c, mm, 0] for m, b, s, c, mm in free_rows(state, up)}
+    room = {(m, b): [s, c, mm, 0, nc_, nm] for m, b, s, c, mm, nc_, nm in free_rows(state, up)}
     held = _held_in(state, cid)
     for job in held:
         take(room, spec_of(state, job), commit=True)
-    free = [FreeSlots(m, b, *row[:3]) for (m, b), row in sorted(room.items()) if row[0] > 0]
+    free = [FreeSlots(m, b, *row[:3], *row[4:]) for (m, b), row in sorted(room.items()) if row[0] > 0]
     return CellSummary(
         cell=cell,
         partition=partition,
@@ -205,13 +205,14 @@ def _held_in(state: State, cid: int) -> list[int]:
     return [job for _, job in sorted(out)]
 
 
-def free_rows(state: State, up: np.ndarray) -> list[tuple[str, int, int, int, int]]:
-    """``(gpu_model, bucket, slots, cpu_milli, mem_mib)`` over nodes ``up``, node by node with
-    numpy: bucket ``b`` > 0 has ``whole free GPUs // b`` slots per node (a GPU with a share
-    taken is not free), and the free CPU and memory of the nodes with a slot; bucket 0 (tasks
-    without GPUs) counts each node's free milli-CPU as slots (a task needs at least one: the
-    CPU and memory totals are what bound it), over nodes with free CPU and memory. Nodes
-    without GPUs are model ``""``. Rows without a slot are left out."""
+def free_rows(state: State, up: np.ndarray) -> list[tuple[str, int, int, int, int, int, int]]:
+    """``(gpu_model, bucket, slots, cpu_milli, mem_mib, node_cpu_milli, node_mem_mib)`` over
+    nodes ``up``, node by node with numpy: bucket ``b`` > 0 has ``whole free GPUs // b`` slots
+    per node (a GPU with a share taken is not free), and the free CPU and memory of the nodes
+    with a slot, in total and the most on one of them; bucket 0 (tasks without GPUs) counts
+    each node's free milli-CPU as slots (a task needs at least one: the CPU and memory totals
+    are what bound it), over nodes with free CPU and memory. Nodes without GPUs are model
+    ``""``. Rows without a slot are left out."""
     nc, names = state.nodes.cols, state.names["model"].names
     models = np.where(nc["gpu_count"][up] > 0, nc["model"][up], -1)
     cpu, mem = nc["cpu_free"][up].clip(0), nc["mem_free"][up].clip(0)
@@ -224,9 +225,13 @@ def free_rows(state: State, up: np.ndarray) -> list[tuple[str, int, int, int, in
         slots = np.bincount(which, weights=per_node, minlength=ids.size)
         cpus = np.bincount(which, weights=np.where(has, cpu, 0), minlength=ids.size)
         mems = np.bincount(which, weights=np.where(has, mem, 0), minlength=ids.size)
+        most_cpu, most_mem = np.zeros(ids.size, np.int64), np.zeros(ids.size, np.int64)
+        np.maximum.at(most_cpu, which[has], cpu[has])
+        np.maximum.at(most_mem, which[has], mem[has])
         for i, m in enumerate(ids.tolist()):
             if slots[i] > 0:
-                out.append((names[m] if m >= 0 else "", b, int(slots[i]), int(cpus[i]), int(mems[i])))
+                out.append((names[m] if m >= 0 else "", b, int(slots[i]), int(cpus[i]), int(mems[i]),
+                            int(most_cpu[i]), int(most_mem[i])))
     return sorted(out)
 
 

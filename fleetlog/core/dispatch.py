@@ -32,6 +32,7 @@ from fleetlog.events.model import (
     MAX_DISPATCH_ATTEMPTS,
     PRINTABLE_NAME,
     CellSummary,
+    FreeSlots,
     JobCancelled,
     JobDispatched,
     JobReturned,
@@ -59,8 +60,10 @@ UNKNOWN_JOB: Final = "unknown_job"
 TOO_MANY_RETURNS: Final = "returned_too_often"
 
 Row = list[int]
-"""A summary row as the dispatcher draws on it: [slots, cpu_milli, mem_mib, GPUs owed] (the
-GPUs smaller tasks took from the row's nodes, less than one of its slots: :func:`_draw`)."""
+"""A summary row as the dispatcher draws on it: [slots, cpu_milli, mem_mib, GPUs owed (the
+GPUs smaller tasks took from the row's nodes, less than one of its slots: :func:`_draw`),
+node_cpu_milli, node_mem_mib (the most on one node: a task needing more fits none of the row's
+nodes; never above the row's totals)]."""
 Room = dict[tuple[str, int], Row]
 
 
@@ -266,11 +269,19 @@ def rooms(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> d
         summary = state.summaries.get(cell)
         if summary is None:
             continue
-        room = {(f.gpu_model, f.gpus): [f.slots, f.cpu_milli, f.mem_mib, 0] for f in summary.free}
+        room = {(f.gpu_model, f.gpus): row_of(f) for f in summary.free}
         for job in flying.get(cell, []):
             take(room, job.spec, commit=True)
         out[cell] = room
     return out
+
+
+def row_of(f: FreeSlots) -> Row:
+    """A summary's row as the dispatcher draws on it (:data:`Row`); a row written before the
+    ``node_`` fields is bound by its totals alone."""
+    cpu = f.cpu_milli if f.node_cpu_milli is None else min(f.node_cpu_milli, f.cpu_milli)
+    mem = f.mem_mib if f.node_mem_mib is None else min(f.node_mem_mib, f.mem_mib)
+    return [f.slots, f.cpu_milli, f.mem_mib, 0, cpu, mem]
 
 
 def usage(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> Usage:
@@ -309,6 +320,8 @@ def take(room: Room, spec: JobSubmitted, commit: bool) -> bool:
             if key[1] != bucket or (models and key[0] not in models) or (bucket and not key[0]):
                 continue
             row = work[key]
+            if g.cpu_milli > row[4] or g.mem_mib > row[5]:
+                continue  # no node of the row can give one task what it needs
             fits = min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
                        row[2] // g.mem_mib if g.mem_mib else left, left)
             if fits > 0:
@@ -326,6 +339,8 @@ def _fits(room: Room, g: TaskGroup) -> bool:
     bucket, left = bucket_of(g.gpu_count), g.count
     for (model, b), row in room.items():
         if b != bucket or (g.gpu_models and model not in g.gpu_models) or (bucket and not model):
+            continue
+        if g.cpu_milli > row[4] or g.mem_mib > row[5]:
             continue
         left -= min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
                     row[2] // g.mem_mib if g.mem_mib else left, left)
@@ -352,6 +367,7 @@ def _draw(room: Room, key: tuple[str, int], tasks: int, gpus: int, cpu: int, mem
             row[0], row[3] = max(0, row[0] - owed // bucket), owed % bucket
         row[1] = max(0, row[1] - tasks * cpu)
         row[2] = max(0, row[2] - tasks * mem)
+        row[4], row[5] = min(row[4], row[1]), min(row[5], row[2])  # one node has no more than all
 
 
 Kind = tuple[int, tuple[str, ...] | None]
@@ -493,6 +509,8 @@ class Spread:
         self.totals = totals if totals is not None else {}
         self.used = used if used is not None else {}
         """(cell, tenant) -> [cpu_milli, mem_mib, gpu_milli]."""
+        self.shares = {key: self._share(key) for key in self.used}
+        """(cell, tenant) -> :meth:`share`, kept as ``used`` changes (asked several times a job)."""
 
     @classmethod
     def of(cls, state: DispatchState, flying: dict[str, list[Job]] | None = None) -> Spread:
@@ -518,15 +536,20 @@ class Spread:
         return out
 
     def share(self, cell: str, tenant: int) -> int:
-        used, total = self.used.get((cell, tenant)), self.totals.get(cell)
-        if used is None or total is None:
+        return self.shares.get((cell, tenant), 0)
+
+    def _share(self, key: tuple[str, int]) -> int:
+        used, total = self.used[key], self.totals.get(key[0])
+        if total is None:
             return 0
         return max((used[i] * SCALE // total[i] for i in range(3) if total[i] > 0), default=0)
 
     def add(self, cell: str, tenant: int, demand: tuple[int, int, int]) -> None:
-        row = self.used.setdefault((cell, tenant), [0, 0, 0])
+        key = (cell, tenant)
+        row = self.used.setdefault(key, [0, 0, 0])
         for i in range(3):
             row[i] += demand[i]
+        self.shares[key] = self._share(key)
 
 
 class Scores:

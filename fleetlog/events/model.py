@@ -318,14 +318,19 @@ class JobReturned(_Event, frozen=True):
 class FreeSlots(_Struct, frozen=True, array_like=True):
     """Room in a cell for tasks of one bucket on nodes of one GPU model (``""``: no GPUs):
     ``slots`` tasks of ``gpus`` whole GPUs each fit node by node, and those nodes have
-    ``cpu_milli`` and ``mem_mib`` free in total.  Capacity the cell's held (dispatched, not yet
-    placed) jobs would take is already taken off."""
+    ``cpu_milli`` and ``mem_mib`` free in total, at most ``node_cpu_milli`` and
+    ``node_mem_mib`` on any one of them (a task needing more fits none: the totals cannot say
+    so).  Capacity the cell's held (dispatched, not yet placed) jobs would take is already taken
+    off.  The two ``node_`` fields came later: ``None`` in a summary written before them (no
+    bound but the totals)."""
 
     gpu_model: OptionalName
     gpus: Annotated[int, Meta(ge=0, le=MAX_GPUS_PER_NODE)]
     slots: Count
     cpu_milli: CpuMilli
     mem_mib: MemMiB
+    node_cpu_milli: CpuMilli | None = None
+    node_mem_mib: MemMiB | None = None
 
 
 class TenantUsage(_Struct, frozen=True, array_like=True):

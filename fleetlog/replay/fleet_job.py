@@ -107,8 +107,9 @@ def _why(state: DispatchState, job_id: str) -> str:
             parts.append(f"{cell}: no summary")
             continue
         fits = take(room[cell], job.spec, commit=False)
-        share = f"tenant's share {spread.share(cell, job.tenant) / 10**7:.1f}%, "
-        parts.append(f"{cell}: {f'{share}room {room_for(room[cell], kind_of(job.spec))}' if fits else 'no room'}")
+        share = f"tenant's share {spread.share(cell, job.tenant) / 10**7:.1f}%"
+        room_left = room_for(room[cell], kind_of(job.spec))
+        parts.append(f"{cell}: {f'{share}, room {room_left}' if fits else 'no room'}")
     waiting = [c for c in sorted(job.returned) if c not in candidates(state, job)]
     if waiting:
         parts.append("not asked again until a newer summary: " + ", ".join(waiting))

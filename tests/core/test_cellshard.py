@@ -216,7 +216,7 @@ def test_a_snapshot_keeps_dispatches_returns_and_holds() -> None:
 # --- summaries ----------------------------------------------------------------------------------
 
 
-def plain_free(state: State, cell: str) -> list[tuple[str, int, int, int, int]]:
+def plain_free(state: State, cell: str) -> list[tuple[str, int, int, int, int, int, int]]:
     """free_rows, node by node in plain Python (the spec the numpy version is checked against)."""
     nc, cid = state.nodes.cols, state.names["cell"].get(cell)
     acc: dict[tuple[str, int], list[int]] = {}
@@ -230,10 +230,11 @@ def plain_free(state: State, cell: str) -> list[tuple[str, int, int, int, int]]:
         for b in (0, 1, 2, 4, 8, 16, 32, 64):
             slots = (cpu if cpu > 0 and mem > 0 else 0) if b == 0 else whole // b
             if slots:
-                row = acc.setdefault((model, b), [0, 0, 0])
+                row = acc.setdefault((model, b), [0, 0, 0, 0, 0])
                 row[0] += slots
                 row[1] += cpu
                 row[2] += mem
+                row[3], row[4] = max(row[3], cpu), max(row[4], mem)
     return sorted((m, b, *row) for (m, b), row in acc.items())
 
 
@@ -249,7 +250,7 @@ def test_free_rows_match_the_plain_node_by_node_count() -> None:
         (drv.state.nodes.view("status") == NodeStatus.UP) & (drv.state.nodes.view("cell") == cid)
     )
     assert free_rows(drv.state, up) == plain_free(drv.state, "a")
-    assert ("", 1, 0, 0, 0) not in free_rows(drv.state, up)  # no GPU rows for GPU-less nodes
+    assert not [r for r in free_rows(drv.state, up) if r[:2] == ("", 1)]  # no GPU rows for GPU-less nodes
 
 
 def test_a_summary_counts_placements_and_takes_off_held_jobs() -> None:
@@ -274,6 +275,28 @@ def test_a_summary_counts_placements_and_takes_off_held_jobs() -> None:
     assert {(f.gpu_model, f.gpus): f.slots for f in after.free}[("A100", 8)] == 3
     assert [u.tenant for u in after.usage] == ["t1"]
     assert after.pending == 0
+
+
+def test_a_summary_row_says_the_most_cpu_and_memory_one_node_has() -> None:
+    """Two 1-GPU tasks of 48 cores (FGD puts them on two nodes) and two 8-GPU ones of 90 cores
+    on the other two: the 1-GPU row has 14 slots and 96 cores in total, but no node more than
+    48 (a task of 64 cores fits none, which the totals cannot say); with every job held, the
+    held ones are taken off the totals and the bound never says more than the totals."""
+    drv = shard("a")
+    drv.feed(*[dispatched(f"big{i}", "a", seq=i + 1, cpu=48_000) for i in range(2)])
+    drv.decide()
+    row = {(f.gpu_model, f.gpus): f for f in cell_summary(drv.state, "a", 0, 1).free}[("A100", 1)]
+    got = (row.slots, row.cpu_milli, row.node_cpu_milli, row.node_mem_mib)
+    assert got == (30, 3 * 96_000, 96_000, 786_432)
+    drv.feed(*[dispatched(f"full{i}", "a", seq=3 + i, gpus=8, cpu=90_000) for i in range(2)])
+    drv.decide()
+    row = {(f.gpu_model, f.gpus): f for f in cell_summary(drv.state, "a", 0, 2).free}[("A100", 1)]
+    assert (row.slots, row.cpu_milli, row.node_cpu_milli) == (14, 96_000, 48_000)
+    drv = shard("a")
+    drv.feed(*[dispatched(f"h{i}", "a", seq=i + 1, cpu=90_000, mem=786_000) for i in range(4)])  # held
+    row = {(f.gpu_model, f.gpus): f for f in cell_summary(drv.state, "a", 0, 1).free}[("A100", 1)]
+    assert (row.slots, row.cpu_milli, row.node_cpu_milli, row.mem_mib, row.node_mem_mib) == (
+        28, 24_000, 24_000, 4 * 432, 4 * 432)
 
 
 def test_a_summary_of_a_cell_the_shard_never_saw_is_empty() -> None:

@@ -237,6 +237,26 @@ def test_each_tenants_jobs_spread_over_equal_cells_in_one_step() -> None:
     assert (spread.share("x", 0), spread.share("x", 1), spread.share("y", 0)) == (100_000_000, 0, 0)
 
 
+def test_a_task_goes_only_where_one_node_has_what_it_needs() -> None:
+    """c000's 1-GPU row has 96 cores in total but at most 48 on one node: a 1-GPU task of 64
+    cores goes to c001, though c000 has more room (and the tenant a share of c001); one of 48
+    cores (the bound, exactly) fits c000; a row written before the ``node_`` fields is bound by
+    its totals alone, as then; after drawing 48 cores of c000's 96 the bound is what is left."""
+    state = DispatchState(cells(2))
+    row = FreeSlots("A100", 1, 14, 96_000, 1 << 20, node_cpu_milli=48_000, node_mem_mib=1 << 19)
+    split = msgspec.structs.replace(summary("c000", 1, nodes=4), free=(row,))
+    used = (TenantUsage("t", 0, 0, 8 * GPU),)
+    assert sent(run(state, split, summary("c001", 1, nodes=1, usage=used))) == []
+    wide = JobSubmitted(job_id="wide1", tenant="t", task_groups=(TaskGroup(1, 64_000, 1024, 1, GPU),))
+    narrow = JobSubmitted(job_id="narrow1", tenant="t", task_groups=(TaskGroup(1, 48_000, 1024, 1, GPU),))
+    assert sent(run(state, wide, narrow)) == [("wide1", "c001", 1), ("narrow1", "c000", 1)]
+    room = d.rooms(state)["c000"][("A100", 1)]
+    assert (room[0], room[1], room[4]) == (13, 48_000, 48_000)
+    old = FreeSlots("A100", 1, 14, 96_000, 1 << 20)
+    assert (old.node_cpu_milli, d.row_of(old)) == (None, [14, 96_000, 1 << 20, 0, 96_000, 1 << 20])
+    assert d.take({("A100", 1): d.row_of(old)}, wide, commit=False)
+
+
 # --- order and quotas --------------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from tests.events.samples import job
 def rows(n: int) -> tuple[FreeSlots, ...]:
     """``n`` distinct rows, sorted by (gpu_model, gpus), with 253-character model names."""
     buckets = (0, 1, 2, 4, 8, 16, 32, 64)
-    return tuple(FreeSlots(f"{i // 8:0>253}", buckets[i % 8], 1 << 40, 1 << 40, 1 << 40) for i in range(n))
+    return tuple(FreeSlots(f"{i // 8:0>253}", buckets[i % 8], *[1 << 40] * 5) for i in range(n))
 
 
 def tenants(n: int) -> tuple[TenantUsage, ...]:
@@ -76,6 +76,10 @@ def _summary_doc(**changes: object) -> dict[str, object]:
         ({"free": [["A100", 3, 1, 1, 1]]}, "3 is not a bucket"),
         ({"usage": [["b", 1, 1, 1], ["a", 1, 1, 1]]}, "sorted by tenant"),
         ({"free": [["A100", 1, -1, 1, 1]]}, ">= 0"),
+        ({"free": [["A100", 1, 1, 1, 1, -1]]}, ">= 0 - at `\\$.event.free\\[0\\]\\[5\\]`"),
+        ({"free": [["A100", 1, 1, 1, 1, 1, (1 << 40) + 1]]},
+         "<= 1099511627776 - at `\\$.event.free\\[0\\]\\[6\\]`"),
+        ({"free": [["A100", 1, 1, 1, 1, 1, 1, 1]]}, "at most length 7"),
         ({"seq": 0}, ">= 1"),
         ({"partition": 65_536}, "<= 65535 - at `\\$.event.partition`"),
     ],
@@ -83,6 +87,20 @@ def _summary_doc(**changes: object) -> dict[str, object]:
 def test_a_malformed_summary_is_refused_saying_what_is_wrong(changes: dict[str, object], says: str) -> None:
     with pytest.raises(InvalidEventError, match=says):
         decode(_raw(_summary_doc(**changes)), JSON)
+
+
+@pytest.mark.parametrize("fmt", ["msgpack", "json"])
+def test_a_free_row_written_before_the_node_bounds_decodes_without_them(fmt: str) -> None:
+    """A summary of the earlier shape (five fields a row) decodes, its ``node_`` fields ``None``
+    (the dispatcher then bounds the row by its totals: ``dispatch.row_of``); a row with them
+    round-trips."""
+    old = _summary_doc(free=[["A100", 1, 3, 96_000, 1024]])
+    got = decode(_raw(old), JSON).event
+    assert isinstance(got, CellSummary)
+    assert got.free == (FreeSlots("A100", 1, 3, 96_000, 1024),)
+    assert (got.free[0].node_cpu_milli, got.free[0].node_mem_mib) == (None, None)
+    new = msgspec.structs.replace(summary(), free=(FreeSlots("A100", 1, 3, 96_000, 1024, 48_000, 512),))
+    assert decode(encode(envelope(new, "p"), fmt), JSON if fmt == "json" else None).event == new  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -25,18 +25,23 @@ def spread() -> list[str]:
     return [e.cell for e in w.step().dispatched]
 
 
-def random_room(rng: random.Random) -> d.Room:
-    """A cell's room as a summary would give it: nodes of a few models, some GPUs taken."""
+def random_room(rng: random.Random, cpus: random.Random | None = None) -> d.Room:
+    """A cell's room as a summary would give it: nodes of a few models, some GPUs taken, some
+    CPU (drawn from ``cpus``, else ``rng``)."""
+    cpus = rng if cpus is None else cpus
     room: d.Room = {}
     for model in rng.sample(MODELS, rng.randint(0, 3)):
-        nodes = [rng.randint(0, 8) for _ in range(rng.randint(0, 6))]  # whole free GPUs per node
+        # whole free GPUs and free CPU per node (a node may lack the CPU a task needs)
+        nodes = [(rng.randint(0, 8), cpus.choice((8_000, 32_000, 96_000))) for _ in range(rng.randint(0, 6))]
         for b in (1, 2, 4, 8):
-            slots = sum(n // b for n in nodes)
+            slots = sum(n // b for n, _ in nodes)
+            free = [c for n, c in nodes if n >= b]
             if slots:
-                room[(model, b)] = [slots, 96_000 * len(nodes), 786_432 * len(nodes), 0]
-        room[(model, 0)] = [96_000 * len(nodes), 96_000 * len(nodes), 786_432 * len(nodes), 0]
+                room[(model, b)] = [slots, sum(free), 786_432 * len(free), 0, max(free), 786_432]
+        cpu = sum(c for _, c in nodes)
+        room[(model, 0)] = [cpu, cpu, 786_432 * len(nodes), 0, max((c for _, c in nodes), default=0), 786_432]
     if rng.random() < 0.5:
-        room[("", 0)] = [rng.randint(0, 200_000), 200_000, 1_000_000, 0]
+        room[("", 0)] = [rng.randint(0, 200_000), 200_000, 1_000_000, 0, 100_000, 500_000]
     return {k: v for k, v in room.items() if v[0] > 0}
 
 
@@ -63,13 +68,14 @@ def test_the_heap_chooses_as_the_plain_loop_over_every_cell(seed: int) -> None:
     a few shapes dispatched until the cells are full; at the limits: no cell, one cell, many."""
     rng = random.Random(seed)
     n = (0, 1, 2, 7, 64)[seed % 5]
-    rooms = {f"c{i:03}": random_room(rng) for i in range(n)}
+    cpus = random.Random(-seed)  # the nodes' CPU: the same rooms otherwise as before it was drawn
+    rooms = {f"c{i:03}": random_room(rng, cpus) for i in range(n)}
     if seed % 3 == 0:  # ties everywhere
         rooms = {c: {k: list(v) for k, v in rooms["c000"].items()} for c in rooms} if rooms else {}
     plain = {c: {k: list(v) for k, v in r.items()} for c, r in rooms.items()}
     who = random.Random(-seed)  # the tenants' draws: the rooms and shapes as without them
-    spread, twins = random_spread(who, sorted(rooms)), d.Spread()
-    twins.totals, twins.used = dict(spread.totals), {k: list(v) for k, v in spread.used.items()}
+    spread = random_spread(who, sorted(rooms))
+    twins = d.Spread(dict(spread.totals), {k: list(v) for k, v in spread.used.items()})
     fast, twin = d.Scores(rooms, spread=spread), d.Scores(plain, remember=False, spread=twins)
     shapes = [random_spec(rng, i) for i in range(6)]
     chosen = []
@@ -111,7 +117,7 @@ def test_the_twin_test_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_smaller_task_costs_a_share_of_a_larger_slot() -> None:
     """Eight 1-GPU tasks take one 8-GPU slot and two 4-GPU slots (not eight of each); a 4-GPU
     task takes half an 8-GPU slot; the fraction is carried until it makes a whole slot."""
-    room: d.Room = {("A100", b): [16 // b, 64_000, 500_000, 0] for b in (1, 2, 4, 8)}
+    room: d.Room = {("A100", b): [16 // b, 64_000, 500_000, 0, 32_000, 250_000] for b in (1, 2, 4, 8)}
     for _ in range(7):
         assert d.take(room, job("x", gpus=1), commit=True)
     assert {b: room[("A100", b)][0] for b in (1, 2, 4, 8)} == {1: 9, 2: 5, 4: 3, 8: 2}
@@ -128,7 +134,7 @@ def test_the_score_is_the_largest_row_the_jobs_largest_task_may_draw_on() -> Non
     """The most free slots in one row of the task's bucket and models (not the rows' sum): a
     1-GPU job goes where one model's row is largest, a job limited to A100 by A100 rows only,
     a gang by its largest task's bucket, a job without GPUs by the bucket-0 rows."""
-    big = [10**6, 10**7, 0]
+    big = [10**6, 10**7, 0, 10**5, 10**6]
     a = {("A100", 1): [4, *big], ("T4", 1): [7, *big], ("V100", 1): [7, *big], ("T4", 0): [5_000, *big],
          ("A100", 8): [2, *big]}
     b = {("A100", 1): [8, *big], ("A100", 0): [9_000, *big], ("A100", 8): [1, *big]}
