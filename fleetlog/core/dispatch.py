@@ -17,6 +17,7 @@ summary can hold waits with a reason.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import re
@@ -132,6 +133,33 @@ class DispatchState:
     """Cancellations of held jobs, for the holding cell's partition (sent with the next step)."""
 
 
+class _Index:
+    """What :func:`dispatch` would otherwise find by a scan of every job the dispatcher ever
+    saw, twice a step: the pending jobs, and each cell's dispatches in ``seq`` order (an entry
+    stands while its job is still held there under that seq). Derived from ``jobs`` alone:
+    not snapshotted (an attribute, not a field), built on first use, kept by the fold and
+    :func:`_send`; :func:`scan_pending` and :func:`scan_in_flight` are its plain twins."""
+
+    __slots__ = ("order", "pending", "resort", "sent")
+
+    def __init__(self, state: DispatchState) -> None:
+        self.order = {job_id: i for i, job_id in enumerate(state.jobs)}
+        """Each job's place in log order (``jobs`` is in submission order)."""
+        self.pending = {job_id: j for job_id, j in state.jobs.items() if j.status == PENDING}
+        self.resort = False
+        """A job went back to pending (returned): ``pending`` is no longer in log order."""
+        self.sent: dict[str, list[tuple[int, Job]]] = {}
+        for j in sorted((j for j in state.jobs.values() if j.status == HELD), key=lambda j: (j.cell, j.seq)):
+            self.sent.setdefault(j.cell, []).append((j.seq, j))
+
+
+def _index(state: DispatchState) -> _Index:
+    index: _Index | None = state.__dict__.get("_index")
+    if index is None:
+        index = state.__dict__["_index"] = _Index(state)
+    return index
+
+
 @dataclass(frozen=True)
 class Step:
     """What one :func:`dispatch` decided: dispatches, cancellations to forward, waiting reasons
@@ -177,7 +205,10 @@ def _on_submitted(state: DispatchState, e: JobSubmitted) -> str:
         sum(g.count * g.mem_mib for g in e.task_groups),
         sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups),
     )
-    state.jobs[e.job_id] = Job(e, _tenant(state, e.tenant), demand)
+    index = _index(state)  # (built before the job is added: it takes the job here)
+    job = state.jobs[e.job_id] = Job(e, _tenant(state, e.tenant), demand)
+    index.pending[e.job_id] = job
+    index.order[e.job_id] = len(index.order)
     return ""
 
 
@@ -188,6 +219,7 @@ def _on_cancelled(state: DispatchState, e: JobCancelled) -> str:
     if job.status == HELD:
         state.cancels.append((job.cell, e))
     job.status = CANCELLED
+    _index(state).pending.pop(e.job_id, None)
     return ""
 
 
@@ -232,6 +264,8 @@ def _on_returned(state: DispatchState, e: JobReturned) -> str:
     summary = state.summaries.get(e.cell)
     job.returned[e.cell] = summary.seq if summary is not None else 0
     job.status, job.reason = PENDING, f"returned by {e.cell}: {e.reason}"
+    index = _index(state)
+    index.pending[e.job_id], index.resort = job, True
     return ""
 
 
@@ -244,7 +278,24 @@ def bucket_of(gpu_count: int) -> int:
 
 
 def _in_flight(state: DispatchState) -> dict[str, list[Job]]:
-    """Per cell, the held jobs its latest summary does not count yet, in dispatch order."""
+    """Per cell, the held jobs its latest summary does not count yet, in dispatch order: from
+    each cell's dispatches past its summary's ``dispatched_seq`` (:class:`_Index`)."""
+    out: dict[str, list[Job]] = {}
+    for cell, sent in _index(state).sent.items():
+        summary = state.summaries.get(cell)
+        start = 0 if summary is None else bisect.bisect_right(sent, summary.dispatched_seq, key=_seq_of)
+        jobs = [j for seq, j in sent[start:] if j.status == HELD and j.seq == seq and j.cell == cell]
+        if jobs:
+            out[cell] = jobs
+    return out
+
+
+def _seq_of(entry: tuple[int, Job]) -> int:
+    return entry[0]
+
+
+def scan_in_flight(state: DispatchState) -> dict[str, list[Job]]:
+    """:func:`_in_flight`'s plain twin: a scan of every job."""
     out: dict[str, list[Job]] = {}
     for job in state.jobs.values():
         if job.status != HELD:
@@ -257,22 +308,22 @@ def _in_flight(state: DispatchState) -> dict[str, list[Job]]:
     return out
 
 
-def rooms(state: DispatchState) -> dict[str, Room]:
-    """Step 1: each summarised cell's room, less what was dispatched to it since its summary."""
-    flying = _in_flight(state)
+def rooms(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> dict[str, Room]:
+    """Step 1: each summarised cell's room, less what was dispatched to it since its summary
+    (``flying``: :func:`_in_flight`, when the caller has it)."""
+    flying = _in_flight(state) if flying is None else flying
     out: dict[str, Room] = {}
     for cell in state.cells.cells:
         summary = state.summaries.get(cell)
         if summary is None:
             continue
         room = {(f.gpu_model, f.gpus): [f.slots, f.cpu_milli, f.mem_mib, 0] for f in summary.free}
-        for job in flying.get(cell, []):
-            take(room, job.spec, commit=True)
+        _take_all(room, [j.spec for j in flying.get(cell, ())])
         out[cell] = room
     return out
 
 
-def usage(state: DispatchState) -> Usage:
+def usage(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> Usage:
     """Step 2: fleet-wide usage by tenant (key ``(tenant, -1)``): the summaries' plus in flight.
     A tenant the dispatcher never saw (no job, no quota here) cannot change a decision: skipped."""
     out: Usage = {}
@@ -285,7 +336,7 @@ def usage(state: DispatchState) -> Usage:
             row = out.setdefault((tenant, -1), [0, 0, 0])
             for i, value in enumerate((u.cpu_milli, u.mem_mib, u.gpu_milli)):
                 row[i] += value
-    for jobs in _in_flight(state).values():
+    for jobs in (_in_flight(state) if flying is None else flying).values():
         for job in jobs:
             row = out.setdefault((job.tenant, -1), [0, 0, 0])
             for i in range(3):
@@ -301,23 +352,44 @@ def take(room: Room, spec: JobSubmitted, commit: bool) -> bool:
     if not commit and len(spec.task_groups) == 1:
         return _fits(room, spec.task_groups[0])
     work = room if commit else {k: list(v) for k, v in room.items()}
-    for g in spec.task_groups:
-        bucket, left = bucket_of(g.gpu_count), g.count
-        models = sorted(set(g.gpu_models))
-        for key in sorted(work):
-            if key[1] != bucket or (models and key[0] not in models) or (bucket and not key[0]):
-                continue
-            row = work[key]
-            fits = min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
-                       row[2] // g.mem_mib if g.mem_mib else left, left)
-            if fits > 0:
-                _draw(work, key, fits, max(g.gpu_count, 1) if bucket else 0, g.cpu_milli, g.mem_mib)
-                left -= fits
-            if left == 0:
-                break
-        if left:
-            return False
-    return True
+    return all(_draw_group(work, g, g.count) for g in spec.task_groups)
+
+
+def _draw_group(work: Room, g: TaskGroup, count: int) -> bool:
+    """Draw ``count`` tasks of ``g``'s shape from the rows in order (each row as many as fit);
+    whether all found a row (what did is drawn either way)."""
+    bucket, left = bucket_of(g.gpu_count), count
+    models = g.gpu_models
+    for key in sorted(work):
+        if key[1] != bucket or (models and key[0] not in models) or (bucket and not key[0]):
+            continue
+        row = work[key]
+        fits = min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
+                   row[2] // g.mem_mib if g.mem_mib else left, left)
+        if fits > 0:
+            _draw(work, key, fits, max(g.gpu_count, 1) if bucket else 0, g.cpu_milli, g.mem_mib)
+            left -= fits
+        if left == 0:
+            break
+    return left == 0
+
+
+def _take_all(room: Room, specs: list[JobSubmitted]) -> None:
+    """``take(room, spec, commit=True)`` of each of ``specs`` in order, a run of equal one-group
+    specs as one draw of all their tasks: the same rows, as each job of the run draws from the
+    first row it fits in, filling the rows in order, and a draw's costs (slots owed, carried;
+    CPU and memory, floored at zero) add up alike drawn at once or task by task (twin-tested)."""
+    i = 0
+    while i < len(specs):
+        spec, n = specs[i], 1
+        if len(spec.task_groups) == 1:
+            while i + n < len(specs) and specs[i + n].task_groups == spec.task_groups:
+                n += 1
+        if n == 1:
+            take(room, spec, commit=True)
+        else:
+            _draw_group(room, spec.task_groups[0], spec.task_groups[0].count * n)
+        i += n
 
 
 def _fits(room: Room, g: TaskGroup) -> bool:
@@ -385,7 +457,8 @@ def room_for(room: Room, kind: Kind) -> int:
 def dispatch(state: DispatchState) -> Step:
     """Decide and apply one step: every pending job dispatched to a cell or left waiting with a
     reason; the cancellations folded since the last step, for their holding cells."""
-    room, used = rooms(state), usage(state)
+    flying = _in_flight(state)
+    room, used = rooms(state, flying), usage(state, flying)
     fleet = _fleet(state)
     scores = Scores(room)
     dispatched: list[JobDispatched] = []
@@ -421,9 +494,8 @@ def _ordered(state: DispatchState, used: Usage, fleet: tuple[int, int, int]) -> 
     this step's dispatches plus each tenant's jobs in the order taken (``demand`` added as if
     each were dispatched), so the order is fixed before any cell is chosen."""
     classes: dict[int, dict[int, deque[Job]]] = {}
-    for job in state.jobs.values():
-        if job.status == PENDING:
-            classes.setdefault(-job.spec.priority, {}).setdefault(job.tenant, deque()).append(job)
+    for job in _pending(state):
+        classes.setdefault(-job.spec.priority, {}).setdefault(job.tenant, deque()).append(job)
     out: list[Job] = []
     for prio in sorted(classes):
         queues = classes[prio]
@@ -438,6 +510,20 @@ def _ordered(state: DispatchState, used: Usage, fleet: tuple[int, int, int]) -> 
             if queues[t]:
                 heapq.heappush(heap, (weighted_share(state.quotas.get((t, -1)), share[t], fleet), t))
     return out
+
+
+def _pending(state: DispatchState) -> list[Job]:
+    """The pending jobs in log order (:class:`_Index`, back in order after a return)."""
+    index = _index(state)
+    if index.resort:
+        index.pending = dict(sorted(index.pending.items(), key=lambda item: index.order[item[0]]))
+        index.resort = False
+    return list(index.pending.values())
+
+
+def scan_pending(state: DispatchState) -> list[Job]:
+    """:func:`_pending`'s plain twin: a scan of every job."""
+    return [j for j in state.jobs.values() if j.status == PENDING]
 
 
 def _quota_reason(state: DispatchState, used: Usage, job: Job) -> str:
@@ -563,4 +649,7 @@ def _send(state: DispatchState, job: Job, cell: str) -> JobDispatched:
     seq = state.dispatch_seq.get(cell, 0) + 1
     state.dispatch_seq[cell] = seq
     job.status, job.cell, job.attempt, job.seq, job.reason = HELD, cell, job.attempt + 1, seq, ""
+    index = _index(state)
+    del index.pending[job.spec.job_id]
+    index.sent.setdefault(cell, []).append((seq, job))
     return JobDispatched(job=job.spec, cell=cell, attempt=job.attempt, seq=seq, as_of=state.offset)
