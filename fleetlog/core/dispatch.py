@@ -200,11 +200,15 @@ def _tenant(state: DispatchState, name: str) -> int:
 def _on_submitted(state: DispatchState, e: JobSubmitted) -> str:
     if e.job_id in state.jobs:
         return ""  # the first submission counts, as in the cell's fold
-    demand = (
-        sum(g.count * g.cpu_milli for g in e.task_groups),
-        sum(g.count * g.mem_mib for g in e.task_groups),
-        sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups),
-    )
+    if len(e.task_groups) == 1:  # (the common case, without three sums over a generator)
+        g = e.task_groups[0]
+        demand = (g.count * g.cpu_milli, g.count * g.mem_mib, g.count * g.gpu_count * g.gpu_milli)
+    else:
+        demand = (
+            sum(g.count * g.cpu_milli for g in e.task_groups),
+            sum(g.count * g.mem_mib for g in e.task_groups),
+            sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups),
+        )
     index = _index(state)  # (built before the job is added: it takes the job here)
     job = state.jobs[e.job_id] = Job(e, _tenant(state, e.tenant), demand)
     index.pending[e.job_id] = job
@@ -464,14 +468,14 @@ def dispatch(state: DispatchState) -> Step:
     dispatched: list[JobDispatched] = []
     waiting: list[tuple[str, str, str]] = []
     for job in _ordered(state, used, fleet):
-        reason = _quota_reason(state, used, job)
+        quota_free = not state.quotas and job.attempt < MAX_DISPATCH_ATTEMPTS
+        reason = "" if quota_free else _quota_reason(state, used, job)
         cell = "" if reason else _choose(state, scores, job)
         if cell:
             dispatched.append(_send(state, job, cell))
             scores.take(cell, job.spec)
-            row = used.setdefault((job.tenant, -1), [0, 0, 0])
-            for i in range(3):
-                row[i] += job.demand[i]
+            row, (cpu, mem, gpu) = used.setdefault((job.tenant, -1), [0, 0, 0]), job.demand
+            row[0], row[1], row[2] = row[0] + cpu, row[1] + mem, row[2] + gpu
             continue
         reason = reason or _no_cell_reason(state, job)
         if reason != job.reason:
