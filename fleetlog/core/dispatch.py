@@ -416,17 +416,21 @@ def _draw(room: Room, key: tuple[str, int], tasks: int, gpus: int, cpu: int, mem
     cell that packs them does. Not a whole slot per task: that counted every 1-GPU task as
     spoiling an 8-GPU slot, and made a cell look full of big slots it still had (the fairness
     benchmark, docs/scale-out.md)."""
-    model = key[0]
-    for (m, bucket), row in room.items():
+    model, drawn = key
+    cpu, mem = tasks * cpu, tasks * mem
+    for (m, bucket), row in room.items():  # (no max(): this runs for every row, every job)
         if m != model:
             continue
-        if (m, bucket) == key:
+        if bucket == drawn:
             row[0] -= tasks
         elif bucket and gpus:
             owed = row[3] + tasks * gpus
-            row[0], row[3] = max(0, row[0] - owed // bucket), owed % bucket
-        row[1] = max(0, row[1] - tasks * cpu)
-        row[2] = max(0, row[2] - tasks * mem)
+            slots = row[0] - owed // bucket
+            row[0], row[3] = slots if slots > 0 else 0, owed % bucket
+        left = row[1] - cpu
+        row[1] = left if left > 0 else 0
+        left = row[2] - mem
+        row[2] = left if left > 0 else 0
 
 
 Kind = tuple[int, tuple[str, ...] | None]
