@@ -12,10 +12,12 @@ clock); the single shard is one ``State`` over every node, stepped as the servic
   one-task 1-GPU jobs of 4 tenants submitted 8,000 per dispatcher step (the loop's batch);
   placements per wall second from the first submission until every job is placed (a) by one
   shard over every node (fewer jobs: it is the slow one), (b) by the dispatcher and C cell
-  shards in this process, (c) the same with 75% of the partitions stepped in a child process
+  shards in this process, (c) the same with most partitions stepped in a child process
   (``fleetlog.sharded.procs``; the exchange over a pipe counted), the dispatcher and the other
-  25% here (:data:`PARENT_SHARE`). Both pipelined (``FleetConfig(pipeline=True)``: the
-  dispatcher's step k+1 runs while the cells run step k). Median of ``--repeats`` fresh fleets
+  partitions here: as many as even the two processes' CPU time by the dispatcher's and the
+  cells' CPU seconds measured in the (b) run just before (:func:`parent_share`). Both
+  pipelined (``FleetConfig(pipeline=True)``: the dispatcher's step k+1 runs while the cells run
+  step k). Median of ``--repeats`` fresh fleets
   each. (b) and (c) must write the same digest (checked: else the run fails).
 - **Quality** (``alloc_single_shard``, ``alloc_split``): the openb inflate protocol (the FGD
   paper's: jobs plus seeded copies to 130% of the GPUs, shuffled, 64 per step, never leaving)
@@ -40,6 +42,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -55,6 +58,7 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup
 from fleetlog.events.model import DecisionBatch, Event
 from fleetlog.sharded import FleetConfig, ShardedFleet
+from fleetlog.sharded.driver import CellShard, LocalShards, ShardOut
 from fleetlog.sharded.procs import close_all, split_groups
 from fleetlog.simulation import load_cluster, load_workload, parse_mode
 from fleetlog.simulation.modes import inflate
@@ -67,12 +71,9 @@ SCALE_SUMMARIES: Final = SummaryRule(material_milli=0)
 of 8,000 slots, a summary is rarely due while the clock stands still, and the dispatcher re-takes
 at every step each job dispatched since the cell's last summary (``dispatch.rooms``): quadratic.
 A summary per step is 64 small events per 8,000 placements."""
-PARENT_SHARE: Final = 0.25
-"""(c): the parent's share of the cell partitions. Pipelined (``FleetConfig(pipeline=True)``),
-the parent runs the dispatcher (about 30% of (b)'s time), its cells and the encoding of the
-child's records while the child runs the rest: with D the dispatcher's share and C the cells',
-the two are even at (C - D) / 2C ~ 0.3 before the encoding; measured at load ~1.5, shares 0.2
-and 0.25 gave ~23,000/s, 0.3 ~20,000/s, 0.15 ~19,000/s (2 runs each)."""
+ENCODING_SHARE: Final = 0.05
+"""(c): what the parent spends on the child's records (encoding them, reading the answers),
+as a share of the cells' CPU time (measured: about 0.1 s per 64,000 dispatches)."""
 KAFKA_KEYS: Final = ("kafka_latency_p50_ms", "kafka_latency_p99_ms", "takeover_p50_s", "takeover_max_s")
 """Measured by :mod:`benchmarks.shards_kafka` (real ``fleetlog run --role`` processes on a broker)."""
 SKIPPED_AT_SMOKE: Final = ("at --smoke the Kafka part runs on its own (python -m benchmarks.shards_kafka "
@@ -146,18 +147,58 @@ def single_rate(cells: int, nodes: int, jobs: int) -> float:
     return placed / elapsed
 
 
-def split_rate(cells: int, nodes: int, jobs: int, processes: int) -> tuple[float, str]:
-    """Placements/s of the dispatcher and ``cells`` shards over ``processes`` processes, and the
-    run's digest."""
+class TimedShards(LocalShards):
+    """Cell shards stepped here, their CPU seconds counted (the rest of a step: the dispatcher)."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        super().__init__(CellShard(p, cells, config) for p, cells in config.partitions().items())
+        self.cpu_s = 0.0
+
+    def receive(self) -> list[ShardOut]:
+        start = time.process_time()
+        try:
+            return super().receive()
+        finally:
+            self.cpu_s += time.process_time() - start
+
+
+@dataclass
+class Split:
+    """One run of (b) or (c): placements/s, the digest, and (b) the CPU seconds of the
+    dispatcher and of the cell shards."""
+
+    per_s: float
+    digest: str
+    dispatcher_cpu_s: float = 0.0
+    cells_cpu_s: float = 0.0
+
+
+def parent_share(b: Split, cells: int) -> float:
+    """(c): the parent's share of the partitions that evens the two processes' CPU time, from
+    (b)'s: the parent runs the dispatcher (D), its share x of the cells (C) and the child's
+    encoding; the child the rest: D + xC + eC = (1 - x)C, so x = (C - D - eC) / 2C, at least
+    one partition (the parent steps some: the driver's order) and at most half."""
+    c, dispatcher = b.cells_cpu_s, b.dispatcher_cpu_s
+    x = (c - dispatcher - ENCODING_SHARE * c) / (2 * c) if c > 0 else 0.5
+    return min(0.5, max(1 / cells, x))
+
+
+def split_rate(cells: int, nodes: int, jobs: int, share: float | None = None) -> Split:
+    """Placements/s of the dispatcher and ``cells`` shards: in this process (``share`` None:
+    the CPU seconds of the dispatcher and the cells counted), or over two processes, this one
+    stepping ``share`` of the partitions; and the run's digest."""
     config = FleetConfig(cell_map(cells), keep_decisions=False, summary=SCALE_SUMMARIES, pipeline=True)
-    groups = split_groups(config, processes - 1, PARENT_SHARE) if processes > 1 else None
+    timed = TimedShards(config) if share is None else None
+    groups = [timed] if timed is not None else split_groups(config, 1, share)
     fleet = ShardedFleet(config, groups)
     try:
         for c in config.cells.cells:
             fleet.to_cell(c, *cell_nodes(c, nodes))
         fleet.step()  # the cells fold their nodes and write their first summaries
         work = single_gpu_jobs(jobs)
-        start, placed = time.perf_counter(), 0
+        if timed is not None:
+            timed.cpu_s = 0.0
+        start, cpu, placed = time.perf_counter(), time.process_time(), 0
         for k in range(0, jobs, STEP_JOBS):
             fleet.submit(*work[k : k + STEP_JOBS])
             placed += fleet.step().placed
@@ -166,30 +207,38 @@ def split_rate(cells: int, nodes: int, jobs: int, processes: int) -> tuple[float
             placed += fleet.step().placed
             moving = fleet.global_in or any(fleet.cell_in.values())
             assert placed > before or moving, f"stuck at {placed} of {jobs} placed"
-        elapsed = time.perf_counter() - start
-        return placed / elapsed, fleet.digest()
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        out = Split(placed / elapsed, fleet.digest())
+        if timed is not None:
+            out.cells_cpu_s, out.dispatcher_cpu_s = timed.cpu_s, cpu - timed.cpu_s
+        return out
     finally:
-        close_all(groups or [])
+        close_all(groups)
 
 
 def scale(cells: int, nodes: int, jobs: int, single_jobs: int, repeats: int) -> dict[str, Any]:
     singles = [single_rate(cells, nodes, single_jobs) for _ in range(repeats)]
-    ones, twos = [], []
+    ones, twos, shares = [], [], []
     for _ in range(repeats):
-        one, one_digest = split_rate(cells, nodes, jobs, 1)
-        two, two_digest = split_rate(cells, nodes, jobs, 2)
-        if one_digest != two_digest:
-            raise SystemExit(f"the split in two processes wrote {two_digest}, in one {one_digest}")
+        one = split_rate(cells, nodes, jobs)
+        shares.append(parent_share(one, cells))
+        two = split_rate(cells, nodes, jobs, shares[-1])
+        if one.digest != two.digest:
+            raise SystemExit(f"the split in two processes wrote {two.digest}, in one {one.digest}")
         ones.append(one)
         twos.append(two)
-    a, b, c = statistics.median(singles), statistics.median(ones), statistics.median(twos)
+    a = statistics.median(singles)
+    b, c = statistics.median(r.per_s for r in ones), statistics.median(r.per_s for r in twos)
     return {
         "scale_cells": cells, "scale_nodes_per_cell": nodes, "scale_jobs": jobs,
         "scale_single_jobs": single_jobs, "scale_step_jobs": STEP_JOBS, "scale_repeats": repeats,
-        "scale_pipelined": True, "scale_parent_share": PARENT_SHARE,
+        "scale_pipelined": True, "scale_parent_shares": shares,
+        "scale_dispatcher_cpu_s": [r.dispatcher_cpu_s for r in ones],
+        "scale_cells_cpu_s": [r.cells_cpu_s for r in ones],
         "single_shard_per_s": a, "split_one_process_per_s": b, "split_two_processes_per_s": c,
         "split_vs_single": b / a, "two_vs_one_process": c / b,
-        "single_shard_runs": singles, "split_one_process_runs": ones, "split_two_processes_runs": twos,
+        "single_shard_runs": singles, "split_one_process_runs": [r.per_s for r in ones],
+        "split_two_processes_runs": [r.per_s for r in twos],
         "targets_met": {"split_one_process_20k": b >= 20_000, "split_vs_single_2x": b / a >= 2,
                         "two_vs_one_1_6x": c / b >= 1.6},
     }

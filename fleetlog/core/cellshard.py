@@ -137,13 +137,23 @@ Held = tuple[tuple[int, int], ...]
 def held_by_cell(state: State) -> dict[int, Held]:
     """cell id -> its held jobs not placed yet, as sorted (dispatch seq, job row) pairs: what the
     summary takes off the free rows, in the order it does."""
-    jc = state.jobs.cols
     out: dict[int, list[tuple[int, int]]] = {}
-    for job in state.held:
-        if int(jc["state"][job]) == _PENDING and int(jc["placed_at_ms"][job]) < 0:
-            cell, _, seq, _ = state.dispatches[job]
-            out.setdefault(cell, []).append((seq, job))
+    for job in _waiting_held(state):
+        cell, _, seq, _ = state.dispatches[job]
+        out.setdefault(cell, []).append((seq, job))
     return {c: tuple(sorted(v)) for c, v in out.items()}
+
+
+def _waiting_held(state: State) -> list[int]:
+    """The held jobs still pending and never placed, in ``State.held`` order (it may still list
+    jobs placed or ended since its last sweep: in a busy cell nearly all of them, so the two
+    columns are read for all at once, not job by job)."""
+    if not state.held:
+        return []
+    rows = np.fromiter(state.held, dtype=np.int64, count=len(state.held))
+    jc = state.jobs.cols
+    keep = (jc["state"][rows] == _PENDING) & (jc["placed_at_ms"][rows] < 0)
+    return rows[keep].tolist()  # type: ignore[no-any-return]
 
 
 def cell_summary(state: State, cell: str, partition: int, seq: int) -> CellSummary:
@@ -194,14 +204,8 @@ def _pending_in(state: State, cid: int) -> list[int]:
 def _held_in(state: State, cid: int) -> list[int]:
     """Dispatched jobs of cell ``cid`` waiting and never placed, in dispatch (seq) order
     (``State.held`` may still list jobs placed or ended since its last sweep: filtered)."""
-    jc = state.jobs.cols
-    out = [
-        (state.dispatches[job][2], job)
-        for job in state.held
-        if state.dispatches[job][0] == cid
-        and int(jc["state"][job]) == _PENDING
-        and int(jc["placed_at_ms"][job]) < 0
-    ]
+    dispatches = state.dispatches
+    out = [(dispatches[job][2], job) for job in _waiting_held(state) if dispatches[job][0] == cid]
     return [job for _, job in sorted(out)]
 
 
@@ -216,22 +220,24 @@ def free_rows(state: State, up: np.ndarray) -> list[tuple[str, int, int, int, in
     nc, names = state.nodes.cols, state.names["model"].names
     models = np.where(nc["gpu_count"][up] > 0, nc["model"][up], -1)
     cpu, mem = nc["cpu_free"][up].clip(0), nc["mem_free"][up].clip(0)
-    whole = (nc["gpu_free"][up] == FULL_GPU).sum(axis=1)
-    ids, which = np.unique(models, return_inverse=True)
+    width = int(nc["gpu_count"][up].max(initial=0))  # (past it no node has a GPU, nor a slot)
+    whole = (nc["gpu_free"][up, :width] == FULL_GPU).sum(axis=1)
+    buckets = [b for b in GPU_BUCKETS if b <= width]
+    # per bucket, per node: its slots (integer sums per model, not a float bincount per bucket:
+    # this runs for every cell at every step)
+    per_node = np.stack([np.where((cpu > 0) & (mem > 0), cpu, 0) if b == 0 else whole // b for b in buckets])
+    has = per_node > 0
     out = []
-    for b in GPU_BUCKETS:
-        per_node = np.where((cpu > 0) & (mem > 0), cpu, 0) if b == 0 else whole // b
-        has = per_node > 0
-        slots = np.bincount(which, weights=per_node, minlength=ids.size)
-        cpus = np.bincount(which, weights=np.where(has, cpu, 0), minlength=ids.size)
-        mems = np.bincount(which, weights=np.where(has, mem, 0), minlength=ids.size)
-        most_cpu, most_mem = np.zeros(ids.size, np.int64), np.zeros(ids.size, np.int64)
-        np.maximum.at(most_cpu, which[has], cpu[has])
-        np.maximum.at(most_mem, which[has], mem[has])
-        for i, m in enumerate(ids.tolist()):
-            if slots[i] > 0:
-                out.append((names[m] if m >= 0 else "", b, int(slots[i]), int(cpus[i]), int(mems[i]),
-                            int(most_cpu[i]), int(most_mem[i])))
+    one = models.size > 0 and bool((models == models[0]).all())  # (one model, the common case: no masks)
+    for m in [int(models[0])] if one else np.unique(models).tolist():
+        on = slice(None) if one else models == m
+        slots = per_node[:, on].sum(axis=1).tolist()
+        cpu_on, mem_on = has[:, on] * cpu[on], has[:, on] * mem[on]
+        cpus, mems = cpu_on.sum(axis=1).tolist(), mem_on.sum(axis=1).tolist()
+        most_cpu, most_mem = cpu_on.max(axis=1, initial=0).tolist(), mem_on.max(axis=1, initial=0).tolist()
+        model = names[m] if m >= 0 else ""
+        out += [(model, b, slots[i], cpus[i], mems[i], most_cpu[i], most_mem[i])
+                for i, b in enumerate(buckets) if slots[i] > 0]
     return sorted(out)
 
 

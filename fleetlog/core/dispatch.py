@@ -17,6 +17,7 @@ summary can hold waits with a reason.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import re
@@ -135,6 +136,33 @@ class DispatchState:
     """Cancellations of held jobs, for the holding cell's partition (sent with the next step)."""
 
 
+class _Index:
+    """What :func:`dispatch` would otherwise find by a scan of every job the dispatcher ever
+    saw, twice a step: the pending jobs, and each cell's dispatches in ``seq`` order (an entry
+    stands while its job is still held there under that seq). Derived from ``jobs`` alone:
+    not snapshotted (an attribute, not a field), built on first use, kept by the fold and
+    :func:`_send`; :func:`scan_pending` and :func:`scan_in_flight` are its plain twins."""
+
+    __slots__ = ("order", "pending", "resort", "sent")
+
+    def __init__(self, state: DispatchState) -> None:
+        self.order = {job_id: i for i, job_id in enumerate(state.jobs)}
+        """Each job's place in log order (``jobs`` is in submission order)."""
+        self.pending = {job_id: j for job_id, j in state.jobs.items() if j.status == PENDING}
+        self.resort = False
+        """A job went back to pending (returned): ``pending`` is no longer in log order."""
+        self.sent: dict[str, list[tuple[int, Job]]] = {}
+        for j in sorted((j for j in state.jobs.values() if j.status == HELD), key=lambda j: (j.cell, j.seq)):
+            self.sent.setdefault(j.cell, []).append((j.seq, j))
+
+
+def _index(state: DispatchState) -> _Index:
+    index: _Index | None = state.__dict__.get("_index")
+    if index is None:
+        index = state.__dict__["_index"] = _Index(state)
+    return index
+
+
 @dataclass(frozen=True)
 class Step:
     """What one :func:`dispatch` decided: dispatches, cancellations to forward, waiting reasons
@@ -175,12 +203,19 @@ def _tenant(state: DispatchState, name: str) -> int:
 def _on_submitted(state: DispatchState, e: JobSubmitted) -> str:
     if e.job_id in state.jobs:
         return ""  # the first submission counts, as in the cell's fold
-    demand = (
-        sum(g.count * g.cpu_milli for g in e.task_groups),
-        sum(g.count * g.mem_mib for g in e.task_groups),
-        sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups),
-    )
-    state.jobs[e.job_id] = Job(e, _tenant(state, e.tenant), demand)
+    if len(e.task_groups) == 1:  # (the common case, without three sums over a generator)
+        g = e.task_groups[0]
+        demand = (g.count * g.cpu_milli, g.count * g.mem_mib, g.count * g.gpu_count * g.gpu_milli)
+    else:
+        demand = (
+            sum(g.count * g.cpu_milli for g in e.task_groups),
+            sum(g.count * g.mem_mib for g in e.task_groups),
+            sum(g.count * g.gpu_count * g.gpu_milli for g in e.task_groups),
+        )
+    index = _index(state)  # (built before the job is added: it takes the job here)
+    job = state.jobs[e.job_id] = Job(e, _tenant(state, e.tenant), demand)
+    index.pending[e.job_id] = job
+    index.order[e.job_id] = len(index.order)
     return ""
 
 
@@ -191,6 +226,7 @@ def _on_cancelled(state: DispatchState, e: JobCancelled) -> str:
     if job.status == HELD:
         state.cancels.append((job.cell, e))
     job.status = CANCELLED
+    _index(state).pending.pop(e.job_id, None)
     return ""
 
 
@@ -235,6 +271,8 @@ def _on_returned(state: DispatchState, e: JobReturned) -> str:
     summary = state.summaries.get(e.cell)
     job.returned[e.cell] = summary.seq if summary is not None else 0
     job.status, job.reason = PENDING, f"returned by {e.cell}: {e.reason}"
+    index = _index(state)
+    index.pending[e.job_id], index.resort = job, True
     return ""
 
 
@@ -247,7 +285,24 @@ def bucket_of(gpu_count: int) -> int:
 
 
 def _in_flight(state: DispatchState) -> dict[str, list[Job]]:
-    """Per cell, the held jobs its latest summary does not count yet, in dispatch order."""
+    """Per cell, the held jobs its latest summary does not count yet, in dispatch order: from
+    each cell's dispatches past its summary's ``dispatched_seq`` (:class:`_Index`)."""
+    out: dict[str, list[Job]] = {}
+    for cell, sent in _index(state).sent.items():
+        summary = state.summaries.get(cell)
+        start = 0 if summary is None else bisect.bisect_right(sent, summary.dispatched_seq, key=_seq_of)
+        jobs = [j for seq, j in sent[start:] if j.status == HELD and j.seq == seq and j.cell == cell]
+        if jobs:
+            out[cell] = jobs
+    return out
+
+
+def _seq_of(entry: tuple[int, Job]) -> int:
+    return entry[0]
+
+
+def scan_in_flight(state: DispatchState) -> dict[str, list[Job]]:
+    """:func:`_in_flight`'s plain twin: a scan of every job."""
     out: dict[str, list[Job]] = {}
     for job in state.jobs.values():
         if job.status != HELD:
@@ -262,7 +317,7 @@ def _in_flight(state: DispatchState) -> dict[str, list[Job]]:
 
 def rooms(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> dict[str, Room]:
     """Step 1: each summarised cell's room, less what was dispatched to it since its summary
-    (``flying``: :func:`_in_flight`'s, when the caller has it)."""
+    (``flying``: :func:`_in_flight`, when the caller has it)."""
     flying = _in_flight(state) if flying is None else flying
     out: dict[str, Room] = {}
     for cell in state.cells.cells:
@@ -270,8 +325,7 @@ def rooms(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> d
         if summary is None:
             continue
         room = {(f.gpu_model, f.gpus): row_of(f) for f in summary.free}
-        for job in flying.get(cell, []):
-            take(room, job.spec, commit=True)
+        _take_all(room, [j.spec for j in flying.get(cell, ())])
         out[cell] = room
     return out
 
@@ -313,25 +367,46 @@ def take(room: Room, spec: JobSubmitted, commit: bool) -> bool:
     if not commit and len(spec.task_groups) == 1:
         return _fits(room, spec.task_groups[0])
     work = room if commit else {k: list(v) for k, v in room.items()}
-    for g in spec.task_groups:
-        bucket, left = bucket_of(g.gpu_count), g.count
-        models = sorted(set(g.gpu_models))
-        for key in sorted(work):
-            if key[1] != bucket or (models and key[0] not in models) or (bucket and not key[0]):
-                continue
-            row = work[key]
-            if g.cpu_milli > row[4] or g.mem_mib > row[5]:
-                continue  # no node of the row can give one task what it needs
-            fits = min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
-                       row[2] // g.mem_mib if g.mem_mib else left, left)
-            if fits > 0:
-                _draw(work, key, fits, max(g.gpu_count, 1) if bucket else 0, g.cpu_milli, g.mem_mib)
-                left -= fits
-            if left == 0:
-                break
-        if left:
-            return False
-    return True
+    return all(_draw_group(work, g, g.count) for g in spec.task_groups)
+
+
+def _draw_group(work: Room, g: TaskGroup, count: int) -> bool:
+    """Draw ``count`` tasks of ``g``'s shape from the rows in order (each row as many as fit);
+    whether all found a row (what did is drawn either way)."""
+    bucket, left = bucket_of(g.gpu_count), count
+    models = g.gpu_models
+    for key in sorted(work):
+        if key[1] != bucket or (models and key[0] not in models) or (bucket and not key[0]):
+            continue
+        row = work[key]
+        if g.cpu_milli > row[4] or g.mem_mib > row[5]:
+            continue  # no node of the row can give one task what it needs
+        fits = min(row[0], row[1] // g.cpu_milli if g.cpu_milli else left,
+                   row[2] // g.mem_mib if g.mem_mib else left, left)
+        if fits > 0:
+            _draw(work, key, fits, max(g.gpu_count, 1) if bucket else 0, g.cpu_milli, g.mem_mib)
+            left -= fits
+        if left == 0:
+            break
+    return left == 0
+
+
+def _take_all(room: Room, specs: list[JobSubmitted]) -> None:
+    """``take(room, spec, commit=True)`` of each of ``specs`` in order, a run of equal one-group
+    specs as one draw of all their tasks: the same rows, as each job of the run draws from the
+    first row it fits in, filling the rows in order, and a draw's costs (slots owed, carried;
+    CPU and memory, floored at zero) add up alike drawn at once or task by task (twin-tested)."""
+    i = 0
+    while i < len(specs):
+        spec, n = specs[i], 1
+        if len(spec.task_groups) == 1:
+            while i + n < len(specs) and specs[i + n].task_groups == spec.task_groups:
+                n += 1
+        if n == 1:
+            take(room, spec, commit=True)
+        else:
+            _draw_group(room, spec.task_groups[0], spec.task_groups[0].count * n)
+        i += n
 
 
 def _fits(room: Room, g: TaskGroup) -> bool:
@@ -356,18 +431,23 @@ def _draw(room: Room, key: tuple[str, int], tasks: int, gpus: int, cpu: int, mem
     cell that packs them does. Not a whole slot per task: that counted every 1-GPU task as
     spoiling an 8-GPU slot, and made a cell look full of big slots it still had (the fairness
     benchmark, docs/scale-out.md)."""
-    model = key[0]
-    for (m, bucket), row in room.items():
+    model, drawn = key
+    cpu, mem = tasks * cpu, tasks * mem
+    for (m, bucket), row in room.items():  # (no max(): this runs for every row, every job)
         if m != model:
             continue
-        if (m, bucket) == key:
+        if bucket == drawn:
             row[0] -= tasks
         elif bucket and gpus:
             owed = row[3] + tasks * gpus
-            row[0], row[3] = max(0, row[0] - owed // bucket), owed % bucket
-        row[1] = max(0, row[1] - tasks * cpu)
-        row[2] = max(0, row[2] - tasks * mem)
-        row[4], row[5] = min(row[4], row[1]), min(row[5], row[2])  # one node has no more than all
+            slots = row[0] - owed // bucket
+            row[0], row[3] = slots if slots > 0 else 0, owed % bucket
+        left = row[1] - cpu
+        row[1] = left if left > 0 else 0
+        left = row[2] - mem
+        row[2] = left if left > 0 else 0
+        # one node has no more than all of them
+        row[4], row[5] = row[1] if row[4] > row[1] else row[4], row[2] if row[5] > row[2] else row[5]
 
 
 Kind = tuple[int, tuple[str, ...] | None]
@@ -409,14 +489,14 @@ def dispatch(state: DispatchState) -> Step:
     dispatched: list[JobDispatched] = []
     waiting: list[tuple[str, str, str]] = []
     for job in _ordered(state, used, fleet):
-        reason = _quota_reason(state, used, job)
+        quota_free = not state.quotas and job.attempt < MAX_DISPATCH_ATTEMPTS
+        reason = "" if quota_free else _quota_reason(state, used, job)
         cell = "" if reason else _choose(state, scores, job)
         if cell:
             dispatched.append(_send(state, job, cell))
             scores.take(cell, job.spec, job.tenant, job.demand)
-            row = used.setdefault((job.tenant, -1), [0, 0, 0])
-            for i in range(3):
-                row[i] += job.demand[i]
+            row, (cpu, mem, gpu) = used.setdefault((job.tenant, -1), [0, 0, 0]), job.demand
+            row[0], row[1], row[2] = row[0] + cpu, row[1] + mem, row[2] + gpu
             continue
         reason = reason or _no_cell_reason(state, job)
         if reason != job.reason:
@@ -439,9 +519,8 @@ def _ordered(state: DispatchState, used: Usage, fleet: tuple[int, int, int]) -> 
     this step's dispatches plus each tenant's jobs in the order taken (``demand`` added as if
     each were dispatched), so the order is fixed before any cell is chosen."""
     classes: dict[int, dict[int, deque[Job]]] = {}
-    for job in state.jobs.values():
-        if job.status == PENDING:
-            classes.setdefault(-job.spec.priority, {}).setdefault(job.tenant, deque()).append(job)
+    for job in _pending(state):
+        classes.setdefault(-job.spec.priority, {}).setdefault(job.tenant, deque()).append(job)
     out: list[Job] = []
     for prio in sorted(classes):
         queues = classes[prio]
@@ -456,6 +535,20 @@ def _ordered(state: DispatchState, used: Usage, fleet: tuple[int, int, int]) -> 
             if queues[t]:
                 heapq.heappush(heap, (weighted_share(state.quotas.get((t, -1)), share[t], fleet), t))
     return out
+
+
+def _pending(state: DispatchState) -> list[Job]:
+    """The pending jobs in log order (:class:`_Index`, back in order after a return)."""
+    index = _index(state)
+    if index.resort:
+        index.pending = dict(sorted(index.pending.items(), key=lambda item: index.order[item[0]]))
+        index.resort = False
+    return list(index.pending.values())
+
+
+def scan_pending(state: DispatchState) -> list[Job]:
+    """:func:`_pending`'s plain twin: a scan of every job."""
+    return [j for j in state.jobs.values() if j.status == PENDING]
 
 
 def _quota_reason(state: DispatchState, used: Usage, job: Job) -> str:
@@ -542,7 +635,11 @@ class Spread:
         used, total = self.used[key], self.totals.get(key[0])
         if total is None:
             return 0
-        return max((used[i] * SCALE // total[i] for i in range(3) if total[i] > 0), default=0)
+        out = 0
+        for u, t in zip(used, total, strict=True):  # (no max() over a generator: once a dispatch)
+            if t > 0 and u * SCALE // t > out:
+                out = u * SCALE // t
+        return out
 
     def add(self, cell: str, tenant: int, demand: tuple[int, int, int]) -> None:
         key = (cell, tenant)
@@ -570,6 +667,9 @@ class Scores:
         self.version = dict.fromkeys(room, 0)
         self.heaps: dict[tuple[tuple[TaskGroup, ...], int], list[tuple[int, int, str, int]]] = {}
         self.kinds: dict[tuple[TaskGroup, ...], Kind] = {}
+        self.sized: dict[tuple[str, Kind], tuple[int, int]] = {}
+        """(cell, kind) -> (the cell's version, :func:`room_for`): one per change of the cell,
+        whichever tenants' heaps ask."""
 
     def kind(self, spec: JobSubmitted) -> Kind:
         kind = self.kinds.get(spec.task_groups)
@@ -579,7 +679,10 @@ class Scores:
 
     def key(self, cell: str, kind: Kind, tenant: int) -> tuple[int, int, str]:
         """What the choice minimises: the tenant's share of the cell, then less room, then id."""
-        return self.spread.share(cell, tenant), -room_for(self.room[cell], kind), cell
+        version, sized = self.version[cell], self.sized.get((cell, kind))
+        if sized is None or sized[0] != version:
+            sized = self.sized[(cell, kind)] = (version, room_for(self.room[cell], kind))
+        return self.spread.share(cell, tenant), -sized[1], cell
 
     def best(self, spec: JobSubmitted, cells: list[str] | None = None, tenant: int = -1) -> str:
         """The cell among ``cells`` (``None``: every cell with a room) that ``spec`` of
@@ -592,14 +695,21 @@ class Scores:
             heap = [(*self.key(c, kind, tenant), version[c]) for c in sorted(room)]
             heapq.heapify(heap)
             self.heaps[(spec.task_groups, tenant)] = heap
+        shares, sized = self.spread.shares, self.sized
         while heap:
-            cell, seen = heap[0][2], heap[0][3]
-            if seen != version[cell]:
-                heapq.heapreplace(heap, (*self.key(cell, kind, tenant), version[cell]))
-            elif take(room[cell], spec, commit=False):
+            least, _, cell, seen = heap[0]
+            now = version[cell]
+            if seen != now:  # (the key, inlined: this runs a few times a job)
+                share = shares.get((cell, tenant), 0)
+                if share != least or least >= _next_share(heap):
+                    size = sized.get((cell, kind))
+                    if size is None or size[0] != now:
+                        size = sized[(cell, kind)] = (now, room_for(room[cell], kind))
+                    heapq.heapreplace(heap, (share, -size[1], cell, now))
+                    continue
+            if take(room[cell], spec, commit=False):
                 return cell
-            else:
-                heapq.heappop(heap)
+            heapq.heappop(heap)
         return ""
 
     def _plain(self, spec: JobSubmitted, cells: list[str], tenant: int) -> str:
@@ -619,6 +729,16 @@ class Scores:
         take(self.room[cell], spec, commit=True)
         self.spread.add(cell, tenant, demand)
         self.version[cell] += 1
+
+
+def _next_share(heap: list[tuple[int, int, str, int]]) -> int:
+    """The least share below the top of ``heap`` (its children's: the others are no less), a
+    lower bound like every entry: while the top's share is current and under it, the top stays
+    the top whatever its room (only its room changed: no need to recompute it)."""
+    n = len(heap)
+    if n > 2:
+        return heap[1][0] if heap[1][0] < heap[2][0] else heap[2][0]
+    return heap[1][0] if n == 2 else SCALE * SCALE
 
 
 def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
@@ -651,4 +771,7 @@ def _send(state: DispatchState, job: Job, cell: str) -> JobDispatched:
     seq = state.dispatch_seq.get(cell, 0) + 1
     state.dispatch_seq[cell] = seq
     job.status, job.cell, job.attempt, job.seq, job.reason = HELD, cell, job.attempt + 1, seq, ""
+    index = _index(state)
+    del index.pending[job.spec.job_id]
+    index.sent.setdefault(cell, []).append((seq, job))
     return JobDispatched(job=job.spec, cell=cell, attempt=job.attempt, seq=seq, as_of=state.offset)

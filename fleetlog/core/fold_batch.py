@@ -154,9 +154,10 @@ class NewJobs:
         self.jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
         self.tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
 
-    def take(self, state: State, e: JobSubmitted, allowed: tuple[str, ...] | None = None) -> None:
+    def take(self, state: State, e: JobSubmitted, cell: tuple[int] | None = None) -> None:
         """Fold ``e`` (the clock and offset already moved to it) but for the column writes;
-        ``allowed``: its allowed cells instead of its own (a dispatch: :meth:`dispatch`)."""
+        ``cell``: the one cell id it is allowed in instead of its own allowed cells (a
+        dispatch: :meth:`dispatch`)."""
         names = state.names
         job_names = names["job"]
         if e.job_id in job_names.ids:
@@ -174,9 +175,10 @@ class NewJobs:
         first.append(self.first_task + len(self.tasks[0]))
         topo.append(TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0)
         expected.append(-1 if e.expected_duration_ms is None else e.expected_duration_ms)
-        allowed = e.allowed_cells if allowed is None else allowed
-        if allowed:
-            cells = tuple(sorted({names["cell"].intern(c) for c in allowed}))
+        cells: tuple[int, ...] | None = cell
+        if cells is None and e.allowed_cells:
+            cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
+        if cells:
             state.job_cells[job] = cells
             add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
         n, cpu, mem, gpu = self._take_tasks(state, e, job)
@@ -196,7 +198,7 @@ class NewJobs:
         held."""
         cell = state.names["cell"].intern(e.cell)
         state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), e.seq)
-        self.take(state, e.job, (e.cell,))
+        self.take(state, e.job, (cell,))
         job = state.names["job"].ids[e.job.job_id]
         entry = state.dispatches[job] = (cell, e.attempt, e.seq, state.now_ms)
         add_entry(state, SUM_DISPATCHES, (job, entry), 1)

@@ -59,7 +59,7 @@ async def global_story(opened: Opened, job_id: str, progress: Progress | None = 
     async for offset, recorded in replay.steps():
         if _mentions(recorded, job_id):
             await replay.fold_until(recorded.as_of)
-            why = _why(replay.state, job_id)  # (before the step: the room it was chosen on)
+            why = _why(replay.state, job_id, recorded)  # (before the step: the room it was chosen on)
             at_ms = (await read(store, DECISIONS, offset, 1))[0].timestamp_ms
             lines = _step_lines(recorded, job_id, offset, at_ms, why, story.dispatches)
             story.steps += [msgspec.structs.replace(s, position=recorded.as_of) for s in lines]
@@ -91,16 +91,24 @@ def _global_input(event: object, offset: int, at_ms: int, job_id: str) -> Step |
     return None
 
 
-def _why(state: DispatchState, job_id: str) -> str:
+def _why(state: DispatchState, job_id: str, recorded: StepRecord) -> str:
     """Why the dispatcher would choose where it did: each candidate cell's share of the job's
-    tenant and room for the job at the step's start (:class:`~fleetlog.core.dispatch.Spread`;
+    tenant and room for the job at its turn in the step — the step's start plus the jobs the
+    step dispatched before it (:class:`~fleetlog.core.dispatch.Spread`;
     :func:`~fleetlog.core.dispatch.room_for`: the most free slots in one row of its largest
     task's bucket; among the cells it fits, the least share wins, then the most room, ties to
-    the smaller cell id), and the cells it may not go to."""
+    the smaller cell id) — and the cells it may not go to."""
     job = state.jobs.get(job_id)
     if job is None:
         return ""
     room, spread = rooms(state), Spread.of(state)
+    for sent in recorded.dispatched:
+        if sent.job_id == job_id:
+            break
+        earlier = state.jobs.get(sent.job_id)
+        if earlier is not None and sent.cell in room:
+            take(room[sent.cell], earlier.spec, commit=True)
+            spread.add(sent.cell, earlier.tenant, earlier.demand)
     parts = []
     for cell in candidates(state, job):
         if cell not in room:

@@ -272,9 +272,11 @@ class ShardedFleet:
 
     def _route(self, step: d.Step) -> None:
         """Dispatches and forwarded cancellations to the chosen cells' partitions, now."""
-        for e in step.dispatched:
-            self.transcript.update(_ENCODER.encode(e))
-            self.to_cell(e.cell, e)
+        update, encode, now = self.transcript.update, _ENCODER.encode, self.now_ms
+        partition_of, cell_in = self.config.cells.partition_of, self.cell_in
+        for e in step.dispatched:  # (to_cell's, inline: one per job; the dispatcher names map cells only)
+            update(encode(e))
+            cell_in[partition_of(e.cell)].append((e, now))  # type: ignore[index]
         for cell, cancel in step.cancels:
             self.transcript.update(_ENCODER.encode((cell, cancel)))
             self.to_cell(cell, cancel)

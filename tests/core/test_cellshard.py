@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -251,6 +252,34 @@ def test_free_rows_match_the_plain_node_by_node_count() -> None:
     )
     assert free_rows(drv.state, up) == plain_free(drv.state, "a")
     assert not [r for r in free_rows(drv.state, up) if r[:2] == ("", 1)]  # no GPU rows for GPU-less nodes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_free_rows_match_the_plain_count_at_the_limits(seed: int) -> None:
+    """Generated cells: none or one node, nodes of 64 GPUs (the widest) among smaller ones,
+    one model or several, nodes without GPUs, CPU or memory used up, shares of GPUs taken."""
+    rng = random.Random(seed)
+    drv = Driver(Policy(), CoreConfig(cells=("a",)))
+    count = (0, 1, 3, 40, 40, 120)[seed]
+    nodes = []
+    for i in range(count):
+        gpus = rng.choice((0, 1, 2, 8, 8, 64))
+        model = "A100" if seed == 4 else rng.choice(("A100", "H100", "T4"))  # (seed 4: one model)
+        nodes.append(node(f"n{i}", cell="a", gpus=gpus, model=model,
+                          cpu=rng.choice((4_000, 64_000)), mem=rng.choice((16_384, 524_288))))
+    drv.feed(*nodes)
+    jobs = []
+    for i in range(3 * count):
+        gpus = rng.choice((0, 1, 2, 4, 8))
+        milli = rng.choice((300, 1000)) if gpus == 1 else 1000 if gpus else 0  # (a share: one GPU's)
+        jobs.append(job(f"j{i}", tenant="t", gpus=gpus, milli=milli,
+                        cpu=rng.choice((1_000, 4_000, 32_000)), mem=rng.choice((1_024, 16_384))))
+    drv.feed(*jobs)
+    drv.decide()
+    cid = drv.state.names["cell"].get("a")
+    cells = drv.state.nodes.view("cell")
+    up = np.flatnonzero((drv.state.nodes.view("status") == NodeStatus.UP) & (cells == cid))
+    assert free_rows(drv.state, up) == plain_free(drv.state, "a")
 
 
 def test_a_summary_counts_placements_and_takes_off_held_jobs() -> None:

@@ -410,9 +410,9 @@ def test_the_cell_map_names_each_cell_once_in_order() -> None:
 def test_a_job_returned_too_often_is_held() -> None:
     state = DispatchState(cells(1))
     run(state, summary("c000", 1), gpu_job("a"))
-    state.jobs["a"].attempt = MAX_DISPATCH_ATTEMPTS
-    state.jobs["a"].status = d.PENDING
-    step = d.dispatch(state)
+    state.jobs["a"].attempt = MAX_DISPATCH_ATTEMPTS  # (as if returned that often)
+    back = JobReturned(job_id="a", cell="c000", attempt=MAX_DISPATCH_ATTEMPTS, reason="no_fit", as_of=1)
+    step = run(state, back)
     assert (sent(step), step.waiting[0][1]) == ([], d.TOO_MANY_RETURNS)
 
 
@@ -458,9 +458,11 @@ def scenario(seed: int, steps: int = 300) -> tuple[str, list[Step]]:
         if isinstance(event, JobReturned):
             holder.pop(event.job_id)
         assert d.fold(state, event, i * 100) == ""
+        _check_index(state)
         if rng.random() < 0.3:
             step = d.dispatch(state)
             _check(step, holder, cancelled, state)
+            _check_index(state)
             out.append(step)
     digest = hashlib.sha256(
         msgspec.msgpack.encode([(s.dispatched, s.cancels, s.waiting) for s in out])
@@ -506,6 +508,16 @@ def _event(
         model=rng.choice(MODELS),
         more_models=tuple(rng.sample(MODELS, rng.choice((0, 1, 2)))),
     )
+
+
+def _check_index(state: DispatchState) -> None:
+    """The kept index answers as the plain scans of every job do, and as an index built anew
+    (a restored state's) does."""
+    assert d._pending(state) == d.scan_pending(state)
+    assert d._in_flight(state) == d.scan_in_flight(state)
+    fresh = d.DispatchState(state.cells, jobs=state.jobs, summaries=state.summaries)
+    assert d._pending(fresh) == d.scan_pending(state)
+    assert d._in_flight(fresh) == d.scan_in_flight(state)
 
 
 def _check(step: Step, holder: dict[str, str], cancelled: set[str], state: DispatchState) -> None:

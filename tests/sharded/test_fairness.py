@@ -32,7 +32,7 @@ def test_split_fairness_tracks_the_single_shard() -> None:
 
 def test_the_fairness_test_can_fail_without_the_spread(monkeypatch: pytest.MonkeyPatch) -> None:
     """The room alone choosing the cell (every share 0) misses it."""
-    monkeypatch.setattr(d.Spread, "share", lambda self, cell, tenant: 0)
+    monkeypatch.setattr(d.Spread, "_share", lambda self, key: 0)
     assert fairness(25)["drf_max_delta_points"] > 6
 
 

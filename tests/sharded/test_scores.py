@@ -147,6 +147,32 @@ def test_the_score_is_the_largest_row_the_jobs_largest_task_may_draw_on() -> Non
     assert d.kind_of(job("mixed", gpus=1)) == (1, None)
 
 
+def test_a_run_of_equal_jobs_drawn_at_once_leaves_the_room_drawing_each_leaves() -> None:
+    """``_take_all`` (how a summary's room is less what is in flight): runs of equal one-group
+    jobs drawn as one, against ``take`` job by job, on rooms that run out of slots, CPU or
+    memory on the way (and past: jobs that no longer fit, gangs half drawn), with carried
+    shares of larger slots, other shapes and multi-group jobs between the runs."""
+    ran_out = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        room = random_room(rng)
+        if seed % 4 == 0:  # CPU or memory, not slots, is what runs out
+            room = {k: [v[0], v[1] // 9, v[2] // 40, v[3], v[4] // 9, v[5] // 40] for k, v in room.items()}
+        shapes = [random_spec(rng, i) for i in range(3)]
+        two = d.JobSubmitted(job_id="two", tenant="t", task_groups=(shapes[0].task_groups[0], d.TaskGroup(
+            count=2, cpu_milli=2_000, mem_mib=1_024, gpu_count=1, gpu_milli=1000)))
+        specs: list[d.JobSubmitted] = []
+        while len(specs) < 300:
+            specs += [rng.choice([*shapes, two])] * rng.choice((1, 1, 2, 5, 40))
+        twin = {k: list(v) for k, v in room.items()}
+        d._take_all(room, specs)
+        for spec in specs:
+            d.take(twin, spec, commit=True)
+        assert room == twin, seed
+        ran_out += any(v[0] == 0 or v[1] < 16_000 for k, v in room.items() if k[1])
+    assert ran_out >= 20  # most rooms ran out of GPU slots or CPU on the way
+
+
 def test_asking_whether_one_group_fits_answers_as_drawing_it_on_a_copy() -> None:
     """``take(commit=False)`` of one task group draws nothing (``_fits``); its twin is the draw
     itself on a copy of the room."""
