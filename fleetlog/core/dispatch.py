@@ -652,24 +652,28 @@ class Spread:
 class Scores:
     """Step 5's choice of cell, fast: for each job shape (its task groups) and tenant asked this
     step, a heap of the cells by the tenant's share of the cell (:class:`Spread`, least first),
-    then the room for the shape (:func:`room_for`, largest first), ties to the smaller id.
-    Within a step a cell's room only shrinks and a tenant's share of it only grows, both only by
-    :meth:`take` into that cell, so an entry computed before a cell's last change is a lower
-    bound of its key: it is recomputed when it reaches the top, and the first current top the
-    job fits in is the plain answer (a cell it does not fit is dropped from that heap: it will
-    not fit later in the step either). O(log cells) per job instead of a loop over every cell.
-    ``remember=False`` is the plain twin (tests): every candidate cell asked in turn. Without a
-    ``spread`` every share is 0 (the room alone decides)."""
+    then the room for the shape at the step's start (:func:`room_for`, largest first), ties to
+    the smaller id. Within a step a tenant's share of a cell only grows, and only by its own
+    :meth:`take` into that cell, so an entry computed before the tenant's last take there is a
+    lower bound of its key: it is recomputed when it reaches the top, and the first current top
+    the job fits in (the room now) is the plain answer (a cell it does not fit is dropped from
+    that heap: rooms only shrink, it will not fit later in the step either). A take makes one
+    entry stale, in its tenant's heap only: the room at the step's start, not the room left,
+    breaks ties, else every tenant's heap would recompute the cell after each take. O(log
+    cells) per job instead of a loop over every cell. ``remember=False`` is the plain twin
+    (tests): every candidate cell asked in turn. Without a ``spread`` every share is 0."""
 
     def __init__(self, room: dict[str, Room], remember: bool = True, spread: Spread | None = None) -> None:
         self.room, self.remember = room, remember
         self.spread = spread if spread is not None else Spread()
-        self.version = dict.fromkeys(room, 0)
+        self.start = {c: {k: [row[0]] for k, row in r.items()} for c, r in room.items()}
+        """Each cell's slots at the step's start (what :func:`room_for` reads), for the ties."""
+        self.version: dict[tuple[str, int], int] = {}
+        """(cell, tenant) -> the tenant's takes into the cell this step."""
         self.heaps: dict[tuple[tuple[TaskGroup, ...], int], list[tuple[int, int, str, int]]] = {}
         self.kinds: dict[tuple[TaskGroup, ...], Kind] = {}
-        self.sized: dict[tuple[str, Kind], tuple[int, int]] = {}
-        """(cell, kind) -> (the cell's version, :func:`room_for`): one per change of the cell,
-        whichever tenants' heaps ask."""
+        self.sized: dict[tuple[str, Kind], int] = {}
+        """(cell, kind) -> :func:`room_for` at the step's start."""
 
     def kind(self, spec: JobSubmitted) -> Kind:
         kind = self.kinds.get(spec.task_groups)
@@ -678,11 +682,12 @@ class Scores:
         return kind
 
     def key(self, cell: str, kind: Kind, tenant: int) -> tuple[int, int, str]:
-        """What the choice minimises: the tenant's share of the cell, then less room, then id."""
-        version, sized = self.version[cell], self.sized.get((cell, kind))
-        if sized is None or sized[0] != version:
-            sized = self.sized[(cell, kind)] = (version, room_for(self.room[cell], kind))
-        return self.spread.share(cell, tenant), -sized[1], cell
+        """What the choice minimises: the tenant's share of the cell now, then less room at the
+        step's start, then the id."""
+        size = self.sized.get((cell, kind))
+        if size is None:
+            size = self.sized[(cell, kind)] = room_for(self.start[cell], kind)
+        return self.spread.share(cell, tenant), -size, cell
 
     def best(self, spec: JobSubmitted, cells: list[str] | None = None, tenant: int = -1) -> str:
         """The cell among ``cells`` (``None``: every cell with a room) that ``spec`` of
@@ -692,24 +697,18 @@ class Scores:
         heap = self.heaps.get((spec.task_groups, tenant))
         kind, room, version = self.kind(spec), self.room, self.version
         if heap is None:
-            heap = [(*self.key(c, kind, tenant), version[c]) for c in sorted(room)]
+            heap = [(*self.key(c, kind, tenant), version.get((c, tenant), 0)) for c in sorted(room)]
             heapq.heapify(heap)
             self.heaps[(spec.task_groups, tenant)] = heap
-        shares, sized = self.spread.shares, self.sized
         while heap:
-            least, _, cell, seen = heap[0]
-            now = version[cell]
-            if seen != now:  # (the key, inlined: this runs a few times a job)
-                share = shares.get((cell, tenant), 0)
-                if share != least or least >= _next_share(heap):
-                    size = sized.get((cell, kind))
-                    if size is None or size[0] != now:
-                        size = sized[(cell, kind)] = (now, room_for(room[cell], kind))
-                    heapq.heapreplace(heap, (share, -size[1], cell, now))
-                    continue
-            if take(room[cell], spec, commit=False):
+            _, size, cell, seen = heap[0]
+            now = version.get((cell, tenant), 0)
+            if seen != now:
+                heapq.heapreplace(heap, (self.spread.share(cell, tenant), size, cell, now))
+            elif take(room[cell], spec, commit=False):
                 return cell
-            heapq.heappop(heap)
+            else:
+                heapq.heappop(heap)
         return ""
 
     def _plain(self, spec: JobSubmitted, cells: list[str], tenant: int) -> str:
@@ -728,17 +727,7 @@ class Scores:
              demand: tuple[int, int, int] = (0, 0, 0)) -> None:
         take(self.room[cell], spec, commit=True)
         self.spread.add(cell, tenant, demand)
-        self.version[cell] += 1
-
-
-def _next_share(heap: list[tuple[int, int, str, int]]) -> int:
-    """The least share below the top of ``heap`` (its children's: the others are no less), a
-    lower bound like every entry: while the top's share is current and under it, the top stays
-    the top whatever its room (only its room changed: no need to recompute it)."""
-    n = len(heap)
-    if n > 2:
-        return heap[1][0] if heap[1][0] < heap[2][0] else heap[2][0]
-    return heap[1][0] if n == 2 else SCALE * SCALE
+        self.version[(cell, tenant)] = self.version.get((cell, tenant), 0) + 1
 
 
 def _choose(state: DispatchState, scores: Scores, job: Job) -> str:

@@ -93,15 +93,17 @@ def _global_input(event: object, offset: int, at_ms: int, job_id: str) -> Step |
 
 def _why(state: DispatchState, job_id: str, recorded: StepRecord) -> str:
     """Why the dispatcher would choose where it did: each candidate cell's share of the job's
-    tenant and room for the job at its turn in the step — the step's start plus the jobs the
-    step dispatched before it (:class:`~fleetlog.core.dispatch.Spread`;
-    :func:`~fleetlog.core.dispatch.room_for`: the most free slots in one row of its largest
-    task's bucket; among the cells it fits, the least share wins, then the most room, ties to
-    the smaller cell id) — and the cells it may not go to."""
+    tenant at its turn in the step (the step's start plus the jobs the step dispatched before
+    it: :class:`~fleetlog.core.dispatch.Spread`), its room for the job at the step's start (what
+    breaks a tie of shares: :func:`~fleetlog.core.dispatch.room_for`, the most free slots in one
+    row of its largest task's bucket) and what is left of it at the job's turn (where it must
+    fit); among the cells it fits, the least share wins, then the most room, then the smaller
+    id — and the cells it may not go to."""
     job = state.jobs.get(job_id)
     if job is None:
         return ""
     room, spread = rooms(state), Spread.of(state)
+    start = {cell: room_for(r, kind_of(job.spec)) for cell, r in room.items()}
     for sent in recorded.dispatched:
         if sent.job_id == job_id:
             break
@@ -116,8 +118,8 @@ def _why(state: DispatchState, job_id: str, recorded: StepRecord) -> str:
             continue
         fits = take(room[cell], job.spec, commit=False)
         share = f"tenant's share {spread.share(cell, job.tenant) / 10**7:.1f}%"
-        room_left = room_for(room[cell], kind_of(job.spec))
-        parts.append(f"{cell}: {f'{share}, room {room_left}' if fits else 'no room'}")
+        left = room_for(room[cell], kind_of(job.spec))
+        parts.append(f"{cell}: {f'{share}, room {start[cell]} ({left} left)' if fits else 'no room'}")
     waiting = [c for c in sorted(job.returned) if c not in candidates(state, job)]
     if waiting:
         parts.append("not asked again until a newer summary: " + ", ".join(waiting))
@@ -132,8 +134,8 @@ def _step_lines(recorded: StepRecord, job_id: str, offset: int, at_ms: int, why:
             dispatches.append({"dispatched": sent.cell, "attempt": sent.attempt, "seq": sent.seq,
                                "dispatched_at_ms": at_ms})
             detail = (f"attempt {sent.attempt} (seq {sent.seq}): the least share of its tenant, then the "
-                      f"most room, of the candidate cells it fits, at global as_of {recorded.as_of}, ties to "
-                      f"the smaller id ({why})")
+                      f"most room at the step's start, of the candidate cells it fits, at global as_of "
+                      f"{recorded.as_of}, ties to the smaller id ({why})")
             out.append(Step(log, offset, at_ms, f"dispatched to cell {sent.cell}", detail,
                             why={"room": why, "as_of": recorded.as_of}))
     out += [Step(log, offset, at_ms, f"waiting: {w.code}", w.message)

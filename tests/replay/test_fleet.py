@@ -310,7 +310,8 @@ def test_explain_tells_the_story_across_the_dispatcher_and_both_cells(
     assert times == sorted(times)
     first, second = steps[1], steps[5]
     assert "attempt 1" in first["detail"]
-    assert "(a: tenant's share 0.0%, room 2; b: tenant's share 0.0%, room 2)" in first["detail"]
+    tie = "(a: tenant's share 0.0%, room 2 (2 left); b: tenant's share 0.0%, room 2 (2 left))"
+    assert tie in first["detail"]
     assert "attempt 2" in second["detail"]
     assert "not asked again until a newer summary: a" in second["detail"]
     assert steps[4]["detail"].startswith("attempt 1: never_fits")

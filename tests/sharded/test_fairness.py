@@ -13,6 +13,8 @@ cannot slide back."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from benchmarks import shards
@@ -31,8 +33,12 @@ def test_split_fairness_tracks_the_single_shard() -> None:
 
 
 def test_the_fairness_test_can_fail_without_the_spread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The room alone choosing the cell (every share 0) misses it."""
-    monkeypatch.setattr(d.Spread, "_share", lambda self, key: 0)
+    """The room left alone choosing the cell (the rule before the spread) misses it."""
+    def room_left(self: d.Scores, cell: str, kind: d.Kind, tenant: int) -> tuple[int, int, str]:
+        return 0, -d.room_for(self.room[cell], kind), cell
+
+    monkeypatch.setattr(d.Scores, "key", room_left)
+    monkeypatch.setattr(d, "Scores", functools.partial(d.Scores, remember=False))
     assert fairness(25)["drf_max_delta_points"] > 6
 
 
