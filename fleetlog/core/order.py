@@ -146,11 +146,14 @@ def _predicted(
     placement adds to the usage. Nothing is changed."""
     heap, at = list(heap), dict.fromkeys(queues, 0)
     out: list[int] = []
-    used = {t: list(row) for t, row in before.items()}
-    heads = {t: q[:size] for t, q in queues.items()}
-    req = {t: _requests(state, h) for t, h in heads.items()}
+    used: dict[int, list[int]] = {}
+    heads: dict[int, Array] = {}
+    req: dict[int, list[list[int]]] = {}
     while heap and len(out) < size:
         _, t = heapq.heappop(heap)
+        if t not in heads:  # (read when its turn first comes: most tenants may get none)
+            heads[t], used[t] = queues[t][:size], list(before[t])
+            req[t] = _requests(state, heads[t])
         i = at[t]
         out.append(int(heads[t][i]))
         row, cost = used[t], req[t][i]
