@@ -102,7 +102,7 @@ def _one_class(
     heapq.heapify(heap)
     size = MERGED_FIRST
     while heap:
-        if merge and len(heap) > 1:
+        if merge:
             before = {t: list(usage.get((t, -1), (0, 0, 0))) for t in queues}
             run = _predicted(state, before, queues, heap, fleet, size)
             used, placed = yield run, MERGED
