@@ -38,7 +38,7 @@ import numpy as np
 from fleetlog.core.arrays import Array
 from fleetlog.core.decide_fast import place_singles, settle_known
 from fleetlog.core.memo import MemoCache
-from fleetlog.core.order import drf_runs
+from fleetlog.core.order import ALONE, MERGED, drf_runs
 from fleetlog.core.policy import Policy
 from fleetlog.core.schedule import job_keys, schedule_job
 from fleetlog.core.scratch import Scratch
@@ -61,7 +61,8 @@ def decide(state: State, policy: Policy) -> list[Decision]:
     pending_rows = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
     sc.key_of = np.full(state.jobs.size, -1, dtype=np.int64)
     sc.key_of[pending_rows] = job_keys(state, pending_rows)
-    runs = drf_runs(state, sc.usage)
+    merge = MERGED_RUNS and len(sc.cells) == 1 and not state.quotas and not policy.require_quota
+    runs = drf_runs(state, sc.usage, merge)
     try:
         run = next(runs)
         while True:
@@ -72,15 +73,19 @@ def decide(state: State, policy: Policy) -> list[Decision]:
     return sc.decisions
 
 
-def consider(sc: Scratch, turn: tuple[Array, bool]) -> tuple[int, bool]:
+def consider(sc: Scratch, turn: tuple[Array, int]) -> tuple[int, bool]:
     """Schedule the jobs of a tenant's run in order until one is placed — or all of them when
-    the tenant is alone in its priority class: (how many, the last one was placed).
+    the tenant is alone in its priority class; a merged run of several tenants' jobs while each
+    is placed (:func:`merged`): (how many, the last one was placed).
 
     The one place that chooses between the plain path (:func:`~fleetlog.core.schedule.schedule_job`,
     job by job) and its batch twins (:mod:`fleetlog.core.decide_fast`): jobs whose key already
     failed in this call are settled in bulk (``settle_known``), and runs of one-task jobs are
     placed a chunk at a time (``place_singles``) — the same outcome, in the same order."""
-    run, alone = turn
+    run, kind = turn
+    if kind == MERGED:
+        return merged(sc, run)
+    alone = kind == ALONE
     at, placed = 0, False
     fast = alone and len(sc.cells) == 1 and not sc.state.quotas and not sc.policy.require_quota
     while at < run.size:
@@ -96,3 +101,21 @@ def consider(sc: Scratch, turn: tuple[Array, bool]) -> tuple[int, bool]:
         if placed and not alone:
             return at, True
     return at, placed
+
+
+MERGED_RUNS = True
+"""Whether decide asks for merged runs (``order.MERGED``); the tests turn it off for the plain
+twin (the turns taken one tenant at a time)."""
+
+
+def merged(sc: Scratch, run: Array) -> tuple[int, bool]:
+    """A merged run (``order.MERGED``: several tenants' jobs in the turns they get if each is
+    placed): the jobs ``place_singles`` places as a run, then the first it does not through the
+    plain path, and back to the turns (a job not placed, or placed by preempting, changes them).
+    ``(0, False)``: the run cannot be placed as a run any more (a reservation, capacity swapped)."""
+    if sc.reservations or sc.swapped:
+        return 0, False
+    at = place_singles(sc, run, 0, stop=True)
+    if at == run.size:
+        return at, True
+    return at + 1, schedule_job(sc, int(run[at]))

@@ -30,7 +30,7 @@ from fleetlog.events.model import JobPending, JobPlaced, TaskPlacement
 SINGLES_CHUNK: Final = 64  # jobs whose columns place_singles reads at once
 
 
-def place_singles(sc: Scratch, run: Array, at: int) -> int:
+def place_singles(sc: Scratch, run: Array, at: int, stop: bool = False) -> int:
     """Schedule the jobs from ``at`` on while each is one task with no topology and no allowed
     cells of its own, or allowed cells that include the one cell (a cell shard's dispatched
     jobs: ``place.allowed_cells`` is then that cell, as for a job without): exactly what
@@ -39,7 +39,8 @@ def place_singles(sc: Scratch, run: Array, at: int) -> int:
     a chunk of jobs at a time; a job of a key that already failed is settled here, and one that
     does not fit goes through :func:`schedule_job`. The index of the first job left to the
     caller: ``run.size``, or a job of another kind, or the one after a reservation was made or
-    free capacity swapped."""
+    free capacity swapped. ``stop`` (a merged run of several tenants, ``decide.merged``): the
+    first job ``place_run`` does not place is left to the caller too, untouched."""
     state = sc.state
     jc, tc = state.jobs.cols, state.tasks.cols
     (cell,) = sc.cells
@@ -74,6 +75,8 @@ def place_singles(sc: Scratch, run: Array, at: int) -> int:
             done += placed
             if done == k:
                 break
+            if stop:
+                return at + done
             job = int(jobs[done])
             done += 1
             if tasks[done - 1, kernels.RUN_SKIP]:  # its key failed earlier in this call

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Generator
+from typing import Final
 
 import numpy as np
 
@@ -45,16 +46,29 @@ def weighted_share(quota: Quota | None, used: list[int], fleet: tuple[int, int, 
     return share * 1000 // weight
 
 
-Runs = Generator[tuple[Array, bool], tuple[int, bool], None]
-"""Yields the rest of the front tenant's queue (job rows in order) and whether that tenant is
-alone in its priority class (then no placement can change whose turn it is: the caller may go
-through the whole run); the caller sends back how many of them it considered and whether the
-last one was placed (its tenant's share moved)."""
+CONTESTED: Final = 0
+"""A run of the front tenant's queue, other tenants waiting: consider it until one is placed."""
+ALONE: Final = 1
+"""A run of the front tenant's queue, the tenant alone in its class: consider it all."""
+MERGED: Final = 2
+"""A run of several tenants' jobs in the order the turns would go if every one were placed
+(:func:`_predicted`): consider them in order while each is placed, stop after the first that is
+not (from there the turns go otherwise)."""
+MERGED_FIRST: Final = 16
+MERGED_MOST: Final = 4096
+"""A merged run's length: from 16, doubled after a run whose every job was placed, back to 16
+after one that was not (predicting further costs a heap operation per job)."""
+
+Runs = Generator[tuple[Array, int], tuple[int, bool], None]
+"""Yields a run of job rows in order and its kind (:data:`CONTESTED`, :data:`ALONE`,
+:data:`MERGED`); the caller sends back how many of them it considered and whether the last one
+was placed (its tenant's share moved). A merged run answered with 0 considered: no more merged
+runs in this call (the caller can no longer place them as a run)."""
 
 
-def drf_runs(state: State, usage: dict[tuple[int, int], list[int]]) -> Runs:
-    """Pending job rows in decide order, a tenant's run at a time; ``usage`` is read afresh
-    after each placement."""
+def drf_runs(state: State, usage: dict[tuple[int, int], list[int]], merge: bool = False) -> Runs:
+    """Pending job rows in decide order, a tenant's run at a time (``merge``: several tenants'
+    runs merged while the turns can be foreseen); ``usage`` is read afresh after each placement."""
     jc = state.jobs.cols
     pending = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
     if pending.size == 0:
@@ -65,7 +79,7 @@ def drf_runs(state: State, usage: dict[tuple[int, int], list[int]]) -> Runs:
     prio, tenant = jc["priority"][pending], jc["tenant"][pending]
     bounds = np.flatnonzero(np.diff(prio)) + 1
     for block, tenants in zip(np.split(pending, bounds), np.split(tenant, bounds), strict=True):
-        yield from _one_class(state, usage, block, tenants, fleet)
+        yield from _one_class(state, usage, block, tenants, fleet, merge)
 
 
 def _one_class(
@@ -74,22 +88,37 @@ def _one_class(
     jobs: Array,
     tenants: Array,
     fleet: tuple[int, int, int],
+    merge: bool = False,
 ) -> Runs:
     cuts = np.flatnonzero(np.diff(tenants)) + 1
     if cuts.size == 0:  # one tenant: its turn whatever its share
         queue = jobs
         while queue.size:
-            used, _ = yield queue, True
+            used, _ = yield queue, ALONE
             queue = queue[used:]
         return
     queues = {int(t[0]): q for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)}
     heap = [(dominant_share(state, usage, t, fleet), t) for t in sorted(queues)]
     heapq.heapify(heap)
+    size = MERGED_FIRST
     while heap:
-        _, t = heapq.heappop(heap)
+        if merge:
+            before = {t: list(usage.get((t, -1), (0, 0, 0))) for t in queues}
+            run = _predicted(state, before, queues, heap, fleet, size)
+            used, placed = yield run, MERGED
+            if used == 0:
+                merge = False
+                continue
+            t = _took(state, usage, before, queues, heap, fleet, run[:used], placed)
+            size = min(2 * size, MERGED_MOST) if placed and used == run.size else MERGED_FIRST
+            if placed:
+                continue
+            # its last job was not placed: that tenant stays in front (its turn goes on below)
+        else:
+            _, t = heapq.heappop(heap)
         queue = queues[t]
         while queue.size:
-            used, placed = yield queue, False
+            used, placed = yield queue, CONTESTED
             queue = queues[t] = queue[used:]
             if placed:  # the share moved: re-rank
                 if queue.size:
@@ -97,3 +126,76 @@ def _one_class(
                 break
             # Not placed (the run ended without a placement): the share is unchanged and was the
             # smallest, so this tenant stays in front — exactly what popping it again would give.
+
+
+def _requests(state: State, jobs: Array) -> list[list[int]]:
+    jc = state.jobs.cols
+    return np.stack([jc[c][jobs] for c in ("req_cpu", "req_mem", "req_gpu")], axis=1).tolist()  # type: ignore[no-any-return]
+
+
+def _predicted(
+    state: State,
+    before: dict[int, list[int]],
+    queues: dict[int, Array],
+    heap: list[tuple[int, int]],
+    fleet: tuple[int, int, int],
+    size: int,
+) -> Array:
+    """Up to ``size`` jobs in the order the turns go if each is placed: the heap's turns played
+    on a copy, each tenant's share (from its usage ``before``) grown by its job's request, what a
+    placement adds to the usage. Nothing is changed."""
+    heap, at = list(heap), dict.fromkeys(queues, 0)
+    out: list[int] = []
+    used: dict[int, list[int]] = {}
+    heads: dict[int, Array] = {}
+    req: dict[int, list[list[int]]] = {}
+    while heap and len(out) < size:
+        _, t = heapq.heappop(heap)
+        if t not in heads:  # (read when its turn first comes: most tenants may get none)
+            heads[t], used[t] = queues[t][:size], list(before[t])
+            req[t] = _requests(state, heads[t])
+        i = at[t]
+        out.append(int(heads[t][i]))
+        row, cost = used[t], req[t][i]
+        row[0], row[1], row[2] = row[0] + cost[0], row[1] + cost[1], row[2] + cost[2]
+        at[t] = i + 1
+        if i + 1 == queues[t].size:
+            continue  # (its queue is done: out of the turns)
+        if i + 1 == heads[t].size:
+            break  # (its head ran out: the run stops at a turn it did not read ahead)
+        heapq.heappush(heap, (weighted_share(state.quotas.get((t, -1)), row, fleet), t))
+    return np.array(out, dtype=np.int64)
+
+
+def _took(
+    state: State,
+    usage: dict[tuple[int, int], list[int]],
+    before: dict[int, list[int]],
+    queues: dict[int, Array],
+    heap: list[tuple[int, int]],
+    fleet: tuple[int, int, int],
+    taken: Array,
+    placed: bool,
+) -> int:
+    """The turns a merged run took, played on the real ``heap`` and queues as the plain turns
+    would have: each of its jobs but the last was placed as one run (its request added to its
+    tenant's usage, nothing else), so its tenant is re-ranked on that share; the last, when
+    placed, on the share ``usage`` gives now (the plain path may have preempted to place it).
+    The tenant of the last job. When that job was not placed its tenant is left out of the
+    heap: it stays in front (the caller goes on with its queue)."""
+    tenants = state.jobs.cols["tenant"][taken].tolist()
+    costs = _requests(state, taken)
+    used = {t: list(row) for t, row in before.items()}
+    last = len(tenants) - 1
+    for k, t in enumerate(tenants):
+        _, front = heapq.heappop(heap)
+        assert front == t, f"a merged run took tenant {t}'s job at tenant {front}'s turn"
+        queues[t] = queues[t][1:]
+        row, cost = used[t], costs[k]
+        row[0], row[1], row[2] = row[0] + cost[0], row[1] + cost[1], row[2] + cost[2]
+        if (k == last and not placed) or not queues[t].size:
+            continue
+        share = dominant_share(state, usage, t, fleet) if k == last else weighted_share(
+            state.quotas.get((t, -1)), row, fleet)
+        heapq.heappush(heap, (share, t))
+    return int(tenants[-1])

@@ -39,15 +39,18 @@ CONFIG = CoreConfig(node_timeout_ms=60_000, shape_window=64, shape_mix_every=16)
 
 @contextmanager
 def general_path_only() -> Iterator[None]:
+    """No batch twin: every job through ``schedule_job``, the turns one tenant at a time."""
     original = decide_module.place_singles
-    decide_module.place_singles = lambda sc, run, at: at  # type: ignore[assignment]
+    decide_module.place_singles = lambda sc, run, at, stop=False: at  # type: ignore[assignment]
+    decide_module.MERGED_RUNS = False
     try:
         yield
     finally:
         decide_module.place_singles = original
+        decide_module.MERGED_RUNS = True
 
 
-def inputs(rng: random.Random, step: int, placed: list[str], cells: int) -> list[Event]:
+def inputs(rng: random.Random, step: int, placed: list[str], cells: int, tenants: int = 1) -> list[Event]:
     """Some arrivals, finishes and node changes, seeded."""
     events: list[Event] = []
     if step == 0:
@@ -58,12 +61,14 @@ def inputs(rng: random.Random, step: int, placed: list[str], cells: int) -> list
     for k in range(rng.randint(1, 12)):
         name = f"s{step}-{k}"
         kind = rng.random()
+        tenant = f"t{rng.randrange(tenants) + 1}"
         if kind < 0.75:  # one task, many shapes (some fractional)
             gpus = rng.choice([0, 1, 1, 1, 2, 4])
             milli = rng.choice([250, 500, 700, 1000]) if gpus == 1 else 1000
             events.append(
                 job(
                     name,
+                    tenant=tenant,
                     gpus=gpus,
                     milli=milli,
                     cpu=rng.choice([1_000, 4_000, 12_000]),
@@ -71,9 +76,10 @@ def inputs(rng: random.Random, step: int, placed: list[str], cells: int) -> list
                 )
             )
         elif kind < 0.85:
-            events.append(job(name, tasks=rng.randint(2, 3), gpus=rng.choice([1, 2]), cpu=2_000))
+            tasks = rng.randint(2, 3)
+            events.append(job(name, tenant=tenant, tasks=tasks, gpus=rng.choice([1, 2]), cpu=2_000))
         elif kind < 0.92:
-            events.append(job(name, tasks=2, gpus=1, topology="rack"))
+            events.append(job(name, tenant=tenant, tasks=2, gpus=1, topology="rack"))
         else:
             allowed = rng.choice([("c0",), ("c0",), ("c9",), ("c0", "c9")])  # (c9: a cell of no node)
             events.append(job(name, gpus=1, milli=500, cells=allowed))
@@ -94,14 +100,14 @@ def inputs(rng: random.Random, step: int, placed: list[str], cells: int) -> list
     return events
 
 
-def run_three(policy: Policy, seed: int, cells: int = 1, steps: int = 40) -> int:
+def run_three(policy: Policy, seed: int, cells: int = 1, steps: int = 40, tenants: int = 1) -> int:
     """Feed three states alike; compare their decisions at every step; how many placements."""
     rng = random.Random(seed)
     normal, forgetful, general = State(CONFIG), State(CONFIG), State(CONFIG)
     placed: list[str] = []
     now, total = 1_000, 0
     for step in range(steps):
-        for event in inputs(rng, step, placed, cells):
+        for event in inputs(rng, step, placed, cells, tenants):
             now += 1
             for state in (normal, forgetful, general):
                 fold(state, event, now)
@@ -136,6 +142,27 @@ POLICIES = {
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fast_paths_decide_as_the_general_path(name: str, seed: int) -> None:
     assert run_three(POLICIES[name], seed) > 20  # (the scenario does place: the test is not vacuous)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_merged_runs_of_several_tenants_decide_as_the_turns_one_tenant_at_a_time(
+        name: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three tenants: the turns foreseen and placed as merged runs (``decide.merged``) against
+    the turns taken one at a time by the general path; merged runs did run, and ended both
+    ways (every job placed, and one not placed)."""
+    ends: list[bool] = []
+    original = decide_module.merged
+
+    def counted(sc: object, run: np.ndarray) -> tuple[int, bool]:
+        used, placed = original(sc, run)  # type: ignore[arg-type]
+        ends.append(used == run.size and placed)
+        return used, placed
+
+    monkeypatch.setattr(decide_module, "merged", counted)
+    assert run_three(POLICIES[name], seed, tenants=3, steps=60) > 20
+    assert True in ends  # a run placed whole
+    assert False in ends  # a run that ended at a job not placed
 
 
 @pytest.mark.parametrize("seed", [4, 5])
