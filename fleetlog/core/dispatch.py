@@ -11,8 +11,9 @@ it since (``JobDispatched.seq`` past the summary's ``dispatched_seq``); (2) flee
 same way; (3) pending jobs in priority order, tenants by weighted DRF, FIFO within a tenant
 (:func:`fleetlog.core.order.weighted_share`); (4) fleet-wide quotas with cohort borrowing
 (:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells it fits in,
-the one with the most room for it (:func:`room_for`), ties to the smaller cell id; a job no
-summary can hold waits with a reason.
+the one where its tenant has the least share (:class:`Spread`), then the one with the most room
+for it at the step's start (:func:`room_for`), ties to the smaller cell id; a job no summary can
+hold waits with a reason.
 """
 
 from __future__ import annotations
@@ -732,11 +733,11 @@ class Scores:
 
 def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
     """Step 5: among the candidate cells the job fits in, the one where its tenant has the least
-    share (:class:`Spread`), then the most room for it (:func:`room_for`: the most free slots
-    in one row of its largest task's bucket), ties to the smaller id. Asked before the job is
-    drawn, so the same for every cell whatever row the job would fall through to (the slots
-    left in the rows drawn on, the first rule, could grow as a room shrank: no heap could keep
-    them)."""
+    share (:class:`Spread`), then the most room for it at the step's start (:func:`room_for`:
+    the most free slots in one row of its largest task's bucket), ties to the smaller id. Asked
+    before the job is drawn, so the same for every cell whatever row the job would fall through
+    to (the slots left in the rows drawn on, the first rule, could grow as a room shrank: no
+    heap could keep them)."""
     if not job.spec.allowed_cells and not job.returned:
         return scores.best(job.spec, tenant=job.tenant)
     return scores.best(job.spec, candidates(state, job), job.tenant)
