@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -103,14 +104,13 @@ def _one_class(
     size = MERGED_FIRST
     while heap:
         if merge:
-            before = {t: list(usage.get((t, -1), (0, 0, 0))) for t in queues}
-            run = _predicted(state, before, queues, heap, fleet, size)
-            used, placed = yield run, MERGED
+            run = _predicted(state, usage, queues, heap, fleet, size)
+            used, placed = yield run.jobs, MERGED
             if used == 0:
                 merge = False
                 continue
-            t = _took(state, usage, before, queues, heap, fleet, run[:used], placed)
-            size = min(2 * size, MERGED_MOST) if placed and used == run.size else MERGED_FIRST
+            t = _took(state, usage, queues, heap, fleet, run, used, placed)
+            size = min(2 * size, MERGED_MOST) if placed and used == run.jobs.size else MERGED_FIRST
             if placed:
                 continue
             # its last job was not placed: that tenant stays in front (its turn goes on below)
@@ -133,69 +133,109 @@ def _requests(state: State, jobs: Array) -> list[list[int]]:
     return np.stack([jc[c][jobs] for c in ("req_cpu", "req_mem", "req_gpu")], axis=1).tolist()  # type: ignore[no-any-return]
 
 
+@dataclass
+class Predicted:
+    """A merged run (:func:`_predicted`): its jobs, each one's tenant, and the share its tenant
+    was re-ranked on after it (``None``: not re-ranked, its queue done or the run's end)."""
+
+    jobs: Array
+    tenants: list[int]
+    shares: list[int | None]
+
+
 def _predicted(
     state: State,
-    before: dict[int, list[int]],
+    usage: dict[tuple[int, int], list[int]],
     queues: dict[int, Array],
     heap: list[tuple[int, int]],
     fleet: tuple[int, int, int],
     size: int,
-) -> Array:
+) -> Predicted:
     """Up to ``size`` jobs in the order the turns go if each is placed: the heap's turns played
-    on a copy, each tenant's share (from its usage ``before``) grown by its job's request, what a
-    placement adds to the usage. Nothing is changed."""
-    heap, at = list(heap), dict.fromkeys(queues, 0)
+    on a copy, each tenant's share grown by its job's request, what a placement adds to its
+    usage. Nothing is changed."""
+    heap, at = list(heap), {}
     out: list[int] = []
+    tenants: list[int] = []
+    shares: list[int | None] = []
     used: dict[int, list[int]] = {}
     heads: dict[int, Array] = {}
     req: dict[int, list[list[int]]] = {}
+    share = _ShareOf(state, fleet)
     while heap and len(out) < size:
         _, t = heapq.heappop(heap)
         if t not in heads:  # (read when its turn first comes: most tenants may get none)
-            heads[t], used[t] = queues[t][:size], list(before[t])
+            heads[t], used[t], at[t] = queues[t][:size], list(usage.get((t, -1), (0, 0, 0))), 0
             req[t] = _requests(state, heads[t])
         i = at[t]
         out.append(int(heads[t][i]))
+        tenants.append(t)
         row, cost = used[t], req[t][i]
         row[0], row[1], row[2] = row[0] + cost[0], row[1] + cost[1], row[2] + cost[2]
         at[t] = i + 1
-        if i + 1 == queues[t].size:
+        if i + 1 == queues[t].size or i + 1 == heads[t].size:
+            shares.append(None)
+            if i + 1 < queues[t].size:
+                break  # (its head ran out: the run stops at a turn it did not read ahead)
             continue  # (its queue is done: out of the turns)
-        if i + 1 == heads[t].size:
-            break  # (its head ran out: the run stops at a turn it did not read ahead)
-        heapq.heappush(heap, (weighted_share(state.quotas.get((t, -1)), row, fleet), t))
-    return np.array(out, dtype=np.int64)
+        now = share(t, row)
+        shares.append(now)
+        heapq.heappush(heap, (now, t))
+    return Predicted(np.array(out, dtype=np.int64), tenants, shares)
+
+
+class _ShareOf:
+    """:func:`weighted_share` of a tenant's usage row, its quota and base read once per tenant
+    (asked once a job in a merged run)."""
+
+    def __init__(self, state: State, fleet: tuple[int, int, int]) -> None:
+        self.state, self.fleet = state, fleet
+        self.terms: dict[int, tuple[tuple[tuple[int, int], ...], int]] = {}
+
+    def __call__(self, tenant: int, used: list[int]) -> int:
+        found = self.terms.get(tenant)
+        if found is None:
+            quota = self.state.quotas.get((tenant, -1))
+            base = quota.nominal if quota is not None and any(quota.nominal) else self.fleet
+            weight = quota.weight_milli if quota is not None else 1000
+            found = self.terms[tenant] = (tuple((i, base[i]) for i in range(3) if base[i] > 0), weight)
+        terms, weight = found
+        share = None
+        for i, base_i in terms:
+            part = used[i] * SCALE // base_i
+            if share is None or part > share:
+                share = part
+        return (share or 0) * 1000 // weight
 
 
 def _took(
     state: State,
     usage: dict[tuple[int, int], list[int]],
-    before: dict[int, list[int]],
     queues: dict[int, Array],
     heap: list[tuple[int, int]],
     fleet: tuple[int, int, int],
-    taken: Array,
+    run: Predicted,
+    used: int,
     placed: bool,
 ) -> int:
-    """The turns a merged run took, played on the real ``heap`` and queues as the plain turns
-    would have: each of its jobs but the last was placed as one run (its request added to its
-    tenant's usage, nothing else), so its tenant is re-ranked on that share; the last, when
-    placed, on the share ``usage`` gives now (the plain path may have preempted to place it).
-    The tenant of the last job. When that job was not placed its tenant is left out of the
-    heap: it stays in front (the caller goes on with its queue)."""
-    tenants = state.jobs.cols["tenant"][taken].tolist()
-    costs = _requests(state, taken)
-    used = {t: list(row) for t, row in before.items()}
-    last = len(tenants) - 1
-    for k, t in enumerate(tenants):
+    """The ``used`` turns a merged run took, played on the real ``heap`` and queues as the plain
+    turns would have: each of its jobs but the last was placed as one run (its request added to
+    its tenant's usage, nothing else), so its tenant is re-ranked on the share foreseen; the
+    last, when placed, on the share ``usage`` gives now (the plain path may have preempted to
+    place it). The tenant of the last job. When that job was not placed its tenant is left out
+    of the heap: it stays in front (the caller goes on with its queue)."""
+    taken: dict[int, int] = {}
+    last = used - 1
+    for k in range(used):
+        t = run.tenants[k]
         _, front = heapq.heappop(heap)
         assert front == t, f"a merged run took tenant {t}'s job at tenant {front}'s turn"
-        queues[t] = queues[t][1:]
-        row, cost = used[t], costs[k]
-        row[0], row[1], row[2] = row[0] + cost[0], row[1] + cost[1], row[2] + cost[2]
-        if (k == last and not placed) or not queues[t].size:
+        taken[t] = n = taken.get(t, 0) + 1
+        if (k == last and not placed) or n == queues[t].size:
             continue
-        share = dominant_share(state, usage, t, fleet) if k == last else weighted_share(
-            state.quotas.get((t, -1)), row, fleet)
+        share = dominant_share(state, usage, t, fleet) if k == last else run.shares[k]
+        assert share is not None
         heapq.heappush(heap, (share, t))
-    return int(tenants[-1])
+    for t, n in taken.items():
+        queues[t] = queues[t][n:]
+    return run.tenants[last]
