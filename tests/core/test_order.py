@@ -20,7 +20,8 @@ def test_the_kept_share_is_weighted_share() -> None:
             if rng.random() < 0.6:
                 nominal = (rng.choice((0, 8_000)), rng.choice((0, 10**9)), rng.choice((0, 0, 8_000, 10**9)))
                 weight = rng.choice((1, 1000, 4000))
-                state.quotas[(tenant, -1)] = Quota(nominal=nominal, borrowing_limit=None, cohort="", weight_milli=weight)
+                quota = Quota(nominal=nominal, borrowing_limit=None, cohort="", weight_milli=weight)
+                state.quotas[(tenant, -1)] = quota
         share = _ShareOf(state, fleet)
         for _ in range(10):
             tenant = rng.randrange(4)
