@@ -28,7 +28,7 @@ from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.kafka import FencedError
 from fleetlog.service.cellshard import CellShardLoop, recover_cell_shard, shard_snapshots
 from fleetlog.service.config import Config
-from fleetlog.service.loop import LoopConfig
+from fleetlog.service.loop import LoopConfig, keep_recovered
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter
 
@@ -95,6 +95,7 @@ class CellRunner:
         started = time.monotonic()
         self.store = await self.shards.opener(self.shard)
         loop, used = await recover_cell_shard(self.store, self.snapshots, self.make_loop)
+        keep_recovered()
         self.snapshotter.restarted(used)
         self.loop = loop
         log.info("cell_shard_started", partition=self.partition, cells=list(loop.held),

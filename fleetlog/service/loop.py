@@ -9,6 +9,7 @@ neither a duplicate, nor a gap, nor half a step, and replay reproduces every bat
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Final
 
@@ -213,3 +214,11 @@ def check_ahead(what: str, offset: int, name: str, end: int) -> None:
             f"records (offsets {end}..{offset - 1} at least; a truncated tail, a deleted segment or a "
             "recreated topic); restore the log, or accept the loss by moving what is ahead away"
         )
+
+
+def keep_recovered() -> None:
+    """After a recovery (the single shard's, the dispatcher's, a cell shard's): the state just
+    rebuilt is long-lived, so keep the cyclic GC from re-scanning it in every full collection
+    (about 0.15 s per 400,000 objects, in the middle of a step)."""
+    gc.collect()
+    gc.freeze()

@@ -40,6 +40,7 @@ from fleetlog.service.dispatcher import DispatcherConfig, DispatcherLoop
 from fleetlog.service.http import HttpServer, PortInUseError, Request, Response, json_response
 from fleetlog.service.ingest import http_limits
 from fleetlog.service.leader import KafkaElection
+from fleetlog.service.loop import keep_recovered
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.owners import Ownership
 from fleetlog.service.warmup import warm_up
@@ -111,6 +112,7 @@ class Dispatching:
         process commits and snapshots."""
         started = time.monotonic()
         await loop.recover()
+        keep_recovered()
         self.loop = loop
         self.metrics.leader.set(1)
         log.info("dispatcher_leading", inputs_offset=loop.offset, snapshot=loop.restored_from,

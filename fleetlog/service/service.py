@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import os
 import time
 from typing import Any, Final
@@ -44,7 +43,7 @@ from fleetlog.service.config import Config
 from fleetlog.service.http import BindError, HttpServer, PortInUseError, Request, Response, json_response
 from fleetlog.service.ingest import IngestGate, http_limits
 from fleetlog.service.leadership import Leadership
-from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, StepResult
+from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, StepResult, keep_recovered
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter, check_ends, recover, snapshot_store
 from fleetlog.service.warmup import warm_up
@@ -246,10 +245,7 @@ class Service:
             self.metrics.recovery.set(time.monotonic() - started)
             seconds = round(time.monotonic() - started, 3)
             log.info("recovered", inputs_offset=self.loop.offset, seconds=seconds)
-            # The recovered state is long-lived: keep the cyclic GC from re-scanning it in every
-            # full collection (a pause of tens of ms with a large state, in the middle of a step).
-            gc.collect()
-            gc.freeze()
+            keep_recovered()
             self._stage = "serving"
             await self._serve(self.loop)
         except Exception as exc:
