@@ -146,10 +146,14 @@ class KafkaBroker:
         self.pid_file.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Stop; an ``ephemeral`` broker's data directory is removed as well."""
-        self.stop()
+        """Stop; an ``ephemeral`` broker's data directory is removed as well, and such a broker
+        is SIGKILLed, not shut down cleanly: a clean shutdown flushes and checkpoints every
+        partition (2 s empty, 5 s with 300 topics) for data about to be deleted."""
         if self.ephemeral and not self.external:
+            self.kill()
             shutil.rmtree(self.data_dir, ignore_errors=True)
+        else:
+            self.stop()
 
     def kill(self) -> None:
         """SIGKILL the broker: a crash, no clean shutdown."""
