@@ -12,6 +12,8 @@
 #   FLEETLOG_KUBE_PORT           API server port on 127.0.0.1    (default: a free port, kept in DIR/ports)
 #   FLEETLOG_KUBE_ETCD_PORT      etcd client port on 127.0.0.1   (default: a free port, kept in DIR/ports)
 #   FLEETLOG_KUBE_START_TIMEOUT  seconds to wait for readiness   (default 120)
+#   FLEETLOG_KUBE_STOP_GRACE     seconds a stopped server gets after SIGTERM, then SIGKILL (default 30;
+#                                an API server with open watches waits on them until killed)
 #   FLEETLOG_CACHE               where the built binary is kept  (default ~/.cache/fleetlog)
 #
 # The build is pinned by tools/go.mod (k8s.io/kubernetes plus every staging module replaced by its
@@ -232,10 +234,11 @@ stop_one() {
     return 0
   fi
   kill -TERM "$pid" 2>/dev/null || true
-  local deadline=$((SECONDS + 30))
+  local grace="${FLEETLOG_KUBE_STOP_GRACE:-30}"
+  local deadline=$((SECONDS + grace))
   while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
-    say "$1 (pid $pid) did not stop within 30s: SIGKILL"
+    say "$1 (pid $pid) did not stop within ${grace}s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
     while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
   fi
