@@ -92,6 +92,14 @@ load_ports() {
   source "$DIR/ports"
 }
 
+# Whether process $1 still runs: one that exited but is not reaped yet (a zombie; here init
+# reaps the detached daemons up to 2 s late) holds no port or file any more, and counts as gone.
+alive() {
+  local state
+  state="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [[ -n "$state" && "$state" != Z ]]
+}
+
 # The PID in DIR/NAME.pid if that process is alive and runs from DIR, else nothing.
 running_pid() {
   local file="$DIR/$1.pid" pid
@@ -236,11 +244,11 @@ stop_one() {
   kill -TERM "$pid" 2>/dev/null || true
   local grace="${FLEETLOG_KUBE_STOP_GRACE:-30}"
   local deadline=$((SECONDS + grace))
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
+  while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+  if alive "$pid"; then
     say "$1 (pid $pid) did not stop within ${grace}s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    while alive "$pid"; do sleep 0.1; done
   fi
   rm -f "$DIR/$1.pid"
   say "stopped $1 (pid $pid)"

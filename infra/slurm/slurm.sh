@@ -48,6 +48,14 @@ fetch() {
   apt_install "${missing[@]}"
 }
 
+# Whether process $1 still runs: one that exited but is not reaped yet (a zombie; here init
+# reaps the detached daemons up to 2 s late) holds no port or file any more, and counts as gone.
+alive() {
+  local state
+  state="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [[ -n "$state" && "$state" != Z ]]
+}
+
 # The PID in pid file $1 if that process is alive and its command line holds $2, else nothing.
 live_pid() {
   [[ -f "$1" ]] || return 0
@@ -259,8 +267,8 @@ stop_pids() {
   done
   local deadline=$((SECONDS + 15))
   for pid in "${pids[@]}"; do
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+    while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
   done
   echo "${pids[*]}"
 }
