@@ -252,8 +252,8 @@ start() {
 }
 
 # stop_pids PIDFILE MARKER [PIDFILE MARKER ...]: TERM each, then wait for them all, KILL any that
-# lingers; only a process whose command line matches.  Together, not one by one: each daemon takes
-# about 2 s to go after its TERM.
+# lingers; only a process whose command line matches.  Together, not one after another: the waits
+# overlap.
 stop_pids() {
   local pids=() pid
   while (($# >= 2)); do
