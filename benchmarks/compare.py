@@ -16,7 +16,8 @@ against it; with ABBA it cancels over each pair of rounds.
 **Numba.** A fresh tree has no numba cache: the first process compiles its kernels (a minute or
 two). A warm-up round (each benchmark once at ``--smoke`` in each tree, discarded) fills each
 tree's own cache first, so every timed round loads the kernels from it; the benchmarks also warm
-their kernels up in-process before they time anything.
+their kernels up in-process before they time anything. (A tree with the working copy's exact
+``fleetlog/`` sources starts from a copy of its numba cache: ``benchmarks.worktree``.)
 
 **Report.** Every number a benchmark prints (nested keys flattened to ``a.b.c``; lists and text
 left out of the table, kept in ``--json``'s ``runs``), per key: the median of the rounds before

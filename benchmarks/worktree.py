@@ -3,7 +3,12 @@
 
 A tree is a plain checkout of the commit, so the before revision runs with its own
 ``benchmarks/`` and ``fleetlog/`` (uncommitted changes of the working copy are not in it), and it
-gets its own numba cache (``__pycache__`` beside its kernels), removed with it.
+gets its own numba cache (``__pycache__`` beside its kernels), removed with it.  That cache starts
+as a copy of the working copy's numba cache files when the tree's ``fleetlog/`` sources are
+byte for byte the working copy's (same ``*.py`` names and bytes: the same compiled code), so a
+revision equal to the working copy (``HEAD`` in CI) loads its kernels instead of compiling them
+again for a minute or two; any other revision starts empty and compiles.  numba still checks each
+copied index against the tree's sources (``fleetlog/core/kernels/cache.py``'s stamp).
 """
 
 from __future__ import annotations
@@ -57,12 +62,32 @@ def checkout(rev: str) -> Iterator[Path]:
     tree = parent / commit[:12]
     try:
         git("worktree", "add", "--detach", str(tree), commit)
+        seed_numba_cache(tree)
         yield tree
     finally:
         remove = ["git", "worktree", "remove", "--force", str(tree)]
         subprocess.run(remove, cwd=REPO, capture_output=True, check=False)
         shutil.rmtree(parent, ignore_errors=True)
         subprocess.run(["git", "worktree", "prune"], cwd=REPO, capture_output=True, check=False)
+
+
+def sources(root: Path) -> dict[str, bytes]:
+    """Every ``*.py`` file under ``root/fleetlog`` (relative name: bytes)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / "fleetlog").rglob("*.py"))}
+
+
+def seed_numba_cache(tree: Path, source: Path = REPO) -> int:
+    """Copy ``source``'s numba cache files (``__pycache__/*.nbi``, ``*.nbc`` under ``fleetlog/``)
+    into ``tree`` when both hold the same ``fleetlog`` sources; the number of files copied."""
+    if sources(tree) != sources(source):
+        return 0
+    copied = 0
+    for cached in sorted((source / "fleetlog").rglob("__pycache__/*.nb[ic]")):
+        target = tree / cached.relative_to(source)
+        target.parent.mkdir(exist_ok=True)
+        shutil.copy2(cached, target)
+        copied += 1
+    return copied
 
 
 @contextmanager

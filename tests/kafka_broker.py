@@ -146,10 +146,14 @@ class KafkaBroker:
         self.pid_file.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Stop; an ``ephemeral`` broker's data directory is removed as well."""
-        self.stop()
+        """Stop; an ``ephemeral`` broker's data directory is removed as well, and such a broker
+        is SIGKILLed, not shut down cleanly: a clean shutdown flushes and checkpoints every
+        partition (2 s empty, 5 s with 300 topics) for data about to be deleted."""
         if self.ephemeral and not self.external:
+            self.kill()
             shutil.rmtree(self.data_dir, ignore_errors=True)
+        else:
+            self.stop()
 
     def kill(self) -> None:
         """SIGKILL the broker: a crash, no clean shutdown."""
@@ -201,13 +205,21 @@ class KafkaBroker:
     def _wait_exit(pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
             _reap(pid)
+            if _exited(pid):
+                return True
             time.sleep(0.1)
         return False
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie: exited but not reaped yet (init reaps the detached broker up to 2 s
+    late here), which holds no port or file any more."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def _reap(pid: int) -> None:

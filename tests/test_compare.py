@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.compare import Run, better, flatten, order, report, verdict
-from benchmarks.worktree import PREFIX, worktrees
+from benchmarks.worktree import PREFIX, seed_numba_cache, worktrees
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 580
@@ -189,3 +189,30 @@ def test_medians_ratios_and_failures_of_fabricated_runs() -> None:
     assert r["results"]["core"]["n"]["verdict"] == "same"
     assert r["failures"] == ["core after round 4: benchmarks.core exited 1: boom"]
     assert r["warmup_failures"] == ["core before: benchmarks.core exited 2: no --smoke"]
+
+
+def test_a_tree_gets_the_numba_cache_only_with_the_same_sources(tmp_path: Path) -> None:
+    """The working copy's numba cache files are copied into a tree whose ``fleetlog`` sources are
+    the same bytes, and into no other (a changed, added or removed file: the tree compiles)."""
+    source, tree = tmp_path / "source", tmp_path / "tree"
+    for root in (source, tree):
+        (root / "fleetlog" / "core").mkdir(parents=True)
+        (root / "fleetlog" / "core" / "k.py").write_text("x = 1\n")
+    cache = source / "fleetlog" / "core" / "__pycache__"
+    cache.mkdir()
+    for name in ("k.f-3.py311.nbi", "k.f-3.py311.1.nbc", "k.cpython-311.pyc"):
+        (cache / name).write_bytes(b"compiled")
+    assert seed_numba_cache(tree, source) == 2
+    assert sorted(p.name for p in (tree / "fleetlog" / "core" / "__pycache__").iterdir()) == [
+        "k.f-3.py311.1.nbc",
+        "k.f-3.py311.nbi",
+    ]
+    for change in ("edit", "add", "remove"):
+        other = tmp_path / change
+        (other / "fleetlog" / "core").mkdir(parents=True)
+        if change != "remove":
+            (other / "fleetlog" / "core" / "k.py").write_text("x = 2\n" if change == "edit" else "x = 1\n")
+        if change == "add":
+            (other / "fleetlog" / "new.py").write_text("")
+        assert seed_numba_cache(other, source) == 0, change
+        assert not (other / "fleetlog" / "core" / "__pycache__").exists(), change

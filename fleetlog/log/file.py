@@ -763,8 +763,11 @@ class FileLog(Log):
                 return
             if self._config.read_only:
                 remaining = min(remaining, self._config.poll_interval_ms / 1000)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that
+            # comes as an append wakes the wait (the read returns, the caller's loop runs on)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._grew.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._grew.wait()
             self.refresh()
 
     def read_now(self, offset: int, max_records: int) -> list[Record]:

@@ -52,8 +52,9 @@ class MemoryLog(Log):
         if offset < 0:
             raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
         if offset >= len(self._records) and timeout_ms > 0:
-            try:
-                await asyncio.wait_for(self._grew.wait(), timeout_ms / 1000)
+            try:  # asyncio.timeout: 3.11's wait_for can swallow a cancellation (file.py)
+                async with asyncio.timeout(timeout_ms / 1000):
+                    await self._grew.wait()
             except TimeoutError:
                 return []
         return self._records[offset : offset + max_records]

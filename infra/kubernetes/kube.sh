@@ -12,6 +12,8 @@
 #   FLEETLOG_KUBE_PORT           API server port on 127.0.0.1    (default: a free port, kept in DIR/ports)
 #   FLEETLOG_KUBE_ETCD_PORT      etcd client port on 127.0.0.1   (default: a free port, kept in DIR/ports)
 #   FLEETLOG_KUBE_START_TIMEOUT  seconds to wait for readiness   (default 120)
+#   FLEETLOG_KUBE_STOP_GRACE     seconds a stopped server gets after SIGTERM, then SIGKILL (default 30;
+#                                an API server with open watches waits on them until killed)
 #   FLEETLOG_CACHE               where the built binary is kept  (default ~/.cache/fleetlog)
 #
 # The build is pinned by tools/go.mod (k8s.io/kubernetes plus every staging module replaced by its
@@ -88,6 +90,14 @@ load_ports() {
   fi
   # shellcheck disable=SC1091
   source "$DIR/ports"
+}
+
+# Whether process $1 still runs: one that exited but is not reaped yet (a zombie; here init
+# reaps the detached daemons up to 2 s late) holds no port or file any more, and counts as gone.
+alive() {
+  local state
+  state="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [[ -n "$state" && "$state" != Z ]]
 }
 
 # The PID in DIR/NAME.pid if that process is alive and runs from DIR, else nothing.
@@ -232,12 +242,13 @@ stop_one() {
     return 0
   fi
   kill -TERM "$pid" 2>/dev/null || true
-  local deadline=$((SECONDS + 30))
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
-    say "$1 (pid $pid) did not stop within 30s: SIGKILL"
+  local grace="${FLEETLOG_KUBE_STOP_GRACE:-30}"
+  local deadline=$((SECONDS + grace))
+  while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+  if alive "$pid"; then
+    say "$1 (pid $pid) did not stop within ${grace}s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    while alive "$pid"; do sleep 0.1; done
   fi
   rm -f "$DIR/$1.pid"
   say "stopped $1 (pid $pid)"

@@ -48,6 +48,14 @@ fetch() {
   apt_install "${missing[@]}"
 }
 
+# Whether process $1 still runs: one that exited but is not reaped yet (a zombie; here init
+# reaps the detached daemons up to 2 s late) holds no port or file any more, and counts as gone.
+alive() {
+  local state
+  state="$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null)" || return 1
+  [[ -n "$state" && "$state" != Z ]]
+}
+
 # The PID in pid file $1 if that process is alive and its command line holds $2, else nothing.
 live_pid() {
   [[ -f "$1" ]] || return 0
@@ -243,17 +251,26 @@ start() {
   echo "SLURM_CONF=$CONF"
 }
 
-# stop_pid PIDFILE MARKER: TERM, wait, KILL if it lingers; only a process whose command line matches.
-stop_pid() {
-  local pid
-  pid="$(live_pid "$1" "$2")"
-  rm -f "$1"
-  [[ -n "$pid" ]] || return 0
-  kill -TERM "$pid" 2>/dev/null || true
+# stop_pids PIDFILE MARKER [PIDFILE MARKER ...]: TERM each, then wait for them all, KILL any that
+# lingers; only a process whose command line matches.  Together, not one after another: the waits
+# overlap.
+stop_pids() {
+  local pids=() pid
+  while (($# >= 2)); do
+    pid="$(live_pid "$1" "$2")"
+    rm -f "$1"
+    if [[ -n "$pid" ]]; then
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+    shift 2
+  done
   local deadline=$((SECONDS + 15))
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
-  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-  echo "$pid"
+  for pid in "${pids[@]}"; do
+    while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
+  done
+  echo "${pids[*]}"
 }
 
 # Cancel every job of this cluster and wait for them to end: slurmstepd outlives slurmd otherwise.
@@ -266,12 +283,13 @@ cancel_jobs() {
 }
 
 stop_all() {
-  local pid_file marker stopped=()
+  local stopped=() slurmds=() i
   cancel_jobs
-  # slurmds first (they drain their steps), then the controller, then munge.
-  while read -r pid_file marker; do
-    stopped+=("$(stop_pid "$pid_file" "$marker")")
-  done < <(daemons | tac)
+  # the slurmds first, all at once (they drain their steps), then the controller, then munge.
+  for ((i = NODES; i >= 1; i--)); do slurmds+=("$DIR/run/slurmd-n$i.pid" "$CONF"); done
+  stopped+=("$(stop_pids "${slurmds[@]}")")
+  stopped+=("$(stop_pids "$DIR/run/slurmctld.pid" "$CONF")")
+  stopped+=("$(stop_pids "$DIR/run/munged.pid" "$MUNGE_SOCKET")")
   [[ "${1:-}" == quiet ]] || say "stopped (pids: ${stopped[*]:-none})"
 }
 

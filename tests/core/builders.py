@@ -104,10 +104,16 @@ class Driver:
         self.now_ms = 1_000
         self.batches: list[DecisionBatch] = []
 
-    def feed(self, *events: Event, step_ms: int = 1) -> None:
+    def feed(self, *events: Event, step_ms: int = 1, check_each: bool = True) -> None:
+        """Fold ``events`` and check the invariants after each, or only after the last with
+        ``check_each=False`` (thousands of alike events: a check reads the whole state, so
+        checking after each one is quadratic)."""
         for event in events:
             self.now_ms += step_ms
             fold(self.state, event, self.now_ms)
+            if check_each:
+                check(self.state)
+        if not check_each:
             check(self.state)
 
     def decide(self) -> list[Decision]:

@@ -73,6 +73,7 @@ def run(folder: Path) -> dict[str, int]:
     return found
 
 
+@pytest.mark.compiled  # ``run`` drops NUMBA_DISABLE_JIT: the plain-Python rerun would repeat it
 @pytest.mark.parametrize(("decorators", "after_edit"), [("guarded", 3 + 100), ("plain", 1 + 1 + 10)])
 def test_a_callers_cache_follows_an_edit_of_its_callees_module(
     tmp_path: Path, decorators: str, after_edit: int

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogError, LogStore, Message
+from fleetlog.log.kafka import KafkaLogStore
 from tests.log.conftest import StoreFactory
 
 
@@ -97,6 +98,23 @@ async def test_read_waits_for_a_concurrent_append(store: LogStore) -> None:
     got = await log.read(0, timeout_ms=5000)
     await task
     assert [r.value for r in got] == [b"m0"]
+
+
+async def test_a_read_cancelled_as_an_append_wakes_it_ends_cancelled(store: LogStore) -> None:
+    """A loop that reads with a timeout is stopped by cancelling it (the scheduler loop, the
+    Kubernetes actuator): a cancellation in the same turn as the append that wakes the read must
+    still end it.  Python 3.11's ``asyncio.wait_for`` swallowed it: the read returned the record,
+    the caller's loop ran on, and a test's teardown waited its full 60 s for it."""
+    log = store.log(INPUTS)
+    reader = asyncio.create_task(log.read(0, timeout_ms=5000))
+    await asyncio.sleep(0.05)  # the read waits
+    await log.append(msgs(1))
+    waiting = reader.cancel()  # memory, file: the append only woke it; Kafka may have answered
+    assert waiting or isinstance(store, KafkaLogStore)
+    if waiting:
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+    assert [r.value for r in await log.read(0, timeout_ms=2000)] == [b"m0"]
 
 
 async def test_negative_offset_is_an_error(store: LogStore) -> None:

@@ -4,7 +4,6 @@ fake kubelet, all in the test's event loop."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import time
@@ -109,8 +108,11 @@ class Rig:
     async def _close(self) -> None:
         if self.driver is not None:
             self.driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.driver
+            # asyncio.wait, not ``suppress(CancelledError): await``: close's own cancellation (its
+            # 60 s) must not be swallowed here, or a driver that ignored its cancel is a silent stall
+            await asyncio.wait({self.driver})
+            if not self.driver.cancelled():
+                self.driver.result()  # the loop died of an error: the test fails with it
         await self.stop_backend()
         if self.kubelet is not None:
             await self.kubelet.stop()

@@ -232,7 +232,9 @@ async def test_api_server_away_and_back_loses_nothing(rig: Rig) -> None:
     rig.apply(items(node("s1", cpu="16", mem="64Gi")))
     rig.apply(items(*(pod(f"x-{i}") for i in range(5))))
     await rig.until("x bound", lambda: len(bound(rig, [f"x-{i}" for i in range(5)])) == 5)
-    rig.kube.stop_apiserver()
+    # refused at once; its open watch streams are cut when it is SIGKILLed 3 s later (it waits on
+    # them until killed: kube.sh's default 30 s grace changes nothing but the wait)
+    rig.kube.stop_apiserver(grace_s=3)
     await asyncio.sleep(2)
     rig.kube.start()
     rig.apply(items(*(pod(f"y-{i}") for i in range(5))))
