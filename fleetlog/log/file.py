@@ -98,6 +98,7 @@ from fleetlog.log.base import (
 )
 from fleetlog.log.memory import wall_clock_ms
 from fleetlog.log.private import append_private, open_private, private_dir, write_private
+from fleetlog.waiting import event_or_timeout
 
 __all__ = [
     "CorruptLogError",
@@ -763,11 +764,7 @@ class FileLog(Log):
                 return
             if self._config.read_only:
                 remaining = min(remaining, self._config.poll_interval_ms / 1000)
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that
-            # comes as an append wakes the wait (the read returns, the caller's loop runs on)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._grew.wait()
+            await event_or_timeout(self._grew, remaining)
             self.refresh()
 
     def read_now(self, offset: int, max_records: int) -> list[Record]:

@@ -19,6 +19,7 @@ from fleetlog.log.base import (
     Target,
     pick_log,
 )
+from fleetlog.waiting import event_or_timeout
 
 
 def wall_clock_ms() -> int:
@@ -51,12 +52,9 @@ class MemoryLog(Log):
     async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
         if offset < 0:
             raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
-        if offset >= len(self._records) and timeout_ms > 0:
-            try:  # asyncio.timeout: 3.11's wait_for can swallow a cancellation (file.py)
-                async with asyncio.timeout(timeout_ms / 1000):
-                    await self._grew.wait()
-            except TimeoutError:
-                return []
+        waits = offset >= len(self._records) and timeout_ms > 0
+        if waits and not await event_or_timeout(self._grew, timeout_ms / 1000):
+            return []
         return self._records[offset : offset + max_records]
 
     async def end_offset(self) -> int:

@@ -31,6 +31,7 @@ from fleetlog.service.config import Config
 from fleetlog.service.loop import LoopConfig, keep_recovered
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter
+from fleetlog.waiting import event_or_timeout
 
 COMMIT_EVERY_S: Final = 1.0
 """A shard commits its consumed offset at least this often (a restart folds less again)."""
@@ -88,8 +89,7 @@ class CellRunner:
                 log.warning("cell_shard_interrupted", partition=self.partition, error=str(exc)[:2000],
                             error_type=type(exc).__name__, retry_s=wait)
                 await self._drop()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.halt.wait(), wait)
+                await event_or_timeout(self.halt, wait)
 
     async def _cycle(self) -> None:
         started = time.monotonic()

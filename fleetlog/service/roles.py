@@ -21,7 +21,6 @@ serves ``/healthz``, ``/readyz`` and ``/metrics`` throughout; ingest is the sing
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from typing import Any, Final
@@ -44,6 +43,7 @@ from fleetlog.service.loop import keep_recovered
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.owners import Ownership
 from fleetlog.service.warmup import warm_up
+from fleetlog.waiting import event_or_timeout
 
 COMMIT_EVERY_S: Final = 1.0
 LOCK_POLL_S: Final = 0.1
@@ -147,8 +147,7 @@ class Dispatching:
             await loop.snapshot()
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+        await event_or_timeout(self.stopping, seconds)
 
     def health(self) -> dict[str, Any]:
         loop = self.loop
@@ -300,8 +299,7 @@ class RoleService:
             await cells.stop()
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+        await event_or_timeout(self.stopping, seconds)
 
     # -- HTTP ----------------------------------------------------------------------------------
 

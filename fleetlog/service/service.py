@@ -23,7 +23,6 @@ only for the poll that returns it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from typing import Any, Final
@@ -47,6 +46,7 @@ from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, Ste
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter, check_ends, recover, snapshot_store
 from fleetlog.service.warmup import warm_up
+from fleetlog.waiting import event_or_timeout
 
 GAUGE_PERIOD_S: Final = 1.0
 HTTP_BIND_WAIT_S: Final = 5.0
@@ -214,8 +214,7 @@ class Service:
         return where
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+        await event_or_timeout(self.stopping, seconds)
 
     async def _cycle(self) -> None:
         self._stage = "waiting for leadership"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
 
@@ -25,6 +24,7 @@ from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.backends.store_args import add_store_arguments, open_store, run_backend
 from fleetlog.log.location import Located
 from fleetlog.usage import Parser, add_logging_options
+from fleetlog.waiting import event_or_timeout
 
 PROG = "python -m fleetlog.backends.kubernetes"
 FAILURE_CHECK_S = 1.0
@@ -65,8 +65,7 @@ async def until_stopped_or_failed(backend: KubernetesBackend, stop: asyncio.Even
     """Wait for a signal; a background task that died (an append the service refused, ...)
     ends the process with its error instead of leaving it running deaf or dumb."""
     while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), FAILURE_CHECK_S)
+        await event_or_timeout(stop, FAILURE_CHECK_S)
         failed = backend.failed()
         if failed is not None:
             raise failed

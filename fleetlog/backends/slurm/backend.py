@@ -20,7 +20,6 @@ submitted, a backend restarted after a crash submits nothing twice and reports n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -72,6 +71,7 @@ from fleetlog.events.model import INPUT_TYPES
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
+from fleetlog.waiting import event_or_timeout
 
 log = logging.getLogger("fleetlog.backends.slurm")
 TaskEvent = TaskStarted | TaskFinished | TaskFailed
@@ -180,8 +180,7 @@ class SlurmBackend:
         every few seconds (the policy every log reader shares: :mod:`fleetlog.log.errorpolicy`)."""
 
         async def sleep(seconds: float) -> None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), seconds)
+            await event_or_timeout(stop, seconds)
 
         while not stop.is_set():
             stepped = await errorpolicy.persist(
