@@ -347,10 +347,14 @@ class KafkaLog(Log):
         await self._settle()
         async with self._lock:
             consumer = await self._reader()
-            self._seek(consumer, offset)
+            # (a read that waits and goes on where the last one ended need not ask the stable end:
+            # the consumer has fetched from here all along, and its fetch at the end is answered
+            # at the first commit)
+            continues = self._seek(consumer, offset)
+            ask = timeout_ms <= 0 or not continues
             try:
                 with _translated(f"read {self.tp.topic} at {offset}"):
-                    records = await self._fetch(consumer, max_records, timeout_ms)
+                    records = await self._fetch(consumer, max_records, timeout_ms, ask)
             except OffsetOutOfRangeError:
                 self._position = -1
                 return await self._past_end(offset, timeout_ms)
@@ -377,29 +381,32 @@ class KafkaLog(Log):
             self._consumer = consumer
         return self._consumer
 
-    def _seek(self, consumer: AIOKafkaConsumer, offset: int) -> None:
+    def _seek(self, consumer: AIOKafkaConsumer, offset: int) -> bool:
         """Position the consumer at ``offset`` unless it already continues from there,
-        so sequential reads keep the records it prefetched."""
+        so sequential reads keep the records it prefetched; whether it continues."""
         if not self._assigned:
             consumer.assign([self.tp])
             self._assigned = True
         elif offset == self._position:
-            return
+            return True
         consumer.seek(self.tp, offset)
         self._position = offset
+        return False
 
-    async def _fetch(self, consumer: AIOKafkaConsumer, max_records: int, timeout_ms: int) -> list[Record]:
-        """What the consumer holds already; else the committed records it has not fetched yet
-        (asking the stable end once, not per wait: an idle reader costs one offset query per
-        read); else whatever its fetch parked at the end brings within ``timeout_ms`` (the broker
-        answers that fetch as soon as a commit makes records readable)."""
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer, max_records: int, timeout_ms: int, ask: bool
+    ) -> list[Record]:
+        """What the consumer holds already; else (``ask``) the committed records it has not
+        fetched yet, asking the stable end; else whatever its fetch parked at the end brings
+        within ``timeout_ms`` (the broker answers that fetch as soon as a commit makes records
+        readable).  So an idle reader waiting in turn costs no request of its own."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         hard_deadline = loop.time() + self._store.config.request_timeout_ms / 1000
         records = await self._take(consumer, max_records, 0)
         # Committed records may exist that the consumer has not fetched yet (or only markers,
         # which it steps over): an empty answer is only right once it caught up with the stable end.
-        while not records and loop.time() < hard_deadline and await self._behind(consumer):
+        while ask and not records and loop.time() < hard_deadline and await self._behind(consumer):
             records = await self._take(consumer, max_records, 0.05)
         wait = deadline - loop.time()
         if not records and wait > 0:
