@@ -14,6 +14,12 @@ takes an offset too, so logs written transactionally have gaps.  Offsets are alw
 increasing; a reader continues at ``last.offset + 1``.  :meth:`KafkaLog.end_offset` is the last
 stable offset (the end of committed data, markers included).
 
+Offset queries (end and start offsets) go through a consumer of the store that never fetches
+(:meth:`KafkaLogStore.offsets_client`), never through a reader's: a broker answers the requests
+of one connection one at a time, in order, and a reader at the end of its partition has a fetch
+parked there for up to ``fetch_max_wait_ms`` (aiokafka's 500 ms) — an offset query behind it
+waited that long (the p99 of the scaled-out roles' latency, docs/scale-out.md).
+
 The producers start lazily: opening a store to read (replay, explain) never fences the
 scheduler that owns the transactional id.
 """
@@ -24,7 +30,7 @@ import asyncio
 import contextlib
 import ssl
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -119,9 +125,20 @@ class KafkaConfig(msgspec.Struct, frozen=True, kw_only=True):
     records, ``fleetlog.events.parts``) with Kafka's record and batch headers."""
     fetch_max_bytes: int = 64 * 1024 * 1024
     max_partition_fetch_bytes: int = 16 * 1024 * 1024
+    fetch_max_wait_ms: int = 500
+    """How long the broker holds a reader's fetch at the end of its partition (aiokafka's
+    default): a reader waiting there is woken by the first record a commit makes readable, not
+    by this wait, which only spaces an idle reader's fetches.  Offset queries never wait behind
+    it (they have a connection of their own: the module docstring)."""
     compression_type: str | None = None
 
     def __post_init__(self) -> None:
+        if not 0 < self.fetch_max_wait_ms < self.request_timeout_ms:
+            raise ValueError(
+                f"fetch_max_wait_ms is {self.fetch_max_wait_ms}; it must be above 0 (a reader at the "
+                f"end would ask the broker without pause) and below request_timeout_ms "
+                f"({self.request_timeout_ms}: a fetch the broker holds that long times out)"
+            )
         if self.max_decision_bytes < DECISION_TOPIC_BYTES:
             raise ValueError(
                 f"max_decision_bytes is {self.max_decision_bytes}; the scheduler's decision records "
@@ -256,22 +273,40 @@ async def _send_all(
     producer: AIOKafkaProducer, tp: TopicPartition, messages: Sequence[Message]
 ) -> tuple[int, int]:
     """Send ``messages`` in as few record batches as fit; return the first and last offset."""
+    futures, last_count = await _enqueue(producer, tp, messages)
+    return _span(await asyncio.gather(*futures), last_count)
+
+
+async def _enqueue(
+    producer: AIOKafkaProducer, tp: TopicPartition, messages: Sequence[Message]
+) -> tuple[list[asyncio.Future[Any]], int]:
+    """Hand ``messages`` to the producer in as few record batches as fit: the batches' futures
+    (each resolves to its batch's metadata) and the number of records in the last batch."""
     futures: list[asyncio.Future[Any]] = []
-    counts: list[int] = []
     batch = producer.create_batch()
     count = 0
     for m in messages:
         while batch.append(key=m.key, value=m.value, timestamp=None, headers=list(m.headers)) is None:
             futures.append(await producer.send_batch(batch, tp.topic, partition=tp.partition))
-            counts.append(count)
             batch, count = producer.create_batch(), 0
         count += 1
     futures.append(await producer.send_batch(batch, tp.topic, partition=tp.partition))
-    counts.append(count)
-    results = await asyncio.gather(*futures)
-    first = int(results[0].offset)
-    last = int(results[-1].offset) + counts[-1] - 1
-    return first, last
+    return futures, count
+
+
+def _span(results: Sequence[Any], last_count: int) -> tuple[int, int]:
+    """The first and last offset of the records sent as batches with metadata ``results``."""
+    return int(results[0].offset), int(results[-1].offset) + last_count - 1
+
+
+async def _all_settled(*waits: Awaitable[Any]) -> list[Any]:
+    """The results of ``waits``, run together, once every one has ended (a transaction aborts
+    only with nothing of it in flight); the first error (a fencing first) is raised."""
+    results = await asyncio.gather(*waits, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise next((e for e in errors if isinstance(e, (ProducerFenced, InvalidProducerEpoch))), errors[0])
+    return results
 
 
 class KafkaLog(Log):
@@ -301,7 +336,7 @@ class KafkaLog(Log):
 
     async def stable_end(self) -> int:
         """:meth:`end_offset` without waiting for this store's own last transaction."""
-        consumer = await self._reader()
+        consumer = await self._store.offsets_client()
         with _translated(f"end offset of {self.tp.topic}"):
             ends = await consumer.end_offsets([self.tp])
         return int(ends[self.tp])
@@ -312,10 +347,14 @@ class KafkaLog(Log):
         await self._settle()
         async with self._lock:
             consumer = await self._reader()
-            self._seek(consumer, offset)
+            # (a read that waits and goes on where the last one ended need not ask the stable end:
+            # the consumer has fetched from here all along, and its fetch at the end is answered
+            # at the first commit)
+            continues = self._seek(consumer, offset)
+            ask = timeout_ms <= 0 or not continues
             try:
                 with _translated(f"read {self.tp.topic} at {offset}"):
-                    records = await self._fetch(consumer, max_records, timeout_ms)
+                    records = await self._fetch(consumer, max_records, timeout_ms, ask)
             except OffsetOutOfRangeError:
                 self._position = -1
                 return await self._past_end(offset, timeout_ms)
@@ -342,42 +381,49 @@ class KafkaLog(Log):
             self._consumer = consumer
         return self._consumer
 
-    def _seek(self, consumer: AIOKafkaConsumer, offset: int) -> None:
+    def _seek(self, consumer: AIOKafkaConsumer, offset: int) -> bool:
         """Position the consumer at ``offset`` unless it already continues from there,
-        so sequential reads keep the records it prefetched."""
+        so sequential reads keep the records it prefetched; whether it continues."""
         if not self._assigned:
             consumer.assign([self.tp])
             self._assigned = True
         elif offset == self._position:
-            return
+            return True
         consumer.seek(self.tp, offset)
         self._position = offset
+        return False
 
-    async def _fetch(self, consumer: AIOKafkaConsumer, max_records: int, timeout_ms: int) -> list[Record]:
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer, max_records: int, timeout_ms: int, ask: bool
+    ) -> list[Record]:
+        """What the consumer holds already; else (``ask``) the committed records it has not
+        fetched yet, asking the stable end; else whatever its fetch parked at the end brings
+        within ``timeout_ms`` (the broker answers that fetch as soon as a commit makes records
+        readable).  So an idle reader waiting in turn costs no request of its own."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         hard_deadline = loop.time() + self._store.config.request_timeout_ms / 1000
-        while True:
-            wait = deadline - loop.time()
-            if wait <= 0:
-                # Committed records may exist that the consumer has not fetched yet: an empty
-                # answer is only right once the consumer has caught up with the stable end.
-                if loop.time() >= hard_deadline or not await self._behind(consumer):
-                    return []
-                wait = 0.05
-            try:
-                fetched = await consumer.getmany(
-                    self.tp, timeout_ms=int(wait * 1000), max_records=max_records
-                )
-            except _UNREADABLE_BATCH as exc:
-                return await self._unreadable(consumer, exc)
-            except KafkaError:
-                raise
-            except Exception as exc:  # a record aiokafka cannot parse (a header key not UTF-8, ...)
-                return await self._unreadable(consumer, exc)
-            got = fetched.get(self.tp)
-            if got:
-                return [_to_record(r) for r in got]
+        records = await self._take(consumer, max_records, 0)
+        # Committed records may exist that the consumer has not fetched yet (or only markers,
+        # which it steps over): an empty answer is only right once it caught up with the stable end.
+        while ask and not records and loop.time() < hard_deadline and await self._behind(consumer):
+            records = await self._take(consumer, max_records, 0.05)
+        wait = deadline - loop.time()
+        if not records and wait > 0:
+            records = await self._take(consumer, max_records, wait)
+        return records
+
+    async def _take(self, consumer: AIOKafkaConsumer, max_records: int, wait_s: float) -> list[Record]:
+        """The records the consumer fetched, waiting up to ``wait_s`` for the first."""
+        try:
+            fetched = await consumer.getmany(self.tp, timeout_ms=int(wait_s * 1000), max_records=max_records)
+        except _UNREADABLE_BATCH as exc:
+            return await self._unreadable(consumer, exc)
+        except KafkaError:
+            raise
+        except Exception as exc:  # a record aiokafka cannot parse (a header key not UTF-8, ...)
+            return await self._unreadable(consumer, exc)
+        return [_to_record(r) for r in fetched.get(self.tp, ())]
 
     async def _unreadable(
         self, consumer: AIOKafkaConsumer, error: Exception, retried: bool = False
@@ -387,7 +433,7 @@ class KafkaLog(Log):
         broker stores them: if the first is readable, take one record the usual way; else hand
         back one record standing for the bad batch (the reader parks it) and go past it."""
         position = int(await consumer.position(self.tp))
-        for batch, raw in await self._raw_batches(consumer, position):
+        for batch, raw in await self._raw_batches(position):
             if batch.next_offset <= position or batch.is_control_batch:
                 continue
             problem = _batch_problem(batch)
@@ -408,14 +454,15 @@ class KafkaLog(Log):
             return await self._unreadable(consumer, exc, retried=True)
         except KafkaError:
             raise
-        except Exception as exc:  # as in _fetch
+        except Exception as exc:  # as in _take
             return await self._unreadable(consumer, exc, retried=True)
         return [_to_record(r) for r in fetched.get(self.tp, [])]
 
-    async def _raw_batches(self, consumer: AIOKafkaConsumer, offset: int) -> list[tuple[Any, bytes]]:
+    async def _raw_batches(self, offset: int) -> list[tuple[Any, bytes]]:
         """The batches from ``offset`` as the partition leader stores them, not decompressed
-        (aiokafka hands out only records it parsed, so this asks through the consumer's client)."""
-        client = consumer._client  # aiokafka has no public raw fetch
+        (aiokafka hands out only records it parsed, so this asks through a client of its own: the
+        offsets client's, whose connection has no fetch parked before it)."""
+        client = (await self._store.offsets_client())._client  # aiokafka has no public raw fetch
         config = self._store.config
         request = FetchRequest(
             0, 1, config.fetch_max_bytes, _READ_COMMITTED,
@@ -454,7 +501,7 @@ class KafkaLog(Log):
     async def _past_end(self, offset: int, timeout_ms: int) -> list[Record]:
         """Kafka refuses offsets outside the log: before its start is an error; past its end
         means nothing arrived, as for any other reader at the end."""
-        consumer = await self._reader()
+        consumer = await self._store.offsets_client()
         with _translated(f"start offset of {self.tp.topic}"):
             starts = await consumer.beginning_offsets([self.tp])
         if offset < int(starts[self.tp]):
@@ -481,6 +528,8 @@ class KafkaLogStore(LogStore):
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: AIOKafkaProducer | None = None
         self._txn_producer: AIOKafkaProducer | None = None
+        self._offsets: AIOKafkaConsumer | None = None
+        self._offsets_lock = asyncio.Lock()  # (not the producers': starting one can take seconds)
         self._coordinators: dict[str, int] = {}
         self._start_lock = asyncio.Lock()
         self._txn_lock = asyncio.Lock()
@@ -519,6 +568,10 @@ class KafkaLogStore(LogStore):
                 await settling
         for log in self._logs.values():
             await log.close()
+        offsets, self._offsets = self._offsets, None
+        if offsets is not None:
+            with contextlib.suppress(KafkaError):
+                await offsets.stop()
         producers = (self._producer, self._txn_producer)
         self._producer = self._txn_producer = None
         for producer in producers:
@@ -629,6 +682,7 @@ class KafkaLogStore(LogStore):
             "auto_offset_reset": "none",
             "fetch_max_bytes": self.config.fetch_max_bytes,
             "max_partition_fetch_bytes": self.config.max_partition_fetch_bytes,
+            "fetch_max_wait_ms": self.config.fetch_max_wait_ms,
         }
 
     def _producer_options(self) -> dict[str, Any]:
@@ -641,6 +695,19 @@ class KafkaLogStore(LogStore):
             "max_request_size": max(self.config.max_batch_bytes, 1_048_576),
             "compression_type": self.config.compression_type,
         }
+
+    async def offsets_client(self) -> AIOKafkaConsumer:
+        """The store's consumer for offset queries (``read_committed``: end offsets are stable
+        ends), assigned nothing so it never fetches: its connection has no fetch parked at a
+        log's end for a query to wait behind (the module docstring)."""
+        self.check_open()
+        async with self._offsets_lock:
+            if self._offsets is None:
+                consumer = AIOKafkaConsumer(**self.consumer_options())
+                with _translated("connect the offsets client"):
+                    await consumer.start()
+                self._offsets = consumer
+        return self._offsets
 
     async def idempotent_producer(self) -> AIOKafkaProducer:
         self.check_open()
@@ -697,9 +764,14 @@ class KafkaLogStore(LogStore):
         """One transaction over every batch's topic-partition and the group's input offset."""
         await producer.begin_transaction()
         try:
-            spans = [await _send_all(producer, tp, m) if m else None for tp, m in batches]
+            # Every batch and the offset handed over before waiting for any: the producer adds all
+            # the partitions in one request to the coordinator and sends the batches of one leader
+            # together, while the offset goes to the group's coordinator (one after the other,
+            # each was a round trip of its own).
+            sent = [await _enqueue(producer, tp, m) if m else None for tp, m in batches]
             offsets = {self._inputs_tp: OffsetAndMetadata(consumed, "")}
-            await producer.send_offsets_to_transaction(offsets, group)
+            waits = [asyncio.gather(*s[0]) for s in sent if s is not None]
+            *results, _ = await _all_settled(*waits, producer.send_offsets_to_transaction(offsets, group))
             await producer.commit_transaction()
         except (ProducerFenced, InvalidProducerEpoch):
             raise
@@ -707,7 +779,8 @@ class KafkaLogStore(LogStore):
             with contextlib.suppress(KafkaError):
                 await producer.abort_transaction()
             raise
-        return spans
+        done = iter(results)
+        return [_span(next(done), s[1]) if s is not None else None for s in sent]
 
     async def _await_visible(
         self, log: KafkaLog, span: tuple[int, int] | None, group: str, consumed: int

@@ -199,9 +199,7 @@ class DispatcherLoop:
     async def _read(self, timeout_ms: int) -> list[Record]:
         """Up to ``max_batch`` records: everything there is when the first read returns."""
         log, limit = self.store.log(INPUTS), self.config.max_batch
-        records = await log.read(self.offset, limit, 0)
-        if not records and timeout_ms > 0:
-            records = await log.read(self.offset, limit, timeout_ms)
+        records = await log.read(self.offset, limit, timeout_ms)  # (what arrived already: at once)
         if records:
             end = await log.end_offset()
             while len(records) < limit and records[-1].offset + 1 < end:

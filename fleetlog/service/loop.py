@@ -182,9 +182,10 @@ class SchedulerLoop:
         inputs and when the step's work began (a step that had to wait starts its clock when its
         read returned: the wait for input is not work)."""
         started = time.perf_counter()
-        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, 0)
-        if timeout_ms > 0 and polled.next_offset == self.offset:
-            polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
+        # (one read: a read that waits returns what arrived already at once, and each read of an
+        # idle Kafka log asks the broker for the stable end)
+        polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
+        if timeout_ms > 0:
             started = polled.read_at
         fold_lists(self.state, polled.events, polled.times)
         if self.config.check_invariants:

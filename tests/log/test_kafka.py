@@ -260,6 +260,52 @@ async def test_read_past_the_end_waits_and_returns_nothing(store: KafkaLogStore)
     assert [r.value for r in await store.log(INPUTS).read(0, timeout_ms=2000)] == [b"m0", b"m1"]
 
 
+async def test_offset_queries_never_wait_behind_a_fetch_parked_at_the_end(
+    make_config: ConfigFactory,
+) -> None:
+    """A reader at the end of its partition has a fetch parked at the broker for
+    ``fetch_max_wait_ms``, and a broker answers one request of a connection at a time: an offset
+    query sent on the reader's connection waited that long (every idle read, every step's
+    ``end_offset`` — the scaled-out roles' latency had a p99 near aiokafka's 500 ms).  With the
+    wait at 20 s, each query here would take seconds; they take far less."""
+    async with KafkaLogStore(make_config(fetch_max_wait_ms=20_000)) as store:
+        log = store.log(INPUTS)
+        await log.append(values(2))
+        assert len(await log.read(0, timeout_ms=5000)) == 2
+        await asyncio.sleep(0.3)  # the reader's next fetch is parked at offset 2 now
+        offsets = await store.offsets_client()
+        assert offsets is not log._consumer
+        assert not offsets.assignment()  # it never fetches
+        started = time.monotonic()
+        assert await log.end_offset() == 2
+        assert await log.read(2, timeout_ms=0) == []  # (asks the stable end)
+        assert time.monotonic() - started < 5
+
+
+async def test_a_waiting_reader_wakes_at_a_commit_not_at_its_fetch_wait(make_config: ConfigFactory) -> None:
+    """``read_committed``: the broker answers the parked fetch when a commit's markers make the
+    records readable (it does not hold it for the rest of ``fetch_max_wait_ms``, 20 s here),
+    and the waiting read returns them then, not at its own timeout."""
+    config = make_config(fetch_max_wait_ms=20_000)
+    async with KafkaLogStore(config) as reader, KafkaLogStore(config) as writer:
+        await writer.log(INPUTS).append(values(1))
+        log = reader.log(DECISIONS)
+        assert await log.read(0, timeout_ms=0) == []
+        waiting = asyncio.create_task(log.read(0, timeout_ms=25_000))
+        await asyncio.sleep(0.3)  # parked
+        started = time.monotonic()
+        await writer.append_transactional(DECISIONS, values(2, b"d"), group="g", consumed=1)
+        assert [r.value for r in await asyncio.wait_for(waiting, 30)] == [b"d0", b"d1"]
+        assert time.monotonic() - started < 5
+
+
+def test_a_fetch_wait_outside_its_bounds_is_refused() -> None:
+    for wait in (0, 30_000, 40_000):
+        with pytest.raises(ValueError, match="fetch_max_wait_ms"):
+            KafkaConfig(bootstrap_servers="b:9092", fetch_max_wait_ms=wait)
+    assert KafkaConfig(bootstrap_servers="b:9092").fetch_max_wait_ms == 500
+
+
 async def test_read_before_the_log_start_is_an_error(
     store: KafkaLogStore, admin: AIOKafkaAdminClient
 ) -> None:

@@ -88,7 +88,7 @@ async def test_every_kafka_codec_from_kcat_is_read(
         produce(store.config.bootstrap_servers, topic, cancel_lines(codec, 50), codec,
                 "content-type=application/json")
         produce(store.config.bootstrap_servers, topic, cancel_lines(f"{codec}-plain", 3), None)
-        batches = await store.log(INPUTS)._raw_batches(await store.log(INPUTS)._reader(), 0)
+        batches = await store.log(INPUTS)._raw_batches(0)
         assert {b.compression_type for b, _ in batches} >= {CODEC_IDS[codec]}  # kcat did compress
         events = await read_all(store, INPUTS, 53)
         assert events == [JobCancelled(job_id=f"{codec}-{i}", reason="x" * 200) for i in range(50)] + [
@@ -150,7 +150,7 @@ async def test_a_batch_this_install_cannot_decompress_is_parked_and_reading_goes
         assert "UnsupportedCodecError" in note
         assert parked.header(UNREADABLE_HEADER) is not None
         # the parked value is the compressed batch as the broker holds it: nothing is lost
-        (batch, raw), *_ = await store.log(INPUTS)._raw_batches(await store.log(INPUTS)._reader(), 2)
+        (batch, raw), *_ = await store.log(INPUTS)._raw_batches(2)
         assert parked.value == raw
         assert [r.offset for r in batch] == list(range(2, 22))
 
