@@ -14,27 +14,37 @@ from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartb
 def warm_up(policy: Policy) -> None:
     """Run every hot path once on a toy fleet, so numba compiles (or loads from its cache) the
     kernels now — a compile takes seconds and must not stall a process that leads a shard."""
-    state, now = State(), 1_000
+    state = State()
     nodes = [NodeHeartbeat(cell="warm", node=f"n{i}", cpu_milli=64_000, mem_mib=262_144, gpu_count=8,
                            gpu_model="A100", topology=("b", f"r{i % 2}", f"n{i}")) for i in range(4)]
     jobs = [
         _warm_job("one", 1, 1, 1000), _warm_job("frac", 1, 1, 500), _warm_job("gang", 2, 8, 1000),
         _warm_job("cpu", 1, 0, 0), _warm_job("huge", 1, 64, 1000), _warm_job("wait", 4, 8, 1000),
         _warm_job("urgent", 2, 8, 1000, priority=100),
-        # a second tenant: the general placement path (one job at a time), not only the fast one
+        # a second tenant: the turns of several tenants (merged runs), not only one tenant's run
         _warm_job("other", 1, 1, 1000, tenant="other"), _warm_job("other-frac", 1, 1, 250, tenant="other"),
         # whole hosts until one waits for room it could have (the "insufficient capacity" story:
         # "huge" never fits, so it is told apart before that path)
         *(_warm_job(f"host-{i}", 1, 8, 1000) for i in range(5)),
     ]
-    events: list[Event] = [*nodes, *jobs]
+    _run(state, policy, [*nodes, *jobs])
+    snapshot(state)
+    # Two cells: a one-task job takes the plain path (``fitting.place_single``), which one cell's
+    # tenants no longer reach (their jobs are placed in runs, merged across tenants).
+    two = [NodeHeartbeat(cell=f"warm-{i % 2}", node=f"m{i}", cpu_milli=64_000, mem_mib=262_144,
+                         gpu_count=8, gpu_model="A100", topology=("b", "r", f"m{i}")) for i in range(2)]
+    _run(State(), policy, [*two, _warm_job("two", 1, 1, 1000), _warm_job("two-frac", 1, 1, 500)])
+
+
+def _run(state: State, policy: Policy, events: list[Event]) -> None:
+    """Fold each event, decide, fold the decisions: the service loop's step, one event a step."""
+    now = 1_000
     for event in events:
         now += 1
         fold(state, event, now)
         decisions = decide(state, policy)
         fold(state, DecisionBatch(as_of=now, digest=digest(state), decisions=tuple(decisions),
                                   policy=policy.name), now)
-    snapshot(state)
 
 
 def _warm_job(
