@@ -285,7 +285,7 @@ def bucket_of(gpu_count: int) -> int:
     return next(b for b in GPU_BUCKETS if b >= gpu_count)
 
 
-def _in_flight(state: DispatchState) -> dict[str, list[Job]]:
+def in_flight(state: DispatchState) -> dict[str, list[Job]]:
     """Per cell, the held jobs its latest summary does not count yet, in dispatch order: from
     each cell's dispatches past its summary's ``dispatched_seq`` (:class:`_Index`)."""
     out: dict[str, list[Job]] = {}
@@ -303,7 +303,7 @@ def _seq_of(entry: tuple[int, Job]) -> int:
 
 
 def scan_in_flight(state: DispatchState) -> dict[str, list[Job]]:
-    """:func:`_in_flight`'s plain twin: a scan of every job."""
+    """:func:`in_flight`'s plain twin: a scan of every job."""
     out: dict[str, list[Job]] = {}
     for job in state.jobs.values():
         if job.status != HELD:
@@ -318,8 +318,8 @@ def scan_in_flight(state: DispatchState) -> dict[str, list[Job]]:
 
 def rooms(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> dict[str, Room]:
     """Step 1: each summarised cell's room, less what was dispatched to it since its summary
-    (``flying``: :func:`_in_flight`, when the caller has it)."""
-    flying = _in_flight(state) if flying is None else flying
+    (``flying``: :func:`in_flight`, when the caller has it)."""
+    flying = in_flight(state) if flying is None else flying
     out: dict[str, Room] = {}
     for cell in state.cells.cells:
         summary = state.summaries.get(cell)
@@ -352,7 +352,7 @@ def usage(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> U
             row = out.setdefault((tenant, -1), [0, 0, 0])
             for i, value in enumerate((u.cpu_milli, u.mem_mib, u.gpu_milli)):
                 row[i] += value
-    for jobs in (_in_flight(state) if flying is None else flying).values():
+    for jobs in (in_flight(state) if flying is None else flying).values():
         for job in jobs:
             row = out.setdefault((job.tenant, -1), [0, 0, 0])
             for i in range(3):
@@ -483,7 +483,7 @@ def room_for(room: Room, kind: Kind) -> int:
 def dispatch(state: DispatchState) -> Step:
     """Decide and apply one step: every pending job dispatched to a cell or left waiting with a
     reason; the cancellations folded since the last step, for their holding cells."""
-    flying = _in_flight(state)
+    flying = in_flight(state)
     room, used = rooms(state, flying), usage(state, flying)
     fleet = _fleet(state)
     scores = Scores(room, spread=Spread.of(state, flying))
@@ -608,10 +608,10 @@ class Spread:
 
     @classmethod
     def of(cls, state: DispatchState, flying: dict[str, list[Job]] | None = None) -> Spread:
-        """From the latest summaries and the jobs in flight (``flying``: :func:`_in_flight`'s,
+        """From the latest summaries and the jobs in flight (``flying``: :func:`in_flight`'s,
         when the caller has it). A tenant the dispatcher never saw is skipped, as in
         :func:`usage`."""
-        flying = _in_flight(state) if flying is None else flying
+        flying = in_flight(state) if flying is None else flying
         totals, used = {}, {}
         for cell in state.cells.cells:
             summary = state.summaries.get(cell)

@@ -17,7 +17,17 @@ from typing import Any
 
 import msgspec
 
-from fleetlog.core.dispatch import HELD, DispatchState, Spread, candidates, kind_of, room_for, rooms, take
+from fleetlog.core.dispatch import (
+    HELD,
+    DispatchState,
+    Spread,
+    candidates,
+    in_flight,
+    kind_of,
+    room_for,
+    rooms,
+    take,
+)
 from fleetlog.core.dispatch_log import StepRecord
 from fleetlog.core.views import job_status
 from fleetlog.events.model import INPUT_TYPES, SHARD_TYPES, JobCancelled, JobReturned, JobSubmitted
@@ -102,8 +112,9 @@ def _why(state: DispatchState, job_id: str, recorded: StepRecord) -> str:
     job = state.jobs.get(job_id)
     if job is None:
         return ""
-    room, spread = rooms(state), Spread.of(state)
-    start = {cell: room_for(r, kind_of(job.spec)) for cell, r in room.items()}
+    flying, kind, cells = in_flight(state), kind_of(job.spec), candidates(state, job)
+    room, spread = rooms(state, flying), Spread.of(state, flying)
+    start = {cell: room_for(r, kind) for cell, r in room.items()}
     for sent in recorded.dispatched:
         if sent.job_id == job_id:
             break
@@ -112,15 +123,15 @@ def _why(state: DispatchState, job_id: str, recorded: StepRecord) -> str:
             take(room[sent.cell], earlier.spec, commit=True)
             spread.add(sent.cell, earlier.tenant, earlier.demand)
     parts = []
-    for cell in candidates(state, job):
+    for cell in cells:
         if cell not in room:
             parts.append(f"{cell}: no summary")
             continue
         fits = take(room[cell], job.spec, commit=False)
         share = f"tenant's share {spread.share(cell, job.tenant) / 10**7:.1f}%"
-        left = room_for(room[cell], kind_of(job.spec))
+        left = room_for(room[cell], kind)
         parts.append(f"{cell}: {f'{share}, room {start[cell]} ({left} left)' if fits else 'no room'}")
-    waiting = [c for c in sorted(job.returned) if c not in candidates(state, job)]
+    waiting = [c for c in sorted(job.returned) if c not in cells]
     if waiting:
         parts.append("not asked again until a newer summary: " + ", ".join(waiting))
     return "; ".join(parts)

@@ -107,11 +107,12 @@ class Dispatching:
         finally:
             await store.close()
 
-    async def serve(self, loop: DispatcherLoop) -> None:
-        """Recover, then step until the process stops or another process leads; a stopping
-        process commits and snapshots."""
+    async def serve(self, loop: DispatcherLoop, recovered: bool = False) -> None:
+        """Recover (unless the caller just did: ``recovered``), then step until the process
+        stops or another process leads; a stopping process commits and snapshots."""
         started = time.monotonic()
-        await loop.recover()
+        if not recovered:
+            await loop.recover()
         keep_recovered()
         self.loop = loop
         self.metrics.leader.set(1)
@@ -293,7 +294,7 @@ class RoleService:
         try:
             await loop.recover()  # before the cells: it finishes a crashed dispatch into them
             await cells.assign(frozenset(named))
-            await self.dispatching.serve(loop)
+            await self.dispatching.serve(loop, recovered=True)  # (not a second replay of the log)
         finally:
             await cells.pause()
             await cells.stop()

@@ -514,10 +514,10 @@ def _check_index(state: DispatchState) -> None:
     """The kept index answers as the plain scans of every job do, and as an index built anew
     (a restored state's) does."""
     assert d._pending(state) == d.scan_pending(state)
-    assert d._in_flight(state) == d.scan_in_flight(state)
+    assert d.in_flight(state) == d.scan_in_flight(state)
     fresh = d.DispatchState(state.cells, jobs=state.jobs, summaries=state.summaries)
     assert d._pending(fresh) == d.scan_pending(state)
-    assert d._in_flight(fresh) == d.scan_in_flight(state)
+    assert d.in_flight(fresh) == d.scan_in_flight(state)
 
 
 def _check(step: Step, holder: dict[str, str], cancelled: set[str], state: DispatchState) -> None:
