@@ -13,6 +13,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Final
 
+import numba
 import numpy as np
 
 from fleetlog.core.arrays import Array
@@ -102,9 +103,12 @@ def _one_class(
     heap = [(dominant_share(state, usage, t, fleet), t) for t in sorted(queues)]
     heapq.heapify(heap)
     size = MERGED_FIRST
+    turns = _Turns.of(state, jobs, cuts, fleet) if merge and cuts.size < TURNS_MOST_TENANTS else None
     while heap:
         if merge:
-            run = _predicted(state, usage, queues, heap, fleet, size)
+            run = (turns.predicted(usage, queues, heap, size) if turns is not None else None) or _predicted(
+                state, usage, queues, heap, fleet, size
+            )
             used, placed = yield run.jobs, MERGED
             if used == 0:
                 merge = False
@@ -182,6 +186,165 @@ def _predicted(
         shares.append(now)
         heapq.heappush(heap, (now, t))
     return Predicted(np.array(out, dtype=np.int64), tenants, shares)
+
+
+TURNS_MOST_TENANTS: Final = 64
+"""Up to this many tenants in a class, merged runs are foreseen by :func:`_turns` (a kernel),
+beyond by :func:`_predicted` (reads only the tenants whose turn comes)."""
+_INT64: Final = (1 << 63) - 1
+
+
+class _Turns:
+    """What :func:`_turns` needs of a priority class's pending jobs, read once per decide call:
+    the tenants in order, where each one's queue ends in the class's rows, the jobs' requests,
+    each tenant's share base and weight (as :class:`_ShareOf`)."""
+
+    def __init__(
+        self, jobs: Array, tenants: list[int], end: Array, req: Array, bases: Array, weights: Array
+    ) -> None:
+        self.jobs, self.tenants, self.end, self.req = jobs, tenants, end, req
+        self.bases, self.weights = bases, weights
+        self.index = {t: k for k, t in enumerate(tenants)}
+        self.most_req = [int(x) for x in req.max(axis=0)] if req.size else [0, 0, 0]
+        self.sound = bool(req.size == 0 or req.min() >= 0) and bool((weights > 0).all())
+        positive = [bases[:, i][bases[:, i] > 0] for i in range(3)]
+        self.base_min = [int(b.min()) if b.size else 0 for b in positive]
+        """Each resource's least positive base (0: no tenant's share counts it)."""
+
+    @classmethod
+    def of(cls, state: State, jobs: Array, cuts: Array, fleet: tuple[int, int, int]) -> _Turns:
+        tenants = [int(t) for t in state.jobs.cols["tenant"][jobs[np.concatenate(([0], cuts))]].tolist()]
+        bases, weights = np.zeros((len(tenants), 3), np.int64), np.zeros(len(tenants), np.int64)
+        for k, t in enumerate(tenants):
+            quota = state.quotas.get((t, -1))
+            bases[k] = quota.nominal if quota is not None and any(quota.nominal) else fleet
+            weights[k] = quota.weight_milli if quota is not None else 1000
+        end = np.append(cuts, jobs.size).astype(np.int64)
+        req = np.ascontiguousarray(
+            np.stack([state.jobs.cols[c][jobs] for c in ("req_cpu", "req_mem", "req_gpu")], axis=1),
+            dtype=np.int64,
+        )
+        return cls(jobs, tenants, end, req, bases, weights)
+
+    def predicted(
+        self,
+        usage: dict[tuple[int, int], list[int]],
+        queues: dict[int, Array],
+        heap: list[tuple[int, int]],
+        size: int,
+    ) -> Predicted | None:
+        """:func:`_predicted`'s run by the kernel; None when its integers could leave int64 (then
+        the plain one, in Python's unbounded integers, decides)."""
+        if not self.sound:
+            return None
+        used_rows = [usage.get((t, -1), (0, 0, 0)) for t in self.tenants]
+        for i in range(3):  # the most any usage can grow to in this run, scaled as the share scales it
+            column = [row[i] for row in used_rows]
+            if min(column) < 0:
+                return None
+            most = (max(column) + self.most_req[i] * size) * SCALE
+            if self.base_min[i] and (most > _INT64 or most // self.base_min[i] * 1000 > _INT64):
+                return None
+        if max(share for share, _ in heap) > _INT64:
+            return None
+        at = self.end - np.array([queues[t].size for t in self.tenants], dtype=np.int64)
+        used = np.array(used_rows, dtype=np.int64).reshape(-1, 3)
+        rows = np.array([(share, t, self.index[t]) for share, t in heap], dtype=np.int64).reshape(-1, 3)
+        out = np.empty((size, 3), dtype=np.int64)
+        count = _turns(rows, at, self.end, self.req, used, self.bases, self.weights, size, out)
+        out = out[:count]
+        shares = out[:, 2].tolist()
+        return Predicted(
+            self.jobs[out[:, 0]],
+            [self.tenants[k] for k in out[:, 1].tolist()],
+            [None if x < 0 else x for x in shares],
+        )
+
+
+@numba.njit(cache=True)
+def _turns(
+    heap: Array,
+    at: Array,
+    end: Array,
+    req: Array,
+    used: Array,
+    bases: Array,
+    weights: Array,
+    size: int,
+    out: Array,
+) -> int:
+    """:func:`_predicted` over arrays: ``heap`` rows (share, tenant, its index k); per k, where
+    its queue goes on (``at``) and ends (``end``) in the class's rows, its usage, share base
+    and weight; ``req`` the rows' requests. Writes (row, k, share re-ranked on or -1) per turn
+    into ``out``; returns how many. Changes ``heap``, ``at`` and ``used`` (the caller's copies)."""
+    h = heap.shape[0]
+    head = at + size  # (each tenant's head: at most ``size`` of its jobs are read ahead)
+    for i in range(h // 2 - 1, -1, -1):
+        _sift_down(heap, i, h)
+    count = 0
+    while h > 0 and count < size:
+        t, k = heap[0, 1], heap[0, 2]
+        h -= 1
+        heap[0, 0], heap[0, 1], heap[0, 2] = heap[h, 0], heap[h, 1], heap[h, 2]
+        _sift_down(heap, 0, h)
+        i = at[k]
+        used[k, 0] += req[i, 0]
+        used[k, 1] += req[i, 1]
+        used[k, 2] += req[i, 2]
+        at[k] = i + 1
+        out[count, 0], out[count, 1], out[count, 2] = i, k, -1
+        count += 1
+        if i + 1 == end[k] or i + 1 == head[k]:
+            if i + 1 < end[k]:
+                break  # (its head ran out: the run stops at a turn it did not read ahead)
+            continue  # (its queue is done: out of the turns)
+        share = -1
+        for r in range(3):
+            if bases[k, r] > 0:
+                part = used[k, r] * SCALE // bases[k, r]
+                share = max(share, part)
+        share = max(share, 0) * 1000 // weights[k]
+        out[count - 1, 2] = share
+        heap[h, 0], heap[h, 1], heap[h, 2] = share, t, k
+        _sift_up(heap, h)
+        h += 1
+    return count
+
+
+@numba.njit(cache=True, inline="always")
+def _below(heap: Array, a: int, b: int) -> bool:
+    """Row ``a`` before row ``b``: (share, tenant) as Python compares the tuples of ``heapq``."""
+    return bool(heap[a, 0] < heap[b, 0] or (heap[a, 0] == heap[b, 0] and heap[a, 1] < heap[b, 1]))
+
+
+@numba.njit(cache=True)
+def _swap(heap: Array, a: int, b: int) -> None:
+    for c in range(3):
+        heap[a, c], heap[b, c] = heap[b, c], heap[a, c]
+
+
+@numba.njit(cache=True)
+def _sift_down(heap: Array, i: int, h: int) -> None:
+    while True:
+        least, left = i, 2 * i + 1
+        if left < h and _below(heap, left, least):
+            least = left
+        if left + 1 < h and _below(heap, left + 1, least):
+            least = left + 1
+        if least == i:
+            return
+        _swap(heap, i, least)
+        i = least
+
+
+@numba.njit(cache=True)
+def _sift_up(heap: Array, i: int) -> None:
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _below(heap, i, parent):
+            return
+        _swap(heap, i, parent)
+        i = parent
 
 
 class _ShareOf:

@@ -989,3 +989,54 @@ def test_place_run_matches_reference(
     skip_at = data.draw(st.none() | st.integers(0, max(0, len(run) - 1)))
     want = place_run(ref, cluster, run, skip_at, policy, shapes)
     assert place_run(nb, cluster, run, skip_at, policy, shapes) == want
+
+
+@PROPERTY
+@given(
+    cluster=clusters(),
+    alike=st.integers(0, 40),
+    kinds=st.lists(tasks(), min_size=1, max_size=2),
+    data=st.data(),
+    policy=st.sampled_from(POLICIES),
+    shapes=shape_mixes(),
+)
+def test_place_run_in_calls_over_kept_memos_matches_reference(
+    cluster: Cluster, alike: int, kinds: list[Task], data: st.DataObject, policy: int, shapes: Array
+) -> None:
+    """decide's way: several calls on one working copy, one memo per task shape kept across them
+    (floors and scores of earlier calls), over a subset of the nodes in any order, nodes changed
+    between calls (their versions bumped), runs of one shape long enough for the run kernel's
+    tree (``memo._tree_best``), and up to 40 equal nodes (ties: the lowest node)."""
+    for _ in range(alike):
+        cluster.node(16_000, 65_536, 4, 0)
+    n = len(cluster.gpus)
+    cands = np.array(data.draw(st.permutations(range(n)))[: data.draw(st.integers(1, n))], dtype=np.int64)
+    fast, plain = list(cluster.arrays()), list(cluster.arrays())
+    for arrays in (fast, plain):
+        arrays.insert(3, nb.row_totals(arrays[2]))  # gpu_total
+    versions = [np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
+    slots = {t: i for i, t in enumerate(dict.fromkeys(kinds))}
+    memos = np.full((len(slots), n, nb.MEMO_COLUMNS), -1, dtype=np.int64)
+    table = nb.floor_table(shapes)
+    for _ in range(3):
+        run: list[Task] = []
+        for kind, times in data.draw(
+            st.lists(st.tuples(st.sampled_from(kinds), st.integers(1, 12)), max_size=4)
+        ):
+            run += [kind] * times
+        rows = np.array([[t.cpu, t.mem, t.gpus, t.milli, 0, slots[t], 0] for t in run], np.int64)
+        rows = rows.reshape(-1, nb.RUN_COLUMNS)
+        rows[:, 4] = np.array([t.models for t in run], dtype=np.uint64)
+        outs = []
+        for kernels, arrays, version in ((nb, fast, versions[0]), (ref, plain, versions[1])):
+            out = np.full((len(run), 2), -1, dtype=np.int64)
+            placed = kernels.place_run(
+                cands, *arrays, policy, shapes, table, version, memos, rows, out, np.empty((n, 3), np.int64)
+            )
+            outs.append(out[:placed].tolist())
+        assert outs[0] == outs[1]
+        assert all(np.array_equal(a, b) for a, b in zip(fast, plain, strict=True))
+        for node in data.draw(st.lists(st.integers(0, n - 1), max_size=3)):  # changed outside the run
+            for arrays, version in ((fast, versions[0]), (plain, versions[1])):
+                arrays[0][node] = max(0, int(arrays[0][node]) - 1000)
+                version[node] += 1
