@@ -169,9 +169,9 @@ def place_run(
     size = 1
     while size < cands.shape[0]:
         size *= 2
-    tree = np.full(2 * size, -1, dtype=np.int64)
-    keys = np.zeros((cands.shape[0], 2), dtype=np.int64)
-    leaf_of = np.full(memos.shape[1] if use_fgd else 0, -1, dtype=np.int64)
+    tree = np.empty(0, dtype=np.int64)  # (made at the first build)
+    keys = np.empty((0, 2), dtype=np.int64)
+    leaf_of = np.empty(0, dtype=np.int64)
     tree_slot = -1
     tree_task = _task(0, 0, 0, 0, np.uint64(0))
     for j in range(k):
@@ -184,6 +184,10 @@ def place_run(
             memo = memos[slot]
             if slot != tree_slot and j + 1 < k and tasks[j + 1, RUN_SLOT] == slot:
                 tree_slot, tree_task = slot, task
+                if tree.shape[0] == 0:
+                    tree = np.empty(2 * size, dtype=np.int64)
+                    keys = np.empty((cands.shape[0], 2), dtype=np.int64)
+                    leaf_of = np.full(memos.shape[1], -1, dtype=np.int64)
                 _tree_build(tree, size, keys, leaf_of, cands, nodes, task, table, node_version, memo)
             if slot == tree_slot:
                 n = _tree_best(tree, size, keys, cands, nodes, task, shapes, node_version, memo)
@@ -204,7 +208,8 @@ def place_run(
         out[j, 0], out[j, 1] = n, np.int64(mask)
         if tree_slot >= 0 and leaf_of[n] >= 0:  # the node's key moved: its leaf again
             memo = memos[tree_slot]
-            ok = _leaf_key(int(leaf_of[n]), keys, cands, nodes, tree_task, table, node_version, memo)
+            _floor_row(n, nodes, tree_task, table, node_version, memo)
+            ok = _leaf_key(int(leaf_of[n]), keys, cands, memo)
             _tree_set(tree, size, int(leaf_of[n]), ok, keys, cands)
     return int(k)
 
@@ -218,28 +223,24 @@ def place_run(
 # placement costs O(log N) instead of a pass over N nodes; the tree is built in one pass.
 
 
+@_jit
+def _floor_row(n: int, nodes: NodeArrays, task: Task, table: I64, node_version: I64, memo: I64) -> None:
+    """Node ``n``'s memo row from its floor (MEMO_FLOOR) or as not fitting, as
+    _best_memo_floors writes a stale row (a call of its own: only stale nodes pay for it)."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    ok, floor, secondary = _fgd_floor(
+        int(cpu_free[n]), int(mem_free[n]), gpu_free[n], int(gpu_count[n]), int(node_model[n]), task, table
+    )
+    memo[n, MEMO_VERSION] = node_version[n]
+    memo[n, MEMO_FITS] = MEMO_FLOOR if ok else 0
+    memo[n, MEMO_PRIMARY] = floor if ok else 0
+    memo[n, MEMO_SECONDARY] = secondary if ok else 0
+
+
 @_hot
-def _leaf_key(
-    j: int, keys: I64, cands: I64, nodes: NodeArrays, task: Task, table: I64, node_version: I64, memo: I64
-) -> bool:
-    """Leaf ``j``'s key into ``keys[j]``, from the node's memo row, its floor computed (and
-    remembered) first when the row is stale, as _best_memo_floors does; False: it does not fit."""
-    n = int(cands[j])
-    if memo[n, MEMO_VERSION] != node_version[n]:
-        cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
-        ok, floor, secondary = _fgd_floor(
-            int(cpu_free[n]),
-            int(mem_free[n]),
-            gpu_free[n],
-            int(gpu_count[n]),
-            int(node_model[n]),
-            task,
-            table,
-        )
-        memo[n, MEMO_VERSION] = node_version[n]
-        memo[n, MEMO_FITS] = MEMO_FLOOR if ok else 0
-        memo[n, MEMO_PRIMARY] = floor if ok else 0
-        memo[n, MEMO_SECONDARY] = secondary if ok else 0
+def _leaf_key(j: int, keys: I64, cands: I64, memo: I64) -> bool:
+    """Leaf ``j``'s key into ``keys[j]`` from its node's current memo row; False: it does not fit."""
+    n = cands[j]
     if memo[n, MEMO_FITS] == 0:
         return False
     keys[j, 0], keys[j, 1] = memo[n, MEMO_PRIMARY], memo[n, MEMO_SECONDARY]
@@ -283,8 +284,11 @@ def _tree_build(
     """Every leaf's key for ``task`` (and ``leaf_of``: node -> leaf), then the inner entries."""
     tree[:] = -1
     for j in range(cands.shape[0]):
-        leaf_of[cands[j]] = j
-        if _leaf_key(j, keys, cands, nodes, task, table, node_version, memo):
+        n = cands[j]
+        leaf_of[n] = j
+        if memo[n, MEMO_VERSION] != node_version[n]:
+            _floor_row(n, nodes, task, table, node_version, memo)
+        if _leaf_key(j, keys, cands, memo):
             tree[size + j] = j
     for i in range(size - 1, 0, -1):
         tree[i] = _tree_pick(tree[2 * i], tree[2 * i + 1], keys, cands)
