@@ -58,7 +58,8 @@ def decide(state: State, policy: Policy) -> list[Decision]:
     derived = state.derived
     kept, derived.decide_memo = derived.decide_memo, None  # (gone if this call fails)
     sc.adopt(kept if isinstance(kept, MemoCache) else None)
-    pending_rows = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
+    # (int(): against an IntEnum member numpy casts the whole int8 column, ~10x slower)
+    pending_rows = np.flatnonzero(state.jobs.view("state") == int(JobState.PENDING))
     sc.key_of = np.full(state.jobs.size, -1, dtype=np.int64)
     sc.key_of[pending_rows] = job_keys(state, pending_rows)
     merge = MERGED_RUNS and len(sc.cells) == 1 and not state.quotas and not policy.require_quota

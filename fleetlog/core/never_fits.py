@@ -44,7 +44,7 @@ class Fleet:
 
     def __init__(self, state: State) -> None:
         c, n = state.nodes.cols, state.nodes.size
-        self.rows = np.flatnonzero(c["status"][:n] != NodeStatus.REMOVED)
+        self.rows = np.flatnonzero(c["status"][:n] != int(NodeStatus.REMOVED))
         self.cell = c["cell"][self.rows].astype(np.int64)
         self.cpu = c["cpu_alloc"][self.rows].astype(np.int64)
         self.mem = c["mem_alloc"][self.rows].astype(np.int64)

@@ -24,7 +24,7 @@ SCALE = 1_000_000_000
 
 def fleet_capacity(state: State) -> tuple[int, int, int]:
     n, c = state.nodes.size, state.nodes.cols
-    up = c["status"][:n] == NodeStatus.UP
+    up = c["status"][:n] == int(NodeStatus.UP)
     return (
         int(c["cpu_alloc"][:n][up].sum()),
         int(c["mem_alloc"][:n][up].sum()),
@@ -72,7 +72,7 @@ def drf_runs(state: State, usage: dict[tuple[int, int], list[int]], merge: bool 
     """Pending job rows in decide order, a tenant's run at a time (``merge``: several tenants'
     runs merged while the turns can be foreseen); ``usage`` is read afresh after each placement."""
     jc = state.jobs.cols
-    pending = np.flatnonzero(state.jobs.view("state") == JobState.PENDING)
+    pending = np.flatnonzero(state.jobs.view("state") == int(JobState.PENDING))
     if pending.size == 0:
         return
     prio, tenant, seq = jc["priority"][pending], jc["tenant"][pending], jc["seq"][pending]

@@ -63,7 +63,7 @@ class Scratch:
         self.usage = {k: list(v) for k, v in state.usage.items()}
         self.policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
         self.shapes = shape_matrix(state)
-        up = c["status"][:n] == NodeStatus.UP
+        up = c["status"][:n] == int(NodeStatus.UP)
         cells = c["cell"][:n]
         up_cells = cells[up]
         if up_cells.size and up_cells.min() >= 0:  # (cell ids are dense: counting beats sorting)
@@ -164,7 +164,7 @@ class Scratch:
     def running(self) -> Array:
         """Rows of running jobs (as of the state; this call's evictions are filtered later)."""
         if self._running is None:
-            self._running = np.flatnonzero(self.state.jobs.view("state") == JobState.RUNNING)
+            self._running = np.flatnonzero(self.state.jobs.view("state") == int(JobState.RUNNING))
         return self._running
 
     def lowest_running_priority(self) -> int:
