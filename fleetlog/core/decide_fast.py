@@ -13,7 +13,6 @@ decide with these twins turned off (and with its memos dropped) decides the same
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -22,7 +21,6 @@ from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.fold import mask_gpus
 from fleetlog.core.memo import Shape
-from fleetlog.core.place import add_usages
 from fleetlog.core.schedule import reject, schedule_job
 from fleetlog.core.scratch import Scratch, job_name
 from fleetlog.events.model import JobPending, JobPlaced, TaskPlacement
@@ -131,16 +129,42 @@ def emit_changed_pending(sc: Scratch, jobs: Array, keys: Array) -> None:
 
 def emit_placed(sc: Scratch, jobs: Array, out: Array, cell: int) -> None:
     """``JobPlaced`` of one-task jobs placed by ``kernels.place_run`` (their resources are
-    taken in the working copy already), and their usage."""
+    taken in the working copy already), and their usage (summed per tenant first)."""
     state = sc.state
     job_names, cell_name = state.names["job"].names, state.names["cell"].names[cell]
     counts = sc.gpu_count[out[:, 0]].tolist()
+    tenants = state.jobs.cols["tenant"][jobs].tolist()
     requests = zip(
         *(state.jobs.cols[c][jobs].tolist() for c in ("req_cpu", "req_mem", "req_gpu")), strict=True
     )
-    placed: list[tuple[int, Sequence[int]]] = []
-    for job, (node, mask), count, req in zip(jobs.tolist(), out.tolist(), counts, requests, strict=True):
-        tasks = (TaskPlacement(0, sc.node_name(node), mask_gpus(mask & ((1 << count) - 1))),)
-        sc.decisions.append(JobPlaced(job_id=job_names[job], cell=cell_name, tasks=tasks))
-        placed.append((job, req))
-    add_usages(sc, placed, cell)
+    append, node_name, gpus_of = sc.decisions.append, sc.node_name, _GPUS.get
+    summed: dict[int, list[int]] = {}
+    for job, (node, mask), count, tenant, req in zip(
+        jobs.tolist(), out.tolist(), counts, tenants, requests, strict=True
+    ):
+        gpus = gpus_of((mask, count))
+        if gpus is None:
+            gpus = _gpus(mask, count)
+        append(
+            JobPlaced(job_id=job_names[job], cell=cell_name, tasks=(TaskPlacement(0, node_name(node), gpus),))
+        )
+        row = summed.get(tenant)
+        if row is None:
+            summed[tenant] = list(req)
+        else:
+            row[0], row[1], row[2] = row[0] + req[0], row[1] + req[1], row[2] + req[2]
+    for tenant, total in summed.items():
+        for key in ((tenant, -1), (tenant, cell)):
+            row = sc.usage.setdefault(key, [0, 0, 0])
+            row[0], row[1], row[2] = row[0] + total[0], row[1] + total[1], row[2] + total[2]
+
+
+_GPUS: dict[tuple[int, int], tuple[int, ...]] = {}
+"""The GPU indices of (mask, the node's GPU count), remembered (a pure function; bounded)."""
+
+
+def _gpus(mask: int, count: int) -> tuple[int, ...]:
+    if len(_GPUS) >= 4096:
+        _GPUS.clear()
+    gpus = _GPUS[(mask, count)] = mask_gpus(mask & ((1 << count) - 1))
+    return gpus
