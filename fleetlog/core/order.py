@@ -57,9 +57,12 @@ MERGED: Final = 2
 (:func:`_predicted`): consider them in order while each is placed, stop after the first that is
 not (from there the turns go otherwise)."""
 MERGED_FIRST: Final = 16
+MERGED_FIRST_KERNEL: Final = 128
 MERGED_MOST: Final = 4096
 """A merged run's length: from 16, doubled after a run whose every job was placed, back to 16
-after one that was not (predicting further costs a heap operation per job)."""
+after one that was not (predicting further costs a heap operation per job); from 128 when the
+kernel foresees the turns (:class:`_Turns`: a turn costs next to nothing there, while each run
+costs a kernel call and the turns taken)."""
 
 Runs = Generator[tuple[Array, int], tuple[int, bool], None]
 """Yields a run of job rows in order and its kind (:data:`CONTESTED`, :data:`ALONE`,
@@ -102,8 +105,9 @@ def _one_class(
     queues = {int(t[0]): q for q, t in zip(np.split(jobs, cuts), np.split(tenants, cuts), strict=True)}
     heap = [(dominant_share(state, usage, t, fleet), t) for t in sorted(queues)]
     heapq.heapify(heap)
-    size = MERGED_FIRST
     turns = _Turns.of(state, jobs, cuts, fleet) if merge and cuts.size < TURNS_MOST_TENANTS else None
+    first = MERGED_FIRST_KERNEL if turns is not None else MERGED_FIRST
+    size = first
     while heap:
         if merge:
             run = (turns.predicted(usage, queues, heap, size) if turns is not None else None) or _predicted(
@@ -114,7 +118,7 @@ def _one_class(
                 merge = False
                 continue
             t = _took(state, usage, queues, heap, fleet, run, used, placed)
-            size = min(2 * size, MERGED_MOST) if placed and used == run.jobs.size else MERGED_FIRST
+            size = min(2 * size, MERGED_MOST) if placed and used == run.jobs.size else first
             if placed:
                 continue
             # its last job was not placed: that tenant stays in front (its turn goes on below)
