@@ -22,7 +22,7 @@ import bisect
 import functools
 import heapq
 import re
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -353,11 +353,17 @@ def usage(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> U
             for i, value in enumerate((u.cpu_milli, u.mem_mib, u.gpu_milli)):
                 row[i] += value
     for jobs in (in_flight(state) if flying is None else flying).values():
-        for job in jobs:
-            row = out.setdefault((job.tenant, -1), [0, 0, 0])
+        for (tenant, demand), n in _tally(jobs):
+            row = out.setdefault((tenant, -1), [0, 0, 0])
             for i in range(3):
-                row[i] += job.demand[i]
+                row[i] += n * demand[i]
     return out
+
+
+def _tally(jobs: list[Job]) -> list[tuple[tuple[int, tuple[int, int, int]], int]]:
+    """``jobs`` counted by tenant and demand, in order of first appearance: their demands added
+    as many times at once (sums of integers: the same totals in any grouping)."""
+    return list(Counter([(j.tenant, j.demand) for j in jobs]).items())
 
 
 def take(room: Room, spec: JobSubmitted, commit: bool) -> bool:
@@ -480,16 +486,39 @@ def room_for(room: Room, kind: Kind) -> int:
 # --- dispatch -----------------------------------------------------------------------------------
 
 
-def dispatch(state: DispatchState) -> Step:
+def dispatch(state: DispatchState, runs: bool = True) -> Step:
     """Decide and apply one step: every pending job dispatched to a cell or left waiting with a
-    reason; the cancellations folded since the last step, for their holding cells."""
+    reason; the cancellations folded since the last step, for their holding cells. A step
+    whose jobs all ask for one task group, free of quotas, cell lists and returns (a burst of
+    equal jobs, the common case) is decided by :func:`_dispatch_equal`; ``runs=False`` decides
+    every step by the plain per-job loop, its twin (tests)."""
     flying = in_flight(state)
     room, used = rooms(state, flying), usage(state, flying)
-    fleet = _fleet(state)
     scores = Scores(room, spread=Spread.of(state, flying))
-    dispatched: list[JobDispatched] = []
+    jobs = (_ordered if runs else scan_ordered)(state, used, _fleet(state))
+    group = _equal_group(state, jobs) if runs else None
+    if group is not None:
+        dispatched, left = _dispatch_equal(state, scores, jobs, group)
+    else:
+        dispatched, left = _dispatch_plain(state, scores, jobs, used)
     waiting: list[tuple[str, str, str]] = []
-    for job in _ordered(state, used, fleet):
+    for job, why in left:
+        reason = why or _no_cell_reason(state, job)
+        if reason != job.reason:
+            job.reason = reason
+            code, _, message = reason.partition(": ")
+            waiting.append((job.spec.job_id, code, message))
+    cancels, state.cancels = tuple(state.cancels), []
+    return Step(tuple(dispatched), cancels, tuple(waiting))
+
+
+def _dispatch_plain(state: DispatchState, scores: Scores, jobs: list[Job],
+                    used: Usage) -> tuple[list[JobDispatched], list[tuple[Job, str]]]:
+    """Steps 4 and 5, a job at a time: the dispatches, and the jobs left waiting (with their
+    quota reason, ``""`` when no cell holds them)."""
+    dispatched: list[JobDispatched] = []
+    left: list[tuple[Job, str]] = []
+    for job in jobs:
         quota_free = not state.quotas and job.attempt < MAX_DISPATCH_ATTEMPTS
         reason = "" if quota_free else _quota_reason(state, used, job)
         cell = "" if reason else _choose(state, scores, job)
@@ -498,14 +527,9 @@ def dispatch(state: DispatchState) -> Step:
             scores.take(cell, job.spec, job.tenant, job.demand)
             row, (cpu, mem, gpu) = used.setdefault((job.tenant, -1), [0, 0, 0]), job.demand
             row[0], row[1], row[2] = row[0] + cpu, row[1] + mem, row[2] + gpu
-            continue
-        reason = reason or _no_cell_reason(state, job)
-        if reason != job.reason:
-            job.reason = reason
-            code, _, message = reason.partition(": ")
-            waiting.append((job.spec.job_id, code, message))
-    cancels, state.cancels = tuple(state.cancels), []
-    return Step(tuple(dispatched), cancels, tuple(waiting))
+        else:
+            left.append((job, reason))
+    return dispatched, left
 
 
 def _fleet(state: DispatchState) -> tuple[int, int, int]:
@@ -518,9 +542,52 @@ def _ordered(state: DispatchState, used: Usage, fleet: tuple[int, int, int]) -> 
     """Step 3: pending jobs by priority (higher first); within a priority tenants take turns by
     weighted DRF (ties to the tenant seen first), FIFO within a tenant.  Shares are those before
     this step's dispatches plus each tenant's jobs in the order taken (``demand`` added as if
-    each were dispatched), so the order is fixed before any cell is chosen."""
-    classes: dict[int, dict[int, deque[Job]]] = {}
+    each were dispatched), so the order is fixed before any cell is chosen: each job's key is
+    its tenant's share before it, a tenant's keys never fall, so taking turns (the smallest
+    share next, :func:`scan_ordered`'s heap) is the keys sorted, with the tenant then the place
+    in its queue breaking ties."""
+    classes: dict[int, dict[int, list[Job]]] = {}
     for job in _pending(state):
+        classes.setdefault(-job.spec.priority, {}).setdefault(job.tenant, []).append(job)
+    out: list[Job] = []
+    for prio in sorted(classes):
+        queues = classes[prio]
+        if len(queues) == 1:
+            out.extend(*queues.values())
+            continue
+        keys: list[tuple[int, int, int]] = []
+        for t, queue in queues.items():
+            keys += _turns(state.quotas.get((t, -1)), used.get((t, -1), [0, 0, 0]), fleet, t, queue)
+        keys.sort()
+        out += [queues[t][i] for _, t, i in keys]
+    return out
+
+
+def _turns(quota: Quota | None, used: list[int], fleet: tuple[int, int, int], tenant: int,
+           queue: list[Job]) -> list[tuple[int, int, int]]:
+    """Each of ``queue``'s jobs keyed (the tenant's :func:`weighted_share` before it, ``tenant``,
+    its place), ``weighted_share`` inline: once a job."""
+    base = quota.nominal if quota is not None and any(quota.nominal) else fleet
+    weight = quota.weight_milli if quota is not None else 1000
+    b0, b1, b2 = base
+    cpu, mem, gpu = used
+    out = []
+    for i, job in enumerate(queue):
+        share = cpu * SCALE // b0 if b0 > 0 else 0
+        if b1 > 0 and mem * SCALE // b1 > share:
+            share = mem * SCALE // b1
+        if b2 > 0 and gpu * SCALE // b2 > share:
+            share = gpu * SCALE // b2
+        out.append((share * 1000 // weight, tenant, i))
+        d0, d1, d2 = job.demand
+        cpu, mem, gpu = cpu + d0, mem + d1, gpu + d2
+    return out
+
+
+def scan_ordered(state: DispatchState, used: Usage, fleet: tuple[int, int, int]) -> list[Job]:
+    """:func:`_ordered`'s plain twin: tenants take turns through a heap of their shares."""
+    classes: dict[int, dict[int, deque[Job]]] = {}
+    for job in scan_pending(state):
         classes.setdefault(-job.spec.priority, {}).setdefault(job.tenant, deque()).append(job)
     out: list[Job] = []
     for prio in sorted(classes):
@@ -625,8 +692,8 @@ class Spread:
                     used[(cell, tenant)] = [u.cpu_milli, u.mem_mib, u.gpu_milli]
         out = cls(totals, used)
         for cell, jobs in flying.items():
-            for job in jobs:
-                out.add(cell, job.tenant, job.demand)
+            for (tenant, demand), n in _tally(jobs):
+                out.add(cell, tenant, (n * demand[0], n * demand[1], n * demand[2]))
         return out
 
     def share(self, cell: str, tenant: int) -> int:
@@ -648,6 +715,25 @@ class Spread:
         for i in range(3):
             row[i] += demand[i]
         self.shares[key] = self._share(key)
+
+    def grow(self, cell: str, tenant: int, demand: tuple[int, int, int]) -> int:
+        """:meth:`add`, then the new :meth:`share` (:meth:`_share` inline: once a dispatch)."""
+        key = (cell, tenant)
+        row = self.used.get(key)
+        if row is None:
+            row = self.used[key] = [0, 0, 0]
+        cpu, mem, gpu = row[0] + demand[0], row[1] + demand[1], row[2] + demand[2]
+        row[0], row[1], row[2] = cpu, mem, gpu
+        total, out = self.totals.get(cell), 0
+        if total is not None:
+            if total[0] > 0:
+                out = cpu * SCALE // total[0]
+            if total[1] > 0 and mem * SCALE // total[1] > out:
+                out = mem * SCALE // total[1]
+            if total[2] > 0 and gpu * SCALE // total[2] > out:
+                out = gpu * SCALE // total[2]
+        self.shares[key] = out
+        return out
 
 
 class Scores:
@@ -741,6 +827,77 @@ def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
     if not job.spec.allowed_cells and not job.returned:
         return scores.best(job.spec, tenant=job.tenant)
     return scores.best(job.spec, candidates(state, job), job.tenant)
+
+
+def _equal_group(state: DispatchState, jobs: list[Job]) -> TaskGroup | None:
+    """The one task group every job of the step asks for, when :func:`_dispatch_equal` may
+    decide the step: no fleet-wide quota, no job naming cells, returned, or at its attempts'
+    bound (``None`` otherwise: the plain loop decides)."""
+    if not jobs or state.quotas or len(jobs[0].spec.task_groups) != 1:
+        return None
+    groups = jobs[0].spec.task_groups
+    for job in jobs:
+        spec = job.spec
+        if (spec.task_groups is not groups and spec.task_groups != groups) or spec.allowed_cells \
+                or job.returned or job.attempt >= MAX_DISPATCH_ATTEMPTS:
+            return None
+    return groups[0]
+
+
+def _dispatch_equal(state: DispatchState, scores: Scores, jobs: list[Job],
+                    g: TaskGroup) -> tuple[list[JobDispatched], list[tuple[Job, str]]]:
+    """:func:`_dispatch_plain` for a step of equal jobs (one group ``g``, :func:`_equal_group`),
+    the same decisions at a fraction of the work. Only jobs of ``g``'s shape draw this step, so
+    each cell holds a known number of them (:func:`held`): the n-th fits iff n are no more, a
+    count instead of a look at the rows, and nothing is drawn (the room is the step's own).
+    Each tenant's heap holds every cell that still holds one, keyed as :meth:`Scores.key`; a
+    take changes only the taking tenant's share of that cell, so its entry is replaced there
+    and then (the plain heap's lazy recompute, done at once); a full cell is popped when it
+    reaches a top, as the plain heap drops a cell the job does not fit."""
+    kind, spread, demand = scores.kind(jobs[0].spec), scores.spread, jobs[0].demand
+    cells = sorted(scores.room)
+    free = {c: held(scores.room[c], g) // g.count for c in cells}
+    heaps: dict[int, list[tuple[int, int, str]]] = {}
+    dispatched: list[JobDispatched] = []
+    left: list[tuple[Job, str]] = []
+    pop, replace = heapq.heappop, heapq.heapreplace
+    for job in jobs:
+        tenant = job.tenant
+        heap = heaps.get(tenant)
+        if heap is None:
+            heap = heaps[tenant] = [scores.key(c, kind, tenant) for c in cells if free[c]]
+            heapq.heapify(heap)
+        while heap and not free[heap[0][2]]:
+            pop(heap)
+        if not heap:
+            left.append((job, ""))
+            continue
+        _, size, cell = heap[0]
+        free[cell] -= 1
+        replace(heap, (spread.grow(cell, tenant, demand), size, cell))
+        dispatched.append(_send(state, job, cell))
+    return dispatched, left
+
+
+def held(room: Room, g: TaskGroup) -> int:
+    """How many tasks of ``g``'s shape the rows of ``room`` hold in all (:func:`_fits` sums
+    the same, stopping at ``g.count``). A draw of the shape takes its tasks off this count and
+    nothing more from the rows the shape reads (its bucket: one row per model; a draw changes
+    the model's other buckets only), so the n-th job of ``k`` tasks fits iff ``n * k`` tasks
+    are held (twin-tested against drawing job by job)."""
+    bucket, out = bucket_of(g.gpu_count), 0
+    for (model, b), row in room.items():
+        if b != bucket or (g.gpu_models and model not in g.gpu_models) or (bucket and not model):
+            continue
+        if g.cpu_milli > row[4] or g.mem_mib > row[5]:
+            continue
+        n = row[0]
+        if g.cpu_milli and row[1] // g.cpu_milli < n:
+            n = row[1] // g.cpu_milli
+        if g.mem_mib and row[2] // g.mem_mib < n:
+            n = row[2] // g.mem_mib
+        out += n
+    return out
 
 
 def _no_cell_reason(state: DispatchState, job: Job) -> str:
