@@ -26,6 +26,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Final
 
+import msgspec
+
 from fleetlog.core.order import SCALE, weighted_share
 from fleetlog.core.quota import RESOURCES, Usage, limit_in
 from fleetlog.core.state import Quota
@@ -102,9 +104,11 @@ class CellMap:
         return tuple(c for c, _ in self.partitions)
 
 
-@dataclass
-class Job:
-    """What the dispatcher knows of one job."""
+class Job(msgspec.Struct, gc=False):
+    """What the dispatcher knows of one job. A struct the cyclic GC does not track (it holds
+    no reference back to anything that holds it: no cycle): the dispatcher keeps one per job it
+    ever saw, and each full collection scanned them all (about a sixth of the dispatcher's time
+    at 128,000 jobs). Encoded as the dataclass it was: the same snapshot bytes."""
 
     spec: JobSubmitted
     tenant: int
@@ -114,7 +118,7 @@ class Job:
     attempt: int = 0
     seq: int = 0
     """The ``JobDispatched.seq`` of its current dispatch."""
-    returned: dict[str, int] = field(default_factory=dict)
+    returned: dict[str, int] = msgspec.field(default_factory=dict)
     """Cells that returned it -> the cell's summary seq when it did: not sent back until newer."""
     reason: str = ""
 
