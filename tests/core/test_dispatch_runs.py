@@ -1,6 +1,7 @@
 """The dispatcher's fast path for a step of equal jobs (``dispatch._dispatch_equal``: one task
 group, no quota, no cell list, no return) against its twin, the plain per-job loop
-(``dispatch(state, runs=False)``): generated logs at the limits — one job, runs of one and of
+(``dispatch(state, runs=False)``), and the batch fold (``fold_all``) against ``fold``
+one event at a time: generated logs at the limits — one job, runs of one and of
 thousands, equal cells (ties), cells that fill, every cell full, jobs that fit nowhere, tenants
 interleaved, priorities, CPU-only jobs and gangs of one group, node limits, GPU models — and
 steps the fast path must leave to the plain one (quotas and cohorts, cell lists, returns, jobs
@@ -32,6 +33,8 @@ from fleetlog.events import (
 from tests.core.test_dispatch import cells
 
 MODELS = ("", "A100", "H100")
+REFUSED: list[tuple[int, str]] = []
+"""What the batch folds refused (:func:`test_the_generated_logs_reach_every_limit` counts them)."""
 TENANTS = ("a", "b", "c", "d")
 
 
@@ -100,6 +103,20 @@ def held_events(rng: random.Random, state: DispatchState, k: int) -> Iterator[ob
         yield JobCancelled(job_id=job_id)
 
 
+def bad_input(rng: random.Random, state: DispatchState) -> list[object]:
+    """A submission again (the first counts), a summary of a cell the map does not name, a
+    stale one: folded or refused alike one by one and in a batch."""
+    out: list[object] = []
+    if state.jobs and rng.random() < 0.5:
+        out.append(state.jobs[rng.choice(sorted(state.jobs))].spec)
+    if rng.random() < 0.3:
+        out.append(CellSummary(cell="zz", partition=99, seq=1, as_of=1, at_ms=1, dispatched_seq=0, free=(),
+                               usage=(), total=Resources()))
+    if state.summaries and rng.random() < 0.3:
+        out.append(state.summaries[rng.choice(sorted(state.summaries))])
+    return out
+
+
 def twin_run(seed: int, steps: int = 6, mixed: bool | None = None) -> list[Step]:
     """Two states fed the same generated log, one dispatched by ``dispatch`` and one by its
     plain twin: the same steps and state digests, step after step; the fast one's steps."""
@@ -116,8 +133,11 @@ def twin_run(seed: int, steps: int = 6, mixed: bool | None = None) -> list[Step]
                 events.append(cell_summary(rng, fast, cell, seqs[cell], roomy))
         events += held_events(rng, fast, k) if mixed else []
         events += burst(rng, fast, k, mixed)
-        for i, event in enumerate(events):
-            assert d.fold(fast, event, k * 100 + i) == d.fold(plain, event, k * 100 + i)
+        events += bad_input(rng, fast) if mixed else []
+        records = [(event, k * 100 + rng.choice((0, i))) for i, event in enumerate(events)]
+        refused = [(i, why) for i, (event, at) in enumerate(records) if (why := d.fold(plain, event, at))]
+        assert d.fold_all(fast, records) == refused
+        REFUSED.extend(refused)
         step = d.dispatch(fast)
         assert step == d.dispatch(plain, runs=False), f"seed {seed} step {k}"
         assert state_digest(fast) == state_digest(plain)
@@ -147,8 +167,9 @@ def test_the_fast_path_decides_as_the_plain_loop(seed: int, equal_steps: list[in
 
 def test_the_generated_logs_reach_every_limit(equal_steps: list[int]) -> None:
     """Over the seeds: the fast path decides runs of one job and of thousands, sends jobs, and
-    leaves some with no cell; the plain one decides the mixed steps."""
+    leaves some with no cell; the plain one decides the mixed steps; the batch fold refuses."""
     waits, sends, plain = 0, 0, 0
+    REFUSED.clear()
     for seed in range(40):
         before = len(equal_steps)
         steps = twin_run(seed)
@@ -160,6 +181,7 @@ def test_the_generated_logs_reach_every_limit(equal_steps: list[int]) -> None:
     assert sends > 10_000
     assert waits > 100
     assert plain > 20
+    assert {why.split(":")[0] for _, why in REFUSED} == {d.UNKNOWN_CELL, d.STALE_SUMMARY}
 
 
 def test_every_cell_full_and_equal_cells_tie() -> None:
