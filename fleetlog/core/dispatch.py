@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import operator
 import re
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -396,10 +397,14 @@ def usage(state: DispatchState, flying: dict[str, list[Job]] | None = None) -> U
     return out
 
 
+_TENANT: Final = operator.attrgetter("tenant")
+_DEMAND: Final = operator.attrgetter("demand")
+
+
 def _tally(jobs: list[Job]) -> list[tuple[tuple[int, tuple[int, int, int]], int]]:
     """``jobs`` counted by tenant and demand, in order of first appearance: their demands added
     as many times at once (sums of integers: the same totals in any grouping)."""
-    return list(Counter([(j.tenant, j.demand) for j in jobs]).items())
+    return list(Counter(zip(map(_TENANT, jobs), map(_DEMAND, jobs), strict=True)).items())
 
 
 def take(room: Room, spec: JobSubmitted, commit: bool) -> bool:
@@ -529,8 +534,9 @@ def dispatch(state: DispatchState, runs: bool = True) -> Step:
     equal jobs, the common case) is decided by :func:`_dispatch_equal`; ``runs=False`` decides
     every step by the plain per-job loop, its twin (tests)."""
     flying = in_flight(state)
-    room, used = rooms(state, flying), usage(state, flying)
-    scores = Scores(room, spread=Spread.of(state, flying))
+    spread = Spread.of(state, flying)
+    room, used = rooms(state, flying), spread.usage() if runs else usage(state, flying)
+    scores = Scores(room, spread=spread)
     jobs = (_ordered if runs else scan_ordered)(state, used, _fleet(state))
     group = _equal_group(state, jobs) if runs else None
     if group is not None:
@@ -735,6 +741,18 @@ class Spread:
     def share(self, cell: str, tenant: int) -> int:
         return self.shares.get((cell, tenant), 0)
 
+    def usage(self) -> Usage:
+        """:func:`usage` from what :meth:`of` gathered: each tenant's use summed over the
+        cells (the same sums, each in-flight job counted once, not twice a step)."""
+        out: Usage = {}
+        for (_, tenant), row in self.used.items():
+            have = out.get((tenant, -1))
+            if have is None:
+                out[(tenant, -1)] = list(row)
+            else:
+                have[0], have[1], have[2] = have[0] + row[0], have[1] + row[1], have[2] + row[2]
+        return out
+
     def _share(self, key: tuple[str, int]) -> int:
         used, total = self.used[key], self.totals.get(key[0])
         if total is None:
@@ -896,7 +914,10 @@ def _dispatch_equal(state: DispatchState, scores: Scores, jobs: list[Job],
     heaps: dict[int, list[tuple[int, int, str]]] = {}
     dispatched: list[JobDispatched] = []
     left: list[tuple[Job, str]] = []
-    pop, replace = heapq.heappop, heapq.heapreplace
+    pop, replace, grow = heapq.heappop, heapq.heapreplace, spread.grow
+    # (:func:`_send` inline, its lookups once)
+    index, seqs, as_of = _index(state), state.dispatch_seq, state.offset
+    pending, sent = index.pending, index.sent
     for job in jobs:
         tenant = job.tenant
         heap = heaps.get(tenant)
@@ -910,8 +931,13 @@ def _dispatch_equal(state: DispatchState, scores: Scores, jobs: list[Job],
             continue
         _, size, cell = heap[0]
         free[cell] -= 1
-        replace(heap, (spread.grow(cell, tenant, demand), size, cell))
-        dispatched.append(_send(state, job, cell))
+        replace(heap, (grow(cell, tenant, demand), size, cell))
+        seq = seqs[cell] = seqs.get(cell, 0) + 1
+        attempt = job.attempt + 1
+        job.status, job.cell, job.attempt, job.seq, job.reason = HELD, cell, attempt, seq, ""
+        del pending[job.spec.job_id]
+        sent.setdefault(cell, []).append((seq, job))
+        dispatched.append(JobDispatched(job=job.spec, cell=cell, attempt=attempt, seq=seq, as_of=as_of))
     return dispatched, left
 
 
