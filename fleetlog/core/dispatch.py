@@ -529,20 +529,23 @@ def room_for(room: Room, kind: Kind) -> int:
 
 def dispatch(state: DispatchState, runs: bool = True) -> Step:
     """Decide and apply one step: every pending job dispatched to a cell or left waiting with a
-    reason; the cancellations folded since the last step, for their holding cells. A step
-    whose jobs all ask for one task group, free of quotas, cell lists and returns (a burst of
-    equal jobs, the common case) is decided by :func:`_dispatch_equal`; ``runs=False`` decides
-    every step by the plain per-job loop, its twin (tests)."""
+    reason; the cancellations folded since the last step, for their holding cells. Without
+    fleet-wide quotas, a run of :data:`RUN_LEAST` or more jobs in a row of the order asking
+    for one and the same task group, free of cell lists and returns (a burst of equal jobs,
+    the common case), is decided by :func:`_dispatch_equal`, the rest job by job;
+    ``runs=False`` decides every job by the plain per-job loop, its twin (tests)."""
     flying = in_flight(state)
     spread = Spread.of(state, flying)
     room, used = rooms(state, flying), spread.usage() if runs else usage(state, flying)
     scores = Scores(room, spread=spread)
     jobs = (_ordered if runs else scan_ordered)(state, used, _fleet(state))
-    group = _equal_group(state, jobs) if runs else None
-    if group is not None:
-        dispatched, left = _dispatch_equal(state, scores, jobs, group)
-    else:
-        dispatched, left = _dispatch_plain(state, scores, jobs, used)
+    dispatched: list[JobDispatched] = []
+    left: list[tuple[Job, str]] = []
+    for start, end, group in _runs(jobs) if runs and not state.quotas else [(0, len(jobs), None)]:
+        sent, kept = (_dispatch_plain(state, scores, jobs[start:end], used) if group is None
+                      else _dispatch_equal(state, scores, jobs[start:end], group))
+        dispatched += sent
+        left += kept
     waiting: list[tuple[str, str, str]] = []
     for job, why in left:
         reason = why or _no_cell_reason(state, job)
@@ -883,34 +886,57 @@ def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
     return scores.best(job.spec, candidates(state, job), job.tenant)
 
 
-def _equal_group(state: DispatchState, jobs: list[Job]) -> TaskGroup | None:
-    """The one task group every job of the step asks for, when :func:`_dispatch_equal` may
-    decide the step: no fleet-wide quota, no job naming cells, returned, or at its attempts'
-    bound (``None`` otherwise: the plain loop decides)."""
-    if not jobs or state.quotas or len(jobs[0].spec.task_groups) != 1:
-        return None
-    groups = jobs[0].spec.task_groups
-    for job in jobs:
-        spec = job.spec
-        if (spec.task_groups is not groups and spec.task_groups != groups) or spec.allowed_cells \
-                or job.returned or job.attempt >= MAX_DISPATCH_ATTEMPTS:
-            return None
-    return groups[0]
+RUN_LEAST: Final = 64
+"""The shortest run :func:`_dispatch_equal` takes (it counts every cell's room for the shape and
+builds a heap per tenant: for a few jobs, the plain loop is cheaper)."""
+
+
+def _runs(jobs: list[Job]) -> list[tuple[int, int, TaskGroup | None]]:
+    """``jobs`` cut into ranges ``[start, end)`` in order: the runs of at least
+    :data:`RUN_LEAST` jobs in a row that ask for one and the same task group, name no cell,
+    were never returned and are under the attempts' bound, with their group; between them,
+    ranges for the plain loop (group ``None``)."""
+    out: list[tuple[int, int, TaskGroup | None]] = []
+    i, n, plain = 0, len(jobs), 0
+    while i < n:
+        groups = jobs[i].spec.task_groups
+        if len(groups) != 1 or not _runs_with(jobs[i], groups):
+            i += 1
+            continue
+        j = i + 1
+        while j < n and _runs_with(jobs[j], groups):
+            j += 1
+        if j - i >= RUN_LEAST:
+            out += [(plain, i, None)] if plain < i else []
+            out.append((i, j, groups[0]))
+            plain = j
+        i = j
+    return out + ([(plain, n, None)] if plain < n else [])
+
+
+def _runs_with(job: Job, groups: tuple[TaskGroup, ...]) -> bool:
+    """Whether ``job`` may join a run of jobs asking for ``groups`` (:func:`_runs`)."""
+    spec = job.spec
+    return (spec.task_groups is groups or spec.task_groups == groups) and not spec.allowed_cells \
+        and not job.returned and job.attempt < MAX_DISPATCH_ATTEMPTS
 
 
 def _dispatch_equal(state: DispatchState, scores: Scores, jobs: list[Job],
                     g: TaskGroup) -> tuple[list[JobDispatched], list[tuple[Job, str]]]:
-    """:func:`_dispatch_plain` for a step of equal jobs (one group ``g``, :func:`_equal_group`),
-    the same decisions at a fraction of the work. Only jobs of ``g``'s shape draw this step, so
-    each cell holds a known number of them (:func:`held`): the n-th fits iff n are no more, a
-    count instead of a look at the rows, and nothing is drawn (the room is the step's own).
-    Each tenant's heap holds every cell that still holds one, keyed as :meth:`Scores.key`; a
-    take changes only the taking tenant's share of that cell, so its entry is replaced there
-    and then (the plain heap's lazy recompute, done at once); a full cell is popped when it
-    reaches a top, as the plain heap drops a cell the job does not fit."""
+    """:func:`_dispatch_plain` for a run of equal jobs (one group ``g``, :func:`_runs`), the
+    same decisions at a fraction of the work. Only jobs of ``g``'s shape draw during the run,
+    so each cell holds a known number of them (:func:`held`): the n-th fits iff n are no more,
+    a count instead of a look at the rows; each cell's room is drawn once at the end (what
+    the n draws one by one leave: :func:`_take_all`'s rule). Each tenant's heap holds every
+    cell that still holds one, keyed as :meth:`Scores.key`; a take changes only the taking
+    tenant's share of that cell, so its entry is replaced there and then (the plain heap's
+    lazy recompute, done at once); a full cell is popped when it reaches a top, as the plain
+    heap drops a cell the job does not fit. The plain heaps' entries of the tenants' shares
+    are marked stale (:attr:`Scores.version`) for the jobs after the run."""
     kind, spread, demand = scores.kind(jobs[0].spec), scores.spread, jobs[0].demand
     cells = sorted(scores.room)
-    free = {c: held(scores.room[c], g) // g.count for c in cells}
+    start = {c: held(scores.room[c], g) // g.count for c in cells}
+    free = dict(start)
     heaps: dict[int, list[tuple[int, int, str]]] = {}
     dispatched: list[JobDispatched] = []
     left: list[tuple[Job, str]] = []
@@ -938,6 +964,12 @@ def _dispatch_equal(state: DispatchState, scores: Scores, jobs: list[Job],
         del pending[job.spec.job_id]
         sent.setdefault(cell, []).append((seq, job))
         dispatched.append(JobDispatched(job=job.spec, cell=cell, attempt=attempt, seq=seq, as_of=as_of))
+    for cell in cells:
+        taken = start[cell] - free[cell]
+        if taken:
+            _draw_group(scores.room[cell], g, g.count * taken)
+        for tenant in heaps:
+            scores.version[(cell, tenant)] = scores.version.get((cell, tenant), 0) + 1
     return dispatched, left
 
 

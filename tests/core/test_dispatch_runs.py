@@ -139,48 +139,67 @@ def twin_run(seed: int, steps: int = 6, mixed: bool | None = None) -> list[Step]
         assert d.fold_all(fast, records) == refused
         REFUSED.extend(refused)
         step = d.dispatch(fast)
+        CALLS.append("|")
         assert step == d.dispatch(plain, runs=False), f"seed {seed} step {k}"
         assert state_digest(fast) == state_digest(plain)
         out.append(step)
     return out
 
 
+CALLS: list[str] = []
+"""Each ``_dispatch_equal`` call's run length, ``p`` for each plain range, ``|`` after a step."""
+
+
 @pytest.fixture
 def equal_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the jobs the fast path decided (it must have decided some)."""
+    """Counts the jobs of each run the fast path decided (and logs the plain ranges in CALLS)."""
     decided: list[int] = []
-    real = d._dispatch_equal
+    real, plain = d._dispatch_equal, d._dispatch_plain
+    CALLS.clear()
 
     def counted(*args: object) -> tuple[list[object], list[object]]:
         out = real(*args)  # type: ignore[arg-type]
         decided.append(len(out[0]) + len(out[1]))
+        CALLS.append(str(decided[-1]))
         return out  # type: ignore[return-value]
 
+    def logged(*args: object) -> tuple[list[object], list[object]]:
+        CALLS.append("p")
+        return plain(*args)  # type: ignore[arg-type,return-value]
+
     monkeypatch.setattr(d, "_dispatch_equal", counted)
+    monkeypatch.setattr(d, "_dispatch_plain", logged)
     return decided
 
 
+@pytest.mark.parametrize("least", [1, 64])
 @pytest.mark.parametrize("seed", range(40))
-def test_the_fast_path_decides_as_the_plain_loop(seed: int, equal_steps: list[int]) -> None:
+def test_the_fast_path_decides_as_the_plain_loop(
+    seed: int, least: int, equal_steps: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs from ``least`` jobs on (1: every run, between plain ranges in mixed steps)."""
+    monkeypatch.setattr(d, "RUN_LEAST", least)
     twin_run(seed)
 
 
-def test_the_generated_logs_reach_every_limit(equal_steps: list[int]) -> None:
+def test_the_generated_logs_reach_every_limit(
+    equal_steps: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Over the seeds: the fast path decides runs of one job and of thousands, sends jobs, and
-    leaves some with no cell; the plain one decides the mixed steps; the batch fold refuses."""
-    waits, sends, plain = 0, 0, 0
+    leaves some with no cell; plain ranges and runs meet in one step; the batch fold refuses."""
+    monkeypatch.setattr(d, "RUN_LEAST", 1)
+    waits, sends = 0, 0
     REFUSED.clear()
     for seed in range(40):
-        before = len(equal_steps)
         steps = twin_run(seed)
-        plain += len(steps) - (len(equal_steps) - before)
         sends += sum(len(s.dispatched) for s in steps)
         waits += sum(1 for s in steps for w in s.waiting if w[1] == d.NO_ROOM)
     assert min(equal_steps) == 1
     assert max(equal_steps) >= 3_000
     assert sends > 10_000
     assert waits > 100
-    assert plain > 20
+    steps = " ".join(CALLS).split("|")
+    assert sum(1 for step in steps if "p" in step and any(c.isdigit() for c in step)) > 10
     assert {why.split(":")[0] for _, why in REFUSED} == {d.UNKNOWN_CELL, d.STALE_SUMMARY}
 
 
@@ -203,24 +222,41 @@ def test_every_cell_full_and_equal_cells_tie() -> None:
 
 def broken(name: str) -> Callable[[pytest.MonkeyPatch], None]:
     """Ways to break the fast path: one job too many per cell, a share that never grows, full
-    cells never dropped."""
+    cells never dropped, a run's room not drawn, the plain heaps not told of a run's shares."""
     def one_more(room: d.Room, g: TaskGroup) -> int:
         return real_held(room, g) + g.count
 
     def frozen(self: d.Spread, cell: str, tenant: int, demand: tuple[int, int, int]) -> int:
         return self.share(cell, tenant)
 
-    real_held = d.held
+    def undrawn(state: DispatchState, scores: d.Scores, jobs: list[d.Job], g: TaskGroup) -> object:
+        rooms = {c: {k: list(row) for k, row in r.items()} for c, r in scores.room.items()}
+        out = real_equal(state, scores, jobs, g)
+        for c, r in rooms.items():
+            scores.room[c].update(r)
+        return out
+
+    def unseen(state: DispatchState, scores: d.Scores, jobs: list[d.Job], g: TaskGroup) -> object:
+        version = dict(scores.version)
+        out = real_equal(state, scores, jobs, g)
+        scores.version.clear()
+        scores.version.update(version)
+        return out
+
+    real_held, real_equal = d.held, d._dispatch_equal
     patches: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         "held": lambda m: m.setattr(d, "held", one_more),
         "share": lambda m: m.setattr(d.Spread, "grow", frozen),
         "full": lambda m: m.setattr(d, "held", lambda room, g: 10**9),
+        "draw": lambda m: m.setattr(d, "_dispatch_equal", undrawn),
+        "version": lambda m: m.setattr(d, "_dispatch_equal", unseen),
     }
     return patches[name]
 
 
-@pytest.mark.parametrize("name", ["held", "share", "full"])
+@pytest.mark.parametrize("name", ["held", "share", "full", "draw", "version"])
 def test_the_twin_test_fails_when_the_fast_path_is_broken(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(d, "RUN_LEAST", 1)
     broken(name)(monkeypatch)
     with pytest.raises(AssertionError):
         twin_runs(40)
