@@ -13,7 +13,8 @@ same way; (3) pending jobs in priority order, tenants by weighted DRF, FIFO with
 (:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells it fits in,
 the one where its tenant has the least share (:class:`Spread`), then the one with the most room
 for it at the step's start (:func:`room_for`), ties to the smaller cell id; a job no summary can
-hold waits with a reason.
+hold waits with a reason. Runs of equal jobs take a fast path that decides the same
+(:func:`_dispatch_equal`; ``dispatch(state, runs=False)`` is the plain twin, job by job).
 """
 
 from __future__ import annotations
