@@ -531,7 +531,7 @@ def room_for(room: Room, kind: Kind) -> int:
 def dispatch(state: DispatchState, runs: bool = True) -> Step:
     """Decide and apply one step: every pending job dispatched to a cell or left waiting with a
     reason; the cancellations folded since the last step, for their holding cells. Without
-    fleet-wide quotas, a run of :data:`RUN_LEAST` or more jobs in a row of the order asking
+    fleet-wide quotas, a run of :func:`run_least` or more jobs in a row of the order asking
     for one and the same task group, free of cell lists and returns (a burst of equal jobs,
     the common case), is decided by :func:`_dispatch_equal`, the rest job by job;
     ``runs=False`` decides every job by the plain per-job loop, its twin (tests)."""
@@ -542,7 +542,8 @@ def dispatch(state: DispatchState, runs: bool = True) -> Step:
     jobs = (_ordered if runs else scan_ordered)(state, used, _fleet(state))
     dispatched: list[JobDispatched] = []
     left: list[tuple[Job, str]] = []
-    for start, end, group in _runs(jobs) if runs and not state.quotas else [(0, len(jobs), None)]:
+    cut = _runs(jobs, run_least(len(room))) if runs and not state.quotas else [(0, len(jobs), None)]
+    for start, end, group in cut:
         sent, kept = (_dispatch_plain(state, scores, jobs[start:end], used) if group is None
                       else _dispatch_equal(state, scores, jobs[start:end], group))
         dispatched += sent
@@ -887,16 +888,19 @@ def _choose(state: DispatchState, scores: Scores, job: Job) -> str:
     return scores.best(job.spec, candidates(state, job), job.tenant)
 
 
-RUN_LEAST: Final = 64
-"""The shortest run :func:`_dispatch_equal` takes (it counts every cell's room for the shape and
-builds a heap per tenant: for a few jobs, the plain loop is cheaper)."""
+def run_least(cells: int) -> int:
+    """The shortest run :func:`_dispatch_equal` takes over ``cells`` summarised cells: it
+    counts every cell's room for the shape and builds a heap per tenant, so a run shorter than
+    about a quarter of the cells costs more than the plain loop (measured: even at 16 jobs over
+    64 cells, 256 over 1,024), and a few jobs are not worth it at all."""
+    return max(64, cells // 4)
 
 
-def _runs(jobs: list[Job]) -> list[tuple[int, int, TaskGroup | None]]:
-    """``jobs`` cut into ranges ``[start, end)`` in order: the runs of at least
-    :data:`RUN_LEAST` jobs in a row that ask for one and the same task group, name no cell,
-    were never returned and are under the attempts' bound, with their group; between them,
-    ranges for the plain loop (group ``None``)."""
+def _runs(jobs: list[Job], least: int) -> list[tuple[int, int, TaskGroup | None]]:
+    """``jobs`` cut into ranges ``[start, end)`` in order: the runs of at least ``least`` jobs
+    in a row that ask for one and the same task group, name no cell, were never returned and
+    are under the attempts' bound, with their group; between them, ranges for the plain loop
+    (group ``None``)."""
     out: list[tuple[int, int, TaskGroup | None]] = []
     i, n, plain = 0, len(jobs), 0
     while i < n:
@@ -907,7 +911,7 @@ def _runs(jobs: list[Job]) -> list[tuple[int, int, TaskGroup | None]]:
         j = i + 1
         while j < n and _runs_with(jobs[j], groups):
             j += 1
-        if j - i >= RUN_LEAST:
+        if j - i >= least:
             out += [(plain, i, None)] if plain < i else []
             out.append((i, j, groups[0]))
             plain = j

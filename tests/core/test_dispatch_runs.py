@@ -178,7 +178,7 @@ def test_the_fast_path_decides_as_the_plain_loop(
     seed: int, least: int, equal_steps: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Runs from ``least`` jobs on (1: every run, between plain ranges in mixed steps)."""
-    monkeypatch.setattr(d, "RUN_LEAST", least)
+    monkeypatch.setattr(d, "run_least", lambda cells: least)
     twin_run(seed)
 
 
@@ -187,7 +187,7 @@ def test_the_generated_logs_reach_every_limit(
 ) -> None:
     """Over the seeds: the fast path decides runs of one job and of thousands, sends jobs, and
     leaves some with no cell; plain ranges and runs meet in one step; the batch fold refuses."""
-    monkeypatch.setattr(d, "RUN_LEAST", 1)
+    monkeypatch.setattr(d, "run_least", lambda cells: 1)
     waits, sends = 0, 0
     REFUSED.clear()
     for seed in range(40):
@@ -256,7 +256,7 @@ def broken(name: str) -> Callable[[pytest.MonkeyPatch], None]:
 
 @pytest.mark.parametrize("name", ["held", "share", "full", "draw", "version"])
 def test_the_twin_test_fails_when_the_fast_path_is_broken(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(d, "RUN_LEAST", 1)
+    monkeypatch.setattr(d, "run_least", lambda cells: 1)
     broken(name)(monkeypatch)
     with pytest.raises(AssertionError):
         twin_runs(40)

@@ -111,7 +111,7 @@ def test_the_twin_test_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
             d.take(self.room[cell], spec, commit=True)
 
     monkeypatch.setattr(d, "Scores", Stale)
-    monkeypatch.setattr(d, "RUN_LEAST", 10**9)
+    monkeypatch.setattr(d, "run_least", lambda cells: 10**9)
     assert spread() == ["a"] * 10
 
 
