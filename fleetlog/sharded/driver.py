@@ -265,10 +265,8 @@ class ShardedFleet:
 
     def _fold_global(self) -> None:
         records, self.global_in = self.global_in, []
-        for event, at_ms in records:
-            why = d.fold(self.dispatcher, event, at_ms)
-            if why:
-                self.refused.append((event, why))
+        for i, why in d.fold_all(self.dispatcher, records):
+            self.refused.append((records[i][0], why))
 
     def _route(self, step: d.Step) -> None:
         """Dispatches and forwarded cancellations to the chosen cells' partitions, now."""

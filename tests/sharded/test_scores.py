@@ -104,13 +104,14 @@ def test_a_run_with_the_heap_dispatches_as_the_plain_one(monkeypatch: pytest.Mon
 
 def test_the_twin_test_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """A heap that misses a cell's change (its room taken, its entry not recomputed) keeps
-    choosing that cell."""
+    choosing that cell (on the per-job path: ``spread``'s equal jobs would take the fast one)."""
     class Stale(d.Scores):
         def take(self, cell: str, spec: d.JobSubmitted, tenant: int = -1,
                  demand: tuple[int, int, int] = (0, 0, 0)) -> None:
             d.take(self.room[cell], spec, commit=True)
 
     monkeypatch.setattr(d, "Scores", Stale)
+    monkeypatch.setattr(d, "run_least", lambda cells: 10**9)
     assert spread() == ["a"] * 10
 
 
