@@ -17,27 +17,27 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from itertools import repeat
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
-from fleetlog.core.arrays import Array
+from fleetlog.core.arrays import HASH_MASK, Array, entry_hash
 from fleetlog.core.fold import (
-    add_entry,
     drop_reason_text,
     fold,
     fold_decision,
-    hold,
     mask_gpus,
     model_id,
     next_due,
     on_placed,
     remember_shape,
     take_shape_mix,
+    window_entry_hash,
 )
 from fleetlog.core.state import (
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
+    SUM_RECENT_SHAPES,
     TOPOLOGY_CODES,
     JobState,
     NodeStatus,
@@ -55,6 +55,7 @@ from fleetlog.events.model import (
     QuotaSet,
     TaskFailed,
     TaskFinished,
+    TaskGroup,
     TaskStarted,
 )
 
@@ -137,79 +138,115 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
 
 
 _JOB_COLUMNS: Final = (
-    "tenant", "queue", "priority", "submitted_at", "seq", "first_task", "ntasks", "topology",
-    "expected_ms", "req_cpu", "req_mem", "req_gpu",
+    "tenant", "queue", "priority", "submitted_at", "seq", "first_task", "topology", "expected_ms",
 )  # fmt: skip
-_TASK_COLUMNS: Final = ("job", "cpu", "mem", "gpus", "milli", "models")
+"""The job columns a run's rows carry, in order (then the job's kind: :class:`NewJobs`)."""
+_KIND_COLUMNS: Final = ("ntasks", "req_cpu", "req_mem", "req_gpu")
+_TASK_COLUMNS: Final = ("cpu", "mem", "gpus", "milli")
+Shape = tuple[int, int, int]
 
 
 class NewJobs:
-    """The rows of jobs submitted one after another, gathered in order (names interned, allowed
-    cells and the shape window kept as each job comes) and their columns written at once."""
+    """The rows of jobs submitted (or dispatched) one after another, gathered in order and
+    written at once: names interned as each job comes (their running hash taken once for the
+    run), each distinct tuple of task groups (the job's *kind*) read once — its models
+    interned, its masks, totals and task rows — and each job's tasks taken from its kind's
+    with numpy; consecutive equal shapes go to the shape window in one call, the entry
+    hashes of the run's allowed cells and dispatches are summed once."""
 
-    __slots__ = ("first_job", "first_task", "jobs", "tasks")
+    __slots__ = (
+        "cell_entries", "cell_ids", "dispatch_entries", "first_job", "first_task", "jobs", "kind_of",
+        "kind_tasks", "kinds", "queues", "shape", "shape_count", "tasks", "tenants",
+    )  # fmt: skip
 
     def __init__(self, state: State) -> None:
         self.first_job, self.first_task = state.jobs.size, state.tasks.size
-        self.jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
-        self.tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
+        self.jobs: list[tuple[int, ...]] = []
+        """Per job: the values of ``_JOB_COLUMNS``, then its kind."""
+        self.tasks = 0
+        self.kind_of: dict[tuple[TaskGroup, ...], int] = {}
+        self.kinds: list[tuple[int, int, int, int, tuple[tuple[Shape, int], ...]]] = []
+        """Per kind: tasks, cpu, mem and GPU milli in all, its (shape, count) of each group."""
+        self.kind_tasks: list[list[tuple[int, int, int, int, int]]] = []
+        """Per kind: its task rows (cpu, mem, gpus, milli, models mask)."""
+        self.tenants: dict[str, int] = {}
+        self.queues: dict[str, int] = {}
+        self.cell_ids: dict[str, int] = {}
+        self.cell_entries: list[tuple[int, tuple[int, ...]]] = []
+        self.dispatch_entries: list[tuple[int, tuple[int, int, int, int]]] = []
+        self.shape: Shape | None = None
+        self.shape_count = 0
 
-    def take(self, state: State, e: JobSubmitted, cell: tuple[int] | None = None) -> None:
+    def take(self, state: State, e: JobSubmitted, cell: tuple[int] | None = None) -> int:
         """Fold ``e`` (the clock and offset already moved to it) but for the column writes;
         ``cell``: the one cell id it is allowed in instead of its own allowed cells (a
-        dispatch: :meth:`dispatch`)."""
+        dispatch: :meth:`dispatch`). Its job row, or -1 for a duplicate."""
         names = state.names
         job_names = names["job"]
         if e.job_id in job_names.ids:
             state.duplicates += 1
-            return
-        job = job_names.intern(e.job_id)
-        tenant, queue, priority, submitted, seq, first, ntasks, topo, expected, req_cpu, req_mem, req_gpu = (
-            self.jobs
-        )
-        tenant.append(names["tenant"].intern(e.tenant))
-        queue.append(names["queue"].intern(e.queue))
-        priority.append(e.priority)
-        submitted.append(state.now_ms)
-        seq.append(state.offset - 1)
-        first.append(self.first_task + len(self.tasks[0]))
-        topo.append(TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0)
-        expected.append(-1 if e.expected_duration_ms is None else e.expected_duration_ms)
+            return -1
+        job = job_names.add(e.job_id)
+        tenant = self.tenants.get(e.tenant)
+        if tenant is None:
+            tenant = self.tenants[e.tenant] = names["tenant"].intern(e.tenant)
+        queue = self.queues.get(e.queue)
+        if queue is None:
+            queue = self.queues[e.queue] = names["queue"].intern(e.queue)
         cells: tuple[int, ...] | None = cell
         if cells is None and e.allowed_cells:
             cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
+        kind = self.kind_of.get(e.task_groups)
+        if kind is None:
+            kind = self._kind(state, e.task_groups)
+        topo = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+        expected = -1 if e.expected_duration_ms is None else e.expected_duration_ms
+        first = self.first_task + self.tasks
+        row = (tenant, queue, e.priority, state.now_ms, state.offset - 1, first, topo, expected, kind)
+        self.jobs.append(row)
         if cells:
             state.job_cells[job] = cells
-            add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
-        n, cpu, mem, gpu = self._take_tasks(state, e, job)
-        ntasks.append(n)
-        req_cpu.append(cpu)
-        req_mem.append(mem)
-        req_gpu.append(gpu)
+            self.cell_entries.append((job, cells))
+        n, _, _, _, shapes = self.kinds[kind]
+        self.tasks += n
+        window = state.config.shape_window
+        for shape, count in shapes:
+            if shape == self.shape and self.shape_count + count <= window:
+                self.shape_count += count  # (remember_shape caps a call at the window: not past it)
+            else:
+                self._remember(state)
+                self.shape, self.shape_count = shape, count
         state.shapes_seen += n
         if state.shapes_seen >= state.mix_due:
+            self._remember(state)
             take_shape_mix(state)
         state.pending_count += 1
+        return job
 
     def dispatch(self, state: State, e: JobDispatched) -> None:
         """``fold.on_dispatched`` of a job new to this shard, to a cell it holds (the clock and
         offset already moved to it; :func:`plain_dispatch` says which): its submission
         restricted to the cell, but for the column writes, then the dispatch remembered and
         held."""
-        cell = state.names["cell"].intern(e.cell)
-        state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), e.seq)
-        self.take(state, e.job, (cell,))
-        job = state.names["job"].ids[e.job.job_id]
-        entry = state.dispatches[job] = (cell, e.attempt, e.seq, state.now_ms)
-        add_entry(state, SUM_DISPATCHES, (job, entry), 1)
-        hold(state, job, state.now_ms + state.config.hold_ms)
+        cell = self.cell_ids.get(e.cell)
+        if cell is None:
+            cell = self.cell_ids[e.cell] = state.names["cell"].intern(e.cell)
+        seqs = state.dispatched_seq
+        seqs[cell] = max(seqs.get(cell, 0), e.seq)
+        job = self.take(state, e.job, (cell,))
+        now = state.now_ms
+        entry = state.dispatches[job] = (cell, e.attempt, e.seq, now)
+        self.dispatch_entries.append((job, entry))
+        until = now + state.config.hold_ms
+        state.held[job] = until  # (fold.hold of a new job row: never held before)
+        state.next_return_ms = min(state.next_return_ms, until)
 
-    def _take_tasks(self, state: State, e: JobSubmitted, job: int) -> tuple[int, int, int, int]:
-        """The job's task rows, group by group, its shapes remembered; (tasks, cpu, mem, GPU
-        milli) in all."""
-        t_job, t_cpu, t_mem, t_gpus, t_milli, t_models = self.tasks
+    def _kind(self, state: State, groups: tuple[TaskGroup, ...]) -> int:
+        """Read a new tuple of task groups: its models interned (in the spec's order), its rows."""
+        rows: list[tuple[int, int, int, int, int]] = []
+        shapes: list[tuple[Shape, int]] = []
         n = cpu = mem = gpu = 0
-        for g in e.task_groups:
+        for g in groups:
             mask = 0
             for m in g.gpu_models:
                 mask |= 1 << model_id(state, m)
@@ -218,29 +255,80 @@ class NewJobs:
             cpu += count * g.cpu_milli
             mem += count * g.mem_mib
             gpu += count * g.gpu_count * g.gpu_milli
-            t_job.extend([job] * count)
-            t_cpu.extend([g.cpu_milli] * count)
-            t_mem.extend([g.mem_mib] * count)
-            t_gpus.extend([g.gpu_count] * count)
-            t_milli.extend([g.gpu_milli] * count)
-            t_models.extend([mask] * count)
-            remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), count)
-        return n, cpu, mem, gpu
+            rows += [(g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, mask)] * count
+            shapes.append(((g.gpu_count, g.gpu_milli, g.cpu_milli), count))
+        kind = self.kind_of[groups] = len(self.kinds)
+        self.kinds.append((n, cpu, mem, gpu, tuple(shapes)))
+        self.kind_tasks.append(rows)
+        return kind
+
+    def _remember(self, state: State) -> None:
+        """The gathered run of one shape into the shape window."""
+        if self.shape is not None:
+            remember_run(state, self.shape, self.shape_count)
+            self.shape, self.shape_count = None, 0
 
     def write(self, state: State) -> None:
-        """Add the rows (in the order their names were interned) and write their columns."""
-        state.jobs.add(len(self.jobs[0]))
-        state.tasks.add(len(self.tasks[0]))
+        """Add the rows (in the order their names were interned), write their columns and the
+        run's entry sums and shapes."""
+        self._remember(state)
+        if self.cell_entries:
+            _add_entries(state, SUM_JOB_CELLS, self.cell_entries)
+        if self.dispatch_entries:
+            _add_entries(state, SUM_DISPATCHES, self.dispatch_entries)
+        if not self.jobs:
+            return
+        count, first = len(self.jobs), self.first_job
+        state.jobs.add(count)
+        state.tasks.add(self.tasks)
         jc, tc = state.jobs.cols, state.tasks.cols  # (after the adds: a table that grows gets new arrays)
-        for cols, names, rows, start in (
-            (jc, _JOB_COLUMNS, self.jobs, self.first_job),
-            (tc, _TASK_COLUMNS, self.tasks, self.first_task),
-        ):
-            for name, values in zip(names, rows, strict=True):
-                if len(values) == 1:  # (one job, one task: a scalar store is several times cheaper)
-                    cols[name][start] = values[0]
-                else:
-                    cols[name][start : start + len(values)] = values
+        rows = np.array(self.jobs, dtype=np.int64)
+        for i, name in enumerate(_JOB_COLUMNS):
+            jc[name][first : first + count] = rows[:, i]
+        kinds = rows[:, -1]
+        totals = np.array([k[:4] for k in self.kinds], dtype=np.int64)[kinds]
+        for i, name in enumerate(_KIND_COLUMNS):
+            jc[name][first : first + count] = totals[:, i]
+        per_job = totals[:, 0]
+        tasks = slice(self.first_task, self.first_task + self.tasks)
+        tc["job"][tasks] = np.repeat(np.arange(first, first + count, dtype=np.int64), per_job)
+        table = [row for rows_of in self.kind_tasks for row in rows_of]
+        starts = np.cumsum([0] + [len(r) for r in self.kind_tasks])[:-1]
+        if len(table) == len(self.kind_tasks):  # (every kind one task: the kinds index the rows)
+            source = kinds
+        else:
+            within = np.arange(self.tasks) - np.repeat(np.cumsum(per_job) - per_job, per_job)
+            source = np.repeat(starts[kinds], per_job) + within
+        values = np.array([row[:4] for row in table], dtype=np.int64)[source]
+        for i, name in enumerate(_TASK_COLUMNS):
+            tc[name][tasks] = values[:, i]
+        tc["models"][tasks] = np.array([row[4] for row in table], dtype=np.uint64)[source]
+
+
+def _add_entries(state: State, which: int, entries: list[Any]) -> None:
+    """:func:`~fleetlog.core.fold.add_entry` of each of ``entries`` (+1): the sum is order-free."""
+    state.sums[which] = (state.sums[which] + sum(map(entry_hash, entries))) & HASH_MASK
+
+
+def remember_run(state: State, shape: Shape, count: int) -> None:
+    """:func:`~fleetlog.core.fold.remember_shape` of ``count`` tasks of ``shape``: the same
+    window, its ring filled with one extend while it is not full, and nothing but the slot
+    moved when every slot it overwrites holds that shape already (a steady mix)."""
+    window, ring, at = state.config.shape_window, state.recent_shapes, state.recent_next
+    if len(ring) + count <= window and at == len(ring):
+        ring.extend([shape] * count)
+        row = state.shape_stats.get((shape[0], shape[1]))
+        if row is None:
+            row = state.shape_stats[shape[0], shape[1]] = [0, 0]
+        row[0] += count
+        row[1] += count * shape[2]
+        change = sum(window_entry_hash(a, shape) for a in range(at, at + count))
+        state.recent_next = (at + count) % window
+        state.sums[SUM_RECENT_SHAPES] = (state.sums[SUM_RECENT_SHAPES] + change) & HASH_MASK
+    elif len(ring) == window and at + count <= window and ring[at : at + count].count(shape) == count:
+        state.recent_next = (at + count) % window
+    else:
+        remember_shape(state, shape, count)
 
 
 def fold_submissions(
