@@ -15,18 +15,19 @@ The steady heartbeats are the objects ``state.derived.beat_cache`` holds, which 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any, Final
 
+import msgspec
 import numpy as np
 
-from fleetlog.core.arrays import HASH_MASK, Array, entry_hash
+from fleetlog.core.arrays import HASH_MASK, Array
 from fleetlog.core.fold import (
     drop_reason_text,
     fold,
     fold_decision,
-    mask_gpus,
     model_id,
     next_due,
     on_placed,
@@ -305,9 +306,15 @@ class NewJobs:
         tc["models"][tasks] = np.array([row[4] for row in table], dtype=np.uint64)[source]
 
 
+_ENCODE: Final = msgspec.msgpack.Encoder().encode
+
+
 def _add_entries(state: State, which: int, entries: list[Any]) -> None:
-    """:func:`~fleetlog.core.fold.add_entry` of each of ``entries`` (+1): the sum is order-free."""
-    state.sums[which] = (state.sums[which] + sum(map(entry_hash, entries))) & HASH_MASK
+    """:func:`~fleetlog.core.fold.add_entry` of each of ``entries`` (+1): the sum is order-free.
+    (:func:`~fleetlog.core.arrays.entry_hash` inlined: a third less per entry.)"""
+    blake, word = hashlib.blake2b, int.from_bytes
+    change = sum([word(blake(_ENCODE(e), digest_size=8).digest(), "little") for e in entries])
+    state.sums[which] = (state.sums[which] + change) & HASH_MASK
 
 
 def remember_run(state: State, shape: Shape, count: int) -> None:
@@ -495,24 +502,23 @@ def fold_decisions(state: State, decisions: Sequence[object]) -> None:
 
 def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
     """:func:`on_placed` of each of ``placed``, in order: when every one places one task of a
-    pending job (no job twice) on an up node, all at once; otherwise one by one (which
-    raises at the first bad one, as it always did)."""
-    job_ids, cell_ids = state.names["job"].ids, state.names["cell"].ids
-    jobs, cells, nodes, masks, indices = [], [], [], [], []
-    for d in placed:
-        if len(d.tasks) != 1:
-            break
-        p = d.tasks[0]
-        jobs.append(job_ids.get(d.job_id, -1))
-        cells.append(cell_ids.get(d.cell, -1))
-        nodes.append(state.node_row(d.cell, p.node))
-        masks.append(_mask_of(p.gpu_indices))
-        indices.append(p.task_index)
+    pending job (no job twice) on an up node, all at once — the tasks' and nodes' columns with
+    numpy (a GPU column at a time), the tenants' usage summed per (tenant, cell) in the order
+    the spec first meets them; otherwise one by one (which raises at the first bad one, as it
+    always did)."""
+    one = [d.tasks[0] for d in placed if len(d.tasks) == 1]
+    if len(one) < len(placed):
+        for d in placed:
+            on_placed(state, d)
+        return
+    job_ids, cell_ids, node_ids = state.names["job"].ids, state.names["cell"].ids, state.names["node"].ids
+    jobs = [job_ids.get(d.job_id, -1) for d in placed]
+    cells = [cell_ids.get(d.cell, -1) for d in placed]
+    nodes = [node_ids.get(f"{d.cell}\x00{p.node}", -1) for d, p in zip(placed, one, strict=True)]
     jc, tc, nc = state.jobs.cols, state.tasks.cols, state.nodes.cols
     job_rows, node_rows = np.array(jobs, dtype=np.int64), np.array(nodes, dtype=np.int64)
     if (
-        len(jobs) < len(placed)
-        or min(jobs) < 0
+        min(jobs) < 0
         or min(cells) < 0
         or min(nodes) < 0
         or len(set(jobs)) < len(jobs)
@@ -522,36 +528,61 @@ def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
         for d in placed:
             on_placed(state, d)
         return
-    tasks = jc["first_task"][job_rows] + np.array(indices, dtype=np.int64)
+    masks = np.array([_mask_of(p.gpu_indices) for p in one], dtype=np.uint64)
+    tasks = jc["first_task"][job_rows] + np.array([p.task_index for p in one], dtype=np.int64)
     cpu, mem, milli, gpus = (tc[c][tasks] for c in ("cpu", "mem", "milli", "gpus"))
     np.subtract.at(nc["cpu_free"], node_rows, cpu)
     np.subtract.at(nc["mem_free"], node_rows, mem)
-    counts = nc["gpu_count"][node_rows].tolist()
-    gpu_rows, gpu_cols, gpu_take = [], [], []
-    for node, mask, count, share in zip(nodes, masks, counts, milli.tolist(), strict=True):
-        for g in mask_gpus(mask & ((1 << count) - 1)):
-            gpu_rows.append(node)
-            gpu_cols.append(g)
-            gpu_take.append(share)
-    where = (np.array(gpu_rows, dtype=np.int64), np.array(gpu_cols, dtype=np.int64))
-    np.subtract.at(nc["gpu_free"], where, np.array(gpu_take, dtype=nc["gpu_free"].dtype))
-    tc["node"][tasks], tc["gpu_mask"][tasks] = node_rows, np.array(masks, dtype=np.uint64)
+    _take_gpus(nc, node_rows, masks, milli)
+    tc["node"][tasks], tc["gpu_mask"][tasks] = node_rows, masks
     tc["state"][tasks] = _PLACED
-    tenants = jc["tenant"][job_rows].tolist()
-    requests = zip(cpu.tolist(), mem.tolist(), (milli * gpus).tolist(), strict=True)
-    for job, tenant, cell, (c, m, g) in zip(jobs, tenants, cells, requests, strict=True):
+    cell_rows = np.array(cells, dtype=np.int64)
+    _count_usage_many(state, jc["tenant"][job_rows].astype(np.int64), cell_rows, cpu, mem, milli * gpus)
+    texts, requeues = state.reason_text, state.requeues
+    for job in [j for j in jobs if j in texts]:
+        drop_reason_text(state, job)
+    for job in [j for j in jobs if j in requeues]:
+        del requeues[job]
+    jc["state"][job_rows], jc["cell"][job_rows] = _RUNNING, cell_rows
+    jc["placed_at_ms"][job_rows], jc["reason"][job_rows] = state.now_ms, 0
+    state.pending_count -= len(jobs)
+
+
+_ALL_BITS: Final = (1 << 64) - 1
+
+
+def _take_gpus(nc: dict[str, Array], node_rows: Array, masks: Array, milli: Array) -> None:
+    """Take ``milli`` of each GPU in ``masks`` (those its node has) off its node's free shares:
+    one unbuffered subtraction per GPU index in use (tasks may share a node, or a GPU)."""
+    counts = nc["gpu_count"][node_rows]
+    low = (np.uint64(1) << np.minimum(counts, 63).astype(np.uint64)) - np.uint64(1)
+    used = masks & np.where(counts >= 64, np.uint64(_ALL_BITS), low)  # (a shift by 64 is not defined)
+    free, share = nc["gpu_free"], milli.astype(nc["gpu_free"].dtype)
+    top = int(used.max(initial=0)).bit_length()
+    for g in range(top):
+        on = ((used >> np.uint64(g)) & np.uint64(1)).astype(bool)
+        if on.any():
+            np.subtract.at(free, (node_rows[on], g), share[on])
+
+
+def _count_usage_many(state: State, tenants: Array, cells: Array, cpu: Array, mem: Array, gpu: Array) -> None:
+    """The usage counters of each placement's (tenant, every cell) and (tenant, cell), summed per
+    pair with numpy and added in the order the one-by-one fold first meets each pair (so the
+    dict's keys come in the same order)."""
+    pairs = tenants * (int(cells.max()) + 1) + cells
+    keys, first, which = np.unique(pairs, return_index=True, return_inverse=True)
+    sums = np.zeros((keys.size, 3), dtype=np.int64)
+    np.add.at(sums, which, np.stack([cpu, mem, gpu], axis=1).astype(np.int64))
+    usage = state.usage
+    for k in np.argsort(first, kind="stable").tolist():
+        row = int(first[k])
+        tenant, cell = int(tenants[row]), int(cells[row])
+        c, m, g = sums[k].tolist()
         for key in ((tenant, -1), (tenant, cell)):
-            counter = state.usage.setdefault(key, [0, 0, 0])
+            counter = usage.setdefault(key, [0, 0, 0])
             counter[0] += c
             counter[1] += m
             counter[2] += g
-        if job in state.reason_text:
-            drop_reason_text(state, job)
-        if job in state.requeues:
-            del state.requeues[job]
-    jc["state"][job_rows], jc["cell"][job_rows], jc["placed_at_ms"][job_rows] = _RUNNING, cells, state.now_ms
-    jc["reason"][job_rows] = 0
-    state.pending_count -= len(jobs)
 
 
 @functools.lru_cache(maxsize=1 << 12)
