@@ -21,6 +21,7 @@ from itertools import repeat
 from typing import Any, Final
 
 import msgspec
+import numba
 import numpy as np
 
 from fleetlog.core.arrays import HASH_MASK, Array
@@ -531,9 +532,8 @@ def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
     masks = np.array([_mask_of(p.gpu_indices) for p in one], dtype=np.uint64)
     tasks = jc["first_task"][job_rows] + np.array([p.task_index for p in one], dtype=np.int64)
     cpu, mem, milli, gpus = (tc[c][tasks] for c in ("cpu", "mem", "milli", "gpus"))
-    np.subtract.at(nc["cpu_free"], node_rows, cpu)
-    np.subtract.at(nc["mem_free"], node_rows, mem)
-    _take_gpus(nc, node_rows, masks, milli)
+    free = (nc["cpu_free"], nc["mem_free"], nc["gpu_free"], nc["gpu_count"])
+    _take_many(*free, node_rows, masks, cpu, mem, milli)
     tc["node"][tasks], tc["gpu_mask"][tasks] = node_rows, masks
     tc["state"][tasks] = _PLACED
     cell_rows = np.array(cells, dtype=np.int64)
@@ -548,36 +548,52 @@ def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
     state.pending_count -= len(jobs)
 
 
-_ALL_BITS: Final = (1 << 64) - 1
+@numba.njit(cache=True)
+def _take_many(
+    cpu_free: Array, mem_free: Array, gpu_free: Array, gpu_count: Array, nodes: Array, masks: Array,
+    cpu: Array, mem: Array, milli: Array,
+) -> None:  # fmt: skip
+    """:func:`~fleetlog.core.fold.take_task`'s node writes for each placement: its CPU and memory,
+    and ``milli`` of each GPU of its mask that its node has (tasks may share a node, or a GPU)."""
+    for k in range(nodes.shape[0]):
+        node = nodes[k]
+        cpu_free[node] -= cpu[k]
+        mem_free[node] -= mem[k]
+        mask = masks[k]
+        for g in range(gpu_count[node]):
+            if (mask >> np.uint64(g)) & np.uint64(1):
+                gpu_free[node, g] -= milli[k]
 
 
-def _take_gpus(nc: dict[str, Array], node_rows: Array, masks: Array, milli: Array) -> None:
-    """Take ``milli`` of each GPU in ``masks`` (those its node has) off its node's free shares:
-    one unbuffered subtraction per GPU index in use (tasks may share a node, or a GPU)."""
-    counts = nc["gpu_count"][node_rows]
-    low = (np.uint64(1) << np.minimum(counts, 63).astype(np.uint64)) - np.uint64(1)
-    used = masks & np.where(counts >= 64, np.uint64(_ALL_BITS), low)  # (a shift by 64 is not defined)
-    free, share = nc["gpu_free"], milli.astype(nc["gpu_free"].dtype)
-    top = int(used.max(initial=0)).bit_length()
-    for g in range(top):
-        on = ((used >> np.uint64(g)) & np.uint64(1)).astype(bool)
-        if on.any():
-            np.subtract.at(free, (node_rows[on], g), share[on])
+@numba.njit(cache=True)
+def _usage_sums(tenants: Array, cells: Array, amounts: Array) -> tuple[Array, Array]:
+    """The (tenant, cell) pairs in the order first met, and the sum of ``amounts`` per pair."""
+    width = cells.max() + 1
+    index: dict[int, int] = {-1: -1}  # (typed by its first entry, a pair no row makes)
+    first = np.empty(tenants.shape[0], dtype=np.int64)
+    sums = np.zeros((tenants.shape[0], amounts.shape[1]), dtype=np.int64)
+    k = 0
+    for i in range(tenants.shape[0]):
+        pair = tenants[i] * width + cells[i]
+        if pair in index:
+            j = index[pair]
+        else:
+            j = index[pair] = k
+            first[k] = i
+            k += 1
+        sums[j] += amounts[i]
+    return first[:k], sums[:k]
 
 
 def _count_usage_many(state: State, tenants: Array, cells: Array, cpu: Array, mem: Array, gpu: Array) -> None:
     """The usage counters of each placement's (tenant, every cell) and (tenant, cell), summed per
-    pair with numpy and added in the order the one-by-one fold first meets each pair (so the
-    dict's keys come in the same order)."""
-    pairs = tenants * (int(cells.max()) + 1) + cells
-    keys, first, which = np.unique(pairs, return_index=True, return_inverse=True)
-    sums = np.zeros((keys.size, 3), dtype=np.int64)
-    np.add.at(sums, which, np.stack([cpu, mem, gpu], axis=1).astype(np.int64))
+    pair and added in the order the one-by-one fold first meets each pair (so the dict's keys
+    come in the same order)."""
+    amounts = np.stack([cpu, mem, gpu], axis=1).astype(np.int64)
+    first, sums = _usage_sums(tenants, cells, amounts)
     usage = state.usage
-    for k in np.argsort(first, kind="stable").tolist():
-        row = int(first[k])
+    for row, (c, m, g) in zip(first.tolist(), sums.tolist(), strict=True):
         tenant, cell = int(tenants[row]), int(cells[row])
-        c, m, g = sums[k].tolist()
         for key in ((tenant, -1), (tenant, cell)):
             counter = usage.setdefault(key, [0, 0, 0])
             counter[0] += c
