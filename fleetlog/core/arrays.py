@@ -62,6 +62,13 @@ class Interner:
         self._unhashed.append(name)
         return found
 
+    def add_many(self, names: list[str]) -> None:
+        """:meth:`add` of each of ``names`` (distinct, none interned yet), in order."""
+        start = len(self.names)
+        self.ids.update(zip(names, range(start, start + len(names)), strict=True))
+        self.names.extend(names)
+        self._unhashed.extend(names)
+
     def _hash_added(self) -> None:
         # the names joined by NUL, then one NUL: the bytes :meth:`intern` hashes name by name
         self._hash.update("\x00".join(self._unhashed).encode("utf-8", "surrogatepass") + b"\x00")

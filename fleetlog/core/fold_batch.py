@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterable, Sequence
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import Any, Final
 
 import msgspec
@@ -200,7 +200,7 @@ class NewJobs:
             cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
         kind = self.kind_of.get(e.task_groups)
         if kind is None:
-            kind = self._kind(state, e.task_groups)
+            kind = self.kind(state, e.task_groups)
         topo = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
         expected = -1 if e.expected_duration_ms is None else e.expected_duration_ms
         first = self.first_task + self.tasks
@@ -209,8 +209,14 @@ class NewJobs:
         if cells:
             state.job_cells[job] = cells
             self.cell_entries.append((job, cells))
+        self.tasks += self.shapes(state, kind)
+        state.pending_count += 1
+        return job
+
+    def shapes(self, state: State, kind: int) -> int:
+        """A job of ``kind``'s tasks into the shape window (gathered while the shape repeats),
+        the shape mix taken when it falls due; its number of tasks."""
         n, _, _, _, shapes = self.kinds[kind]
-        self.tasks += n
         window = state.config.shape_window
         for shape, count in shapes:
             if shape == self.shape and self.shape_count + count <= window:
@@ -222,8 +228,7 @@ class NewJobs:
         if state.shapes_seen >= state.mix_due:
             self._remember(state)
             take_shape_mix(state)
-        state.pending_count += 1
-        return job
+        return n
 
     def dispatch(self, state: State, e: JobDispatched) -> None:
         """``fold.on_dispatched`` of a job new to this shard, to a cell it holds (the clock and
@@ -243,7 +248,7 @@ class NewJobs:
         state.held[job] = until  # (fold.hold of a new job row: never held before)
         state.next_return_ms = min(state.next_return_ms, until)
 
-    def _kind(self, state: State, groups: tuple[TaskGroup, ...]) -> int:
+    def kind(self, state: State, groups: tuple[TaskGroup, ...]) -> int:
         """Read a new tuple of task groups: its models interned (in the spec's order), its rows."""
         rows: list[tuple[int, int, int, int, int]] = []
         shapes: list[tuple[Shape, int]] = []
@@ -263,6 +268,37 @@ class NewJobs:
         self.kinds.append((n, cpu, mem, gpu, tuple(shapes)))
         self.kind_tasks.append(rows)
         return kind
+
+    def shapes_of_run(self, state: State, kinds: list[int]) -> list[int]:
+        """:meth:`shapes` of jobs of ``kinds`` in order; a run of one kind of one task group (a
+        steady stream) gathered up to each job at which the mix falls due, not job by job."""
+        n, _, _, _, groups = self.kinds[kinds[0]]
+        window = state.config.shape_window
+        if len(groups) != 1 or groups[0][1] > window or kinds.count(kinds[0]) < len(kinds):
+            return [self.shapes(state, k) for k in kinds]
+        shape, count = groups[0]
+        left = len(kinds)
+        while left:
+            jobs = min(left, max(1, -(-(state.mix_due - state.shapes_seen) // n)))  # (up to the mix's job)
+            self._gather(state, shape, jobs * count, window)
+            state.shapes_seen += jobs * n
+            if state.shapes_seen >= state.mix_due:
+                self._remember(state)
+                take_shape_mix(state)
+            left -= jobs
+        return [n] * len(kinds)
+
+    def _gather(self, state: State, shape: Shape, total: int, window: int) -> None:
+        """``total`` tasks of ``shape`` (jobs of ``shape``'s count each, at most the window) into
+        the gathered run, in calls of at most the window: each task is one slot's step of
+        ``remember_shape`` however the calls are cut, while none is cut at the window."""
+        while total:
+            if self.shape != shape or self.shape_count == window:
+                self._remember(state)
+                self.shape, self.shape_count = shape, 0
+            piece = min(total, window - self.shape_count)
+            self.shape_count += piece
+            total -= piece
 
     def _remember(self, state: State) -> None:
         """The gathered run of one shape into the shape window."""
@@ -352,6 +388,8 @@ def fold_submissions(
         for event, at_ms in zip(events, times, strict=True):
             fold(state, event, at_ms)
         return
+    if dispatch_run(state, events, times):
+        return
     new, due = NewJobs(state), next_due(state)
     for e, at_ms in zip(events, times, strict=True):
         if at_ms >= due or (type(e) is JobDispatched and plain_dispatch(state, e)):
@@ -367,6 +405,71 @@ def fold_submissions(
         else:
             new.take(state, e)  # type: ignore[arg-type]
     new.write(state)
+
+
+def dispatch_run(state: State, events: Sequence[JobSubmitted | JobDispatched], times: Sequence[int]) -> bool:
+    """Fold a run that is all dispatches of distinct jobs new to the shard, to cells it holds,
+    with no node sweep or hold's end (the run's own first included) at or before its last
+    time — a cell shard's steady input — all at once: the same state as
+    :meth:`NewJobs.dispatch` event by event, each step a comprehension over the run. False,
+    and nothing folded, for any other run."""
+    if any(type(e) is not JobDispatched for e in events):
+        return False
+    sent: list[JobDispatched] = events  # type: ignore[assignment]
+    specs = [e.job for e in sent]
+    ids = [j.job_id for j in specs]
+    names, config = state.names, state.config
+    cell_names = [e.cell for e in sent]
+    nows = list(accumulate(times, max, initial=state.now_ms))[1:]
+    if (
+        len(set(ids)) < len(ids)
+        or not names["job"].ids.keys().isdisjoint(ids)
+        or (config.cells and not set(cell_names).issubset(config.cells))
+        or nows[-1] >= min(next_due(state), nows[0] + config.hold_ms)
+    ):
+        return False
+    new, offset, first = NewJobs(state), state.offset, state.jobs.size
+    cell_of = {c: names["cell"].intern(c) for c in dict.fromkeys(cell_names)}  # (first met, first interned)
+    cells = [cell_of[c] for c in cell_names]
+    seqs = [e.seq for e in sent]
+    _raise_seqs(state, cells, seqs)
+    names["job"].add_many(ids)
+    rows = range(first, first + len(ids))
+    tenant_of = {t: names["tenant"].intern(t) for t in dict.fromkeys([j.tenant for j in specs])}
+    queue_of = {q: names["queue"].intern(q) for q in dict.fromkeys([j.queue for j in specs])}
+    kind_of = new.kind_of
+    kinds = [kind_of[g] if g in kind_of else new.kind(state, g) for g in [j.task_groups for j in specs]]
+    tasks = new.shapes_of_run(state, kinds)
+    firsts = list(accumulate(tasks, initial=new.first_task))[:-1]
+    new.tasks = sum(tasks)
+    new.jobs = list(zip(
+        [tenant_of[j.tenant] for j in specs], [queue_of[j.queue] for j in specs], [j.priority for j in specs],
+        nows, range(offset, offset + len(ids)), firsts,
+        [TOPOLOGY_CODES[j.required_topology] if j.required_topology else 0 for j in specs],
+        [-1 if j.expected_duration_ms is None else j.expected_duration_ms for j in specs], kinds,
+        strict=True,
+    ))  # fmt: skip
+    allowed = {c: (c,) for c in cell_of.values()}
+    new.cell_entries = [(job, allowed[c]) for job, c in zip(rows, cells, strict=True)]
+    state.job_cells.update(new.cell_entries)
+    entries = list(zip(cells, [e.attempt for e in sent], seqs, nows, strict=True))
+    new.dispatch_entries = list(zip(rows, entries, strict=True))
+    state.dispatches.update(new.dispatch_entries)
+    state.held.update(zip(rows, [now + config.hold_ms for now in nows], strict=True))  # (new: never held)
+    state.next_return_ms = min(state.next_return_ms, nows[0] + config.hold_ms)
+    state.pending_count += len(ids)
+    state.now_ms, state.offset = nows[-1], offset + len(ids)
+    new.write(state)
+    return True
+
+
+def _raise_seqs(state: State, cells: list[int], seqs: list[int]) -> None:
+    """``dispatched_seq`` of each cell: the largest of its seqs, the cells in the order met."""
+    top: dict[int, int] = {}
+    for cell, seq in zip(cells, seqs, strict=True):
+        top[cell] = max(top.get(cell, 0), seq)
+    for cell, seq in top.items():
+        state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), seq)
 
 
 def plain_dispatch(state: State, e: JobDispatched) -> bool:
