@@ -46,7 +46,8 @@ def generated(seed: int) -> tuple[CoreConfig, Log]:
     """A shard of cells a and b; runs of new dispatches, with now and then what breaks a run."""
     rng = random.Random(seed)
     config = CoreConfig(
-        cells=("a", "b"), hold_ms=rng.choice((0, 1, 5, 60_000)), node_timeout_ms=rng.choice((40, 60_000)),
+        cells=("a", "b"), hold_ms=rng.choice((0, 1, 5, 60_000, 60_000)),
+        node_timeout_ms=rng.choice((40, 60_000, 60_000)),
         shape_window=rng.choice((4, 8, 64, 4096)), shape_mix_every=rng.choice((1, 3, 16, 2048)),
     )  # fmt: skip
     beats = [node(f"{c}-n{i}", cell=c, gpus=(2, 8, 64)[i % 3]) for c in "ab" for i in range(4)]
@@ -69,7 +70,8 @@ def generated(seed: int) -> tuple[CoreConfig, Log]:
                 continue
             cell = "x" if r < breaks + 0.001 and breaks else cell
             seq[cell] += 1
-            log.append((JobDispatched(job=spec(rng, f"j{made}", mode), cell=cell, attempt=1, seq=seq[cell],
+            back = rng.randint(1, seq[cell]) if rng.random() < 0.01 else seq[cell]  # (hostile: gone back)
+            log.append((JobDispatched(job=spec(rng, f"j{made}", mode), cell=cell, attempt=1, seq=back,
                                       as_of=0), now))
             made += 1
         now += rng.choice((1, 50, 5_000))
@@ -227,3 +229,23 @@ def test_a_placement_on_a_nodes_64th_gpu_takes_its_share() -> None:
     assert (at_once.nodes.view("gpu_free") == plain.nodes.view("gpu_free")).all()
     assert int(at_once.nodes.view("gpu_free")[0, 63]) == 1000 - 5 * 250
     assert digest(at_once) == digest(plain)
+
+
+def test_a_run_of_seqs_gone_back_leaves_the_cells_seq_as_one_by_one() -> None:
+    """A run whose seqs are all below what the cell saw (hostile input), and one whose seqs go
+    back inside it: the cell's ``dispatched_seq`` is the largest ever seen, as one by one."""
+    config = CoreConfig(cells=("a", "b"))
+    log: Log = [(node("a-n0", cell="a"), 0)]
+    log += [(JobDispatched(job=job(f"j{i}"), cell="a", attempt=1, seq=100 + i, as_of=0), 1) for i in range(5)]
+    log += [(node("a-n0", cell="a"), 2)]  # (a heartbeat between: three runs)
+    log += [(JobDispatched(job=job(f"k{i}"), cell="a", attempt=1, seq=1 + i, as_of=0), 2) for i in range(5)]
+    log += [(node("a-n0", cell="a"), 3)]
+    log += [(JobDispatched(job=job(f"m{i}"), cell="ab"[i % 2], attempt=1, seq=(9, 7, 500, 3)[i], as_of=0), 3)
+            for i in range(4)]
+    plain = one_by_one(config, log)
+    for chunk in (5, 6, 12, len(log)):
+        state = State(config)
+        for i in range(0, len(log), chunk):
+            fold_many(state, log[i : i + chunk])
+        assert list(state.dispatched_seq.items()) == list(plain.dispatched_seq.items()) == [(0, 500), (1, 7)]
+        assert digest(state) == digest(plain)
