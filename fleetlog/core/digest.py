@@ -255,7 +255,8 @@ def _column_hashes(cols: list[npt.NDArray[Any]]) -> list[int]:
     parts, spans, at = [], [], 0
     for col in cols:
         n = col.nbytes
-        parts.append(col.reshape(-1).view(np.uint8))
+        raw = col if col.flags.c_contiguous else np.ascontiguousarray(col)  # (GPU shares up to a width)
+        parts.append(raw.reshape(-1).view(np.uint8))
         if n % 8:
             parts.append(_PADS[8 - n % 8])
         at += (n + 7) // 8
