@@ -24,7 +24,7 @@ import asyncio, json, sys
 from numba.core.registry import CPUDispatcher
 from fleetlog.simulation import RunConfig, load_cluster, load_workload, parse_mode, run_simulation
 import importlib, pkgutil
-from fleetlog.core import digest, invariants, kernels
+from fleetlog.core import cellshard, digest, fold_batch, invariants, kernels
 from fleetlog.core.policy import policy_named
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.service.warmup import warm_up
@@ -34,7 +34,8 @@ MODULES = [importlib.import_module(f"{kernels.__name__}.{i.name}")
            for i in pkgutil.iter_modules(kernels.__path__)]
 
 def compiled():
-    return {f"{m.__name__}.{n}": {str(s) for s in f.signatures} for m in (*MODULES, digest, invariants)
+    return {f"{m.__name__}.{n}": {str(s) for s in f.signatures}
+            for m in (*MODULES, digest, invariants, fold_batch, cellshard)
             for n, f in vars(m).items()
             if isinstance(f, CPUDispatcher) and f.py_func.__module__ == m.__name__}
 
@@ -104,3 +105,28 @@ def test_demo_compiles_no_kernel(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert not cache.exists() or not any(cache.rglob("*.nbi"))
+
+
+CELL_KERNELS = """
+import json
+from numba.core.registry import CPUDispatcher
+from fleetlog.core import cellshard, fold_batch
+from fleetlog.core.policy import policy_named
+from fleetlog.service.warmup import warm_up
+warm_up(policy_named("default"))
+print(json.dumps({f"{m.__name__}.{n}": len(f.signatures) for m in (fold_batch, cellshard)
+                  for n, f in vars(m).items() if isinstance(f, CPUDispatcher)}))
+"""
+
+
+def test_the_warm_up_compiles_a_cell_shards_fold_and_summary_kernels() -> None:
+    """A cell shard's step folds its dispatches and its placements at once and summarizes its
+    cell with kernels a single shard's small run may not reach: the warm-up steps a toy cell
+    shard, so each is compiled (in a fresh process) before a process leads."""
+    done = subprocess.run([sys.executable, "-c", CELL_KERNELS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    expected = {"fleetlog.core.fold_batch._take_many", "fleetlog.core.fold_batch._usage_sums",
+                "fleetlog.core.cellshard._free_table"}
+    assert JIT_OFF or (set(found) >= expected and all(found[k] >= 1 for k in expected)), found

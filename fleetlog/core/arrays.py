@@ -32,12 +32,14 @@ def entries_sum(entries: Any) -> int:
 class Interner:
     """Strings to dense ids in first-seen order (so ids depend on the log, not on hashing)."""
 
-    __slots__ = ("_hash", "ids", "names")
+    __slots__ = ("_hash", "_unhashed", "ids", "names")
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.names: list[str] = []
         self._hash = hashlib.blake2b(digest_size=16)
+        self._unhashed: list[str] = []
+        """Names :meth:`add`-ed whose bytes the running hash has not taken yet (in order)."""
 
     def __len__(self) -> int:
         return len(self.names)
@@ -45,13 +47,37 @@ class Interner:
     def intern(self, name: str) -> int:
         found = self.ids.get(name)
         if found is None:
+            if self._unhashed:
+                self._hash_added()  # (the hash takes the names in interning order)
             found = self.ids[name] = len(self.names)
             self.names.append(name)
             self._hash.update(name.encode("utf-8", "surrogatepass") + b"\x00")
         return found
 
+    def add(self, name: str) -> int:
+        """:meth:`intern` of a name known to be new, its bytes hashed later with the other names
+        added since, in one update (a run of new jobs: the same running hash, one call)."""
+        found = self.ids[name] = len(self.names)
+        self.names.append(name)
+        self._unhashed.append(name)
+        return found
+
+    def add_many(self, names: list[str]) -> None:
+        """:meth:`add` of each of ``names`` (distinct, none interned yet), in order."""
+        start = len(self.names)
+        self.ids.update(zip(names, range(start, start + len(names)), strict=True))
+        self.names.extend(names)
+        self._unhashed.extend(names)
+
+    def _hash_added(self) -> None:
+        # the names joined by NUL, then one NUL: the bytes :meth:`intern` hashes name by name
+        self._hash.update("\x00".join(self._unhashed).encode("utf-8", "surrogatepass") + b"\x00")
+        self._unhashed = []
+
     def running_hash(self) -> str:
         """A hash of every name in order, kept up to date as names are interned."""
+        if self._unhashed:
+            self._hash_added()
         return self._hash.hexdigest()
 
     def get(self, name: str) -> int:

@@ -20,10 +20,12 @@ from __future__ import annotations
 from typing import Final
 
 import msgspec
+import numba
 import numpy as np
+import numpy.typing as npt
 
 from fleetlog.core.dispatch import take
-from fleetlog.core.state import FULL_GPU, JobState, NodeStatus, State
+from fleetlog.core.state import FULL_GPU, MAX_GPU_MODELS, JobState, NodeStatus, State
 from fleetlog.events.model import (
     GPU_BUCKETS,
     MAX_SUMMARY_ENTRIES,
@@ -211,34 +213,56 @@ def _held_in(state: State, cid: int) -> list[int]:
 
 def free_rows(state: State, up: np.ndarray) -> list[tuple[str, int, int, int, int, int, int]]:
     """``(gpu_model, bucket, slots, cpu_milli, mem_mib, node_cpu_milli, node_mem_mib)`` over
-    nodes ``up``, node by node with numpy: bucket ``b`` > 0 has ``whole free GPUs // b`` slots
-    per node (a GPU with a share taken is not free), and the free CPU and memory of the nodes
-    with a slot, in total and the most on one of them; bucket 0 (tasks without GPUs) counts
-    each node's free milli-CPU as slots (a task needs at least one: the CPU and memory totals
-    are what bound it), over nodes with free CPU and memory. Nodes without GPUs are model
-    ``""``. Rows without a slot are left out."""
+    nodes ``up``, node by node: bucket ``b`` > 0 has ``whole free GPUs // b`` slots per node (a
+    GPU with a share taken is not free), and the free CPU and memory of the nodes with a slot,
+    in total and the most on one of them; bucket 0 (tasks without GPUs) counts each node's free
+    milli-CPU as slots (a task needs at least one: the CPU and memory totals are what bound it),
+    over nodes with free CPU and memory. Nodes without GPUs are model ``""``. Rows without a
+    slot are left out. One pass of a numba kernel over the nodes (:func:`_free_table`: this
+    runs for every cell at every step)."""
     nc, names = state.nodes.cols, state.names["model"].names
-    models = np.where(nc["gpu_count"][up] > 0, nc["model"][up], -1)
-    cpu, mem = nc["cpu_free"][up].clip(0), nc["mem_free"][up].clip(0)
     width = int(nc["gpu_count"][up].max(initial=0))  # (past it no node has a GPU, nor a slot)
-    whole = (nc["gpu_free"][up, :width] == FULL_GPU).sum(axis=1)
-    buckets = [b for b in GPU_BUCKETS if b <= width]
-    # per bucket, per node: its slots (integer sums per model, not a float bincount per bucket:
-    # this runs for every cell at every step)
-    per_node = np.stack([np.where((cpu > 0) & (mem > 0), cpu, 0) if b == 0 else whole // b for b in buckets])
-    has = per_node > 0
+    buckets = np.array([b for b in GPU_BUCKETS if b <= width], dtype=np.int64)
+    if up.size == 0:
+        return []
+    table = _free_table(
+        up.astype(np.int64), nc["model"], nc["gpu_count"], nc["cpu_free"], nc["mem_free"], nc["gpu_free"],
+        width, buckets,
+    )  # fmt: skip
     out = []
-    one = models.size > 0 and bool((models == models[0]).all())  # (one model, the common case: no masks)
-    for m in [int(models[0])] if one else np.unique(models).tolist():
-        on = slice(None) if one else models == m
-        slots = per_node[:, on].sum(axis=1).tolist()
-        cpu_on, mem_on = has[:, on] * cpu[on], has[:, on] * mem[on]
-        cpus, mems = cpu_on.sum(axis=1).tolist(), mem_on.sum(axis=1).tolist()
-        most_cpu, most_mem = cpu_on.max(axis=1, initial=0).tolist(), mem_on.max(axis=1, initial=0).tolist()
-        model = names[m] if m >= 0 else ""
-        out += [(model, b, slots[i], cpus[i], mems[i], most_cpu[i], most_mem[i])
-                for i, b in enumerate(buckets) if slots[i] > 0]
+    for m, i in zip(*np.nonzero(table[:, :, 0] > 0), strict=True):
+        slots, cpu, mem, most_cpu, most_mem = table[m, i].tolist()
+        out.append((names[m - 1] if m > 0 else "", int(buckets[i]), slots, cpu, mem, most_cpu, most_mem))
     return sorted(out)
+
+
+@numba.njit(cache=True)
+def _free_table(
+    up: npt.NDArray[np.int64], model: npt.NDArray[np.int32], gpu_count: npt.NDArray[np.int32],
+    cpu_free: npt.NDArray[np.int64], mem_free: npt.NDArray[np.int64], gpu_free: npt.NDArray[np.int16],
+    width: int, buckets: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:  # fmt: skip
+    """Per model id + 1 (0: nodes without GPUs) and bucket: slots, CPU and memory of the nodes
+    with a slot, the most CPU and memory on one of them (integers: the same sums in any order)."""
+    out = np.zeros((MAX_GPU_MODELS + 1, buckets.shape[0], 5), dtype=np.int64)
+    for row in up:
+        m = model[row] + 1 if gpu_count[row] > 0 else 0
+        cpu, mem = max(cpu_free[row], 0), max(mem_free[row], 0)
+        whole = 0
+        for g in range(width):
+            if gpu_free[row, g] == FULL_GPU:
+                whole += 1
+        for i in range(buckets.shape[0]):
+            b = buckets[i]
+            slots = (cpu if cpu > 0 and mem > 0 else 0) if b == 0 else whole // b
+            if slots > 0:
+                cell = out[m, i]
+                cell[0] += slots
+                cell[1] += cpu
+                cell[2] += mem
+                cell[3] = max(cell[3], cpu)
+                cell[4] = max(cell[4], mem)
+    return out
 
 
 def spec_of(state: State, job: int) -> JobSubmitted:

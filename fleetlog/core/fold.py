@@ -300,21 +300,21 @@ def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> Non
             gone = stats[old[0], old[1]]
             gone[0] -= 1
             gone[1] -= old[2]
-            change -= _window_entry_hash(at, old)
+            change -= window_entry_hash(at, old)
             ring[at] = shape
         row = stats.get(key)
         if row is None:
             row = stats[key] = [0, 0]
         row[0] += 1
         row[1] += cpu
-        change += _window_entry_hash(at, shape)
+        change += window_entry_hash(at, shape)
         at = (at + 1) % window
     state.recent_next = at
     state.sums[SUM_RECENT_SHAPES] = (state.sums[SUM_RECENT_SHAPES] + change) & HASH_MASK
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _window_entry_hash(at: int, shape: tuple[int, int, int]) -> int:
+def window_entry_hash(at: int, shape: tuple[int, int, int]) -> int:
     """``entry_hash((at, shape))``, remembered: a window slot sees the same few shapes again."""
     return entry_hash((at, shape))
 

@@ -15,29 +15,31 @@ The steady heartbeats are the objects ``state.derived.beat_cache`` holds, which 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Iterable, Sequence
-from itertools import repeat
-from typing import Final
+from itertools import accumulate, repeat
+from typing import Any, Final, TypeGuard
 
+import msgspec
+import numba
 import numpy as np
 
-from fleetlog.core.arrays import Array
+from fleetlog.core.arrays import HASH_MASK, Array
 from fleetlog.core.fold import (
-    add_entry,
     drop_reason_text,
     fold,
     fold_decision,
-    hold,
-    mask_gpus,
     model_id,
     next_due,
     on_placed,
     remember_shape,
     take_shape_mix,
+    window_entry_hash,
 )
 from fleetlog.core.state import (
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
+    SUM_RECENT_SHAPES,
     TOPOLOGY_CODES,
     JobState,
     NodeStatus,
@@ -55,6 +57,7 @@ from fleetlog.events.model import (
     QuotaSet,
     TaskFailed,
     TaskFinished,
+    TaskGroup,
     TaskStarted,
 )
 
@@ -137,79 +140,120 @@ def fold_many(state: State, events: Iterable[tuple[Event, int]]) -> None:
 
 
 _JOB_COLUMNS: Final = (
-    "tenant", "queue", "priority", "submitted_at", "seq", "first_task", "ntasks", "topology",
-    "expected_ms", "req_cpu", "req_mem", "req_gpu",
+    "tenant", "queue", "priority", "submitted_at", "seq", "first_task", "topology", "expected_ms",
 )  # fmt: skip
-_TASK_COLUMNS: Final = ("job", "cpu", "mem", "gpus", "milli", "models")
+"""The job columns a run's rows carry, in order (then the job's kind: :class:`NewJobs`)."""
+_KIND_COLUMNS: Final = ("ntasks", "req_cpu", "req_mem", "req_gpu")
+_TASK_COLUMNS: Final = ("cpu", "mem", "gpus", "milli")
+Shape = tuple[int, int, int]
 
 
 class NewJobs:
-    """The rows of jobs submitted one after another, gathered in order (names interned, allowed
-    cells and the shape window kept as each job comes) and their columns written at once."""
+    """The rows of jobs submitted (or dispatched) one after another, gathered in order and
+    written at once: names interned as each job comes (their running hash taken once for the
+    run), each distinct tuple of task groups (the job's *kind*) read once — its models
+    interned, its masks, totals and task rows — and each job's tasks taken from its kind's
+    with numpy; consecutive equal shapes go to the shape window in one call, the entry
+    hashes of the run's allowed cells and dispatches are summed once."""
 
-    __slots__ = ("first_job", "first_task", "jobs", "tasks")
+    __slots__ = (
+        "cell_entries", "cell_ids", "dispatch_entries", "first_job", "first_task", "jobs", "kind_of",
+        "kind_tasks", "kinds", "queues", "shape", "shape_count", "tasks", "tenants",
+    )  # fmt: skip
 
     def __init__(self, state: State) -> None:
         self.first_job, self.first_task = state.jobs.size, state.tasks.size
-        self.jobs: list[list[int]] = [[] for _ in _JOB_COLUMNS]
-        self.tasks: list[list[int]] = [[] for _ in _TASK_COLUMNS]
+        self.jobs: list[tuple[int, ...]] = []
+        """Per job: the values of ``_JOB_COLUMNS``, then its kind."""
+        self.tasks = 0
+        self.kind_of: dict[tuple[TaskGroup, ...], int] = {}
+        self.kinds: list[tuple[int, int, int, int, tuple[tuple[Shape, int], ...]]] = []
+        """Per kind: tasks, cpu, mem and GPU milli in all, its (shape, count) of each group."""
+        self.kind_tasks: list[list[tuple[int, int, int, int, int]]] = []
+        """Per kind: its task rows (cpu, mem, gpus, milli, models mask)."""
+        self.tenants: dict[str, int] = {}
+        self.queues: dict[str, int] = {}
+        self.cell_ids: dict[str, int] = {}
+        self.cell_entries: list[tuple[int, tuple[int, ...]]] = []
+        self.dispatch_entries: list[tuple[int, tuple[int, int, int, int]]] = []
+        self.shape: Shape | None = None
+        self.shape_count = 0
 
-    def take(self, state: State, e: JobSubmitted, cell: tuple[int] | None = None) -> None:
+    def take(self, state: State, e: JobSubmitted, cell: tuple[int] | None = None) -> int:
         """Fold ``e`` (the clock and offset already moved to it) but for the column writes;
         ``cell``: the one cell id it is allowed in instead of its own allowed cells (a
-        dispatch: :meth:`dispatch`)."""
+        dispatch: :meth:`dispatch`). Its job row, or -1 for a duplicate."""
         names = state.names
         job_names = names["job"]
         if e.job_id in job_names.ids:
             state.duplicates += 1
-            return
-        job = job_names.intern(e.job_id)
-        tenant, queue, priority, submitted, seq, first, ntasks, topo, expected, req_cpu, req_mem, req_gpu = (
-            self.jobs
-        )
-        tenant.append(names["tenant"].intern(e.tenant))
-        queue.append(names["queue"].intern(e.queue))
-        priority.append(e.priority)
-        submitted.append(state.now_ms)
-        seq.append(state.offset - 1)
-        first.append(self.first_task + len(self.tasks[0]))
-        topo.append(TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0)
-        expected.append(-1 if e.expected_duration_ms is None else e.expected_duration_ms)
+            return -1
+        job = job_names.add(e.job_id)
+        tenant = self.tenants.get(e.tenant)
+        if tenant is None:
+            tenant = self.tenants[e.tenant] = names["tenant"].intern(e.tenant)
+        queue = self.queues.get(e.queue)
+        if queue is None:
+            queue = self.queues[e.queue] = names["queue"].intern(e.queue)
         cells: tuple[int, ...] | None = cell
         if cells is None and e.allowed_cells:
             cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
+        kind = self.kind_of.get(e.task_groups)
+        if kind is None:
+            kind = self.kind(state, e.task_groups)
+        topo = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+        expected = -1 if e.expected_duration_ms is None else e.expected_duration_ms
+        first = self.first_task + self.tasks
+        row = (tenant, queue, e.priority, state.now_ms, state.offset - 1, first, topo, expected, kind)
+        self.jobs.append(row)
         if cells:
             state.job_cells[job] = cells
-            add_entry(state, SUM_JOB_CELLS, (job, cells), 1)
-        n, cpu, mem, gpu = self._take_tasks(state, e, job)
-        ntasks.append(n)
-        req_cpu.append(cpu)
-        req_mem.append(mem)
-        req_gpu.append(gpu)
+            self.cell_entries.append((job, cells))
+        self.tasks += self.shapes(state, kind)
+        state.pending_count += 1
+        return job
+
+    def shapes(self, state: State, kind: int) -> int:
+        """A job of ``kind``'s tasks into the shape window (gathered while the shape repeats),
+        the shape mix taken when it falls due; its number of tasks."""
+        n, _, _, _, shapes = self.kinds[kind]
+        window = state.config.shape_window
+        for shape, count in shapes:
+            if shape == self.shape and self.shape_count + count <= window:
+                self.shape_count += count  # (remember_shape caps a call at the window: not past it)
+            else:
+                self._remember(state)
+                self.shape, self.shape_count = shape, count
         state.shapes_seen += n
         if state.shapes_seen >= state.mix_due:
+            self._remember(state)
             take_shape_mix(state)
-        state.pending_count += 1
+        return n
 
     def dispatch(self, state: State, e: JobDispatched) -> None:
         """``fold.on_dispatched`` of a job new to this shard, to a cell it holds (the clock and
         offset already moved to it; :func:`plain_dispatch` says which): its submission
         restricted to the cell, but for the column writes, then the dispatch remembered and
         held."""
-        cell = state.names["cell"].intern(e.cell)
-        state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), e.seq)
-        self.take(state, e.job, (cell,))
-        job = state.names["job"].ids[e.job.job_id]
-        entry = state.dispatches[job] = (cell, e.attempt, e.seq, state.now_ms)
-        add_entry(state, SUM_DISPATCHES, (job, entry), 1)
-        hold(state, job, state.now_ms + state.config.hold_ms)
+        cell = self.cell_ids.get(e.cell)
+        if cell is None:
+            cell = self.cell_ids[e.cell] = state.names["cell"].intern(e.cell)
+        seqs = state.dispatched_seq
+        seqs[cell] = max(seqs.get(cell, 0), e.seq)
+        job = self.take(state, e.job, (cell,))
+        now = state.now_ms
+        entry = state.dispatches[job] = (cell, e.attempt, e.seq, now)
+        self.dispatch_entries.append((job, entry))
+        until = now + state.config.hold_ms
+        state.held[job] = until  # (fold.hold of a new job row: never held before)
+        state.next_return_ms = min(state.next_return_ms, until)
 
-    def _take_tasks(self, state: State, e: JobSubmitted, job: int) -> tuple[int, int, int, int]:
-        """The job's task rows, group by group, its shapes remembered; (tasks, cpu, mem, GPU
-        milli) in all."""
-        t_job, t_cpu, t_mem, t_gpus, t_milli, t_models = self.tasks
+    def kind(self, state: State, groups: tuple[TaskGroup, ...]) -> int:
+        """Read a new tuple of task groups: its models interned (in the spec's order), its rows."""
+        rows: list[tuple[int, int, int, int, int]] = []
+        shapes: list[tuple[Shape, int]] = []
         n = cpu = mem = gpu = 0
-        for g in e.task_groups:
+        for g in groups:
             mask = 0
             for m in g.gpu_models:
                 mask |= 1 << model_id(state, m)
@@ -218,29 +262,117 @@ class NewJobs:
             cpu += count * g.cpu_milli
             mem += count * g.mem_mib
             gpu += count * g.gpu_count * g.gpu_milli
-            t_job.extend([job] * count)
-            t_cpu.extend([g.cpu_milli] * count)
-            t_mem.extend([g.mem_mib] * count)
-            t_gpus.extend([g.gpu_count] * count)
-            t_milli.extend([g.gpu_milli] * count)
-            t_models.extend([mask] * count)
-            remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), count)
-        return n, cpu, mem, gpu
+            rows += [(g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, mask)] * count
+            shapes.append(((g.gpu_count, g.gpu_milli, g.cpu_milli), count))
+        kind = self.kind_of[groups] = len(self.kinds)
+        self.kinds.append((n, cpu, mem, gpu, tuple(shapes)))
+        self.kind_tasks.append(rows)
+        return kind
+
+    def shapes_of_run(self, state: State, kinds: list[int]) -> list[int]:
+        """:meth:`shapes` of jobs of ``kinds`` in order; a run of one kind of one task group (a
+        steady stream) gathered up to each job at which the mix falls due, not job by job."""
+        n, _, _, _, groups = self.kinds[kinds[0]]
+        window = state.config.shape_window
+        if len(groups) != 1 or groups[0][1] > window or kinds.count(kinds[0]) < len(kinds):
+            return [self.shapes(state, k) for k in kinds]
+        shape, count = groups[0]
+        left = len(kinds)
+        while left:
+            jobs = min(left, max(1, -(-(state.mix_due - state.shapes_seen) // n)))  # (up to the mix's job)
+            self._gather(state, shape, jobs * count, window)
+            state.shapes_seen += jobs * n
+            if state.shapes_seen >= state.mix_due:
+                self._remember(state)
+                take_shape_mix(state)
+            left -= jobs
+        return [n] * len(kinds)
+
+    def _gather(self, state: State, shape: Shape, total: int, window: int) -> None:
+        """``total`` tasks of ``shape`` (jobs of ``shape``'s count each, at most the window) into
+        the gathered run, in calls of at most the window: each task is one slot's step of
+        ``remember_shape`` however the calls are cut, while none is cut at the window."""
+        while total:
+            if self.shape != shape or self.shape_count == window:
+                self._remember(state)
+                self.shape, self.shape_count = shape, 0
+            piece = min(total, window - self.shape_count)
+            self.shape_count += piece
+            total -= piece
+
+    def _remember(self, state: State) -> None:
+        """The gathered run of one shape into the shape window."""
+        if self.shape is not None:
+            remember_run(state, self.shape, self.shape_count)
+            self.shape, self.shape_count = None, 0
 
     def write(self, state: State) -> None:
-        """Add the rows (in the order their names were interned) and write their columns."""
-        state.jobs.add(len(self.jobs[0]))
-        state.tasks.add(len(self.tasks[0]))
+        """Add the rows (in the order their names were interned), write their columns and the
+        run's entry sums and shapes."""
+        self._remember(state)
+        if self.cell_entries:
+            _add_entries(state, SUM_JOB_CELLS, self.cell_entries)
+        if self.dispatch_entries:
+            _add_entries(state, SUM_DISPATCHES, self.dispatch_entries)
+        if not self.jobs:
+            return
+        count, first = len(self.jobs), self.first_job
+        state.jobs.add(count)
+        state.tasks.add(self.tasks)
         jc, tc = state.jobs.cols, state.tasks.cols  # (after the adds: a table that grows gets new arrays)
-        for cols, names, rows, start in (
-            (jc, _JOB_COLUMNS, self.jobs, self.first_job),
-            (tc, _TASK_COLUMNS, self.tasks, self.first_task),
-        ):
-            for name, values in zip(names, rows, strict=True):
-                if len(values) == 1:  # (one job, one task: a scalar store is several times cheaper)
-                    cols[name][start] = values[0]
-                else:
-                    cols[name][start : start + len(values)] = values
+        rows = np.array(self.jobs, dtype=np.int64)
+        for i, name in enumerate(_JOB_COLUMNS):
+            jc[name][first : first + count] = rows[:, i]
+        kinds = rows[:, -1]
+        totals = np.array([k[:4] for k in self.kinds], dtype=np.int64)[kinds]
+        for i, name in enumerate(_KIND_COLUMNS):
+            jc[name][first : first + count] = totals[:, i]
+        per_job = totals[:, 0]
+        tasks = slice(self.first_task, self.first_task + self.tasks)
+        tc["job"][tasks] = np.repeat(np.arange(first, first + count, dtype=np.int64), per_job)
+        table = [row for rows_of in self.kind_tasks for row in rows_of]
+        starts = np.cumsum([0] + [len(r) for r in self.kind_tasks])[:-1]
+        if len(table) == len(self.kind_tasks):  # (every kind one task: the kinds index the rows)
+            source = kinds
+        else:
+            within = np.arange(self.tasks) - np.repeat(np.cumsum(per_job) - per_job, per_job)
+            source = np.repeat(starts[kinds], per_job) + within
+        values = np.array([row[:4] for row in table], dtype=np.int64)[source]
+        for i, name in enumerate(_TASK_COLUMNS):
+            tc[name][tasks] = values[:, i]
+        tc["models"][tasks] = np.array([row[4] for row in table], dtype=np.uint64)[source]
+
+
+_ENCODE: Final = msgspec.msgpack.Encoder().encode
+
+
+def _add_entries(state: State, which: int, entries: list[Any]) -> None:
+    """:func:`~fleetlog.core.fold.add_entry` of each of ``entries`` (+1): the sum is order-free.
+    (:func:`~fleetlog.core.arrays.entry_hash` inlined: a third less per entry.)"""
+    blake, word = hashlib.blake2b, int.from_bytes
+    change = sum([word(blake(_ENCODE(e), digest_size=8).digest(), "little") for e in entries])
+    state.sums[which] = (state.sums[which] + change) & HASH_MASK
+
+
+def remember_run(state: State, shape: Shape, count: int) -> None:
+    """:func:`~fleetlog.core.fold.remember_shape` of ``count`` tasks of ``shape``: the same
+    window, its ring filled with one extend while it is not full, and nothing but the slot
+    moved when every slot it overwrites holds that shape already (a steady mix)."""
+    window, ring, at = state.config.shape_window, state.recent_shapes, state.recent_next
+    if len(ring) + count <= window and at == len(ring):
+        ring.extend([shape] * count)
+        row = state.shape_stats.get((shape[0], shape[1]))
+        if row is None:
+            row = state.shape_stats[shape[0], shape[1]] = [0, 0]
+        row[0] += count
+        row[1] += count * shape[2]
+        change = sum(window_entry_hash(a, shape) for a in range(at, at + count))
+        state.recent_next = (at + count) % window
+        state.sums[SUM_RECENT_SHAPES] = (state.sums[SUM_RECENT_SHAPES] + change) & HASH_MASK
+    elif len(ring) == window and at + count <= window and ring[at : at + count].count(shape) == count:
+        state.recent_next = (at + count) % window
+    else:
+        remember_shape(state, shape, count)
 
 
 def fold_submissions(
@@ -255,6 +387,8 @@ def fold_submissions(
     if len(events) < 2 or max(times) >= next_due(state):
         for event, at_ms in zip(events, times, strict=True):
             fold(state, event, at_ms)
+        return
+    if dispatch_run(state, events, times):
         return
     new, due = NewJobs(state), next_due(state)
     for e, at_ms in zip(events, times, strict=True):
@@ -273,11 +407,83 @@ def fold_submissions(
     new.write(state)
 
 
+def dispatch_run(state: State, events: Sequence[JobSubmitted | JobDispatched], times: Sequence[int]) -> bool:
+    """Fold a run that is all dispatches of distinct jobs new to the shard, to cells it holds,
+    with no node sweep or hold's end (the run's own first included) at or before its last
+    time — a cell shard's steady input — all at once: the same state as
+    :meth:`NewJobs.dispatch` event by event, each step a comprehension over the run. False,
+    and nothing folded, for any other run."""
+    if any(type(e) is not JobDispatched for e in events):
+        return False
+    sent: list[JobDispatched] = events  # type: ignore[assignment]
+    specs = [e.job for e in sent]
+    ids = [j.job_id for j in specs]
+    names, config = state.names, state.config
+    cell_names = [e.cell for e in sent]
+    nows = list(accumulate(times, max, initial=state.now_ms))[1:]
+    if (
+        len(set(ids)) < len(ids)
+        or not names["job"].ids.keys().isdisjoint(ids)
+        or (config.cells and not set(cell_names).issubset(config.cells))
+        or nows[-1] >= min(next_due(state), nows[0] + config.hold_ms)
+    ):
+        return False
+    new, offset, first = NewJobs(state), state.offset, state.jobs.size
+    cell_of = {c: names["cell"].intern(c) for c in dict.fromkeys(cell_names)}  # (first met, first interned)
+    cells = [cell_of[c] for c in cell_names]
+    seqs = [e.seq for e in sent]
+    _raise_seqs(state, cells, seqs)
+    names["job"].add_many(ids)
+    rows = range(first, first + len(ids))
+    tenant_of = {t: names["tenant"].intern(t) for t in dict.fromkeys([j.tenant for j in specs])}
+    queue_of = {q: names["queue"].intern(q) for q in dict.fromkeys([j.queue for j in specs])}
+    kind_of = new.kind_of
+    kinds = [kind_of[g] if g in kind_of else new.kind(state, g) for g in [j.task_groups for j in specs]]
+    tasks = new.shapes_of_run(state, kinds)
+    firsts = list(accumulate(tasks, initial=new.first_task))[:-1]
+    new.tasks = sum(tasks)
+    new.jobs = list(zip(
+        [tenant_of[j.tenant] for j in specs], [queue_of[j.queue] for j in specs], [j.priority for j in specs],
+        nows, range(offset, offset + len(ids)), firsts,
+        [TOPOLOGY_CODES[j.required_topology] if j.required_topology else 0 for j in specs],
+        [-1 if j.expected_duration_ms is None else j.expected_duration_ms for j in specs], kinds,
+        strict=True,
+    ))  # fmt: skip
+    allowed = {c: (c,) for c in cell_of.values()}
+    new.cell_entries = [(job, allowed[c]) for job, c in zip(rows, cells, strict=True)]
+    state.job_cells.update(new.cell_entries)
+    entries = list(zip(cells, [e.attempt for e in sent], seqs, nows, strict=True))
+    new.dispatch_entries = list(zip(rows, entries, strict=True))
+    state.dispatches.update(new.dispatch_entries)
+    state.held.update(zip(rows, [now + config.hold_ms for now in nows], strict=True))  # (new: never held)
+    state.next_return_ms = min(state.next_return_ms, nows[0] + config.hold_ms)
+    state.pending_count += len(ids)
+    state.now_ms, state.offset = nows[-1], offset + len(ids)
+    new.write(state)
+    return True
+
+
+def _raise_seqs(state: State, cells: list[int], seqs: list[int]) -> None:
+    """``dispatched_seq`` of each cell: the largest of its seqs, the cells in the order met."""
+    top: dict[int, int] = {}
+    if cells.count(cells[0]) == len(cells):
+        top[cells[0]] = max(seqs)  # (one cell: the common case)
+    for cell, seq in zip(cells, seqs, strict=True) if not top else ():
+        top[cell] = max(top.get(cell, 0), seq)
+    for cell, seq in top.items():
+        state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), seq)
+
+
 def plain_dispatch(state: State, e: JobDispatched) -> bool:
     """Whether ``fold.on_dispatched`` must fold ``e`` (it reads the job's columns): a job the
     shard knows (a resend, a reopen, a job of its own) or a cell it does not hold (ignored)."""
     cells = state.config.cells
     return bool(cells and e.cell not in cells) or e.job.job_id in state.names["job"].ids
+
+
+def _all_dispatches(events: Sequence[Event]) -> TypeGuard[Sequence[JobDispatched]]:
+    """Whether every one of ``events`` is a ``JobDispatched`` (a cell shard's steady input)."""
+    return all(type(e) is JobDispatched for e in events)
 
 
 def _write_beats(state: State, beats: dict[int, int]) -> None:
@@ -305,6 +511,9 @@ def fold_lists(state: State, events: Sequence[Event], times: Sequence[int]) -> N
     offset they would see; heartbeat times are written before any event that could read them.
     """
     n = len(events)
+    if n and type(events[0]) is JobDispatched and max(times) < next_due(state) and _all_dispatches(events):
+        fold_submissions(state, events, times)  # (what fold_many does with it: one run)
+        return
     if n < _FEW:
         fold_many(state, zip(events, times, strict=True))
         return
@@ -407,24 +616,23 @@ def fold_decisions(state: State, decisions: Sequence[object]) -> None:
 
 def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
     """:func:`on_placed` of each of ``placed``, in order: when every one places one task of a
-    pending job (no job twice) on an up node, all at once; otherwise one by one (which
-    raises at the first bad one, as it always did)."""
-    job_ids, cell_ids = state.names["job"].ids, state.names["cell"].ids
-    jobs, cells, nodes, masks, indices = [], [], [], [], []
-    for d in placed:
-        if len(d.tasks) != 1:
-            break
-        p = d.tasks[0]
-        jobs.append(job_ids.get(d.job_id, -1))
-        cells.append(cell_ids.get(d.cell, -1))
-        nodes.append(state.node_row(d.cell, p.node))
-        masks.append(_mask_of(p.gpu_indices))
-        indices.append(p.task_index)
+    pending job (no job twice) on an up node, all at once — the tasks' and nodes' columns with
+    numpy (a GPU column at a time), the tenants' usage summed per (tenant, cell) in the order
+    the spec first meets them; otherwise one by one (which raises at the first bad one, as it
+    always did)."""
+    one = [d.tasks[0] for d in placed if len(d.tasks) == 1]
+    if len(one) < len(placed):
+        for d in placed:
+            on_placed(state, d)
+        return
+    job_ids, cell_ids, node_ids = state.names["job"].ids, state.names["cell"].ids, state.names["node"].ids
+    jobs = [job_ids.get(d.job_id, -1) for d in placed]
+    cells = [cell_ids.get(d.cell, -1) for d in placed]
+    nodes = [node_ids.get(f"{d.cell}\x00{p.node}", -1) for d, p in zip(placed, one, strict=True)]
     jc, tc, nc = state.jobs.cols, state.tasks.cols, state.nodes.cols
     job_rows, node_rows = np.array(jobs, dtype=np.int64), np.array(nodes, dtype=np.int64)
     if (
-        len(jobs) < len(placed)
-        or min(jobs) < 0
+        min(jobs) < 0
         or min(cells) < 0
         or min(nodes) < 0
         or len(set(jobs)) < len(jobs)
@@ -434,36 +642,76 @@ def on_placed_many(state: State, placed: Sequence[JobPlaced]) -> None:
         for d in placed:
             on_placed(state, d)
         return
-    tasks = jc["first_task"][job_rows] + np.array(indices, dtype=np.int64)
+    masks = np.array([_mask_of(p.gpu_indices) for p in one], dtype=np.uint64)
+    tasks = jc["first_task"][job_rows] + np.array([p.task_index for p in one], dtype=np.int64)
     cpu, mem, milli, gpus = (tc[c][tasks] for c in ("cpu", "mem", "milli", "gpus"))
-    np.subtract.at(nc["cpu_free"], node_rows, cpu)
-    np.subtract.at(nc["mem_free"], node_rows, mem)
-    counts = nc["gpu_count"][node_rows].tolist()
-    gpu_rows, gpu_cols, gpu_take = [], [], []
-    for node, mask, count, share in zip(nodes, masks, counts, milli.tolist(), strict=True):
-        for g in mask_gpus(mask & ((1 << count) - 1)):
-            gpu_rows.append(node)
-            gpu_cols.append(g)
-            gpu_take.append(share)
-    where = (np.array(gpu_rows, dtype=np.int64), np.array(gpu_cols, dtype=np.int64))
-    np.subtract.at(nc["gpu_free"], where, np.array(gpu_take, dtype=nc["gpu_free"].dtype))
-    tc["node"][tasks], tc["gpu_mask"][tasks] = node_rows, np.array(masks, dtype=np.uint64)
+    free = (nc["cpu_free"], nc["mem_free"], nc["gpu_free"], nc["gpu_count"])
+    _take_many(*free, node_rows, masks, cpu, mem, milli)
+    tc["node"][tasks], tc["gpu_mask"][tasks] = node_rows, masks
     tc["state"][tasks] = _PLACED
-    tenants = jc["tenant"][job_rows].tolist()
-    requests = zip(cpu.tolist(), mem.tolist(), (milli * gpus).tolist(), strict=True)
-    for job, tenant, cell, (c, m, g) in zip(jobs, tenants, cells, requests, strict=True):
+    cell_rows = np.array(cells, dtype=np.int64)
+    _count_usage_many(state, jc["tenant"][job_rows].astype(np.int64), cell_rows, cpu, mem, milli * gpus)
+    texts, requeues = state.reason_text, state.requeues
+    for job in [j for j in jobs if j in texts]:
+        drop_reason_text(state, job)
+    for job in [j for j in jobs if j in requeues]:
+        del requeues[job]
+    jc["state"][job_rows], jc["cell"][job_rows] = _RUNNING, cell_rows
+    jc["placed_at_ms"][job_rows], jc["reason"][job_rows] = state.now_ms, 0
+    state.pending_count -= len(jobs)
+
+
+@numba.njit(cache=True)
+def _take_many(
+    cpu_free: Array, mem_free: Array, gpu_free: Array, gpu_count: Array, nodes: Array, masks: Array,
+    cpu: Array, mem: Array, milli: Array,
+) -> None:  # fmt: skip
+    """:func:`~fleetlog.core.fold.take_task`'s node writes for each placement: its CPU and memory,
+    and ``milli`` of each GPU of its mask that its node has (tasks may share a node, or a GPU)."""
+    for k in range(nodes.shape[0]):
+        node = nodes[k]
+        cpu_free[node] -= cpu[k]
+        mem_free[node] -= mem[k]
+        mask = masks[k]
+        for g in range(gpu_count[node]):
+            if (mask >> np.uint64(g)) & np.uint64(1):
+                gpu_free[node, g] -= milli[k]
+
+
+@numba.njit(cache=True)
+def _usage_sums(tenants: Array, cells: Array, amounts: Array) -> tuple[Array, Array]:
+    """The (tenant, cell) pairs in the order first met, and the sum of ``amounts`` per pair."""
+    width = cells.max() + 1
+    index: dict[int, int] = {-1: -1}  # (typed by its first entry, a pair no row makes)
+    first = np.empty(tenants.shape[0], dtype=np.int64)
+    sums = np.zeros((tenants.shape[0], amounts.shape[1]), dtype=np.int64)
+    k = 0
+    for i in range(tenants.shape[0]):
+        pair = tenants[i] * width + cells[i]
+        if pair in index:
+            j = index[pair]
+        else:
+            j = index[pair] = k
+            first[k] = i
+            k += 1
+        sums[j] += amounts[i]
+    return first[:k], sums[:k]
+
+
+def _count_usage_many(state: State, tenants: Array, cells: Array, cpu: Array, mem: Array, gpu: Array) -> None:
+    """The usage counters of each placement's (tenant, every cell) and (tenant, cell), summed per
+    pair and added in the order the one-by-one fold first meets each pair (so the dict's keys
+    come in the same order)."""
+    amounts = np.stack([cpu, mem, gpu], axis=1).astype(np.int64)
+    first, sums = _usage_sums(tenants, cells, amounts)
+    usage = state.usage
+    for row, (c, m, g) in zip(first.tolist(), sums.tolist(), strict=True):
+        tenant, cell = int(tenants[row]), int(cells[row])
         for key in ((tenant, -1), (tenant, cell)):
-            counter = state.usage.setdefault(key, [0, 0, 0])
+            counter = usage.setdefault(key, [0, 0, 0])
             counter[0] += c
             counter[1] += m
             counter[2] += g
-        if job in state.reason_text:
-            drop_reason_text(state, job)
-        if job in state.requeues:
-            del state.requeues[job]
-    jc["state"][job_rows], jc["cell"][job_rows], jc["placed_at_ms"][job_rows] = _RUNNING, cells, state.now_ms
-    jc["reason"][job_rows] = 0
-    state.pending_count -= len(jobs)
 
 
 @functools.lru_cache(maxsize=1 << 12)

@@ -3,12 +3,14 @@ load) never stalls a step (``fleetlog run`` and ``fleetlog warm-up``)."""
 
 from __future__ import annotations
 
+from fleetlog.core.cellshard import cell_summary
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest, snapshot
 from fleetlog.core.fold import fold
+from fleetlog.core.fold_batch import fold_fast, fold_lists
 from fleetlog.core.policy import Policy
-from fleetlog.core.state import State
-from fleetlog.events.model import DecisionBatch, Event, JobSubmitted, NodeHeartbeat, TaskGroup
+from fleetlog.core.state import CoreConfig, State
+from fleetlog.events.model import DecisionBatch, Event, JobDispatched, JobSubmitted, NodeHeartbeat, TaskGroup
 
 
 def warm_up(policy: Policy) -> None:
@@ -34,6 +36,22 @@ def warm_up(policy: Policy) -> None:
     two = [NodeHeartbeat(cell=f"warm-{i % 2}", node=f"m{i}", cpu_milli=64_000, mem_mib=262_144,
                          gpu_count=8, gpu_model="A100", topology=("b", "r", f"m{i}")) for i in range(2)]
     _run(State(), policy, [*two, _warm_job("two", 1, 1, 1000), _warm_job("two-frac", 1, 1, 500)])
+    _warm_cell_shard(policy, two[:1])
+
+
+def _warm_cell_shard(policy: Policy, nodes: list[NodeHeartbeat]) -> None:
+    """A cell shard's step as its loop folds it: a read of dispatches folded at once, a batch of
+    one-task placements folded back at once (their kernels), its cell's summary (its kernel)."""
+    state = State(CoreConfig(cells=(nodes[0].cell,)))  # (before ``cell``: the shard's config)
+    fold_lists(state, list(nodes), [1_000] * len(nodes))
+    cell = nodes[0].cell
+    sent = [JobDispatched(job=_warm_job(f"d{i}", 1, 1, 1000), cell=cell, attempt=1, seq=i + 1, as_of=0)
+            for i in range(8)]
+    fold_lists(state, sent, [1_001] * len(sent))
+    batch = DecisionBatch(as_of=state.offset, digest=digest(state), decisions=tuple(decide(state, policy)),
+                          policy=policy.name)
+    fold_fast(state, batch, state.now_ms)
+    cell_summary(state, cell, 0, 1)
 
 
 def _run(state: State, policy: Policy, events: list[Event]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fleetlog.core.digest import _column_hash, digest, restore, snapshot
+from fleetlog.core.digest import _column_hash, _column_hashes, digest, restore, snapshot
 from fleetlog.core.fold import fold
 from tests.core.builders import Driver, job, node, quota
 
@@ -151,3 +151,22 @@ def test_column_hash_is_the_padded_words_hash() -> None:
             for shape in ((rows,), (rows, 3)):
                 col = rng.integers(0, 1 << 7, shape).astype(dtype)
                 assert _column_hash(col) == _padded_words_hash(col), (dtype, shape)
+
+
+def test_the_columns_hashed_in_one_call_are_each_the_padded_words_hash() -> None:
+    """``_column_hashes`` (every column of a digest in one kernel call, each copied after the
+    last one's zero-padded tail): each value is that column's own hash — every dtype, lengths
+    of 0 to 17 rows, slices that are not contiguous (the GPU shares up to the widest node: 0, 1
+    or 3 of 5 GPUs; 1 is a strided view, not a copy), one column alone, none."""
+    rng = np.random.default_rng(11)
+    cols = []
+    for dtype in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint64):
+        for rows in (0, 1, 3, 7, 8, 9, 17):
+            cols.append(rng.integers(0, 1 << 7, (rows,)).astype(dtype))
+            cols.append(rng.integers(0, 1 << 7, (rows, 5)).astype(dtype)[:, :3])
+            cols.append(rng.integers(0, 1 << 7, (rows, 5)).astype(dtype)[:, :1])  # (a strided 1-D view)
+            cols.append(rng.integers(0, 1 << 7, (rows, 5)).astype(dtype)[:, :0])
+    rng.shuffle(cols)  # (every dtype after every other: the padding between them varies)
+    assert _column_hashes(cols) == [_padded_words_hash(col) for col in cols]
+    assert _column_hashes(cols[:1]) == [_padded_words_hash(cols[0])]
+    assert _column_hashes([]) == []
