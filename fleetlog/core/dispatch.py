@@ -9,7 +9,7 @@ the dispatcher only chooses the cell.
 Steps of :func:`dispatch`: (1) each cell's room: its latest summary less what was dispatched to
 it since (``JobDispatched.seq`` past the summary's ``dispatched_seq``); (2) fleet-wide usage the
 same way; (3) pending jobs in priority order, tenants by weighted DRF, FIFO within a tenant
-(:func:`fleetlog.core.order.weighted_share`); (4) fleet-wide quotas with cohort borrowing
+(:func:`fleetlog.core.shares.weighted_share`); (4) fleet-wide quotas with cohort borrowing
 (:func:`fleetlog.core.quota.limit_in`); (5) the cell: among the job's allowed cells it fits in,
 the one where its tenant has the least share (:class:`Spread`), then the one with the most room
 for it at the step's start (:func:`room_for`), ties to the smaller cell id; a job no summary can
@@ -31,8 +31,8 @@ from typing import Final
 
 import msgspec
 
-from fleetlog.core.order import SCALE, weighted_share
 from fleetlog.core.quota import RESOURCES, Usage, limit_in
+from fleetlog.core.shares import SCALE, weighted_share
 from fleetlog.core.state import Quota
 from fleetlog.events.model import (
     GPU_BUCKETS,

@@ -17,9 +17,8 @@ import numba
 import numpy as np
 
 from fleetlog.core.arrays import Array
-from fleetlog.core.state import JobState, NodeStatus, Quota, State
-
-SCALE = 1_000_000_000
+from fleetlog.core.shares import SCALE, weighted_share
+from fleetlog.core.state import JobState, NodeStatus, State
 
 
 def fleet_capacity(state: State) -> tuple[int, int, int]:
@@ -37,15 +36,6 @@ def dominant_share(
 ) -> int:
     """The tenant's weighted dominant share, as an integer (parts per billion / weight)."""
     return weighted_share(state.quotas.get((tenant, -1)), usage.get((tenant, -1), [0, 0, 0]), fleet)
-
-
-def weighted_share(quota: Quota | None, used: list[int], fleet: tuple[int, int, int]) -> int:
-    """A tenant's weighted dominant share from its fleet-wide quota (``None``: none) and usage:
-    of its nominal quota when it has one, else of the ``fleet``; shared with the dispatcher."""
-    base = quota.nominal if quota is not None and any(quota.nominal) else fleet
-    weight = quota.weight_milli if quota is not None else 1000
-    share = max((used[i] * SCALE // base[i] for i in range(3) if base[i] > 0), default=0)
-    return share * 1000 // weight
 
 
 CONTESTED: Final = 0

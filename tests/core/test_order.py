@@ -1,5 +1,5 @@
 """The merged runs' share (``order._ShareOf``, its quota and base read once per tenant) against
-``order.weighted_share``, at the limits: no quota, a quota of zero nominal (the fleet is the
+``shares.weighted_share``, at the limits: no quota, a quota of zero nominal (the fleet is the
 base), a resource the base lacks, a fleet of nothing, weights, usage of zero or below."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import random
 import numpy as np
 
 from fleetlog.core.fold import fold
-from fleetlog.core.order import _predicted, _ShareOf, _Turns, dominant_share, weighted_share
+from fleetlog.core.order import _predicted, _ShareOf, _Turns, dominant_share
+from fleetlog.core.shares import weighted_share
 from fleetlog.core.state import CoreConfig, Quota, State
 from tests.core.builders import job
 
