@@ -164,14 +164,9 @@ def place_run(
     nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     use_fgd = _uses_fgd(policy, shapes)
     k = tasks.shape[0]
-    # FGD over a run of one shape: a tournament tree of the nodes' keys (see _Tree), built for
-    # the shape of two jobs in a row; another shape meanwhile scans, and keeps the tree current
-    size = 1
-    while size < cands.shape[0]:
-        size *= 2
-    tree = np.empty(0, dtype=np.int64)  # (made at the first build)
-    keys = np.empty((0, 2), dtype=np.int64)
-    leaf_of = np.empty(0, dtype=np.int64)
+    # FGD over a run of one shape: a tournament tree of the nodes' keys (below place_run), built
+    # for the shape of two jobs in a row; another shape meanwhile scans, and keeps it current
+    size, tree, keys, leaf_of = _tree_arrays(cands.shape[0], memos.shape[1] if use_fgd and k > 1 else -1)
     tree_slot = -1
     tree_task = _task(0, 0, 0, 0, np.uint64(0))
     for j in range(k):
@@ -184,10 +179,6 @@ def place_run(
             memo = memos[slot]
             if slot != tree_slot and j + 1 < k and tasks[j + 1, RUN_SLOT] == slot:
                 tree_slot, tree_task = slot, task
-                if tree.shape[0] == 0:
-                    tree = np.empty(2 * size, dtype=np.int64)
-                    keys = np.empty((cands.shape[0], 2), dtype=np.int64)
-                    leaf_of = np.full(memos.shape[1], -1, dtype=np.int64)
                 _tree_build(tree, size, keys, leaf_of, cands, nodes, task, table, node_version, memo)
             if slot == tree_slot:
                 n = _tree_best(tree, size, keys, cands, nodes, task, shapes, node_version, memo)
@@ -197,13 +188,9 @@ def place_run(
             n = _best_summary(cands, gpu_total, nodes, task)
         if n < 0:
             return j
-        mask = _take(gpu_free[n], int(gpu_count[n]), gpus, milli)
         cpu_free[n] -= cpu
         mem_free[n] -= mem
-        for i in range(int(gpu_count[n])):
-            if _has_bit(mask, i):
-                gpu_free[n, i] -= milli
-                gpu_total[n] -= milli
+        mask = _take_on(n, gpus, milli, gpu_free, gpu_count, gpu_total)
         node_version[n] += 1
         out[j, 0], out[j, 1] = n, np.int64(mask)
         if tree_slot >= 0 and leaf_of[n] >= 0:  # the node's key moved: its leaf again
@@ -212,6 +199,18 @@ def place_run(
             ok = _leaf_key(int(leaf_of[n]), keys, cands, memo)
             _tree_set(tree, size, int(leaf_of[n]), ok, keys, cands)
     return int(k)
+
+
+@_jit
+def _take_on(n: int, gpus: int, milli: int, gpu_free: I16, gpu_count: I32, gpu_total: I64) -> np.uint64:
+    """Take a task of ``gpus`` x ``milli`` (``pick_gpus``'s GPUs) on node ``n``, its CPU and
+    memory left to the caller; the GPU mask."""
+    mask = _take(gpu_free[n], int(gpu_count[n]), gpus, milli)
+    for i in range(int(gpu_count[n])):
+        if _has_bit(mask, i):
+            gpu_free[n, i] -= milli
+            gpu_total[n] -= milli
+    return mask
 
 
 # A tournament tree over the candidates (leaf j: cands[j]) for place_run: each leaf's key is the
@@ -245,6 +244,28 @@ def _leaf_key(j: int, keys: I64, cands: I64, memo: I64) -> bool:
         return False
     keys[j, 0], keys[j, 1] = memo[n, MEMO_PRIMARY], memo[n, MEMO_SECONDARY]
     return True
+
+
+@_jit
+def _tree_arrays(leaves: int, nodes: int) -> tuple[int, I64, I64, I64]:
+    """(size, tree, keys, leaf_of) of a tree over ``leaves`` candidates among ``nodes`` nodes
+    (``nodes`` < 0: no tree, empty arrays: a run of one job, or best fit)."""
+    size = 1
+    while size < leaves:
+        size *= 2
+    if nodes < 0:
+        return (
+            size,
+            np.empty(0, dtype=np.int64),
+            np.empty((0, 2), dtype=np.int64),
+            np.empty(0, dtype=np.int64),
+        )
+    return (
+        size,
+        np.empty(2 * size, dtype=np.int64),
+        np.empty((leaves, 2), dtype=np.int64),
+        np.full(nodes, -1, dtype=np.int64),
+    )
 
 
 @_hot
