@@ -33,8 +33,6 @@ from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter
 from fleetlog.waiting import event_or_timeout
 
-COMMIT_EVERY_S: Final = 1.0
-"""A shard commits its consumed offset at least this often (a restart folds less again)."""
 RETRY_S: Final = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0)
 
 log = structlog.get_logger("fleetlog.service")
@@ -103,6 +101,7 @@ class CellRunner:
                  snapshot=used is not None)
         committed_at = time.monotonic()
         gate, idle = self.shards.gate, self.shards.config.service.idle_wait_ms
+        commit_every_s = self.shards.config.service.role_commit_every_ms / 1000
         while not self.halt.is_set():
             await self._wait_open()
             async with self.lock:
@@ -111,7 +110,9 @@ class CellRunner:
                 result = await loop.step(timeout_ms=idle)
                 self.shards.observe(result)
                 now = time.monotonic()
-                if now - committed_at >= COMMIT_EVERY_S:
+                if result.published:
+                    committed_at = now  # (the step's transaction committed the offset)
+                elif now - committed_at >= commit_every_s:
                     committed_at = now
                     await loop.commit()
                 self.snapshotter.maybe(loop, now)

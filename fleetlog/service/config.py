@@ -54,6 +54,10 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A cell shard writes its summary at least this often (log time)."""
     summary_material_milli: Annotated[int, Meta(ge=1, le=1000)] = 125
     """...and when a free row's slots move by this share (milli) of the larger count."""
+    role_commit_every_ms: Positive = 5_000
+    """The dispatcher and each cell shard commit inputs folded without a publication (heartbeats)
+    at most this long after their last commit: each is a transaction that holds the shard's steps
+    (a step that publishes commits with it).  A restart folds those inputs again."""
     policy: str = "default"
     """A policy spec, as :func:`fleetlog.core.policy.policy_named` reads it."""
     group: str = "fleetlog-scheduler"

@@ -45,7 +45,6 @@ from fleetlog.service.owners import Ownership
 from fleetlog.service.warmup import warm_up
 from fleetlog.waiting import event_or_timeout
 
-COMMIT_EVERY_S: Final = 1.0
 LOCK_POLL_S: Final = 0.1
 
 log = structlog.get_logger("fleetlog.service")
@@ -126,7 +125,7 @@ class Dispatching:
 
     async def _steps(self, loop: DispatcherLoop) -> None:
         committed_at = snapshot_at = time.monotonic()
-        snapshot_of = loop.offset
+        snapshot_of, commit_every_s = loop.offset, self.settings.role_commit_every_ms / 1000
         while not self.lost():
             result = await loop.step(timeout_ms=self.settings.idle_wait_ms)
             self.metrics.input_events.inc(result.inputs)
@@ -135,7 +134,9 @@ class Dispatching:
                 self.metrics.decisions.inc(result.dispatched)
                 self.metrics.batches.inc()
             now = time.monotonic()
-            if now - committed_at >= COMMIT_EVERY_S:
+            if result.published:
+                committed_at = now  # (the step's transaction committed the offset)
+            elif now - committed_at >= commit_every_s:
                 committed_at = now
                 await loop.commit()
             due = loop.offset - snapshot_of >= self.settings.snapshot_every_events or (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import signal
 import subprocess
@@ -335,3 +336,44 @@ async def test_a_zombie_shard_owner_is_fenced(kafka_config: KafkaConfig) -> None
     # aiokafka leaves the fenced batches' futures unretrieved: their "never retrieved" report at
     # collection must come now, not inside a later import (CPython 3.11's ast.parse then fails)
     gc.collect()
+
+
+@pytest.mark.kafka
+async def test_transactions_in_a_row_are_never_refused_into_the_clients_back_off(
+    kafka_config: KafkaConfig,
+) -> None:
+    """The dispatcher's transaction (a cell's inputs, its own decisions, its offset), 300 times in a
+    row: no produce of one may meet the coordinator adding the group's offsets to it (Kafka's
+    transaction verification answers that produce NOT_ENOUGH_REPLICAS, and aiokafka retries it
+    only after its 100 ms back-off: the scaled-out roles' latency p99, benchmarks/README.md).
+    Sending the batches and the offset side by side did that to about 1 transaction in 15."""
+    from fleetlog.log.kafka import KafkaLogStore
+
+    retried = Retries()
+    client = logging.getLogger("aiokafka")
+    async with KafkaLogStore(kafka_config, GLOBAL) as dispatcher:
+        for cell in (CELL0, CELL1):  # (the topics and their leaders exist before the count starts)
+            await dispatcher.append_transactional_many({(cell, INPUTS): msgs(1)}, group="d", consumed=0)
+        client.addHandler(retried)
+        try:
+            for i in range(300):
+                cell = (CELL0, CELL1)[i % 2]
+                appends = {(GLOBAL, DECISIONS): msgs(1, prefix=b"s"), (cell, INPUTS): msgs(1)}
+                await dispatcher.append_transactional_many(appends, group="d", consumed=i + 1)
+        finally:
+            client.removeHandler(retried)
+        assert retried.messages == []
+        assert await dispatcher.committed_offset("d") == 300
+        assert len(await read_all(dispatcher, DECISIONS)) == 300
+
+
+class Retries(logging.Handler):
+    """The client's reports of a request it sends again."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "retrying" in record.getMessage():
+            self.messages.append(record.getMessage())

@@ -65,6 +65,7 @@ BAD = [
     ('[service]\nrole = "cell"\n', ["service.role = 'cell' needs the [cells] table"]),
     ('[service]\nrole = "dispatcher"\n', ["line 5", "service.role", "all, dispatch, cell"]),
     ('[service]\nsummary_material_milli = 0\n', ["summary_material_milli", ">= 1"]),
+    ('[service]\nrole_commit_every_ms = 0\n', ["role_commit_every_ms", ">= 1"]),
     ('cells = 3\n', ["cells must be a table"]),
 ]
 

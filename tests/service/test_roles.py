@@ -385,3 +385,42 @@ async def test_role_all_with_a_map_runs_every_shard_in_one_process_and_resumes(t
     finally:
         for s in (*stores.values(), root):
             await s.close()
+
+
+@pytest.mark.kafka
+async def test_a_cell_shard_commits_what_it_only_folded_every_role_commit_every_ms(
+    tmp_path: Path, kafka_config: KafkaConfig
+) -> None:
+    """Inputs a cell shard folds without publishing (steady heartbeats) are committed by a timer.
+    Each such commit is a transaction that holds the shard's steps, and they met the probes of
+    the roles' latency benchmark (benchmarks/README.md, "shards"): at most one per
+    ``role_commit_every_ms`` after the last commit (a step that publishes commits with it), not
+    one a second. A restart folds those inputs again; they are committed all the same."""
+    path = config_file(tmp_path, kafka_place(kafka_config), {"c0": 0}, role_commit_every_ms=4000,
+                       summary_every_ms=600_000)
+    glob, stores = await open_stores(kafka_config, {0})
+    store, beats = stores[0], [msg(node(f"n{i}", cell="c0")) for i in range(4)]
+    try:
+        cell = start(tmp_path, "cell", "--config", str(path), "--role", "cell")
+        started(cell)
+        await wait_owned([cell], {0})
+        end = await store.log(INPUTS).append(beats) + len(beats)  # new nodes: a summary, published
+        deadline = time.monotonic() + 60
+        while (await store.committed_offset("fleetlog-scheduler") or 0) < end:
+            assert time.monotonic() < deadline, cell.tail(20)
+            await asyncio.sleep(0.1)
+        committed, folded = await store.committed_offset("fleetlog-scheduler"), []
+        for _ in range(10):  # 2.5 s of steady heartbeats: folded, nothing published
+            await store.log(INPUTS).append(beats)
+            await asyncio.sleep(0.25)
+            folded.append(cell.health()["partitions"]["0"]["inputs_offset"])
+            assert await store.committed_offset("fleetlog-scheduler") == committed
+        assert folded[-1] > committed
+        deadline = time.monotonic() + 10
+        while (await store.committed_offset("fleetlog-scheduler") or 0) < folded[-1]:
+            assert time.monotonic() < deadline, "the timer commits what was folded"
+            await asyncio.sleep(0.1)
+        assert cell.stop() == 0, cell.tail()
+    finally:
+        for s in (*stores.values(), glob):
+            await s.close()
