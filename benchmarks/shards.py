@@ -39,6 +39,7 @@ clock); the single shard is one ``State`` over every node, stepped as the servic
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import time
@@ -59,6 +60,7 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup
 from fleetlog.events.model import DecisionBatch, Event
 from fleetlog.service.loop import keep_recovered
+from fleetlog.service.warmup import warm_up
 from fleetlog.sharded import FleetConfig, ShardedFleet
 from fleetlog.sharded.driver import CellShard, LocalShards, ShardOut
 from fleetlog.sharded.procs import close_all, split_groups
@@ -193,7 +195,9 @@ def split_rate(cells: int, nodes: int, jobs: int, share: float | None = None) ->
     stepping ``share`` of the partitions; and the run's digest."""
     config = FleetConfig(cell_map(cells), keep_decisions=False, summary=SCALE_SUMMARIES, pipeline=True)
     timed = TimedShards(config) if share is None else None
-    groups = [timed] if timed is not None else split_groups(config, 1, share)
+    # (the child loads its kernels first, as a role warms up before it leads: this process did)
+    warm = functools.partial(warm_up, config.policy)
+    groups = [timed] if timed is not None else split_groups(config, 1, share, warm)
     fleet = ShardedFleet(config, groups)
     try:
         for c in config.cells.cells:

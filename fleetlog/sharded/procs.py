@@ -10,7 +10,7 @@ from a parent mid-flight); it compiles nothing new, as the kernels are cached on
 from __future__ import annotations
 
 import multiprocessing as mp
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 
 import msgspec
@@ -25,9 +25,17 @@ _SENT = msgspec.msgpack.Decoder(Sent)
 _BACK = msgspec.msgpack.Decoder(Back)
 
 
-def _serve(conn: Connection, partitions: dict[int, tuple[str, ...]], config: FleetConfig) -> None:
-    """The child: step its shards on each batch of records until told to stop (``b""``); then
-    send the transcripts."""
+Warm = Callable[[], None]
+
+
+def _serve(
+    conn: Connection, partitions: dict[int, tuple[str, ...]], config: FleetConfig, warm: Warm | None
+) -> None:
+    """The child: ``warm`` first (its kernels loaded before the first batch, as a role warms up
+    before it leads), then step its shards on each batch of records until told to stop
+    (``b""``); then send the transcripts."""
+    if warm is not None:
+        warm()
     group = LocalShards(CellShard(p, cells, config) for p, cells in partitions.items())
     while True:
         raw = conn.recv_bytes()
@@ -42,15 +50,18 @@ def _serve(conn: Connection, partitions: dict[int, tuple[str, ...]], config: Fle
 
 
 class ChildShards:
-    """Cell shards of ``partitions`` stepped in a child process (``close`` it when done)."""
+    """Cell shards of ``partitions`` stepped in a child process (``close`` it when done);
+    ``warm`` (picklable: a module-level function or a partial of one) runs there first."""
 
-    def __init__(self, partitions: dict[int, tuple[str, ...]], config: FleetConfig) -> None:
+    def __init__(
+        self, partitions: dict[int, tuple[str, ...]], config: FleetConfig, warm: Warm | None = None
+    ) -> None:
         self.partitions = tuple(sorted(partitions))
         if config.keep_decisions or config.check:
             raise ValueError("shards in a child process send counts only: keep_decisions=False, check=False")
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, partitions, config), daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(child, partitions, config, warm), daemon=True)
         self._proc.start()
         child.close()
         self._final: dict[int, str] | None = None
@@ -78,11 +89,13 @@ class ChildShards:
         self._conn.close()
 
 
-def split_groups(config: FleetConfig, children: int, local_share: float | None = None) -> list[ShardGroup]:
+def split_groups(
+    config: FleetConfig, children: int, local_share: float | None = None, warm: Warm | None = None
+) -> list[ShardGroup]:
     """The partitions in ``children + 1`` contiguous parts: the first stepped here (while the
     children step theirs), one per child. ``local_share``: the first part's share of the
     partitions (default: an equal part) — smaller when this process also runs the dispatcher
-    (pipelined, its work and the children's overlap)."""
+    (pipelined, its work and the children's overlap). ``warm``: what each child runs first."""
     parts = list(config.partitions().items())
     if local_share is None:
         size = -(-len(parts) // (children + 1))
@@ -94,7 +107,7 @@ def split_groups(config: FleetConfig, children: int, local_share: float | None =
         size = -(-(len(parts) - here) // children)
         chunks = [dict(parts[:here])] + [dict(parts[i : i + size]) for i in range(here, len(parts), size)]
     local = LocalShards(CellShard(p, cells, config) for p, cells in chunks[0].items())
-    return [local, *(ChildShards(chunk, config) for chunk in chunks[1:])]
+    return [local, *(ChildShards(chunk, config, warm) for chunk in chunks[1:])]
 
 
 def close_all(groups: Sequence[object]) -> None:

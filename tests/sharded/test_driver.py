@@ -4,6 +4,7 @@ cell shards joined in memory, the cross-shard invariants checked after every ste
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import subprocess
@@ -241,3 +242,18 @@ def test_a_pipelined_fleet_checks_its_invariants_at_every_step() -> None:
     placed = sum(w.step(advance_ms=1_000).placed for _ in range(6))
     assert placed == 12  # (45 of the 64 GPUs)
     assert w.fleet.refused == []
+
+
+def test_a_child_runs_its_warm_up_before_its_first_batch(tmp_path: Path) -> None:
+    """``split_groups(..., warm=)``: each child process runs it first (the scale benchmark's child
+    loads its kernels there, before the timed steps, as a role warms up before it leads)."""
+    marker = tmp_path / "warm"
+    config = FleetConfig(d.CellMap((("a", 0), ("b", 1))), keep_decisions=False)
+    groups = split_groups(config, 1, 0.5, functools.partial(Path.touch, marker))
+    try:
+        fleet = ShardedFleet(config, groups)
+        fleet.to_cell("b", node("b-n0", cell="b"))
+        fleet.step()  # the child answered its first batch: its warm-up ran before it
+        assert marker.exists()
+    finally:
+        close_all(groups)
