@@ -5,7 +5,7 @@ from __future__ import annotations
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold
-from fleetlog.core.fold_batch import fold_fast
+from fleetlog.core.fold_batch import fold_fast, fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
@@ -134,3 +134,16 @@ class Driver:
 
     def reasons(self, decisions: list[Decision]) -> dict[str, str]:
         return {d.job_id: d.reason for d in decisions if isinstance(d, JobPending)}
+
+
+def fold_chunked(config: CoreConfig, log: list[tuple[Event, int]], chunk: int, how: str) -> State:
+    """A new state folded from ``log`` (events and their log times) ``chunk`` records at a time,
+    by ``fold_many`` (``how == "many"``) or ``fold_lists``: the batch folds under any chunking."""
+    state = State(config)
+    for i in range(0, len(log), chunk):
+        part = log[i : i + chunk]
+        if how == "many":
+            fold_many(state, part)
+        else:
+            fold_lists(state, [e for e, _ in part], [at for _, at in part])
+    return state

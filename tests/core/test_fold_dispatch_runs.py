@@ -17,12 +17,12 @@ from fleetlog.core import fold_batch
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold, fold_decision, remember_shape
-from fleetlog.core.fold_batch import fold_decisions, fold_lists, fold_many
+from fleetlog.core.fold_batch import fold_decisions, fold_many
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import JobCancelled, JobDispatched, JobPlaced, NodeRemoved
 from fleetlog.events.model import Event, JobSubmitted, TaskGroup, TaskPlacement
-from tests.core.builders import job, node
+from tests.core.builders import fold_chunked, job, node
 
 Log = list[tuple[Event, int]]
 
@@ -119,13 +119,7 @@ def test_runs_of_new_dispatches_fold_as_one_by_one_however_chunked(
     runs = taken(monkeypatch)
     for chunk in (1, 7, 125, 1000, len(log)):
         for how in ("many", "lists"):
-            state = State(config)
-            for i in range(0, len(log), chunk):
-                part = log[i : i + chunk]
-                if how == "many":
-                    fold_many(state, part)
-                else:
-                    fold_lists(state, [e for e, _ in part], [at for _, at in part])
+            state = fold_chunked(config, log, chunk, how)
             assert everything(state) == everything(plain), (chunk, how)
             assert digest(state) == digest(plain), (chunk, how)
             for table in ("jobs", "tasks", "nodes"):

@@ -14,11 +14,11 @@ from fleetlog.core import fold_batch
 from fleetlog.core.cellshard import returns
 from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold
-from fleetlog.core.fold_batch import fold_lists, fold_many
+from fleetlog.core.fold_batch import fold_many
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import JobDispatched
 from fleetlog.events.model import Event
-from tests.core.builders import job, node
+from tests.core.builders import fold_chunked, job, node
 
 Log = list[tuple[Event, int]]
 
@@ -73,13 +73,7 @@ def test_runs_of_dispatches_fold_as_one_by_one_however_chunked(seed: int) -> Non
     assert plain.dispatches  # (the generator reaches the cases)
     for chunk in (1, 2, 5, 64, 65, len(log)):
         for fast in ("many", "lists"):
-            state = State(config)
-            for i in range(0, len(log), chunk):
-                part = log[i : i + chunk]
-                if fast == "many":
-                    fold_many(state, part)
-                else:
-                    fold_lists(state, [e for e, _ in part], [at for _, at in part])
+            state = fold_chunked(config, log, chunk, fast)
             assert readable(state) == readable(plain), (chunk, fast)
             assert digest(state) == digest(plain), (chunk, fast)
             assert returns(state, 0) == returns(plain, 0)
