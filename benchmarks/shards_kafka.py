@@ -7,7 +7,10 @@ dispatcher and a cell shard, and the takeover time of a cell partition after ``k
   dispatch`` and two ``--role cell`` processes over C cells x N nodes of 8 A100 (10 x 1,000;
   ``--quick`` 4 x 250), one cell per partition. Probe jobs (1 GPU, any cell) are appended to the
   global partition at 20/s while every cell's nodes heartbeat every 2 s (written by a child
-  process of their own, so the probes go out evenly, also during a round); a probe's latency is from
+  process of their own, so the probes go out evenly, also during a round), the round sent in 10
+  slices 0.2 s apart, as the Kubernetes backend sends it (``heartbeat_slices``, docs/kubernetes.md);
+  ``kafka_latency_burst_p50_ms`` / ``_p99_ms``: the same with every node of every cell at once
+  each 2 s (``heartbeat_slices = 1``, the backends before); a probe's latency is from
   its append time (broker time) to its ``JobPlaced`` being read from its cell's decisions
   partition (the dispatcher's transaction, the cell shard's step and transaction in between).
   ``latency_parts_p50_p99_ms`` splits it: ``dispatcher`` (submitted -> the ``JobDispatched``
@@ -44,6 +47,7 @@ import uvloop
 
 from benchmarks.common import emit, machine, parse
 from benchmarks.service import on_broker
+from fleetlog.backends.kubernetes.observer import heartbeat_slice
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup, encode, envelope
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, decode
 from fleetlog.events.model import JobDispatched
@@ -135,12 +139,13 @@ class Heartbeats:
     10,000 heartbeats in this process held the probes back and kept the readers that time the
     probes waiting: a busy observer, not the roles, in ``visible``)."""
 
-    def __init__(self, kafka: KafkaConfig, cells: list[str], nodes: int, every_s: float = 2.0) -> None:
+    def __init__(self, kafka: KafkaConfig, cells: list[str], nodes: int, every_s: float = 2.0,
+                 slices: int = 1) -> None:
         context = multiprocessing.get_context("spawn")
         self.stopping = context.Event()
         self.rounds = context.Value("i", 0)
-        self.process = context.Process(target=_beat, args=(kafka, cells, nodes, every_s, self.stopping,
-                                                           self.rounds), daemon=True)
+        self.process = context.Process(target=_beat, args=(kafka, cells, nodes, every_s, slices,
+                                                           self.stopping, self.rounds), daemon=True)
         self.process.start()
 
     def stop(self) -> int:
@@ -152,25 +157,30 @@ class Heartbeats:
         return int(self.rounds.value)
 
 
-def _beat(kafka: KafkaConfig, cells: list[str], nodes: int, every_s: float, stopping: Any,
+def _beat(kafka: KafkaConfig, cells: list[str], nodes: int, every_s: float, slices: int, stopping: Any,
           rounds: Any) -> None:
-    uvloop.run(_beat_rounds(kafka, cells, nodes, every_s, stopping, rounds))
+    uvloop.run(_beat_rounds(kafka, cells, nodes, every_s, slices, stopping, rounds))
 
 
-async def _beat_rounds(kafka: KafkaConfig, cells: list[str], nodes: int, every_s: float, stopping: Any,
-                       rounds: Any) -> None:
+async def _beat_rounds(kafka: KafkaConfig, cells: list[str], nodes: int, every_s: float, slices: int,
+                       stopping: Any, rounds: Any) -> None:
+    """Each ``every_s`` a round of every node, in ``slices`` appends per cell ``every_s /
+    slices`` apart (each node in the slice its name hashes to, as the Kubernetes backend)."""
     stores = {p: KafkaLogStore(kafka, Shard.cell(p)) for p in range(len(cells))}
-    beats = {p: _msgs(_nodes(cell, nodes)) for p, cell in enumerate(cells)}
+    beats = {p: [_msgs([b for b in _nodes(cell, nodes) if heartbeat_slice(b.node, slices) == part])
+                 for part in range(slices)] for p, cell in enumerate(cells)}
     for store in stores.values():
         await store.open()
     try:
         while not stopping.is_set():
             started = time.monotonic()
-            for p, store in stores.items():
-                await store.log(INPUTS).append(beats[p])
+            for part in range(slices):
+                for p, store in stores.items():
+                    if beats[p][part]:
+                        await store.log(INPUTS).append(beats[p][part])
+                while not stopping.is_set() and time.monotonic() - started < every_s * (part + 1) / slices:
+                    await asyncio.sleep(0.02)
             rounds.value += 1
-            while not stopping.is_set() and time.monotonic() - started < every_s:
-                await asyncio.sleep(0.02)
     finally:
         for store in stores.values():
             await store.close()
@@ -189,13 +199,14 @@ async def _reader(store: LogStore, seen: dict[str, float], stop: asyncio.Event, 
             at = records[-1].offset + 1
 
 
-async def latency(cluster: Cluster, nodes: int, seconds: float, rate: float = 20) -> dict[str, Any]:
+async def latency(cluster: Cluster, nodes: int, seconds: float, rate: float = 20, slices: int = 10,
+                  key: str = "kafka_latency") -> dict[str, Any]:
     seen: dict[str, float] = {}
     stop = asyncio.Event()
     starts = {p: await s.log(DECISIONS).end_offset() for p, s in cluster.stores.items()}
     readers = [asyncio.create_task(_reader(s, seen, stop, starts[p])) for p, s in cluster.stores.items()]
     appended: dict[str, int] = {}
-    beater = Heartbeats(cluster.kafka, cluster.cells, nodes)
+    beater = Heartbeats(cluster.kafka, cluster.cells, nodes, slices=slices)
     while beater.rounds.value < 1:  # (the child imports and opens its stores first)
         if not beater.process.is_alive():
             raise RuntimeError(f"the heartbeat process ended (exit code {beater.process.exitcode})")
@@ -204,7 +215,8 @@ async def latency(cluster: Cluster, nodes: int, seconds: float, rate: float = 20
     try:
         while time.monotonic() < deadline:
             started = time.monotonic()
-            appended[f"probe-{n}"] = await cluster.glob.log(INPUTS).append(_msgs([_probe(f"probe-{n}")]))
+            probe = f"probe-{slices}-{n}"  # (each phase its own ids: a resent id is a duplicate)
+            appended[probe] = await cluster.glob.log(INPUTS).append(_msgs([_probe(probe)]))
             n += 1
             await asyncio.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
     finally:
@@ -219,12 +231,16 @@ async def latency(cluster: Cluster, nodes: int, seconds: float, rate: float = 20
             waits.append((seen[probe_id] - record.timestamp_ms / 1000) * 1000)
     waits.sort()
     q = statistics.quantiles(waits, n=100) if len(waits) > 1 else [float("nan")] * 99
+    out = {f"{key}_p50_ms": round(q[49], 2), f"{key}_p99_ms": round(q[98], 2),
+           ("latency" if key == "kafka_latency" else key) + "_parts_p50_p99_ms": await _parts(
+               cluster, seen, set(appended))}
+    if key != "kafka_latency":
+        return out
     return {"probes": len(appended), "placed": len(waits), "heartbeat_rounds": rounds,
-            "kafka_latency_p50_ms": round(q[49], 2),
-            "kafka_latency_p99_ms": round(q[98], 2), "latency_parts_p50_p99_ms": await _parts(cluster, seen)}
+            "heartbeat_slices": slices, **out}
 
 
-async def _parts(cluster: Cluster, seen: dict[str, float]) -> dict[str, list[float]]:
+async def _parts(cluster: Cluster, seen: dict[str, float], probes: set[str]) -> dict[str, list[float]]:
     """Where a probe's time goes, by broker append times: submitted -> its ``JobDispatched`` in the
     cell partition (the dispatcher's hop) -> its ``JobPlaced`` batch (the cell shard's hop) -> read
     here (``visible``: the cell's commit, its markers, the read; by this machine's clock)."""
@@ -232,13 +248,13 @@ async def _parts(cluster: Cluster, seen: dict[str, float]) -> dict[str, list[flo
     for record in await cluster.glob.log(INPUTS).read(0, 100_000, timeout_ms=2000):
         if b"probe-" in record.value:
             env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
-            if isinstance(env.event, JobSubmitted):
+            if isinstance(env.event, JobSubmitted) and env.event.job_id in probes:
                 submitted[env.event.job_id] = record.timestamp_ms
     for store in cluster.stores.values():
         for record in await store.log(INPUTS).read(0, 1_000_000, timeout_ms=2000):
             if b"probe-" in record.value:
                 env = decode(record.value, record.header(CONTENT_TYPE_HEADER))
-                if isinstance(env.event, JobDispatched):
+                if isinstance(env.event, JobDispatched) and env.event.job.job_id in probes:
                     dispatched[env.event.job.job_id] = record.timestamp_ms
         for record in await store.log(DECISIONS).read(0, 100_000, timeout_ms=2000):
             for _, batch in decision_batches([record]):
@@ -282,6 +298,7 @@ async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str,
             await cluster.wait_owned(["cell0", "cell1"], each=True, timeout_s=300)
             await asyncio.sleep(1.0)  # the first summaries reach the dispatcher
             lat = await latency(cluster, nodes, seconds)
+            lat |= await latency(cluster, nodes, seconds, slices=1, key="kafka_latency_burst")
             take = await takeover(cluster, nodes, kills)
         finally:
             await cluster.close()

@@ -64,9 +64,13 @@ class KubernetesBackend:
                         on_retry=failed)
 
     async def _rounds(self, observer: Observer) -> None:
+        """Each ``heartbeat_ms``: every node re-reported, in ``heartbeat_slices`` slices spread
+        over the period; the gangs that are not whole yet retried once."""
+        slices = self.cfg.heartbeat_slices
         while True:
-            await asyncio.sleep(self.cfg.heartbeat_ms / 1000)
-            observer.heartbeat_round()
+            for part in range(slices):
+                await asyncio.sleep(self.cfg.heartbeat_ms / slices / 1000)
+                observer.heartbeat_round(part, slices)
             await observer.retry_incomplete_groups()
 
     async def stop(self) -> None:

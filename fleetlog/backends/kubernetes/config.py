@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -28,6 +30,12 @@ class KubeBackendConfig(msgspec.Struct, frozen=True, kw_only=True):
     queue_label: str = "fleetlog.dev/queue"
     heartbeat_ms: int = 10_000
     """Every node the API server lists is re-reported this often (the core's node timeout is 60 s)."""
+    heartbeat_slices: Annotated[int, msgspec.Meta(ge=1, le=1_000)] = 10
+    """A round of re-reports is sent in this many slices, ``heartbeat_ms / heartbeat_slices``
+    apart, each node in the slice its name hashes to (``observer.heartbeat_slice``): each node
+    is still re-reported every ``heartbeat_ms``, and the inputs log sees a steady trickle, not
+    every node of the cell at once (a round of 10,000 at once held submissions behind it in the
+    latency benchmark, benchmarks/README.md "shards"). 1: every node at once."""
     bind_concurrency: int = 64
     """Requests (bindings, evictions, status patches) in flight at once."""
     flush_ms: int = 5

@@ -12,6 +12,7 @@ Everything goes through the :class:`Emitter`, which drops what the inputs log al
 from __future__ import annotations
 
 import logging
+import zlib
 
 from fleetlog.backends.kubernetes.api import KubeApi, KubeApiError, KubeUnreachableError
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
@@ -104,9 +105,12 @@ class Observer:
         except ValueError as e:
             log.warning("node %s cannot be reported: %s", name, e)
 
-    def heartbeat_round(self) -> None:
-        """Report every node again (the core takes a silent node for a dead one)."""
+    def heartbeat_round(self, part: int = 0, parts: int = 1) -> None:
+        """Report the nodes of slice ``part`` of ``parts`` again (:func:`heartbeat_slice`;
+        every node when ``parts`` is 1): the core takes a silent node for a dead one."""
         for name in sorted(self.nodes):
+            if parts > 1 and heartbeat_slice(name, parts) != part:
+                continue
             try:
                 self.emitter.repeat(node_heartbeat(self.nodes[name], self.cfg))
             except ValueError as e:
@@ -237,3 +241,10 @@ def waiting(pod: Pod) -> bool:
 
 def gone_node(name: str) -> Node:
     return Node(metadata=ObjectMeta(name=name))
+
+
+def heartbeat_slice(node: str, parts: int) -> int:
+    """The slice of a heartbeat round (``KubeBackendConfig.heartbeat_slices``) that re-reports
+    ``node``: a hash of its name, so it stays in its slice as other nodes come and go, and so
+    in every process (CRC-32, not Python's salted ``hash``)."""
+    return zlib.crc32(node.encode()) % parts
