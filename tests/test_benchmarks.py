@@ -228,5 +228,6 @@ def test_shards_kafka(kafka_bootstrap: str) -> None:
              "kafka_latency_burst_p99_ms", "takeover_p50_s", "takeover_max_s")
     assert r["kafka_latency_p50_ms"] <= r["kafka_latency_p99_ms"]
     assert r["kafka_latency_burst_p50_ms"] <= r["kafka_latency_burst_p99_ms"]
+    assert r["kafka_latency_warmup_p50_ms"] <= r["kafka_latency_warmup_p99_ms"]
     assert r["heartbeat_slices"] == 10
     assert r["takeover_p50_s"] <= r["takeover_max_s"]
