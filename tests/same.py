@@ -34,8 +34,9 @@ def first_difference(left: object, right: object, path: str, depth: int) -> list
                         f"{short(longer[min(len(left), len(right))])}"]
         elif isinstance(left, dict):
             assert isinstance(right, dict)
-            for key in sorted(set(left) ^ set(right), key=repr)[:1]:
-                return [f"{path}[{key!r}]: only on the {'left' if key in left else 'right'}"]
+            only = sorted(set(left) ^ set(right), key=repr)
+            if only:
+                return [f"{path}[{only[0]!r}]: only on the {'left' if only[0] in left else 'right'}"]
             for key in left:
                 if left[key] != right[key]:
                     return first_difference(left[key], right[key], f"{path}[{key!r}]", depth - 1)

@@ -165,12 +165,16 @@ class Rig:
         return sum(isinstance(e, kind) for e in await self.events(log))
 
     async def events(self, log: str = INPUTS) -> list[Event]:
+        return [event for _, event in await self.timed_events(log)]
+
+    async def timed_events(self, log: str = INPUTS) -> list[tuple[int, Event]]:
+        """Each event of ``log`` with its append time (``timestamp_ms``)."""
         end, out, at = await self.store.log(log).end_offset(), [], 0
         while at < end:
             records = await self.store.log(log).read(at, 10_000)
             if not records:
                 break  # only Kafka transaction markers are left
-            out.extend(decode(r.value).event for r in records)
+            out.extend((r.timestamp_ms, decode(r.value).event) for r in records)
             at = records[-1].offset + 1
         return out
 

@@ -15,8 +15,8 @@ import pytest
 
 from fleetlog.backends.kubernetes import KubeBackendConfig
 from fleetlog.backends.kubernetes.observer import heartbeat_slice
-from fleetlog.events import NodeHeartbeat, decode
-from fleetlog.log.base import INPUTS, LogStore
+from fleetlog.events import NodeHeartbeat
+from fleetlog.log.base import LogStore
 from tests.backends.kubernetes.conftest import Rig, wipe
 from tests.backends.kubernetes.manifests import items, node
 from tests.kube_apiserver import KubeControlPlane
@@ -46,19 +46,8 @@ def test_the_slices_setting_is_bounded() -> None:
 
 async def beats_at(rig: Rig, since_s: float) -> list[tuple[float, str]]:
     """(append time, node) of each heartbeat appended after ``since_s`` (epoch seconds)."""
-    out, at = [], 0
-    log = rig.store.log(INPUTS)
-    end = await log.end_offset()
-    while at < end:
-        records = await log.read(at, 10_000)
-        if not records:
-            break
-        for r in records:
-            event = decode(r.value).event
-            if isinstance(event, NodeHeartbeat) and r.timestamp_ms / 1000 >= since_s:
-                out.append((r.timestamp_ms / 1000, event.node))
-        at = records[-1].offset + 1
-    return out
+    return [(at / 1000, e.node) for at, e in await rig.timed_events()
+            if isinstance(e, NodeHeartbeat) and at / 1000 >= since_s]
 
 
 @pytest.mark.parametrize("slices", [1, 4])
