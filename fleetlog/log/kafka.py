@@ -44,9 +44,11 @@ from aiokafka.errors import (
     ProducerFenced,
     TopicAlreadyExistsError,
     UnsupportedCodecError,
+    for_code,
 )
 from aiokafka.errors import OffsetOutOfRangeError as KafkaOffsetOutOfRange
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.commit import OffsetFetchRequest
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import OffsetAndMetadata
@@ -259,6 +261,10 @@ def _batch_problem(batch: Any) -> str | None:
     except Exception as exc:  # whatever the parser raises is the reason
         return f"cannot decompress or parse it: {exc!r}"
     return None
+
+
+def _known(value: str | None) -> bool:
+    return value is not None
 
 
 def _to_record(r: Any) -> Record:
@@ -814,13 +820,29 @@ class KafkaLogStore(LogStore):
                            within_s=self.config.request_timeout_ms / 1000, backoff=Backoff(0.1, factor=1))
 
     async def _group_offsets(self, admin: AIOKafkaAdminClient, group: str) -> dict[Any, Any]:
+        """The group's committed offset of the inputs partition, asked of its coordinator.
+
+        Not through ``admin.list_consumer_group_offsets``: it checks only the partitions' error
+        codes, and a broker that is no longer the coordinator (its ``__consumer_offsets``
+        partition moved: a broker died, or came back and took its preferred leadership again)
+        answers with a response-level ``NOT_COORDINATOR`` and offset -1 — read as "nothing
+        committed", every wait for a commit to become visible waited its whole timeout on
+        the former coordinator (30 s, found on the three-node cluster: tests/faults)."""
         coordinator = self._coordinators.get(group)
         if coordinator is None:
             coordinator = int(await admin.find_coordinator(group))
             self._coordinators[group] = coordinator
-        offsets: dict[Any, Any] = await admin.list_consumer_group_offsets(
-            group, group_coordinator_id=coordinator, partitions=[self._inputs_tp]
-        )
+        request = OffsetFetchRequest(group, [(self._inputs_tp.topic, [self._inputs_tp.partition])])
+        response = await admin._send_request(request, coordinator)  # (aiokafka has no public form)
+        code = int(getattr(response, "error_code", 0) or 0)
+        if code:
+            raise for_code(code)(f"offsets of group {group!r} asked of broker {coordinator}")
+        offsets: dict[Any, Any] = {}
+        for topic, partitions in response.topics:
+            for partition, offset, metadata, error_code in partitions:
+                if error_code:
+                    raise for_code(error_code)(f"offset of group {group!r} for {topic}[{partition}]")
+                offsets[TopicPartition(topic, partition)] = OffsetAndMetadata(offset, metadata)
         return offsets
 
     # -- topics ------------------------------------------------------------------------------
@@ -867,7 +889,11 @@ class KafkaLogStore(LogStore):
                     f"topic {described['topic']} has {partitions} partitions "
                     f"(error {described['error_code']}); shard {self.config.shard} needs more"
                 )
-        stamp = await self._topic_config(admin, self.config.topic(INPUTS), _TIMESTAMP_TYPE)
+        # (a topic just made may not have reached the metadata of the broker that answers — one
+        # resumed after a pause answered with no entry at all: ask again until one is there)
+        topic = self.config.topic(INPUTS)
+        stamp = await poll(lambda: self._topic_config(admin, topic, _TIMESTAMP_TYPE), _known,
+                           within_s=self.config.request_timeout_ms / 1000, backoff=Backoff(0.05, max_s=1))
         if stamp != _LOG_APPEND_TIME:
             raise LogError(
                 f"topic {self.config.topic(INPUTS)} has {_TIMESTAMP_TYPE}={stamp}; "

@@ -41,6 +41,8 @@ NOT_SETTINGS: Final = frozenset(
         "FLEETLOG_KAFKA_HEAP",
         "FLEETLOG_KAFKA_START_TIMEOUT",
         "FLEETLOG_KAFKA_SASL_PORT",
+        "FLEETLOG_KAFKA_CLUSTER_PORT",
+        "FLEETLOG_KAFKA_CLUSTER_DIR",
     }
 )
 """Variables of ``infra/kafka/kafka.sh`` (the development broker), not settings of the service."""

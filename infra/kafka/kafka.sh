@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# A real, single-node Apache Kafka (KRaft broker + controller) for development and tests.
+# A real Apache Kafka for development and tests: one KRaft node (the default), or a replicated
+# cluster of three with a fault-injecting proxy (Toxiproxy) in front of them.
 #
-#   infra/kafka/kafka.sh fetch            fetch the broker jars into infra/kafka/dist/lib (idempotent)
+#   infra/kafka/kafka.sh fetch            fetch the broker jars into infra/kafka/dist/lib and build
+#                                         toxiproxy-server into the cache (both idempotent)
 #   infra/kafka/kafka.sh start [--fresh]  start in the background, wait until it answers, print bootstrap
 #   infra/kafka/kafka.sh stop             stop the broker by the PID in its pid file
 #   infra/kafka/kafka.sh status           say whether it runs (exit 0) or not (exit 3)
+#
+#   infra/kafka/kafka.sh cluster start [--fresh]   three combined controller + broker nodes and
+#                                                  toxiproxy; prints the direct and proxied bootstraps
+#   infra/kafka/kafka.sh cluster stop              stop all three and the proxy, by PID
+#   infra/kafka/kafka.sh cluster status            one line per node (exit 3 if any is down)
+#   infra/kafka/kafka.sh cluster kill N            SIGKILL node N (1-3): a crash
+#   infra/kafka/kafka.sh cluster restart N         start node N again on its data (stopping it first
+#                                                  if it runs); waits until it answers
+#   infra/kafka/kafka.sh cluster pause N           SIGSTOP node N (it holds its connections, answers nothing)
+#   infra/kafka/kafka.sh cluster resume N          SIGCONT node N
 #
 # Settings (environment):
 #   FLEETLOG_KAFKA_PORT             client port on 127.0.0.1            (default 19092)
@@ -15,6 +27,17 @@
 #   FLEETLOG_KAFKA_SASL_PORT        also listen with SASL_SSL + SCRAM-SHA-512 on this port (default: off);
 #                                   user "fleetlog", password in <dir>/tls/password, CA in <dir>/tls/ca.pem
 # A second broker only needs another port and directory.  `start --fresh` wipes the directory first.
+#
+# The cluster (`cluster ...`; FLEETLOG_KAFKA_HEAP and _START_TIMEOUT apply to each node):
+#   FLEETLOG_KAFKA_CLUSTER_PORT     first of 31 ports on 127.0.0.1      (default 19200)
+#   FLEETLOG_KAFKA_CLUSTER_DIR      node-1..3 and proxy directories     (default <repo>/var/kafka-cluster)
+# Node N (1-3) uses ports base+10(N-1)+k: k=0 the direct client listener, 1 its controller, 2 the
+# listener between brokers, 3 the proxied client listener (toxiproxy listens there and forwards
+# to k=4, where the broker listens; the broker advertises k=3).  base+30 is toxiproxy's API;
+# its proxies are named kafka-1..3.  A client that bootstraps on a k=3 port reaches every broker
+# through the proxy; one on a k=0 port never does.  Topics default to replication factor 3,
+# min.insync.replicas=2, no unclean leader election; a node is fenced 4 s after its last
+# heartbeat to the controllers (broker.session.timeout.ms=4000, Kafka's default is 9000).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -166,11 +189,12 @@ format_storage() {
   local scram=()
   [[ -n "$SASL_PORT" ]] && scram=(--add-scram "SCRAM-SHA-512=[name=fleetlog,password=$(cat "$TLS/password")]")
   java -cp "$LIB/*" -Dlog4j2.configurationFile="$DIR/log4j2.properties" kafka.tools.StorageTool \
-    format --cluster-id "$(cluster_id)" --config "$CONFIG" "${scram[@]}" >>"$LOG_FILE" 2>&1 \
+    format --cluster-id "${CLUSTER_ID:-$(cluster_id)}" --config "$CONFIG" "${scram[@]}" >>"$LOG_FILE" 2>&1 \
     || { tail -n 30 "$LOG_FILE" >&2; die "formatting KRaft storage in $DIR/data failed"; }
 }
 
 launch() {
+  if [[ -s "$LOG_FILE" ]]; then cat "$LOG_FILE" >>"$LOG_FILE.old"; : >"$LOG_FILE"; fi
   setsid java "-Xms$HEAP" "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$DIR/log4j2.properties" -cp "$LIB/*" kafka.Kafka "$CONFIG" \
     </dev/null >>"$LOG_FILE" 2>&1 &
@@ -255,10 +279,294 @@ status() {
   fi
 }
 
+# --- the three-node cluster ---------------------------------------------------------------------
+
+CLUSTER_BASE="${FLEETLOG_KAFKA_CLUSTER_PORT:-19200}"
+CLUSTER_DIR="${FLEETLOG_KAFKA_CLUSTER_DIR:-$REPO/var/kafka-cluster}"
+NODES=(1 2 3)
+PROXY_VERSION="v2.5.0"
+PROXY_CACHE="${FLEETLOG_CACHE:-$HOME/.cache/fleetlog}/toxiproxy"
+PROXY_BIN="$PROXY_CACHE/toxiproxy-server-$PROXY_VERSION"
+PROXY_DIR="$CLUSTER_DIR/proxy"
+PROXY_API_PORT=$((CLUSTER_BASE + 30))
+GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
+
+node_port() { echo $((CLUSTER_BASE + 10 * ($1 - 1) + $2)); }
+
+# Point the single-node globals (PORT, DIR, CONFIG, ...) at node N, so start/stop/launch serve it.
+use_node() {
+  local n="$1"
+  [[ "$n" =~ ^[123]$ ]] || { echo "kafka.sh: node must be 1, 2 or 3, not '$n'" >&2; exit 2; }
+  PORT="$(node_port "$n" 0)"
+  CONTROLLER_PORT="$(node_port "$n" 1)"
+  DIR="$CLUSTER_DIR/node-$n"
+  TLS="$DIR/tls"
+  PID_FILE="$DIR/kafka.pid"
+  LOG_FILE="$DIR/kafka.log"
+  CONFIG="$DIR/server.properties"
+  SASL_PORT=""
+  NODE="$n"
+}
+
+voters() {
+  local n out=""
+  for n in "${NODES[@]}"; do out+="${out:+,}$n@127.0.0.1:$(node_port "$n" 1)"; done
+  echo "$out"
+}
+
+write_node_config() {
+  local n="$NODE"
+  local client internal proxied upstream
+  client="$(node_port "$n" 0)" internal="$(node_port "$n" 2)"
+  proxied="$(node_port "$n" 3)" upstream="$(node_port "$n" 4)"
+  cat >"$CONFIG" <<EOF
+# Written by infra/kafka/kafka.sh: node $n of a three-node KRaft cluster for tests.
+process.roles=broker,controller
+node.id=$n
+controller.quorum.voters=$(voters)
+listeners=CLIENT://127.0.0.1:$client,INTERNAL://127.0.0.1:$internal,PROXIED://127.0.0.1:$upstream,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=CLIENT://127.0.0.1:$client,INTERNAL://127.0.0.1:$internal,PROXIED://127.0.0.1:$proxied
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=INTERNAL
+listener.security.protocol.map=CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$DIR/data
+num.network.threads=2
+num.io.threads=4
+num.partitions=1
+default.replication.factor=3
+min.insync.replicas=2
+unclean.leader.election.enable=false
+auto.create.topics.enable=false
+offsets.topic.replication.factor=3
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=3
+share.coordinator.state.topic.min.isr=2
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+broker.session.timeout.ms=4000
+broker.heartbeat.interval.ms=1000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
+transaction.remove.expired.transaction.cleanup.interval.ms=60000
+transaction.max.timeout.ms=900000
+log.retention.hours=168
+log.segment.bytes=268435456
+EOF
+}
+
+# toxiproxy-server, built once from its Go module into the cache (like kube-apiserver).
+fetch_proxy() {
+  [[ -x "$PROXY_BIN" ]] && return 0
+  [[ -x "$GO" ]] || die "the Go toolchain is needed to build toxiproxy-server (looked for $GO)"
+  mkdir -p "$PROXY_CACHE"
+  say "building toxiproxy-server $PROXY_VERSION into $PROXY_BIN (once, about a minute)"
+  local tmp
+  tmp="$(mktemp -d)"
+  GOBIN="$tmp" "$GO" install "github.com/Shopify/toxiproxy/v2/cmd/server@$PROXY_VERSION" 1>&2 \
+    || { rm -rf "$tmp"; die "building toxiproxy-server failed"; }
+  mv "$tmp/server" "$PROXY_BIN"
+  rm -rf "$tmp"
+}
+
+proxy_pid() {
+  [[ -f "$PROXY_DIR/toxiproxy.pid" ]] || return 0
+  local pid
+  pid="$(cat "$PROXY_DIR/toxiproxy.pid")"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$PROXY_DIR/proxies.json"; then
+    echo "$pid"
+  fi
+}
+
+start_proxy() {
+  [[ -n "$(proxy_pid)" ]] && return 0
+  port_open "$PROXY_API_PORT" && die "toxiproxy's API port $PROXY_API_PORT is already in use"
+  mkdir -p "$PROXY_DIR"
+  local n sep="" json="["
+  for n in "${NODES[@]}"; do
+    json+="$sep{\"name\": \"kafka-$n\", \"listen\": \"127.0.0.1:$(node_port "$n" 3)\", \"upstream\": \"127.0.0.1:$(node_port "$n" 4)\", \"enabled\": true}"
+    sep=", "
+  done
+  echo "$json]" >"$PROXY_DIR/proxies.json"
+  setsid "$PROXY_BIN" -host 127.0.0.1 -port "$PROXY_API_PORT" -config "$PROXY_DIR/proxies.json" \
+    </dev/null >>"$PROXY_DIR/toxiproxy.log" 2>&1 &
+  echo $! >"$PROXY_DIR/toxiproxy.pid"
+  local deadline=$((SECONDS + 20))
+  until port_open "$PROXY_API_PORT" && port_open "$(node_port 3 3)"; do
+    ((SECONDS < deadline)) || { tail -n 20 "$PROXY_DIR/toxiproxy.log" >&2; die "toxiproxy did not start"; }
+    sleep 0.1
+  done
+}
+
+stop_proxy() {
+  local pid
+  pid="$(proxy_pid)"
+  if [[ -n "$pid" ]]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  fi
+  rm -f "$PROXY_DIR/toxiproxy.pid"
+}
+
+# Write node N's config and storage if new, and launch it (not waiting).
+launch_node() {
+  use_node "$1"
+  local k
+  for k in 0 1 2 4; do
+    port_open "$(node_port "$1" "$k")" && die "port $(node_port "$1" "$k") of node $1 is already in use"
+  done
+  mkdir -p "$DIR"
+  write_log_config
+  write_node_config
+  format_storage
+  launch
+}
+
+cluster_start() {
+  local fresh=0 n
+  [[ "${1:-}" == "--fresh" ]] && fresh=1
+  for n in "${NODES[@]}"; do
+    use_node "$n"
+    if [[ -n "$(running_pid)" ]] && ((fresh)); then
+      die "--fresh asked but node $n already runs from $DIR"
+    fi
+  done
+  fetch
+  fetch_proxy
+  if ((fresh)) && [[ -d "$CLUSTER_DIR" ]]; then
+    # Wipe only a directory this script made (or an empty one), never an arbitrary path.
+    [[ -f "$CLUSTER_DIR/cluster.id" || -z "$(ls -A "$CLUSTER_DIR")" ]] \
+      || die "--fresh refuses to wipe $CLUSTER_DIR: it holds no cluster.id written by kafka.sh"
+    rm -rf "$CLUSTER_DIR"
+  fi
+  mkdir -p "$CLUSTER_DIR"
+  [[ -f "$CLUSTER_DIR/cluster.id" ]] || cluster_id >"$CLUSTER_DIR/cluster.id"
+  CLUSTER_ID="$(cat "$CLUSTER_DIR/cluster.id")"
+  start_proxy
+  local started=()
+  for n in "${NODES[@]}"; do
+    use_node "$n"
+    [[ -n "$(running_pid)" ]] && continue
+    launch_node "$n"
+    started+=("$n")
+  done
+  for n in "${started[@]}"; do
+    use_node "$n"
+    wait_ready "$(cat "$PID_FILE")"
+  done
+  say "cluster started (dir $CLUSTER_DIR)"
+  cluster_bootstraps
+}
+
+cluster_bootstraps() {
+  local n direct="" proxied=""
+  for n in "${NODES[@]}"; do
+    direct+="${direct:+,}127.0.0.1:$(node_port "$n" 0)"
+    proxied+="${proxied:+,}127.0.0.1:$(node_port "$n" 3)"
+  done
+  echo "direct=$direct"
+  echo "proxied=$proxied"
+  echo "proxy_api=http://127.0.0.1:$PROXY_API_PORT"
+}
+
+# SIGTERM to every node at once (one after the other, the last would wait for a controller
+# quorum that left before it), SIGKILL to any still running 30 s later; then the proxy.
+cluster_stop() {
+  local n pid pids=() deadline=$((SECONDS + 30))
+  for n in "${NODES[@]}"; do
+    use_node "$n"
+    pid="$(running_pid)"
+    [[ -n "$pid" ]] || continue
+    kill -CONT "$pid" 2>/dev/null || true  # a paused JVM cannot act on SIGTERM
+    kill -TERM "$pid" 2>/dev/null || true
+    pids+=("$n:$pid")
+  done
+  for entry in "${pids[@]}"; do
+    n="${entry%%:*}" pid="${entry##*:}"
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      say "node $n (pid $pid) did not stop within 30s: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    fi
+    use_node "$n"
+    rm -f "$PID_FILE"
+    say "node $n stopped (pid $pid)"
+  done
+  stop_proxy
+}
+
+cluster_status() {
+  local n pid down=0
+  for n in "${NODES[@]}"; do
+    use_node "$n"
+    pid="$(running_pid)"
+    if [[ -z "$pid" ]]; then
+      echo "node $n stopped"
+      down=1
+    elif grep -q '^State:.*(stopped)' "/proc/$pid/status" 2>/dev/null; then
+      echo "node $n paused pid=$pid client=127.0.0.1:$PORT"
+    else
+      echo "node $n running pid=$pid client=127.0.0.1:$PORT"
+    fi
+  done
+  pid="$(proxy_pid)"
+  if [[ -n "$pid" ]]; then echo "proxy running pid=$pid api=http://127.0.0.1:$PROXY_API_PORT"; else echo "proxy stopped"; down=1; fi
+  return $((down ? 3 : 0))
+}
+
+signal_node() {
+  use_node "$2"
+  local pid
+  pid="$(running_pid)"
+  [[ -n "$pid" ]] || die "node $2 is not running"
+  kill "-$1" "$pid"
+  if [[ "$1" == KILL ]]; then
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    rm -f "$PID_FILE"
+  fi
+  say "node $2 (pid $pid): SIG$1"
+}
+
+cluster_restart() {
+  use_node "$1"
+  local pid
+  pid="$(running_pid)"
+  if [[ -n "$pid" ]]; then
+    kill -CONT "$pid" 2>/dev/null || true
+    stop
+  fi
+  [[ -f "$CLUSTER_DIR/cluster.id" ]] || die "no cluster in $CLUSTER_DIR: run 'cluster start' first"
+  CLUSTER_ID="$(cat "$CLUSTER_DIR/cluster.id")"
+  local deadline=$((SECONDS + 30))
+  while port_open "$PORT" && ((SECONDS < deadline)); do sleep 0.1; done
+  launch_node "$1"
+  wait_ready "$(cat "$PID_FILE")"
+  say "node $1 started (pid $(cat "$PID_FILE"))"
+}
+
+cluster() {
+  local what="${1:-}"
+  shift || true
+  case "$what" in
+    start) cluster_start "$@" ;;
+    stop) cluster_stop ;;
+    status) cluster_status ;;
+    kill) signal_node KILL "${1:-}" ;;
+    pause) signal_node STOP "${1:-}" ;;
+    resume) signal_node CONT "${1:-}" ;;
+    restart) cluster_restart "${1:-}" ;;
+    *) echo "usage: $0 cluster start [--fresh]|stop|status|kill N|restart N|pause N|resume N" >&2; exit 2 ;;
+  esac
+}
+
 case "${1:-}" in
-  fetch) fetch ;;
+  fetch) fetch; fetch_proxy ;;
   start) shift; start "$@" ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 fetch|start [--fresh]|stop|status" >&2; exit 2 ;;
+  cluster) shift; cluster "$@" ;;
+  *) echo "usage: $0 fetch|start [--fresh]|stop|status|cluster ..." >&2; exit 2 ;;
 esac

@@ -173,6 +173,8 @@ def test_variables_that_are_not_settings_are_ignored() -> None:
         "FLEETLOG_KAFKA": "127.0.0.1:1",  # the test suite's broker address
         "FLEETLOG_KAFKA_PORT": "19092",  # infra/kafka/kafka.sh's own settings
         "FLEETLOG_KAFKA_DIR": "var/kafka",
+        "FLEETLOG_KAFKA_CLUSTER_PORT": "19200",  # and of its three-node cluster
+        "FLEETLOG_KAFKA_CLUSTER_DIR": "var/kafka-cluster",
         "FLEETLOG_TRACES": "../shared/traces",
     }
     assert load_config(None, env).kafka is None
