@@ -4,7 +4,8 @@ documents (benchmarks/README.md), so that none rots between measurements.
 Each runs as ``python -m benchmarks.<name> --json --smoke`` with this test's Python; the Kafka
 ones use the suite's broker (``FLEETLOG_KAFKA``); kubernetes and slurm start their own control
 plane and cluster under ``var/<name>-bench-<pid>`` on free ports and stop them by PID. The numbers
-are not checked against any target: only that they are there and sane.
+are not checked against any target: only that they are there and sane. (``benchmarks.faults``
+runs its smoke size in ``tests/faults/test_faults.py``, on that module's three-node cluster.)
 """
 
 from __future__ import annotations

@@ -132,11 +132,12 @@ async def read_logs(store: LogStore) -> Logs:
                 missing_parts)
 
 
-async def check(store: LogStore, acked: Collection[str], *, replay: bool = True) -> Report:
+async def check(store: LogStore, acked: Collection[str], *, replay: bool = True,
+                logs: Logs | None = None) -> Report:
     """Count what :mod:`this module <tests.faults.checker>` promises over ``store`` (read
     through brokers no fault touches) and the keys ``acked`` the producers were told were
-    written; ``replay`` also runs ``replay verify``."""
-    logs = await read_logs(store)
+    written; ``replay`` also runs ``replay verify``.  ``logs``: the logs already read."""
+    logs = logs or await read_logs(store)
     seen = Counter(k for k, _, _ in logs.keys)
     lost = sorted(k for k in acked if k not in seen)
     duplicated = sorted(k for k, n in seen.items() if n > 1)

@@ -12,6 +12,8 @@ and ``python -m benchmarks.faults`` (the measurement).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import statistics
 import time
 import uuid
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from fleetlog.events.codec import encode, envelope
 from fleetlog.log.base import DECISIONS, INPUTS, LogError, Message
@@ -103,6 +106,25 @@ class Context:
         described = await self.store._admin.describe_topics([topic])
         return int(described[0]["partitions"][0]["leader"])
 
+    async def open_transaction(self, log: str, within_s: float) -> tuple[int, int] | None:
+        """Poll partition 0 of ``log`` until a transaction is open on it: (high watermark,
+        last stable offset) then, or ``None`` after ``within_s``."""
+        tp = TopicPartition(self.store.config.topic(log), 0)
+        options = {"bootstrap_servers": self.cluster.direct, "enable_auto_commit": False}
+        committed = AIOKafkaConsumer(**options, isolation_level="read_committed")
+        uncommitted = AIOKafkaConsumer(**options, isolation_level="read_uncommitted")
+        await asyncio.gather(committed.start(), uncommitted.start())
+        try:
+            deadline = time.monotonic() + within_s
+            while time.monotonic() < deadline:
+                high, stable = await asyncio.gather(uncommitted.end_offsets([tp]),
+                                                    committed.end_offsets([tp]))
+                if high[tp] > stable[tp]:
+                    return int(high[tp]), int(stable[tp])
+            return None
+        finally:
+            await asyncio.gather(committed.stop(), uncommitted.stop())
+
     async def sh(self, fn: Callable[..., object], *args: object) -> None:
         await asyncio.to_thread(fn, *args)
 
@@ -116,22 +138,33 @@ class Context:
 Fault = Callable[[Context], Awaitable[None]]
 """Inject a fault and heal it; returns once the cluster is whole again (all nodes up)."""
 
+KILL_HOLD_S = 5.0
+"""How long a killed broker stays down: past its session with the controllers (4 s on the
+development cluster), so its partitions have moved before it comes back."""
+
 
 async def kill_inputs_leader(ctx: Context) -> None:
     node = await ctx.leader(INPUTS)
     await ctx.sh(ctx.cluster.kill, node)
     ctx.notes.append(f"killed node {node} (inputs leader)")
-    await asyncio.sleep(6)
+    await asyncio.sleep(KILL_HOLD_S)
     await ctx.sh(ctx.cluster.restart, node)
 
 
 async def kill_decisions_leader(ctx: Context) -> None:
-    # the service begins a transaction per step, several a second under this load: one is open
-    # nearly all the time (its records sent, the commit not yet answered)
+    """SIGKILL the decisions partition's leader the moment a step's transaction is seen open
+    there: its high watermark (``read_uncommitted`` end) above its last stable offset
+    (``read_committed`` end) — records of a transaction neither committed nor aborted yet."""
     node = await ctx.leader(DECISIONS)
-    await ctx.sh(ctx.cluster.kill, node)
-    ctx.notes.append(f"killed node {node} (decisions leader)")
-    await asyncio.sleep(6)
+    pid = ctx.cluster.pid(node)
+    assert pid is not None
+    seen = await ctx.open_transaction(DECISIONS, within_s=10)
+    os.kill(pid, signal.SIGKILL)
+    await ctx.sh(ctx.cluster.kill_wait, node)
+    ctx.notes.append(f"killed node {node} (decisions leader) " + (
+        f"with a transaction open (high watermark {seen[0]} > last stable offset {seen[1]})" if seen
+        else "(no open transaction seen within 10 s)"))
+    await asyncio.sleep(KILL_HOLD_S)
     await ctx.sh(ctx.cluster.restart, node)
 
 
@@ -139,7 +172,7 @@ async def kill_controller(ctx: Context) -> None:
     node = ctx.cluster.controller()
     await ctx.sh(ctx.cluster.kill, node)
     ctx.notes.append(f"killed node {node} (active controller)")
-    await asyncio.sleep(6)
+    await asyncio.sleep(KILL_HOLD_S)
     await ctx.sh(ctx.cluster.restart, node)
 
 
@@ -171,7 +204,7 @@ async def kill_service_and_broker(ctx: Context) -> None:
     await asyncio.gather(asyncio.to_thread(leader.kill9), ctx.sh(ctx.cluster.kill, node))
     ctx.services.remove(leader)
     ctx.notes.append(f"killed the leading service and node {node}")
-    await asyncio.sleep(6)
+    await asyncio.sleep(KILL_HOLD_S)
     await ctx.sh(ctx.cluster.restart, node)
     ctx.services.append(ctx.new_service("standby"))  # what a supervisor does: a new stand-by
 
@@ -248,7 +281,7 @@ class ScenarioResult(msgspec.Struct, frozen=True, kw_only=True):
                 "replay_ok": r.replay_ok, "max_stall_s": self.max_stall_s,
                 "p99_fault_ms": self.p99_fault_ms,
                 "unacked_inputs": self.unacked_inputs, "undecided": r.undecided,
-                "examples": list(r.examples), "divergence": r.divergence}
+                "examples": list(r.examples), "divergence": r.divergence, "notes": list(self.notes)}
 
 
 def p99(values: list[int]) -> float:
@@ -352,8 +385,8 @@ async def run_scenario(cluster: KafkaCluster, name: str, rounds: int, work: Path
         await asyncio.sleep(calm_s)
         await load.stop()
         await wait_caught_up(store)
-        report = await check(store, load.acked)
         logs = await read_logs(store)
+        report = await check(store, load.acked, logs=logs)
         stall = max((max_stall_s(logs.steps, r.fault_start_ms, r.resumed_ms) for r in done), default=0.0)
         fault_lat = [v for r in done for v in latencies_ms(logs, r.fault_start_ms, r.resumed_ms)]
         return ScenarioResult(scenario=name, rounds=len(done), report=report, max_stall_s=stall,

