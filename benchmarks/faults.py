@@ -8,7 +8,7 @@ A real three-node KRaft cluster (``infra/kafka/kafka.sh cluster``: replication f
 ``fleetlog run`` with its default settings reaches the brokers through the proxy, a producer of
 sustained keyed load (40 inputs every 50 ms, each append awaited, none resent) directly. Each
 scenario (``tests/faults/harness.py``) runs ``--rounds`` rounds (5; ``--quick`` 1 of each of the
-seven scenarios the issue lists, with 2 s of calm instead of 3) on fresh topics: 3 s of calm
+seven scenarios the issue lists, with 1.5 s of calm instead of 3) on fresh topics: 3 s of calm
 load, the fault and its healing, a wait until a decision follows the healing (the service
 resumes by itself, or the run fails). Then the load stops, the service catches up
 and the checker (``tests/faults/checker.py``) reads every log back through brokers no fault
@@ -98,7 +98,7 @@ async def measure(names: list[str], rounds: int, quick: bool = False) -> dict[st
             for i, name in enumerate(names, 1):
                 started = time.monotonic()
                 say(f"[{i}/{len(names)}] {name}: {rounds} round(s)")
-                pace = {"calm_s": 2.0, "warmup_s": 3.0} if quick else {}
+                pace = {"calm_s": 1.5, "warmup_s": 2.0} if quick else {}
                 result = await run_scenario(cluster, name, rounds, Path(work), **pace)
                 rows[name] = result.row()
                 r = result.report
