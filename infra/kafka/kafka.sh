@@ -143,6 +143,20 @@ listener.name.sasl_ssl.ssl.keystore.location=$TLS/server.pem
 EOF
 }
 
+# Settings of every broker this script starts, one or three: fast group joins for tests,
+# transaction clean-up within a second, a week of retention.
+shared_settings() {
+  cat <<'EOF'
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
+transaction.remove.expired.transaction.cleanup.interval.ms=60000
+transaction.max.timeout.ms=900000
+log.retention.hours=168
+log.segment.bytes=268435456
+EOF
+}
+
 write_server_config() {
   local listeners="PLAINTEXT://127.0.0.1:$PORT" advertised="PLAINTEXT://127.0.0.1:$PORT"
   if [[ -n "$SASL_PORT" ]]; then
@@ -174,13 +188,7 @@ transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-group.min.session.timeout.ms=1000
-transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
-transaction.remove.expired.transaction.cleanup.interval.ms=60000
-transaction.max.timeout.ms=900000
-log.retention.hours=168
-log.segment.bytes=268435456
+$(shared_settings)
 EOF
 }
 
@@ -344,15 +352,9 @@ transaction.state.log.min.isr=2
 transaction.state.log.num.partitions=1
 share.coordinator.state.topic.replication.factor=3
 share.coordinator.state.topic.min.isr=2
-group.initial.rebalance.delay.ms=0
-group.min.session.timeout.ms=1000
 broker.session.timeout.ms=4000
 broker.heartbeat.interval.ms=1000
-transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
-transaction.remove.expired.transaction.cleanup.interval.ms=60000
-transaction.max.timeout.ms=900000
-log.retention.hours=168
-log.segment.bytes=268435456
+$(shared_settings)
 EOF
 }
 

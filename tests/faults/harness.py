@@ -31,6 +31,7 @@ from fleetlog.service.loadgen import Load, events
 from tests.faults.checker import Report, check, latencies_ms, max_stall_s, read_logs
 from tests.kafka_cluster import NODES, KafkaCluster
 from tests.service.process import ServiceProcess
+from tests.service.test_reliability import wait_caught_up
 
 GROUP = "fleetlog-scheduler"
 LOAD = Load(nodes=64, submit_share=0.2, keep_jobs=200)
@@ -143,12 +144,15 @@ KILL_HOLD_S = 5.0
 development cluster), so its partitions have moved before it comes back."""
 
 
-async def kill_inputs_leader(ctx: Context) -> None:
-    node = await ctx.leader(INPUTS)
+async def kill_and_restart(ctx: Context, node: int, what: str) -> None:
     await ctx.sh(ctx.cluster.kill, node)
-    ctx.notes.append(f"killed node {node} (inputs leader)")
+    ctx.notes.append(f"killed node {node} ({what})")
     await asyncio.sleep(KILL_HOLD_S)
     await ctx.sh(ctx.cluster.restart, node)
+
+
+async def kill_inputs_leader(ctx: Context) -> None:
+    await kill_and_restart(ctx, await ctx.leader(INPUTS), "inputs leader")
 
 
 async def kill_decisions_leader(ctx: Context) -> None:
@@ -169,11 +173,7 @@ async def kill_decisions_leader(ctx: Context) -> None:
 
 
 async def kill_controller(ctx: Context) -> None:
-    node = ctx.cluster.controller()
-    await ctx.sh(ctx.cluster.kill, node)
-    ctx.notes.append(f"killed node {node} (active controller)")
-    await asyncio.sleep(KILL_HOLD_S)
-    await ctx.sh(ctx.cluster.restart, node)
+    await kill_and_restart(ctx, ctx.cluster.controller(), "active controller")
 
 
 PAUSE_S = 10.0
@@ -314,16 +314,6 @@ async def wait_deciding(store: KafkaLogStore, after_ms: int, timeout_s: float = 
             return stamp
         await asyncio.sleep(0.2)
     raise AssertionError(f"no decision within {timeout_s}s of the healing")
-
-
-async def wait_caught_up(store: KafkaLogStore, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    end = await store.log(INPUTS).end_offset()
-    while time.monotonic() < deadline:
-        if await store.committed_offset(GROUP) == end:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"the service committed {await store.committed_offset(GROUP)} of {end} inputs")
 
 
 def service_env(cluster: KafkaCluster, prefix: str) -> dict[str, str]:

@@ -29,6 +29,7 @@ from fleetlog.replay.verify import verify
 from fleetlog.service.loadgen import Load, batches
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.service.snapshots import recover, restored
+from tests.faults.checker import read_all
 from tests.kafka_broker import KafkaBroker
 from tests.service.process import ServiceProcess
 
@@ -118,18 +119,6 @@ async def wait_caught_up(store: LogStore, timeout_s: float = 120) -> int:
             return end
         await asyncio.sleep(0.2)
     raise AssertionError(f"committed {await store.committed_offset(GROUP)} of {end} inputs in {timeout_s}s")
-
-
-async def read_all(store: LogStore, name: str) -> list:  # type: ignore[type-arg]
-    log, out, at = store.log(name), [], 0
-    end = await log.end_offset()
-    while at < end:
-        records = await log.read(at, 10_000, timeout_ms=1000)
-        if not records:
-            break
-        out.extend(records)
-        at = records[-1].offset + 1
-    return out
 
 
 async def assert_exactly_once(store: LogStore) -> None:

@@ -33,6 +33,7 @@ from fleetlog.replay.dispatcher import verify_dispatcher
 from fleetlog.replay.verify import verify
 from fleetlog.service.cellshard import held_cells
 from tests.core.builders import job, node
+from tests.faults.checker import read_all
 from tests.service.process import ServiceProcess
 
 STARTED: list[ServiceProcess] = []
@@ -69,18 +70,6 @@ def started(*processes: ServiceProcess) -> None:
     """Wait for each to serve HTTP (a cold numba cache compiles for a minute or more first)."""
     for process in processes:
         process.address(timeout_s=300)
-
-
-async def read_all(store: LogStore, name: str) -> list:  # type: ignore[type-arg]
-    log, out, at = store.log(name), [], 0
-    end = await log.end_offset()
-    while at < end:
-        records = await log.read(at, 10_000, timeout_ms=1000)
-        if not records:
-            break
-        out.extend(records)
-        at = records[-1].offset + 1
-    return out
 
 
 async def placements(stores: dict[int, LogStore]) -> Counter[str]:
