@@ -1,5 +1,6 @@
 """Warm-up: every hot path run once before a process may lead, so numba's compile (or cache
-load) never stalls a step (``fleetlog run`` and ``fleetlog warm-up``)."""
+load) never stalls a step (``fleetlog run``; ``python -m fleetlog.service.warmup`` fills numba's
+cache for every policy ahead of time, as an image build or the test script does)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,19 @@ def _warm_job(
     group = TaskGroup(count=tasks, cpu_milli=1000, mem_mib=1024, gpu_count=gpus, gpu_milli=milli)
     return JobSubmitted(job_id=name, tenant=tenant, task_groups=(group,), priority=priority,
                         required_topology="rack" if tasks > 1 else None)
+
+
+def main() -> None:
+    """Warm every policy's kernels into numba's cache; says how long it took on stdout."""
+    import time
+
+    from fleetlog.core.policy import POLICIES
+    from fleetlog.kernel_warmup import warm_kernels
+
+    started = time.perf_counter()
+    compiles = sum(warm_kernels(lambda p=p: warm_up(p))[1] for p in POLICIES.values())  # type: ignore[misc]
+    print(f"kernels warm: {compiles} compiled in {time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
