@@ -305,11 +305,12 @@ def _replay_place(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
     flag = getattr(args, "node_timeout_flag_ms", None)  # fold as the service that wrote the log did
     args.node_timeout_ms = config.service.node_timeout_ms if flag is None else flag
-    args.topology = _topology(config, args.node_timeout_ms)
+    args.core = config.service.core(**({} if flag is None else {"node_timeout_ms": flag}))
+    args.topology = _topology(config, args.core)
     return config.kafka if config.kafka is not None else Path(str(config.log.dir))
 
 
-def _topology(config: Any, node_timeout_ms: int) -> Any:
+def _topology(config: Any, core: Any) -> Any:
     """The shards of a deployment with a [cells] map (``None`` without one), and how to check a
     cell partition's outputs (the service's ``check_outputs``: replay may not import the service)."""
     if not config.cells:
@@ -319,7 +320,8 @@ def _topology(config: Any, node_timeout_ms: int) -> Any:
 
     s = config.service
     rule = SummaryRule(every_ms=s.summary_every_ms, material_milli=s.summary_material_milli)
-    return Topology(config.cell_map, s.cell_hold_ms, node_timeout_ms, s.producer_id, rule, _cell_outputs)
+    return Topology(config.cell_map, s.cell_hold_ms, core.node_timeout_ms, s.producer_id, rule, _cell_outputs,
+                    base=core)
 
 
 async def _cell_outputs(topology: Any, store: Any, glob: Any, partition: int) -> dict[str, Any]:

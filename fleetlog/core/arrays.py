@@ -1,7 +1,8 @@
 """Growable struct-of-arrays tables and a deterministic string interner.
 
-Every table grows by doubling; rows are never reordered or reused, so a row id is
-stable for the life of the state and derives only from the order of the log.
+Every table grows by doubling; rows are never reordered or reused between two compactions
+(retired jobs' rows dropped, the rest renumbered in order, at points the log decides), so a row
+id derives only from the order of the log.
 """
 
 from __future__ import annotations
@@ -87,12 +88,27 @@ class Interner:
     def state(self) -> list[str]:
         return list(self.names)
 
+    def release(self, name: str) -> None:
+        """Forget ``name``'s id (its job retired): :meth:`get` says -1, its slot in ``names``
+        stays until :meth:`kept` drops it, and a later :meth:`intern` gives it a new id."""
+        del self.ids[name]
+
     @classmethod
-    def restore(cls, names: list[str]) -> Interner:
+    def restore(cls, names: list[str], released: Any = ()) -> Interner:
+        """The interner whose ``names`` are ``names`` (in order, the same running hash), the
+        slots ``released`` (ids) among them released."""
         out = cls()
-        for name in names:
-            out.intern(name)
+        out.names = list(names)
+        gone = set(released)
+        out.ids = {name: i for i, name in enumerate(out.names) if i not in gone}
+        if out.names:
+            out._unhashed = list(out.names)
         return out
+
+    def kept(self, ids: Array) -> Interner:
+        """A new interner of the names of ``ids`` (ascending, none released), renumbered
+        0, 1, ... in that order: a compaction's."""
+        return Interner.restore([self.names[i] for i in ids.tolist()])
 
 
 class Table:
@@ -123,6 +139,17 @@ class Table:
             grown[: self.size] = self.cols[name][: self.size]
             self.cols[name] = grown
         self.capacity = capacity
+
+    def compact(self, keep: Array) -> None:
+        """Keep the used rows where ``keep`` (a bool per used row) is set, in order, renumbered
+        from 0; the capacity shrinks to twice the rows kept (at least 64)."""
+        size = int(np.count_nonzero(keep))
+        capacity = max(64, 2 * size)
+        for name, (dtype, dims, fill) in self.spec.items():
+            fresh = np.full((capacity, *dims), fill, dtype=dtype)
+            fresh[:size] = self.cols[name][: self.size][keep]
+            self.cols[name] = fresh
+        self.size, self.capacity = size, capacity
 
     def view(self, name: str) -> Array:
         """The used rows of column ``name`` (a view: writes go to the table)."""

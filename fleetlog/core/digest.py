@@ -26,9 +26,11 @@ from fleetlog.core.state import (
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
+    SUM_RETIRED,
     SUM_RETURNED,
     CoreConfig,
     Derived,
+    JobState,
     Quota,
     Requeue,
     State,
@@ -36,10 +38,11 @@ from fleetlog.core.state import (
 )
 from fleetlog.events.model import CellSummary, JobReturned
 
-SNAPSHOT_FORMAT: Final = 3
+SNAPSHOT_FORMAT: Final = 4
 """2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30), 3
-since the state holds the shape mix fold takes at intervals (2026-11-30): an older snapshot
-carries a digest of an older definition."""
+since the state holds the shape mix fold takes at intervals (2026-11-30), 4 since jobs retire
+(2026-12-03: the ``ended_at_ms`` column, the retired ids and counters, the retirement settings
+in the config): an older snapshot carries a digest of an older definition."""
 _TABLES: Final = ("nodes", "jobs", "tasks")
 
 
@@ -60,7 +63,8 @@ def _small_scalars(state: State, full: bool = True) -> dict[str, Any]:
         "recent_next": state.recent_next,
         "shape_mix": [list(row) for row in state.shape_mix],
         "shape_mix_due": [state.shapes_seen, state.mix_due],
-        "counters": [state.pending_count, state.duplicates, state.ignored],
+        "counters": [state.pending_count, state.duplicates, state.ignored, state.retired_rows],
+        "retired_counts": sorted(state.retired_counts.items()),
     } | _cell_shard(state, full)
 
 
@@ -103,6 +107,8 @@ def _scalars(state: State) -> dict[str, Any]:
         "job_cells": sorted(state.job_cells.items()),
         "recent_shapes": state.recent_shapes,
         "reason_text": sorted(state.reason_text.items()),
+        # the dedup window in retirement order (an entry of an id that retired again is stale)
+        "retired": [list(e) for e in state.retired_order],
         # why waiting jobs were requeued: snapshotted for status, not digested (no decision reads it)
         "requeues": sorted([row, msgspec.to_builtins(r)] for row, r in state.requeues.items()),
     } | _summaries(state)
@@ -278,6 +284,7 @@ def _digest_scalars(state: State) -> dict[str, Any]:
     out["job_cells"] = [len(state.job_cells), state.sums[SUM_JOB_CELLS]]
     out["recent_shapes"] = [len(state.recent_shapes), state.sums[SUM_RECENT_SHAPES]]
     out["reason_text"] = [len(state.reason_text), state.sums[SUM_REASON_TEXT]]
+    out["retired"] = [len(state.retired), state.sums[SUM_RETIRED]]
     return out
 
 
@@ -303,6 +310,9 @@ def restore(data: bytes) -> State:
             )
         state = _restore_scalars(body["scalars"])
         _restore_columns(state, body["sizes"], body["columns"])
+        # the ids of retired jobs' rows stay released (their slots wait for a compaction)
+        retired = np.flatnonzero(state.jobs.view("state") == int(JobState.RETIRED))
+        state.names["job"] = Interner.restore(state.names["job"].names, retired.tolist())
         rebuild_held(state)
     except (msgspec.DecodeError, LookupError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise SnapshotError(f"not a fleetlog snapshot: {exc}") from exc
@@ -332,8 +342,12 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.dispatched_seq = dict(s.get("dispatched_seq", ()))
     state.returned = {row: msgspec.convert(r, JobReturned) for row, r in s.get("returned", ())}
     state.summaries = {c: msgspec.convert(v, CellSummary) for c, v in s.get("summaries", ())}
+    state.pending_count, state.duplicates, state.ignored, state.retired_rows = s["counters"]
+    state.retired_counts = {tenant: list(counts) for tenant, counts in s["retired_counts"]}
+    for at, name in s["retired"]:
+        state.retired_order.append((at, name))
+        state.retired[name] = at  # (a later entry of the same id: the later time)
     state.sums = collection_sums(state)
-    state.pending_count, state.duplicates, state.ignored = s["counters"]
     return state
 
 

@@ -21,14 +21,17 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import HASH_MASK, Array, entry_hash
+from fleetlog.core.compact import compact
 from fleetlog.core.state import (
     FULL_GPU,
     MAX_GPU_MODELS,
     NO_LIMIT,
+    RETIRABLE,
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
+    SUM_RETIRED,
     SUM_RETURNED,
     TERMINAL,
     TEXT_IDS,
@@ -130,8 +133,9 @@ def fold_decision(state: State, decision: object) -> None:
 
 
 def advance_time(state: State, at_ms: int) -> None:
-    """Move log time forward (never back), hand back dispatched jobs held too long and mark
-    nodes whose heartbeats stopped as down."""
+    """Move log time forward (never back), hand back dispatched jobs held too long; at each
+    sweep, mark nodes whose heartbeats stopped as down and retire the jobs that ended long
+    enough ago (:func:`fleetlog.core.retire.retire`)."""
     state.now_ms = max(state.now_ms, at_ms)
     if state.now_ms >= state.next_return_ms:
         hand_back(state)
@@ -145,6 +149,60 @@ def advance_time(state: State, at_ms: int) -> None:
     )
     for row in np.flatnonzero(stale).tolist():
         node_down(state, row, NodeStatus.DOWN, "node_lost")
+    retire(state)
+
+
+_RETIRABLE_CODES: Final = np.array([int(s) for s in RETIRABLE], dtype=np.int8)
+_RETIRED: Final = int(JobState.RETIRED)
+
+
+def retire(state: State) -> None:
+    """The sweep's retirement (log time, so replay retires the same jobs at the same offsets):
+    forget the ids retired longer than ``dedup_window_ms`` ago; retire every job that ended
+    ``retain_finished_ms`` ago or earlier — its id released (remembered for the dedup window),
+    its collections' entries dropped, its tenant's counter of its end state raised, its rows
+    left free (``RETIRED``) — and compact the tables once free rows dominate."""
+    config, now = state.config, state.now_ms
+    order, retired = state.retired_order, state.retired
+    while order and order[0][0] <= now - config.dedup_window_ms:
+        at, name = order.popleft()
+        if retired.get(name) == at:  # (else it retired again since: a later entry expires it)
+            del retired[name]
+            add_entry(state, SUM_RETIRED, (name, at), -1)
+    if config.retain_finished_ms is None:
+        return
+    jc = state.jobs.cols
+    states, ended = state.jobs.view("state"), state.jobs.view("ended_at_ms")
+    due = np.isin(states, _RETIRABLE_CODES) & (ended >= 0) & (ended <= now - config.retain_finished_ms)
+    rows = np.flatnonzero(due)
+    if not rows.size:
+        return
+    names = state.names["job"]
+    tenants, codes = jc["tenant"][rows].tolist(), states[rows].tolist()
+    for row, tenant, code in zip(rows.tolist(), tenants, codes, strict=True):
+        name = names.names[row]
+        names.release(name)
+        old = retired.pop(name, None)
+        if old is not None:
+            add_entry(state, SUM_RETIRED, (name, old), -1)
+        retired[name] = now
+        order.append((now, name))
+        add_entry(state, SUM_RETIRED, (name, now), 1)
+        counts = state.retired_counts.setdefault(tenant, [0] * len(RETIRABLE))
+        counts[RETIRABLE.index(code)] += 1
+        drop_reason_text(state, row)
+        state.requeues.pop(row, None)
+        state.held.pop(row, None)
+        cells = state.job_cells.pop(row, None)
+        if cells is not None:
+            add_entry(state, SUM_JOB_CELLS, (row, cells), -1)
+        sent = state.dispatches.pop(row, None)
+        if sent is not None:
+            add_entry(state, SUM_DISPATCHES, (row, sent), -1)
+    states[rows] = _RETIRED
+    state.retired_rows += int(rows.size)
+    if state.retired_rows >= config.compact_min_rows and state.retired_rows > state.live_jobs():
+        compact(state)
 
 
 def next_due(state: State) -> int:
@@ -228,7 +286,7 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     """A new pending job: its row, then its tasks' rows group by group (a job id seen before
     is a duplicate, counted and dropped)."""
     names = state.names
-    if e.job_id in names["job"].ids:
+    if state.known_job(e.job_id):  # (a retired job's id too, within the dedup window)
         state.duplicates += 1
         return
     job = names["job"].intern(e.job_id)
@@ -375,6 +433,7 @@ def on_task_finished(state: State, e: TaskFinished) -> None:
     state.jobs.cols["tasks_done"][job] += 1
     if state.jobs.cols["tasks_done"][job] == state.jobs.cols["ntasks"][job]:
         state.jobs.cols["state"][job] = _SUCCEEDED
+        state.jobs.cols["ended_at_ms"][job] = state.now_ms
 
 
 def on_task_failed(state: State, e: TaskFailed) -> None:
@@ -440,6 +499,7 @@ def on_rejected(state: State, d: JobRejected) -> None:
     job = state.job_row(d.job_id)
     if job >= 0 and int(state.jobs.cols["state"][job]) == JobState.PENDING:
         state.jobs.cols["state"][job] = _REJECTED
+        state.jobs.cols["ended_at_ms"][job] = state.now_ms
         drop_reason_text(state, job)
         state.requeues.pop(job, None)
         state.pending_count -= 1
@@ -546,6 +606,8 @@ def release_job(state: State, job: int, to: JobState) -> None:
     jc["state"][job] = int(to)
     if to != JobState.PENDING:
         state.requeues.pop(job, None)
+        if was not in TERMINAL:  # (a failure reported of an ended job: it ended when it ended)
+            jc["ended_at_ms"][job] = state.now_ms
     jc["cell"][job] = -1
     jc["tasks_done"][job] = 0
     if was == JobState.PENDING and to != JobState.PENDING:
@@ -570,6 +632,9 @@ def on_dispatched(state: State, e: JobDispatched) -> None:
     cell = state.names["cell"].intern(e.cell)
     state.dispatched_seq[cell] = max(state.dispatched_seq.get(cell, 0), e.seq)
     job = state.job_row(e.job.job_id)
+    if job < 0 and e.job.job_id in state.retired:  # ended and retired here: a resend
+        state.ignored += 1
+        return
     if job < 0:
         on_submitted(state, msgspec.structs.replace(e.job, allowed_cells=(e.cell,)))
         job = state.job_row(e.job.job_id)

@@ -185,7 +185,7 @@ class NewJobs:
         dispatch: :meth:`dispatch`). Its job row, or -1 for a duplicate."""
         names = state.names
         job_names = names["job"]
-        if e.job_id in job_names.ids:
+        if e.job_id in job_names.ids or e.job_id in state.retired:
             state.duplicates += 1
             return -1
         job = job_names.add(e.job_id)
@@ -424,6 +424,7 @@ def dispatch_run(state: State, events: Sequence[JobSubmitted | JobDispatched], t
     if (
         len(set(ids)) < len(ids)
         or not names["job"].ids.keys().isdisjoint(ids)
+        or not state.retired.keys().isdisjoint(ids)
         or (config.cells and not set(cell_names).issubset(config.cells))
         or nows[-1] >= min(next_due(state), nows[0] + config.hold_ms)
     ):
@@ -478,7 +479,7 @@ def plain_dispatch(state: State, e: JobDispatched) -> bool:
     """Whether ``fold.on_dispatched`` must fold ``e`` (it reads the job's columns): a job the
     shard knows (a resend, a reopen, a job of its own) or a cell it does not hold (ignored)."""
     cells = state.config.cells
-    return bool(cells and e.cell not in cells) or e.job.job_id in state.names["job"].ids
+    return bool(cells and e.cell not in cells) or state.known_job(e.job.job_id)
 
 
 def _all_dispatches(events: Sequence[Event]) -> TypeGuard[Sequence[JobDispatched]]:

@@ -22,6 +22,7 @@ def check(state: State) -> None:
         pending_count_matches,
         shape_stats_match_window,
         sums_match_collections,
+        retired_rows_released,
     ):
         problem = rule(state)
         if problem:
@@ -127,3 +128,29 @@ def sums_match_collections(state: State) -> str:
     """The running entry sums the digest reads equal sums computed afresh."""
     fresh = collection_sums(state)
     return "" if state.sums == fresh else f"running sums {state.sums} != {fresh} computed afresh"
+
+
+def retired_rows_released(state: State) -> str:
+    """The retired rows are counted, their ids released and remembered (for the dedup window
+    or not at all); every other row's id maps to it; no collection keyed by job row keeps a
+    retired row."""
+    js = state.jobs.view("state")
+    retired = np.flatnonzero(js == JobState.RETIRED)
+    if retired.size != state.retired_rows:
+        return f"{retired.size} retired rows but retired_rows {state.retired_rows}"
+    names = state.names["job"]
+    if len(names) != state.jobs.size:
+        return f"{len(names)} job ids interned for {state.jobs.size} job rows"
+    if len(names.ids) != state.jobs.size - retired.size:
+        return f"{len(names.ids)} job ids known for {state.jobs.size - retired.size} live jobs"
+    wrong = [n for n, row in names.ids.items() if names.names[row] != n or js[row] == JobState.RETIRED]
+    if wrong:
+        return f"job id {wrong[0]!r} maps to a row not its own or retired"
+    gone = set(retired.tolist())
+    for what in ("job_cells", "reason_text", "requeues", "dispatches", "held"):
+        kept = gone.intersection(getattr(state, what))
+        if kept:
+            return f"{what} keeps retired job row {min(kept)}"
+    if len(state.retired) > len(state.retired_order):
+        return f"{len(state.retired)} retired ids but {len(state.retired_order)} in retirement order"
+    return ""

@@ -7,6 +7,7 @@ strings is ever iterated unsorted.
 
 from __future__ import annotations
 
+import collections
 import enum
 from typing import Any, Final
 
@@ -36,6 +37,7 @@ class JobState(enum.IntEnum):
     CANCELLED = 4
     REJECTED = 5
     RETURNED = 6  # a cell shard handed a dispatched job back to the dispatcher (docs/scale-out.md)
+    RETIRED = 7  # ended and retired: its row is free until the tables are compacted (docs/retention.md)
 
 
 class TaskState(enum.IntEnum):
@@ -51,6 +53,9 @@ TERMINAL: Final = frozenset(
     {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED, JobState.RETURNED}
 )
 """States a job leaves only by a new dispatch (``RETURNED``, in a cell shard), else never."""
+RETIRABLE: Final = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED)
+"""The ended states a job retires from, ``CoreConfig.retain_finished_ms`` after it ended (in
+this order in ``State.retired_counts``)."""
 
 
 class CoreConfig(msgspec.Struct, frozen=True):
@@ -70,6 +75,16 @@ class CoreConfig(msgspec.Struct, frozen=True):
     cells: tuple[str, ...] = ()
     """The cells this shard holds: a ``JobDispatched`` to another cell is ignored. Empty: any
     (the single shard, which never sees a dispatch)."""
+    retain_finished_ms: int | None = 3_600_000
+    """A job that succeeded, failed, was cancelled or rejected retires (leaves the state: its
+    rows freed, its id forgotten but for the dedup window) at the first node sweep this long
+    (log time) after it ended. ``None``: never (the state grows with history)."""
+    dedup_window_ms: int = 86_400_000
+    """A retired job's id is remembered this long (log time) after it retired: a resend of its
+    ``JobSubmitted`` (or ``JobDispatched``) is a duplicate. After it, the id is a new job's."""
+    compact_min_rows: int = 4096
+    """The job table is compacted (retired rows dropped, rows renumbered in order) once its
+    retired rows are this many and more than its live ones."""
 
 
 CELL_SHARD_DEFAULTS: Final = {"hold_ms": 30_000, "cells": ()}
@@ -152,6 +167,7 @@ def _job_table() -> Table:
             "req_cpu": (i64, (), 0),
             "req_mem": (i64, (), 0),
             "req_gpu": (i64, (), 0),
+            "ended_at_ms": (i64, (), -1),
         }
     )
 
@@ -206,6 +222,7 @@ SUM_JOB_CELLS = 1
 SUM_RECENT_SHAPES = 2
 SUM_DISPATCHES = 3
 SUM_RETURNED = 4
+SUM_RETIRED = 5
 
 
 class Derived:
@@ -256,6 +273,15 @@ class Derived:
         derived = cls()
         derived.number_texts(state.reason_text)
         return derived
+
+    def forget_jobs(self, state: State) -> None:
+        """Drop what is kept by job row (a compaction renumbered the rows): the decide keys and
+        what was learned by them, the reason-text ids (numbered afresh). The nodes' heartbeats
+        stay: a compaction within a ``fold_lists`` run keeps the steady ones it is tracking."""
+        self.job_keys, self.key_ids = RowIds(), {}
+        self.fit_memo = self.decide_memo = None
+        self.text_ids = RowIds()
+        self.number_texts(state.reason_text)
 
     def number_texts(self, reason_text: dict[int, str]) -> None:
         """Give every job's reason text its id in ``text_ids``, numbering the texts afresh."""
@@ -308,10 +334,10 @@ class State:
         self.shapes_seen = 0  # task shapes remembered since the start
         self.mix_due = 1  # ``shapes_seen`` at which the shape mix is taken again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
-        self.sums = [0, 0, 0, 0, 0]
+        self.sums = [0, 0, 0, 0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
-        ``job_cells`` items, ``(index, shape)`` of ``recent_shapes``, ``dispatches`` items and
-        ``returned`` items (see SUM_*): what the
+        ``job_cells`` items, ``(index, shape)`` of ``recent_shapes``, ``dispatches`` items,
+        ``returned`` items and ``retired`` items (see SUM_*): what the
         digest hashes instead of those collections (kept by fold, rebuilt on restore by
         :func:`collection_sums`; not in ``derived``: the digest reads it)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
@@ -334,6 +360,15 @@ class State:
         self.next_return_ms = NO_LIMIT  # the earliest end of a hold in ``held`` (rebuilt with it)
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
         self.ignored = 0  # observations about unknown or finished jobs/nodes
+        self.retired: dict[str, int] = {}
+        """Retired job id -> the log time it retired, for ``CoreConfig.dedup_window_ms``: the
+        dedup window (expired oldest first, by ``retired_order``)."""
+        self.retired_order: collections.deque[tuple[int, str]] = collections.deque()
+        """(retired at, job id) in the order jobs retired; an entry whose id retired again
+        later is stale (``retired`` holds the later time) and is skipped when it expires."""
+        self.retired_rows = 0  # rows of the job table whose job retired (free until compacted)
+        self.retired_counts: dict[int, list[int]] = {}
+        """tenant id -> how many of its jobs retired from each of ``RETIRABLE``'s states."""
         self.derived = Derived()
         """Caches rebuilt from the rest (see :class:`Derived`): droppable, never digested or snapshotted."""
 
@@ -348,6 +383,15 @@ class State:
     def job_row(self, job_id: str) -> int:
         return self.names["job"].get(job_id)
 
+    def known_job(self, job_id: str) -> bool:
+        """``job_id`` is in the state or retired within the dedup window (a resend of its
+        submission is a duplicate)."""
+        return job_id in self.names["job"].ids or job_id in self.retired
+
+    def live_jobs(self) -> int:
+        """Rows of the job table whose job has not retired."""
+        return self.jobs.size - self.retired_rows
+
     def tenant_id(self, tenant: str) -> int:
         return self.names["tenant"].intern(tenant)
 
@@ -358,7 +402,8 @@ class State:
 
 def collection_sums(state: State) -> list[int]:
     """``State.sums`` computed afresh from the collections (restore, and the invariants)."""
-    sums = [0, 0, 0, 0, 0]
+    sums = [0, 0, 0, 0, 0, 0]
+    sums[SUM_RETIRED] = entries_sum(state.retired.items())
     sums[SUM_DISPATCHES] = entries_sum(state.dispatches.items())
     sums[SUM_RETURNED] = entries_sum(state.returned.items())
     sums[SUM_REASON_TEXT] = entries_sum(state.reason_text.items())

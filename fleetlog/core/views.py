@@ -187,7 +187,9 @@ def jobs_table(state: State, include_finished: bool = True) -> list[dict[str, An
     out = []
     for row in range(state.jobs.size):
         status = JobState(int(c["state"][row]))
-        if not include_finished and status not in (JobState.PENDING, JobState.RUNNING):
+        if status == JobState.RETIRED or (
+            not include_finished and status not in (JobState.PENDING, JobState.RUNNING)
+        ):
             continue
         cell = int(c["cell"][row])
         out.append(

@@ -20,7 +20,6 @@ import msgspec
 from rich.table import Table
 
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.state import CoreConfig
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.display import console, describe, log_time, print_sections
 from fleetlog.log.base import INPUTS, LogError, Shard
@@ -57,9 +56,9 @@ async def _with_source(place: Place, args: argparse.Namespace, handler: Handler,
     settings from ``topology``)."""
     snapshots = not getattr(args, "no_snapshots", False)
     source = await open_shard(place, shard, topology, snapshots)
-    timeout = getattr(args, "node_timeout_ms", None)
-    if timeout is not None and topology is None:
-        source.core = CoreConfig(node_timeout_ms=timeout)
+    core = getattr(args, "core", None)  # (the CLI's: the configuration the service ran with)
+    if core is not None and topology is None:
+        source.core = core
     try:
         for note in source.warnings:
             print(f"warning: {note}", file=sys.stderr)

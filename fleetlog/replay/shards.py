@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from fleetlog.core.cellshard import SummaryRule
 from fleetlog.core.dispatch import CellMap
 from fleetlog.core.state import CoreConfig
@@ -42,6 +44,8 @@ class Topology:
     rule: SummaryRule = field(default_factory=SummaryRule)
     outputs: OutputsCheck | None = None
     """How to check a partition's outputs (``None``: not checked)."""
+    base: CoreConfig = field(default_factory=CoreConfig)
+    """The fold's other settings (retirement), as the service ran with them."""
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -58,8 +62,8 @@ class Topology:
         """The ``CoreConfig`` of a cell partition's shard (``None`` for the global partition)."""
         if shard.kind != "cell":
             return None
-        return CoreConfig(node_timeout_ms=self.node_timeout_ms, hold_ms=self.hold_ms,
-                          cells=self.held(shard.partition))
+        return msgspec.structs.replace(self.base, node_timeout_ms=self.node_timeout_ms, hold_ms=self.hold_ms,
+                                       cells=self.held(shard.partition))
 
     def names(self) -> list[str]:
         return [str(s) for s in self.shards()]

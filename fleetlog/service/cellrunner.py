@@ -23,7 +23,6 @@ import structlog
 
 from fleetlog.core.cellshard import SummaryRule
 from fleetlog.core.policy import Policy
-from fleetlog.core.state import CoreConfig
 from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.kafka import FencedError
 from fleetlog.service.cellshard import CellShardLoop, recover_cell_shard, shard_snapshots
@@ -63,7 +62,7 @@ class CellRunner:
         return CellShardLoop(
             store, self.shards.policy, self.partition, self.shards.config.cell_map,
             LoopConfig(group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=50_000),
-            CoreConfig(node_timeout_ms=s.node_timeout_ms, hold_ms=s.cell_hold_ms),
+            s.core(hold_ms=s.cell_hold_ms),
             SummaryRule(every_ms=s.summary_every_ms, material_milli=s.summary_material_milli))
 
     @property

@@ -29,6 +29,7 @@ from msgspec import Meta
 
 from fleetlog.core.dispatch import CellMap
 from fleetlog.core.policy import UnknownPolicyError, policy_named
+from fleetlog.core.state import CoreConfig
 from fleetlog.log.kafka import KafkaConfig
 from fleetlog.log.location import MASK, SECRET_KEYS, ConfigError, LogConfig
 from fleetlog.log.settings import CellPartitions, Raw, Schema, cells_of, located
@@ -73,6 +74,19 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node_timeout_ms: Positive = 60_000
     """A node silent this long (log time) is down and its gangs requeued: the fold's
     ``CoreConfig.node_timeout_ms``.  Replay must be given the same value."""
+    retain_finished_ms: Annotated[int, Meta(ge=0, le=1 << 50)] | None = 3_600_000
+    """An ended job leaves the state this long (log time) after it ended; its status is then
+    read from the logs (``CoreConfig.retain_finished_ms``; unset: never). Replay reads the same
+    setting from the same configuration."""
+    dedup_window_ms: Annotated[int, Meta(ge=0, le=1 << 50)] = 86_400_000
+    """A resend of a retired job's submission this soon after it retired is a duplicate
+    (``CoreConfig.dedup_window_ms``); later, the id is a new job's."""
+
+    def core(self, **fields: Any) -> CoreConfig:
+        """The fold's settings these service settings make (``fields`` instead, where given)."""
+        made = {"node_timeout_ms": self.node_timeout_ms, "retain_finished_ms": self.retain_finished_ms,
+                "dedup_window_ms": self.dedup_window_ms}
+        return CoreConfig(**(made | fields))
     http_header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     """A connection must send a whole request head this soon after it opens (or after its
     previous answer), else it is closed: idle and slow-header clients hold nothing."""

@@ -32,7 +32,6 @@ import structlog
 from tenacity import RetryCallState
 
 from fleetlog.core.policy import policy_named
-from fleetlog.core.state import CoreConfig
 from fleetlog.core.views import job_status, pending_by_reason
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import INPUTS, LogStore
@@ -114,7 +113,7 @@ class Service:
         s = self.settings
         return SchedulerLoop(store, self.policy, LoopConfig(
             group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=COMMIT_EVERY),
-            CoreConfig(node_timeout_ms=s.node_timeout_ms))
+            s.core())
 
     # -- lifecycle ---------------------------------------------------------------------------
 

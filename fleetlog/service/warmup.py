@@ -4,14 +4,17 @@ cache for every policy ahead of time, as an image build or the test script does)
 
 from __future__ import annotations
 
+import time
+
 from fleetlog.core.cellshard import cell_summary
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.fold_batch import fold_fast, fold_lists
-from fleetlog.core.policy import Policy
+from fleetlog.core.policy import POLICIES, Policy
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import DecisionBatch, Event, JobDispatched, JobSubmitted, NodeHeartbeat, TaskGroup
+from fleetlog.kernel_warmup import warm_kernels
 
 
 def warm_up(policy: Policy) -> None:
@@ -76,11 +79,6 @@ def _warm_job(
 
 def main() -> None:
     """Warm every policy's kernels into numba's cache; says how long it took on stdout."""
-    import time
-
-    from fleetlog.core.policy import POLICIES
-    from fleetlog.kernel_warmup import warm_kernels
-
     started = time.perf_counter()
     compiles = sum(warm_kernels(lambda p=p: warm_up(p))[1] for p in POLICIES.values())  # type: ignore[misc]
     print(f"kernels warm: {compiles} compiled in {time.perf_counter() - started:.1f} s")

@@ -113,14 +113,16 @@ SNAPSHOTTED = {
     "config", "now_ms", "offset", "next_sweep_ms", "nodes", "jobs", "tasks", "names", "job_cells",
     "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shapes_seen", "mix_due",
     "reason_text", "reason_codes", "pending_count", "requeues", "duplicates", "ignored",
-    "dispatches", "dispatched_seq", "returned", "summaries",
+    "dispatches", "dispatched_seq", "returned", "summaries", "retired_order", "retired_rows",
+    "retired_counts",
 }  # fmt: skip
 REBUILT_ON_RESTORE = {
     "shape_stats",
     "sums",
     "held",
     "next_return_ms",
-}  # (from recent_shapes; the collections; dispatches)
+    "retired",
+}  # (from recent_shapes; the collections; dispatches; retired_order)
 DERIVED = {"derived"}
 
 

@@ -1,10 +1,14 @@
 """Hypothesis state machine: random submit / cancel / heartbeat / node loss / quota / decide,
-steady heartbeats across sweeps and outages longer than the node timeout.
+steady heartbeats across sweeps and outages longer than the node timeout, resends of old
+submissions; ended jobs retire soon and the tables compact often.
 
 After every step the invariants hold, and decide gives the same decisions on a restored copy
 (no memo of earlier calls); at the end, a snapshot restores to the same digest, and replaying
 the recorded inputs and decisions from scratch — one by one, and with ``fold_many`` and
 ``fold_lists`` over the log cut where the machine chose — reproduces every decision batch.
+A twin state that never retires folds the same log: every decide gives the same decisions as
+long as no resend came after its job's dedup window (from then on the two may differ: the
+retiring state takes it for a new job).
 """
 
 from __future__ import annotations
@@ -34,13 +38,16 @@ from tests.core.builders import job, node, quota
 
 NODES = [f"n{i}" for i in range(6)]
 TENANTS = ["a", "b", "c"]
-CONFIG = CoreConfig(node_timeout_ms=5_000)
+CONFIG = CoreConfig(node_timeout_ms=5_000, retain_finished_ms=2_000, dedup_window_ms=8_000, compact_min_rows=2)
+KEEP_ALL = CoreConfig(node_timeout_ms=5_000, retain_finished_ms=None)
 
 
 class Scheduler(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.state = State(CONFIG)
+        self.plain = State(KEEP_ALL)  # the twin that never retires
+        self.same = True  # no resend after its dedup window yet: the twins decide alike
         self.policy = Policy(thrash_window_ms=2_000)
         self.now_ms = 0
         self.log: list[tuple[int, Event]] = []
@@ -51,6 +58,7 @@ class Scheduler(RuleBasedStateMachine):
     def apply(self, event: Event, step_ms: int = 100) -> None:
         self.now_ms += step_ms
         fold(self.state, event, self.now_ms)
+        fold(self.plain, event, self.now_ms)
         self.log.append((self.now_ms, event))
 
     @rule(
@@ -93,6 +101,15 @@ class Scheduler(RuleBasedStateMachine):
             self.jobs += 1
             self.apply(job(f"j{self.jobs}", gpus=1), gap if k == 0 else 10)
 
+    @rule(gap=st.sampled_from([1_000, 3_000, 9_000]), data=st.data())
+    def wait(self, gap: int, data: st.DataObject) -> None:
+        """Time passes (a heartbeat of a node that sent one, or a quota, ``gap`` later): ended
+        jobs retire, retired ids leave the dedup window, the tables compact."""
+        if self.beats:
+            self.apply(self.beats[data.draw(st.sampled_from(sorted(self.beats)))], gap)
+        else:
+            self.apply(quota("a", 4, cohort="co"), gap)
+
     @rule()
     def cut(self) -> None:
         self.cuts.append(len(self.log))
@@ -122,16 +139,36 @@ class Scheduler(RuleBasedStateMachine):
         )  # type: ignore[arg-type]
 
     @precondition(lambda self: self.jobs > 0)
-    @rule(data=st.data(), kind=st.sampled_from(["start", "cancel", "finish", "fail"]))
+    @rule(data=st.data(), kind=st.sampled_from(["start", "cancel", "finish", "finish", "fail"]))
     def job_event(self, data: st.DataObject, kind: str) -> None:
         j = f"j{data.draw(st.integers(1, self.jobs))}"
+        task = data.draw(st.integers(0, 2))
         event: Event = {
-            "start": TaskStarted(job_id=j, task_index=0, node="n0"),
+            "start": TaskStarted(job_id=j, task_index=task, node="n0"),
             "cancel": JobCancelled(job_id=j),
-            "finish": TaskFinished(job_id=j, task_index=0),
-            "fail": TaskFailed(job_id=j, task_index=0),
+            "finish": TaskFinished(job_id=j, task_index=task),
+            "fail": TaskFailed(job_id=j, task_index=task),
         }[kind]
         self.apply(event)
+
+    @precondition(lambda self: self.jobs > 0)
+    @rule(data=st.data())
+    def finish_job(self, data: st.DataObject) -> None:
+        """Every task of a job reports finished (it succeeds if it runs): jobs end often."""
+        j = f"j{data.draw(st.integers(1, self.jobs))}"
+        row = self.plain.job_row(j)
+        for task in range(int(self.plain.jobs.cols["ntasks"][row]) if row >= 0 else 1):
+            self.apply(TaskFinished(job_id=j, task_index=task), 10)
+
+    @precondition(lambda self: self.jobs > 0)
+    @rule(data=st.data(), gpus=st.sampled_from([0, 1]))
+    def resend(self, data: st.DataObject, gpus: int) -> None:
+        """An old submission again: a duplicate while its id is known or remembered, a new job
+        to the retiring state once its dedup window has passed."""
+        j = f"j{data.draw(st.integers(1, self.jobs))}"
+        if not self.state.known_job(j):
+            self.same = False
+        self.apply(job(j, gpus=gpus))
 
     @rule(i=st.integers(0, 5))
     def remove(self, i: int) -> None:
@@ -154,12 +191,17 @@ class Scheduler(RuleBasedStateMachine):
             decisions=tuple(decide(self.state, self.policy)),
         )
         assert batch.decisions == fresh
+        own = tuple(decide(self.plain, self.policy))
+        if self.same:
+            assert own == batch.decisions
         fold(self.state, batch, self.now_ms)
+        fold(self.plain, DecisionBatch(as_of=self.plain.offset, digest="", decisions=own), self.now_ms)
         self.log.append((self.now_ms, batch))
 
     @invariant()
     def invariants_hold(self) -> None:
         check(self.state)
+        check(self.plain)
 
     def teardown(self) -> None:
         assert digest(restore(snapshot(self.state))) == digest(self.state)
