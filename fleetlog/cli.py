@@ -207,6 +207,54 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def cmd_log_prune(args: argparse.Namespace) -> int:
+    """``fleetlog log prune``: delete the file log's history before the newest snapshot at or
+    before a point (:mod:`fleetlog.replay.prune`)."""
+    from fleetlog.replay.prune import prune
+    from fleetlog.replay.source import ReplayError
+    from fleetlog.replay.terminal import parse_point
+    from fleetlog.service.command import CommandError, configure
+
+    try:
+        config = configure(args.config, args.log, args.kafka)
+        if config.kafka is not None:
+            raise UsageError("a Kafka log is pruned by its brokers: set kafka.retention_ms (and "
+                             "retention_bytes) on the inputs and decisions topics (docs/retention.md)")
+        if config.cells:
+            raise UsageError("log prune works on a single-shard file log; this configuration has a "
+                             "[cells] map (not supported yet)")
+        report = asyncio.run(prune(Path(str(config.log.dir)), parse_point(args.before), args.dry_run))
+    except (CommandError, ReplayError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"kept from snapshot {report['snapshot']}")
+    for log in ("inputs", "decisions"):
+        r = report[log]
+        print(f"{log}: {verb} {r['segments_deleted']} segments ({r['records_deleted']:,} records, "
+              f"{r['bytes_deleted']:,} bytes); the log starts at offset {r['start']}")
+    for note in report["notes"]:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _add_log_commands(sub: Any) -> None:
+    log = sub.add_parser("log", help="maintain the embedded file log (prune old history)")
+    cmds = log.add_subparsers(dest="log_command", required=True)
+    prune = cmds.add_parser("prune", help="delete history older than the newest snapshot before a point",
+                            description="Delete whole segments of the inputs and decisions logs that the "
+                            "newest valid snapshot at or before POINT covers; never past it, never while "
+                            "a service holds the log. Replay then starts from that snapshot.")
+    prune.add_argument("--before", required=True, metavar="POINT",
+                       help="an inputs offset, epoch milliseconds (1700000000000ms) or an ISO 8601 time")
+    add_log_options(prune)
+    prune.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
+    prune.add_argument("--json", action="store_true", help="print one JSON object")
+    prune.set_defaults(func=cmd_log_prune)
+
+
 def _add_service_commands(sub: Any) -> None:
     from fleetlog.replay.command import add_node_timeout
 
@@ -283,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--jobs", type=int, metavar="N", help="with --cells: jobs of 4 tenants (2000)")
     sim.set_defaults(func=cmd_simulate)
     _add_service_commands(sub)
+    _add_log_commands(sub)
     from fleetlog.client_cli import add_client_commands
 
     add_client_commands(sub, UsageError)

@@ -232,3 +232,22 @@ def test_shards_kafka(kafka_bootstrap: str) -> None:
     assert r["kafka_latency_warmup_p50_ms"] <= r["kafka_latency_warmup_p99_ms"]
     assert r["heartbeat_slices"] == 10
     assert r["takeover_p50_s"] <= r["takeover_max_s"]
+
+
+def test_soak() -> None:
+    """The retiring run ends with fewer rows than jobs and flat-ish tables; the baseline keeps a
+    row per job (what history costs without retirement)."""
+    r = smoke("soak")
+    assert (r["benchmark"], r["size"]) == ("soak", "smoke")
+    positive(r, "rss_mib_max", "rss_growth_ratio", "snapshot_bytes_growth_ratio", "restore_s_growth_ratio",
+             "step_p99_growth_ratio", "snapshot_s_growth_ratio", "digest_growth_ratio")
+    assert [p["jobs"] for p in r["points"]] == [600, 1200, 3000, 6000]
+    for point in r["points"]:
+        positive(point, "rss_mib", "snapshot_bytes", "snapshot_s", "restore_s", "digest_ms", "step_p99_ms",
+                 "live_jobs", "job_rows", "inputs")
+    last, kept = r["points"][-1], r["baseline"]["points"][-1]
+    assert last["retired"] > 4000
+    assert last["job_rows"] < 2 * last["live_jobs"] + 4096
+    assert kept["job_rows"] == kept["jobs"] == 6000
+    assert kept["retired"] == 0
+    assert last["snapshot_bytes"] < kept["snapshot_bytes"]

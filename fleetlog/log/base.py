@@ -155,6 +155,11 @@ class Log(abc.ABC):
     async def end_offset(self) -> int:
         """The offset the next appended record will get (committed records only)."""
 
+    async def start_offset(self) -> int:
+        """The first offset the log still holds: 0 unless older records were deleted (Kafka
+        retention, ``fleetlog log prune``); reading before it raises :class:`OffsetOutOfRangeError`."""
+        return 0
+
 
 class LogStore(abc.ABC):
     """A set of named logs plus transactional decision commits."""

@@ -626,6 +626,36 @@ class FileLog(Log):
             merged.update(seg.commits)
         return merged
 
+    def prune(
+        self, before: int, keep: Callable[[_Segment], bool], dry_run: bool = False
+    ) -> list[tuple[int, int, int]]:
+        """Delete the sealed segments (never the active one) that end at or before offset
+        ``before``, oldest first, stopping at the first one ``keep`` holds on to; (base, next
+        offset, bytes) of each deleted (``dry_run``: of each that would be). The files go first,
+        then the directory is synced."""
+        self._check_writable()
+        gone: list[tuple[int, int, int]] = []
+        segments = self._segments
+        if dry_run:
+            for seg in segments[:-1]:
+                if seg.next_offset > before or keep(seg):
+                    break
+                gone.append((seg.base, seg.next_offset, seg.size))
+            return gone
+        while len(segments) > 1 and segments[0].next_offset <= before and not keep(segments[0]):
+            seg = self._segments.pop(0)
+            self._bases.pop(0)
+            fd = self._read_fds.pop(seg.base, None)
+            if fd is not None:
+                os.close(fd)
+            self._cached = None
+            seg.path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
+            seg.path.unlink()
+            gone.append((seg.base, seg.next_offset, seg.size))
+        if gone:
+            _fsync_dir(self.directory)
+        return gone
+
     def close(self) -> None:
         if self._closed:
             return
@@ -743,10 +773,19 @@ class FileLog(Log):
         if self._closed:
             raise LogClosedError(f"file log {self.name} is closed")
 
+    async def start_offset(self) -> int:
+        self._check_open()
+        self.refresh()
+        return self._start()
+
+    def _start(self) -> int:
+        return self._segments[0].base if self._segments else 0
+
     async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
         self._check_open()
-        if offset < 0:
-            raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
+        if offset < 0 or offset < self._start():
+            raise OffsetOutOfRangeError(
+                f"{self.name}: offset {offset} is before the start of the log ({self._start()})")
         if offset >= self._end():
             self.refresh()
         if offset >= self._end() and timeout_ms > 0:
@@ -1087,6 +1126,18 @@ class FileLogStore(LogStore):
 
     def _yield_if_wanted(self) -> None:
         _check_no_waiter(self.directory)
+
+    def prune(self, name: str, before: int, dry_run: bool = False) -> list[tuple[int, int, int]]:
+        """:meth:`FileLog.prune` of log ``name`` before offset ``before``, keeping every segment
+        that holds a consumer group's last commit (and all after it): a group's committed
+        offset is never lost to a prune."""
+        log = self.log(name)
+        best = {(group, seq) for group, (_, seq) in self._commits.items()}
+
+        def holds_a_last_commit(seg: _Segment) -> bool:
+            return any((group, seq) in best for group, (_, seq) in seg.commits.items())
+
+        return log.prune(before, holds_a_last_commit, dry_run)
 
     def _rebuild_commits(self) -> None:
         """Each group's commit with the highest sequence, over every log's frames."""

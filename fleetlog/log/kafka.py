@@ -347,6 +347,12 @@ class KafkaLog(Log):
             ends = await consumer.end_offsets([self.tp])
         return int(ends[self.tp])
 
+    async def start_offset(self) -> int:
+        consumer = await self._store.offsets_client()
+        with _translated(f"start offset of {self.tp.topic}"):
+            starts = await consumer.beginning_offsets([self.tp])
+        return int(starts[self.tp])
+
     async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
         if offset < 0:
             raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
@@ -507,13 +513,10 @@ class KafkaLog(Log):
     async def _past_end(self, offset: int, timeout_ms: int) -> list[Record]:
         """Kafka refuses offsets outside the log: before its start is an error; past its end
         means nothing arrived, as for any other reader at the end."""
-        consumer = await self._store.offsets_client()
-        with _translated(f"start offset of {self.tp.topic}"):
-            starts = await consumer.beginning_offsets([self.tp])
-        if offset < int(starts[self.tp]):
+        start = await self.start_offset()
+        if offset < start:
             raise OffsetOutOfRangeError(
-                f"{self.name}: offset {offset} is before the start of the log ({starts[self.tp]})"
-            )
+                f"{self.name}: offset {offset} is before the start of the log ({start})")
         await asyncio.sleep(timeout_ms / 1000)
         return []
 

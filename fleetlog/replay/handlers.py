@@ -36,7 +36,7 @@ from fleetlog.replay.explain import explain
 from fleetlog.replay.jobend import with_run_facts
 from fleetlog.replay.shards import Topology, open_shard
 from fleetlog.replay.source import ReplayError, Source
-from fleetlog.replay.state_at import Point, log_time_of, state_at
+from fleetlog.replay.state_at import Point, history, log_time_of, state_at
 from fleetlog.replay.terminal import parse_point, progress_bar
 from fleetlog.replay.timeline import record, write_report, write_trace
 from fleetlog.replay.verify import verify
@@ -62,6 +62,11 @@ async def _with_source(place: Place, args: argparse.Namespace, handler: Handler,
     try:
         for note in source.warnings:
             print(f"warning: {note}", file=sys.stderr)
+        inputs, decisions = await history(source)
+        if inputs or decisions:
+            print(f"note: the logs start at inputs offset {inputs} and decisions offset {decisions} (older "
+                  "history was pruned): replay starts from the oldest snapshot they continue",
+                  file=sys.stderr)
         return await handler(args, source)
     finally:
         await source.close()

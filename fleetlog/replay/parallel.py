@@ -28,6 +28,7 @@ from fleetlog.log.base import DECISIONS, INPUTS, LogError
 from fleetlog.log.snapshots import SnapshotHeader, decode_snapshot
 from fleetlog.replay.engine import Start
 from fleetlog.replay.source import Progress, ReplayError, Source, end_offset
+from fleetlog.replay.state_at import first_start
 from fleetlog.replay.stretch import Stretch, VerifyReport, verify_stretch
 from fleetlog.retry import Backoff, poll
 
@@ -42,7 +43,11 @@ async def verify_in_parallel(
     """The clean report, or ``None``: verify serially (see the module docstring)."""
     if source.snapshots is None or source.reopen is None:
         return None
-    cuts = await choose_cuts(source, jobs)
+    start = await first_start(source)  # (a fresh state, or the oldest snapshot after a prune)
+    if start.snapshot is None:
+        start = Start(State(core))
+    cuts = [cut for cut in await choose_cuts(source, jobs)
+            if cut[1].inputs_offset > start.inputs and cut[1].decisions_offset > start.decisions]
     if not cuts:
         return None
     context = multiprocessing.get_context("fork")
@@ -66,7 +71,7 @@ async def verify_in_parallel(
         seen[0] = total
 
     try:
-        first = await verify_stretch(source.store, Start(State(core)), _stop(cuts[0][1]), None, with_children)
+        first = await verify_stretch(source.store, start, _stop(cuts[0][1]), None, with_children)
         results = await _collect(children, with_children)
     finally:
         for child, receive in children:

@@ -134,6 +134,14 @@ async def end_offset(store: LogStore, name: str) -> int:
         raise ReplayError(f"cannot read the {name} log: {exc}") from None
 
 
+async def start_offset(store: LogStore, name: str) -> int:
+    """The first offset log ``name`` still holds (above 0 once older history was pruned)."""
+    try:
+        return await store.log(name).start_offset()
+    except LogError as exc:
+        raise ReplayError(f"cannot read the {name} log: {exc}") from None
+
+
 async def read(store: LogStore, name: str, offset: int, limit: int = READ_CHUNK) -> list[Record]:
     """Records of log ``name`` from ``offset``; a log error becomes a :class:`ReplayError`."""
     try:
@@ -150,7 +158,7 @@ async def mentioning(
     records (bad ones are skipped).  ``accepts``: the event types of the log (a shard's)."""
     needles = (job_id.encode(),)
     consumer = EventConsumer(store) if accepts is None else EventConsumer(store, accepts=accepts)
-    end, at = await end_offset(store, INPUTS), 0
+    end, at = await end_offset(store, INPUTS), await start_offset(store, INPUTS)
     while at < end:
         records = await read(store, INPUTS, at)
         if not records:
@@ -164,13 +172,17 @@ async def mentioning(
 
 
 async def batches(
-    store: LogStore, start: int = 0, stop: int | None = None
+    store: LogStore, start: int | None = None, stop: int | None = None
 ) -> AsyncIterator[tuple[int, Record, DecisionBatch]]:
     """(offset, record, batch) of every step's decision batch from ``start`` (to ``stop``,
     excluded): a step split over several records is joined back into one batch, given with the
-    offset and record of its first part (:mod:`fleetlog.events.parts`)."""
+    offset and record of its first part (:mod:`fleetlog.events.parts`). ``start`` ``None``: from
+    the first record the log holds — after a prune, the parts of a step cut by it are skipped."""
     end = await end_offset(store, DECISIONS) if stop is None else stop
-    at, joiner, first = start, StepJoiner(), None
+    cut = start is None
+    at = await start_offset(store, DECISIONS) if start is None else start
+    cut = cut and at > 0
+    joiner, first = StepJoiner(), None
     while at < end:
         records = await read(store, DECISIONS, at, READ_DECISIONS)
         if not records:
@@ -178,9 +190,13 @@ async def batches(
         for record in records:
             if record.offset >= end:
                 break
+            batch = decode_batch(record)
+            if cut and batch.part != 0:
+                continue  # (the rest of a step whose first parts were pruned)
+            cut = False
             first = record if first is None else first
             try:
-                step = joiner.add(record.offset, decode_batch(record))
+                step = joiner.add(record.offset, batch)
             except PartsError as exc:
                 raise ReplayError(f"the decisions log is corrupt: {exc}") from None
             if step is not None:
@@ -301,7 +317,7 @@ async def time_to_offset(store: LogStore, at_ms: int) -> int:
     """The first inputs offset whose log time is after ``at_ms`` (so the state "at" that time has
     folded every input appended at or before it).  Log time is append time: it never goes back."""
     end = await end_offset(store, INPUTS)
-    first = await read(store, INPUTS, 0, 1)
+    first = await read(store, INPUTS, await start_offset(store, INPUTS), 1)
     if not first:
         raise ReplayError("the inputs log is empty: there is no state at any time")
     if at_ms < first[0].timestamp_ms:

@@ -8,15 +8,16 @@ from typing import Any
 
 from fleetlog.core.state import CoreConfig
 from fleetlog.log.base import LogStore
-from fleetlog.replay.engine import Start, replay
+from fleetlog.replay.engine import replay
 from fleetlog.replay.observe import Measures
 from fleetlog.replay.source import Progress, Source
+from fleetlog.replay.state_at import first_start
 
 
 async def measure(source: Source, progress: Progress | None = None) -> Measures:
     """Replay the whole log with a :class:`Measures` observer."""
     measures = Measures()
-    done = await replay(source, Start.fresh(source.core), observers=(measures,), progress=progress)
+    done = await replay(source, await first_start(source), observers=(measures,), progress=progress)
     measures.finish(done.state)
     return measures
 

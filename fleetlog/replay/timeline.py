@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from fleetlog.replay.charts import Quotas, draw_pending, draw_tenants, pending_ecdf, tenant_bars
-from fleetlog.replay.engine import Observer, Start, replay
+from fleetlog.replay.engine import Observer, replay
 from fleetlog.replay.observe import Measures, Preemption, Slice, Slices
 from fleetlog.replay.source import Progress, Source
+from fleetlog.replay.state_at import first_start
 
 COUNTERS_PID = 0
 MIN_DUR_US = 3
@@ -41,7 +42,7 @@ async def record(
     """Replay the whole log, keeping task slices and measures (and telling ``extra`` observers)."""
     slices, measures = Slices(), Measures()
     done = await replay(
-        source, Start.fresh(source.core), observers=(slices, measures, *extra), progress=progress
+        source, await first_start(source), observers=(slices, measures, *extra), progress=progress
     )
     slices.finish(done.state)
     measures.finish(done.state)

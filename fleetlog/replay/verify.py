@@ -13,6 +13,7 @@ from fleetlog.log.base import LogStore
 from fleetlog.replay.engine import Start
 from fleetlog.replay.parallel import verify_in_parallel
 from fleetlog.replay.source import Progress, Source
+from fleetlog.replay.state_at import first_start
 from fleetlog.replay.stretch import (
     SHOWN_INPUTS,
     Divergence,
@@ -55,5 +56,8 @@ async def verify(
             if report is not None:
                 return report
         log_store = store.store if isinstance(store, Source) else store
-        found = await verify_stretch(log_store, Start(State(core)), None, limit_batches, progress)
+        start = await first_start(store) if isinstance(store, Source) else Start(State(core))
+        if isinstance(store, Source) and start.snapshot is None:
+            start = Start(State(core))  # (the settings asked for, not only the source's)
+        found = await verify_stretch(log_store, start, None, limit_batches, progress)
         return found.report

@@ -43,9 +43,10 @@ from fleetlog.events.model import (
     TaskStarted,
 )
 from fleetlog.log.base import INPUTS
-from fleetlog.replay.engine import Start, replay
+from fleetlog.replay.engine import replay
 from fleetlog.replay.observe import Measures
 from fleetlog.replay.source import Input, InputReader, Progress, Source, batches, end_offset, instants
+from fleetlog.replay.state_at import first_start
 from fleetlog.simulation.metrics import Recorder
 
 _OBSERVATIONS = (TaskStarted, TaskFinished, TaskFailed)
@@ -199,12 +200,15 @@ class _Run:
 
 async def what_if(source: Source, policy: Policy, progress: Progress | None = None) -> WhatIf:
     durations, recorded = Durations(), Measures()
-    done = await replay(source, Start.fresh(source.core), observers=(durations, recorded), progress=progress)
+    start = await first_start(source)  # (after a prune: the oldest snapshot, for both sides)
+    done = await replay(source, start, observers=(durations, recorded), progress=progress)
     recorded.finish(done.state)
     run = _Run(policy, _Cells(done.state, durations), source.core)
-    reader = InputReader(source.store)
+    again = await first_start(source)
+    run.state = again.state
+    reader = InputReader(source.store, again.inputs, run.state.config.cells)
     count, recorded_policy = 0, ""
-    async for offset, _, batch in batches(source.store):
+    async for offset, _, batch in batches(source.store, again.decisions):
         async for events in reader.until(batch.as_of):
             for part in instants(events, run.state):  # measured at every log time, as the recorded side
                 run.fold_inputs(part)

@@ -38,7 +38,8 @@ from tests.core.builders import job, node, quota
 
 NODES = [f"n{i}" for i in range(6)]
 TENANTS = ["a", "b", "c"]
-CONFIG = CoreConfig(node_timeout_ms=5_000, retain_finished_ms=2_000, dedup_window_ms=8_000, compact_min_rows=2)
+CONFIG = CoreConfig(node_timeout_ms=5_000, retain_finished_ms=2_000, dedup_window_ms=8_000,
+                    compact_min_rows=2)
 KEEP_ALL = CoreConfig(node_timeout_ms=5_000, retain_finished_ms=None)
 
 

@@ -103,7 +103,8 @@ def run(seed: int, events: int = 500, forgotten: bool = False) -> Twins:
         elif roll < 0.62 and made:  # an observation or a cancel, of any job (retired ones too)
             j, task = f"j{rng.randint(1, made)}", rng.randint(0, 2)
             t.apply(rng.choice([JobCancelled(job_id=j), TaskStarted(job_id=j, task_index=task, node="n0"),
-                                TaskFailed(job_id=j, task_index=task), TaskFinished(job_id=j, task_index=task)]), 5)
+                                TaskFailed(job_id=j, task_index=task),
+                                TaskFinished(job_id=j, task_index=task)]), 5)
         elif roll < 0.67 and made:  # a resend of an old submission
             j = f"j{rng.randint(1, made)}"
             if not t.state.known_job(j):
@@ -128,7 +129,9 @@ def run(seed: int, events: int = 500, forgotten: bool = False) -> Twins:
 def test_a_retiring_state_decides_as_one_that_keeps_everything(seed: int) -> None:
     t = run(seed)
     retired = sum(sum(c) for c in t.state.retired_counts.values())
-    assert t.same and retired > 50 and t.compactions >= 3, (t.same, retired, t.compactions)
+    assert t.same
+    assert retired > 50, retired
+    assert t.compactions >= 3, t.compactions
     assert t.state.live_jobs() < t.plain.jobs.size / 3
     check(t.plain)
 
@@ -136,7 +139,8 @@ def test_a_retiring_state_decides_as_one_that_keeps_everything(seed: int) -> Non
 @pytest.mark.parametrize("seed", range(3))
 def test_replay_in_batches_and_from_any_snapshot_gives_the_recorded_digests(seed: int) -> None:
     t = run(100 + seed, events=400, forgotten=True)
-    assert not t.same and t.compactions >= 2
+    assert not t.same
+    assert t.compactions >= 2
     rng = random.Random(seed)
     cut = sorted(rng.sample(range(len(t.log)), 12))
     # one at a time, a snapshot taken and restored at every cut
@@ -186,7 +190,8 @@ def test_a_job_retires_at_the_first_sweep_after_its_retention_and_its_id_is_reme
     fold(state, node("n0"), ended + 2_999)  # not yet: retained 3 s
     assert state.job_row("x") >= 0
     fold(state, node("n0"), ended + 4_000)  # a sweep (every second) after the retention
-    assert state.job_row("x") < 0 and state.known_job("x")
+    assert state.job_row("x") < 0
+    assert state.known_job("x")
     assert state.retired_counts == {0: [1, 0, 0, 0]}
     assert [r["job_id"] for r in jobs_table(state)] == []
     assert tenants_table(state)[0]["tenant"] == "t1"
@@ -234,7 +239,8 @@ def test_running_and_pending_jobs_never_retire_however_long() -> None:
     fold(state, DecisionBatch(as_of=state.offset, digest="", decisions=tuple(decide(state, POLICY))), 2)
     for k in range(1, 50):
         fold(state, node("n0", gpus=1), k * 3_000)
-    assert _status(state, "runs") == "running" and _status(state, "waits") == "pending"
+    assert _status(state, "runs") == "running"
+    assert _status(state, "waits") == "pending"
     assert state.retired_rows == 0
 
 
@@ -278,10 +284,12 @@ def test_a_cell_shard_ignores_a_resent_dispatch_of_a_retired_job() -> None:
     fold(state, DecisionBatch(as_of=state.offset, digest="", decisions=tuple(decide(state, POLICY))), 1)
     fold(state, TaskFinished(job_id="d", task_index=0), 2)
     fold(state, node("n0"), 3_000)
-    assert state.job_row("d") < 0 and not state.dispatches
+    assert state.job_row("d") < 0
+    assert not state.dispatches
     ignored = state.ignored
     fold(state, sent, 3_001)
-    assert state.job_row("d") < 0 and state.ignored == ignored + 1
+    assert state.job_row("d") < 0
+    assert state.ignored == ignored + 1
     check(state)
 
 
@@ -299,6 +307,7 @@ def test_a_snapshot_with_a_released_id_interned_again_restores_to_the_same_diges
     assert state.names["job"].names.count("x") == 2
     back = restore(snapshot(state))
     assert digest(back) == digest(state)
-    assert back.job_row("x") == state.job_row("x") and _status(back, "x") == "pending"
+    assert back.job_row("x") == state.job_row("x")
+    assert _status(back, "x") == "pending"
     assert int(back.jobs.cols["state"][0]) == JobState.RETIRED
     check(back)
