@@ -133,6 +133,14 @@ class KafkaConfig(msgspec.Struct, frozen=True, kw_only=True):
     by this wait, which only spaces an idle reader's fetches.  Offset queries never wait behind
     it (they have a connection of their own: the module docstring)."""
     compression_type: str | None = None
+    retention_ms: int | None = None
+    """``retention.ms`` of the inputs and decisions topics when the store creates them (``None``:
+    the broker's default, 7 days unless changed; -1: forever). Older records are deleted by the
+    brokers; replay then starts from the oldest snapshot the logs continue (docs/retention.md):
+    keep it well above ``service.snapshot_every_s``."""
+    retention_bytes: int | None = None
+    """``retention.bytes`` of the inputs and decisions topics (per partition) when the store
+    creates them (``None``: the broker's default, unbounded unless changed)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.fetch_max_wait_ms < self.request_timeout_ms:
@@ -855,6 +863,11 @@ class KafkaLogStore(LogStore):
         # (the global partition's inputs hold the cell shards' summaries: up to about 1.5 MiB)
         if name == DECISIONS or (name == INPUTS and self.shard.kind == "global"):
             configs[_MAX_MESSAGE_BYTES] = str(self.config.max_decision_bytes)
+        if name in (INPUTS, DECISIONS):
+            for key, value in (("retention.ms", self.config.retention_ms),
+                               ("retention.bytes", self.config.retention_bytes)):
+                if value is not None:
+                    configs[key] = str(value)
         return NewTopic(self.config.topic(name), self.config.shards, self.config.replication_factor,
                         topic_configs=configs)
 

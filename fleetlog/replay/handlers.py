@@ -33,7 +33,7 @@ from fleetlog.replay import source as src
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
-from fleetlog.replay.jobend import with_run_facts
+from fleetlog.replay.jobend import retired_status, with_run_facts
 from fleetlog.replay.shards import Topology, open_shard
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, history, log_time_of, state_at
@@ -164,6 +164,16 @@ async def cmd_status(args: argparse.Namespace, source: Source) -> int:
     state = (await state_at(source, Point(offset=end))).state
     found = job_status(state, args.job)
     if found is None:
+        found = await retired_status(source, args.job)
+        if found is not None:  # (it retired: its status is in the logs, not the state)
+            if args.json:
+                _print_json(found)
+            else:
+                print("\n".join(describe(found)))
+            return 0
+        if state.known_job(args.job):
+            raise ReplayError(f"job {args.job!r} retired (it ended more than retain_finished_ms ago) and its "
+                              "submission is no longer in the inputs log: its history was pruned")
         try:
             parked = await parked_for_job(source.store, args.job)
         except LogError:  # no dead-letter log to read (a Kafka topic never created): nothing parked

@@ -21,6 +21,7 @@ from fleetlog.events.model import (
     JobCancelled,
     JobPlaced,
     JobRejected,
+    JobSubmitted,
     TaskFailed,
     TaskFinished,
     TaskPreempted,
@@ -116,6 +117,42 @@ def job_end(events: list[Seen], final_state: str, tasks: int) -> End | None:
         if ended is not None and ended[0] == final_state:
             return End(seen.time_ms, ended[1], ended[2], walk.state == "running")
     return None
+
+
+async def retired_status(source: Source, job_id: str) -> dict[str, Any] | None:
+    """The status of a job the state no longer holds (it retired: docs/retention.md), from the
+    logs: its last ``JobSubmitted`` and how its own events ended it (the fold's rules, as
+    :func:`job_end` walks them). ``None``: no submission of it in the retained inputs (never
+    submitted, or pruned)."""
+    submitted: tuple[int, Any] | None = None
+    async for d in mentioning(source.store, job_id):
+        event = d.envelope.event
+        if isinstance(event, JobSubmitted) and event.job_id == job_id:
+            submitted = (d.timestamp_ms, event)
+    if submitted is None:
+        return None
+    at_ms, job = submitted
+    tasks = sum(g.count for g in job.task_groups)
+    walk, ended, placed = _Walk(tasks), None, None
+    for seen in await job_events(source, job_id):
+        if seen.time_ms < at_ms:
+            continue  # (an earlier job of the same id, before the dedup window let it be new)
+        if isinstance(seen.event, JobPlaced):
+            placed = seen.time_ms
+        end = walk.step(seen.event)
+        if end is not None:
+            ended = (seen.time_ms, *end, walk.state == "running")
+            break
+    out: dict[str, Any] = {
+        "job_id": job_id, "state": ended[1] if ended else "unknown", "retired": True, "tenant": job.tenant,
+        "queue": job.queue, "priority": job.priority, "submitted_at_ms": at_ms, "tasks": tasks,
+    }
+    if ended is None:  # retired, yet its end is not among its events (a requeue the walk cannot see)
+        return out | {"ended_at_ms": None, "exit_code": None, "end": "unknown"}
+    end_ms, _, code, what, running = ended
+    return out | {"placed_at_ms": placed, "ended_at_ms": end_ms,
+                  "elapsed_ms": end_ms - placed if running and placed is not None else None,
+                  "exit_code": code, "end": what}
 
 
 async def with_run_facts(source: Source, state: State, found: dict[str, Any]) -> dict[str, Any]:

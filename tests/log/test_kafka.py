@@ -180,6 +180,30 @@ async def test_topics_are_created_with_the_right_settings(
         pass
 
 
+async def test_retention_settings_reach_the_inputs_and_decisions_topics_and_deleted_records_move_the_start(
+    make_config: ConfigFactory, admin: AIOKafkaAdminClient
+) -> None:
+    """``kafka.retention_ms``/``retention_bytes`` become the two logs' topic settings; once the
+    brokers delete the oldest records, ``start_offset`` says where the log begins and a read
+    before it is refused (what replay starts from: docs/retention.md)."""
+    from aiokafka.admin.records_to_delete import RecordsToDelete
+
+    config = make_config(retention_ms=3_600_000, retention_bytes=1 << 30)
+    async with KafkaLogStore(config) as store:
+        for name in (INPUTS, DECISIONS):
+            found = await topic_config(admin, config.topic(name))
+            assert (found["retention.ms"], found["retention.bytes"]) == ("3600000", str(1 << 30))
+        assert (await topic_config(admin, config.topic("dead-letters")))["retention.ms"] != "3600000"
+        await store.log(INPUTS).append(values(10))
+        assert await store.log(INPUTS).start_offset() == 0
+        tp = TopicPartition(config.topic(INPUTS), 0)
+        await admin.delete_records({tp: RecordsToDelete(before_offset=6)})
+        assert await store.log(INPUTS).start_offset() == 6
+        assert [r.offset for r in await store.log(INPUTS).read(6, timeout_ms=2000)] == [6, 7, 8, 9]
+        with pytest.raises(OffsetOutOfRangeError, match="before the start of the log"):
+            await store.log(INPUTS).read(2, timeout_ms=2000)
+
+
 async def test_a_shard_past_the_partitions_is_refused(make_config: ConfigFactory) -> None:
     async with KafkaLogStore(make_config(shards=1)):
         pass

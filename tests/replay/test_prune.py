@@ -12,10 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from fleetlog.core.digest import digest
+from fleetlog.core.digest import digest, snapshot
 from fleetlog.log.base import INPUTS
 from fleetlog.log.file import FileLogStore
-from fleetlog.log.snapshots import DirectorySnapshots, decode_snapshot
+from fleetlog.log.snapshots import (
+    DirectorySnapshots,
+    Snapshot,
+    SnapshotHeader,
+    decode_snapshot,
+    encode_snapshot,
+)
 from fleetlog.replay.prune import prune
 from fleetlog.replay.source import ReplayError, open_file_source
 from fleetlog.replay.state_at import Point, first_start, state_at
@@ -159,3 +165,56 @@ def test_the_command_prunes_prints_json_and_gives_usage_errors_exit_code_2(tmp_p
     status = fleetlog("status", "j000", "--log", str(log), "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["state"] == "succeeded"  # (j000 ended before its cancel came)
+
+
+async def test_the_status_of_a_retired_job_is_read_from_the_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job that retired from the state still has a status (from its events), and one whose
+    submission was pruned away says so rather than "unknown job"."""
+    import argparse
+
+    from fleetlog.core.policy import Policy
+    from fleetlog.core.state import CoreConfig
+    from fleetlog.events import TaskFinished, encode, envelope
+    from fleetlog.log.base import Message
+    from fleetlog.replay import handlers
+    from fleetlog.service.loop import LoopConfig, SchedulerLoop
+    from tests.core.builders import job, node
+
+    core = CoreConfig(node_timeout_ms=4_000, retain_finished_ms=1_000)
+    clock = ClockBox()
+    log = tmp_path / "log"
+    store = FileLogStore(log, clock=clock, fsync="never", segment_bytes=512)
+    await store.open()
+    loop = SchedulerLoop(store, Policy(), LoopConfig(), core)
+
+    async def send(*events: object, after_ms: int = 100) -> None:
+        clock.now_ms += after_ms
+        await store.log(INPUTS).append([Message(encode(envelope(e, "test"))) for e in events])  # type: ignore[arg-type]
+        await loop.step()
+
+    await send(node("n0"), job("done", tenant="a", tasks=2))
+    await send(TaskFinished(job_id="done", task_index=0), TaskFinished(job_id="done", task_index=1))
+    await send(node("n0"), after_ms=5_000)
+    assert loop.state.job_row("done") < 0
+    assert loop.state.known_job("done")
+    header = SnapshotHeader(loop.offset, loop.decisions_next, "default", 0)
+    await DirectorySnapshots(log / "snapshots").save(encode_snapshot(Snapshot(header, snapshot(loop.state))))
+    for _ in range(6):  # (more segments: the one the snapshot is in is sealed, prunable)
+        await send(node("n0"), job(f"more-{clock.now_ms}"))
+    await store.close()
+    args = argparse.Namespace(job="done", json=True, core=core, topology=None)
+    assert await handlers.run("status", log, args) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["state"] == "succeeded"
+    assert found["retired"] is True
+    assert found["tenant"] == "a"
+    assert found["tasks"] == 2
+    assert found["exit_code"] == 0
+    assert found["ended_at_ms"] > found["placed_at_ms"] >= found["submitted_at_ms"]
+    # its submission pruned away (but still in the dedup window): said so, not "unknown job"
+    report = await prune(log, Point(offset=header.inputs_offset))
+    assert report["inputs"]["start"] > 0
+    with pytest.raises(ReplayError, match=r"'done' retired .* its history was pruned"):
+        await handlers.run("status", log, args)
