@@ -210,7 +210,8 @@ def jobs_table(state: State, include_finished: bool = True) -> list[dict[str, An
 
 
 def tenants_table(state: State) -> list[dict[str, Any]]:
-    """Per tenant: running and pending jobs, resources in use (all cells) and nominal quota."""
+    """Per tenant: running and pending jobs, resources in use (all cells), nominal quota, and
+    how many of its jobs retired from the state (docs/retention.md) in each end state."""
     c, names = state.jobs.cols, state.names
     tenant_col, job_state = c["tenant"][: state.jobs.size], c["state"][: state.jobs.size]
     out = []
@@ -228,6 +229,8 @@ def tenants_table(state: State) -> list[dict[str, Any]]:
                 "gpu_milli": int(use[2]),
                 "nominal_gpu_milli": None if quota is None else int(quota.nominal[2]),
                 "weight_milli": None if quota is None else int(quota.weight_milli),
+                **dict(zip(("retired_succeeded", "retired_failed", "retired_cancelled", "retired_rejected"),
+                           state.retired_counts.get(tid, [0, 0, 0, 0]), strict=True)),
             }
         )
     return out

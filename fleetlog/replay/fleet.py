@@ -183,7 +183,7 @@ def _cell_row(shard: Shard, state: State, offset: int, digest: str) -> dict[str,
     status = state.nodes.cols["status"][:n]
     job_states = state.jobs.cols["state"][:jobs]
     return {"shard": str(shard), "offset": offset, "digest": digest,
-            "nodes_up": int((status == NodeStatus.UP).sum()), "nodes": n, "jobs_known": jobs,
+            "nodes_up": int((status == NodeStatus.UP).sum()), "nodes": n, "jobs_known": state.live_jobs(),
             "waiting": None, "held": None,
             "pending": int((job_states == JobState.PENDING).sum()),
             "running": int((job_states == JobState.RUNNING).sum()), "cells_with_summary": None}
