@@ -10,10 +10,11 @@ time is over. Ended jobs retire ``--retain-s`` (virtual) after they end and thei
 remembered ``--dedup-s`` more.
 
 At 10%, 20%, 50% and 100% of ``--jobs`` it measures: RSS, snapshot bytes and time, restore
-time, digest time (median of 5), the p99 of the loop's step work since the last point, and the
-tables' rows. The growth ratios are last point over first (flat: 1.0). ``--baseline-jobs N``
-runs the same workload first with retirement off (the state keeping every job, as before) up
-to N jobs: the same measures, for the ratio of what history costs.
+time, digest time (median of 5), the p50, p99 and max of the loop's step work since the last
+point (a step that compacts the tables is among them), and the tables' rows. The growth ratios
+are last point over first (flat: 1.0). ``--baseline-jobs N`` runs the same workload first with
+retirement off (the state keeping every job, as before) up to N jobs: the same measures, for
+the ratio of what history costs.
 
 ``--quick``: 2,000 nodes, 10,000 live, 400,000 jobs, ids remembered 120 s (a baseline of
 400,000); ``--smoke`` (CI): 200 nodes, 500 live, 6,000 jobs — a test that it runs and prints
@@ -67,6 +68,7 @@ class Run:
     points: list[dict[str, Any]] = field(default_factory=list)
     steps_ms: list[float] = field(default_factory=list)
     submitted: int = 0
+    compactions: int = 0
     finishes: list[tuple[int, str]] = field(default_factory=list)  # heap of (end ms, job id)
 
     async def run(self, directory: Path, progress: bool) -> None:
@@ -97,8 +99,10 @@ class Run:
             await store.log(INPUTS).append(out)
             end = await store.log(INPUTS).end_offset()
             while loop.offset < end:
+                rows = loop.state.jobs.size
                 step = await loop.step(0)
                 self.steps_ms.append(step.work_s * 1000)
+                self.compactions += loop.state.jobs.size < rows
             read_at = await self._placed(store, read_at, loop.decisions_next, now, rng)
             if marks and self.submitted >= marks[0]:
                 marks.pop(0)
@@ -160,6 +164,9 @@ class Run:
             "restore_s": restore_s,
             "digest_ms": statistics.median(digests) * 1000,
             "step_p99_ms": steps[int(0.99 * (len(steps) - 1))] if steps else 0.0,
+            "step_p50_ms": steps[len(steps) // 2] if steps else 0.0,
+            "step_max_ms": steps[-1] if steps else 0.0,
+            "compactions": self.compactions,
             "steps": len(steps),
             "wall_s": wall_s,
             "virtual_h": state.now_ms / 3_600_000,
