@@ -93,6 +93,8 @@ def _resubmitted(state: State, earlier: JobSubmitted | None, event: JobSubmitted
     a new job."""
     if earlier is not None:
         before, after = submission_spec(earlier), submission_spec(event)
+    elif event.job_id in state.retired:
+        return True  # (it ended and retired: within the dedup window the fold drops it as a duplicate)
     elif state.job_row(event.job_id) < 0:
         return False
     else:
@@ -110,6 +112,9 @@ def _resubmitted(state: State, earlier: JobSubmitted | None, event: JobSubmitted
 def _cancelled_already(state: State, job_id: str, index: int) -> bool:
     """Whether a cancel of ``job_id`` repeats one the state holds; an :class:`IngestError` if the
     job is unknown or ended otherwise."""
+    if job_id in state.retired:
+        raise IngestError(f"event {index}: cannot cancel job {job_id!r}: it ended and retired from the state",
+                          "already_ended", 409, job_id=job_id, index=index, state="retired")
     if state.job_row(job_id) < 0:
         raise IngestError(f"event {index}: cannot cancel job {job_id!r}: no such job", "unknown_job", 404,
                           job_id=job_id, index=index)

@@ -356,7 +356,12 @@ class Service:
     def _job(self, job_id: str) -> Response:
         if self.loop is None:
             return json_response(503, {"error": "this process is not leading", "reason": "standby"})
-        found = job_status(self.loop.state, job_id)
+        state = self.loop.state
+        found = job_status(state, job_id)
+        if found is None and job_id in state.retired:  # (docs/retention.md: the logs hold the rest)
+            at = state.retired[job_id]
+            return json_response(404, {"error": f"job {job_id!r} retired from the state at log time {at} ms "
+                                       "(`fleetlog status` reads it from the logs)", "reason": "retired"})
         if found is None:
             return json_response(404, {"error": f"unknown job {job_id!r}", "reason": "unknown_job"})
         return json_response(200, found)

@@ -135,6 +135,39 @@ async def test_cancel_unknown_repeated_and_ended_jobs(service: Running) -> None:
     assert await service.inputs_end() == 6
 
 
+async def test_a_retired_job_is_a_duplicate_to_resubmit_ended_to_cancel_and_retired_to_ask(
+    tmp_path: Path
+) -> None:
+    """Once a job retired from the state (docs/retention.md): its submission again is a duplicate
+    (nothing appended), a cancel of it 409 ``already_ended`` (state ``retired``), and
+    ``GET /v1/jobs/JOB`` 404 with reason ``retired`` rather than ``unknown_job``."""
+    async with serving(tmp_path / "log", retain_finished_ms=0, node_timeout_ms=400) as service:
+        body = events_body(node("n1"), job("r", gpus=1))
+        assert (await service.request("/v1/events", body))[0] == 200
+        await service.until(lambda: (service.service.loop is not None
+                                     and service.service.loop.state.jobs.cols["placed_at_ms"][0] >= 0))
+        done = events_body(TaskStarted(job_id="r", task_index=0, node="n1"),
+                           TaskFinished(job_id="r", task_index=0))
+        assert (await service.request("/v1/events", done))[0] == 200
+        for _ in range(50):  # heartbeats move log time past a sweep (every 100 ms here)
+            await asyncio.sleep(0.05)
+            assert (await service.request("/v1/events", events_body(node("n1"))))[0] == 200
+            loop = service.service.loop
+            if loop is not None and "r" in loop.state.retired:
+                break
+        loop = service.service.loop
+        assert loop is not None
+        assert "r" in loop.state.retired
+        end = await service.inputs_end()
+        status, answer = await service.request("/v1/events", events_body(job("r", gpus=1)))
+        assert (status, answer["appended"], answer["duplicates"]) == (200, 0, [{"index": 0, "job_id": "r"}])
+        status, answer = await service.request("/v1/events", events_body(JobCancelled(job_id="r")))
+        assert (status, answer["reason"], answer["state"]) == (409, "already_ended", "retired")
+        assert await service.inputs_end() == end
+        status, answer = await service.request("/v1/jobs/r")
+        assert (status, answer["reason"]) == (404, "retired")
+
+
 async def test_a_decision_is_refused_400_and_nothing_appended(service: Running) -> None:
     decision = encode(envelope(DecisionBatch(as_of=0, digest=""), "intruder"), "json")
     for body in (decision, b"[" + encode(envelope(node("n1"), "t"), "json") + b"," + decision + b"]"):
