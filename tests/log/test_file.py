@@ -572,3 +572,38 @@ async def test_read_only_store_does_not_truncate(directory: Path) -> None:
     await reader.close()
     with pytest.raises(LogError, match="no file log"):
         await opened(directory.parent / "missing", read_only=True)
+
+
+async def test_prune_deletes_whole_sealed_segments_and_keeps_a_groups_last_commit(directory: Path) -> None:
+    """``prune`` deletes sealed segments ending at or before the bound (never the active one),
+    the log then starts at the first kept offset (a read before it is refused); a segment that
+    holds a consumer group's last commit is kept, and everything after it (the commit survives
+    a reopen)."""
+    from fleetlog.log.base import OffsetOutOfRangeError
+
+    store = FileLogStore(directory, segment_bytes=256, fsync="never")
+    await store.open()
+    for i in range(40):
+        await store.log(INPUTS).append([Message(b"input-%03d" % i)])
+    await store.append_transactional(DECISIONS, [Message(b"d-0")], group="old", consumed=5)
+    for i in range(40):
+        await store.append_transactional(DECISIONS, [Message(b"d-%03d" % (i + 1))], group="new", consumed=i)
+    inputs_segments = sorted(p.name for p in (directory / INPUTS).glob("*.log"))
+    gone = store.prune(INPUTS, 20, dry_run=True)
+    assert gone
+    assert sorted(p.name for p in (directory / INPUTS).glob("*.log")) == inputs_segments  # dry run
+    assert store.prune(INPUTS, 20) == gone
+    start = gone[-1][1]
+    assert 0 < start <= 20
+    assert await store.log(INPUTS).start_offset() == start
+    assert (await store.log(INPUTS).read(start, 1))[0].value == b"input-%03d" % start
+    with pytest.raises(OffsetOutOfRangeError, match="before the start of the log"):
+        await store.log(INPUTS).read(start - 1, 1)
+    assert store.prune(INPUTS, 10**6)[-1][1] < 40  # the active segment stays
+    assert store.prune(DECISIONS, 41) == []  # "old"'s last commit is in the first segment
+    await store.close()
+    again = FileLogStore(directory, segment_bytes=256, fsync="never")
+    await again.open()
+    assert await again.committed_offset("old") == 5
+    assert await again.log(INPUTS).start_offset() > 0
+    await again.close()

@@ -162,6 +162,17 @@ def test_the_command_prunes_prints_json_and_gives_usage_errors_exit_code_2(tmp_p
     verified = fleetlog("replay", "verify", "--log", str(log))
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "older history was pruned" in verified.stderr
+    # every replay command starts from the snapshot and says so
+    late = "j230"  # (submitted after the snapshot: its story is in the retained logs)
+    for args in (("explain", late), ("what-if", "--policy", "fgd"),
+                 ("timeline", "--out", str(tmp_path / "t.json")),
+                 ("report", "--out", str(tmp_path / "report")), ("state-at", str(inputs + 1))):
+        done = fleetlog("replay", *args, "--log", str(log))
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        assert "older history was pruned" in done.stderr, args
+    before = fleetlog("replay", "state-at", str(inputs - 1), "--log", str(log))
+    assert before.returncode == 2
+    assert f"the first point available is inputs offset {inputs}" in before.stderr
     status = fleetlog("status", "j000", "--log", str(log), "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["state"] == "succeeded"  # (j000 ended before its cancel came)
