@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,10 @@ from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.policy import policy_named
 from fleetlog.core.state import CoreConfig
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskFinished, TaskGroup, encode, envelope
-from fleetlog.log.base import DECISIONS, INPUTS, Message
+from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 
 BEAT_EVERY_MS = 20_000
@@ -64,17 +66,26 @@ class Run:
     live: int
     jobs: int
     core: CoreConfig
+    kafka: str | None = None
+    """Bootstrap servers: the loop on Kafka topics of its own (log time: the brokers' append
+    time, not the driver's virtual clock) instead of the file log."""
     seed: int = 7
     points: list[dict[str, Any]] = field(default_factory=list)
     steps_ms: list[float] = field(default_factory=list)
     submitted: int = 0
     compactions: int = 0
+    log_start_ms: int | None = None
     finishes: list[tuple[int, str]] = field(default_factory=list)  # heap of (end ms, job id)
 
     async def run(self, directory: Path, progress: bool) -> None:
         rng = random.Random(self.seed)
         clock = VirtualClock()
-        store = FileLogStore(directory, clock=clock, fsync="never")
+        store: LogStore
+        if self.kafka is None:
+            store = FileLogStore(directory, clock=clock, fsync="never")
+        else:
+            store = KafkaLogStore(KafkaConfig(bootstrap_servers=self.kafka,
+                                              topic_prefix=f"soak-{uuid.uuid4().hex[:8]}"))
         await store.open()
         loop = SchedulerLoop(store, policy_named("default"), LoopConfig(max_batch=20_000), self.core)
         beats = [_msg(_beat(i)) for i in range(self.nodes)]
@@ -103,6 +114,8 @@ class Run:
                 step = await loop.step(0)
                 self.steps_ms.append(step.work_s * 1000)
                 self.compactions += loop.state.jobs.size < rows
+                if self.log_start_ms is None:
+                    self.log_start_ms = loop.state.now_ms
             read_at = await self._placed(store, read_at, loop.decisions_next, now, rng)
             if marks and self.submitted >= marks[0]:
                 marks.pop(0)
@@ -119,7 +132,7 @@ class Run:
         return JobSubmitted(job_id=f"soak-{self.submitted:09d}", tenant=f"tenant-{self.submitted % 4}",
                             task_groups=(group,))
 
-    async def _placed(self, store: FileLogStore, at: int, end: int, now: int, rng: random.Random) -> int:
+    async def _placed(self, store: LogStore, at: int, end: int, now: int, rng: random.Random) -> int:
         """Read the decisions the loop wrote since ``at``: each placed job ends after its run
         time (exponential, mean ``MEAN_RUN_MS``)."""
         while at < end:
@@ -169,7 +182,7 @@ class Run:
             "compactions": self.compactions,
             "steps": len(steps),
             "wall_s": wall_s,
-            "virtual_h": state.now_ms / 3_600_000,
+            "log_h": (state.now_ms - (self.log_start_ms or 0)) / 3_600_000,
         }
 
 
@@ -214,11 +227,29 @@ def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def soak(nodes: int, live: int, jobs: int, core: CoreConfig, progress: bool) -> dict[str, Any]:
-    run = Run(nodes, live, jobs, core)
+async def soak(nodes: int, live: int, jobs: int, core: CoreConfig, progress: bool,
+               kafka: str | None = None) -> dict[str, Any]:
+    run = Run(nodes, live, jobs, core, kafka)
     with tempfile.TemporaryDirectory(prefix="fleetlog-soak-") as tmp:
         await run.run(Path(tmp), progress)
     return summary(run.points)
+
+
+def kafka_run(jobs: int, nodes: int, live: int, progress: bool) -> dict[str, Any]:
+    """The soak on a real broker (``FLEETLOG_KAFKA`` or one started for it, stopped by PID).
+    The driver does not wait for real time: log time (broker time) runs at the speed the loop
+    folds, so the windows are seconds of it (retained 5 s, remembered 10 s more)."""
+    from tests.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(ephemeral=True, heap="1g")
+    bootstrap = broker.start()
+    try:
+        core = CoreConfig(retain_finished_ms=5_000, dedup_window_ms=10_000)
+        out = asyncio.run(soak(nodes, live, jobs, core, progress, kafka=bootstrap))
+    finally:
+        broker.close()
+    return {"nodes": nodes, "live": live, "jobs": jobs, "retain_s": 5.0, "dedup_s": 10.0,
+            "external_broker": broker.external is not None, **out}
 
 
 def main() -> None:
@@ -234,14 +265,20 @@ def main() -> None:
     parser.add_argument("--retain-s", type=float, default=60.0, help="retain_finished_ms, in s of log time")
     parser.add_argument("--dedup-s", type=float, default=600.0, help="dedup_window_ms, in s of log time")
     parser.add_argument("--progress", action="store_true", help="each point on stderr as it is measured")
+    parser.add_argument("--kafka", action="store_true",
+                        help="also one run on Kafka (FLEETLOG_KAFKA, or a broker started for it): 2,000 "
+                        "nodes, 10,000 live, --kafka-jobs jobs, the windows 5 s and 10 s of broker time "
+                        "(FLEETLOG_SOAK_KAFKA=1 says the same)")
+    parser.add_argument("--kafka-jobs", type=int, default=1_000_000)
     args = parser.parse_args()
+    args.kafka = args.kafka or os.environ.get("FLEETLOG_SOAK_KAFKA") == "1"
     size = "full"
     if args.quick:  # (a window the first point has filled: 40,000 jobs come in 240 s of log time)
         size, args.nodes, args.live, args.jobs, args.baseline_jobs = "quick", 2_000, 10_000, 400_000, 400_000
         args.dedup_s = 120.0
     if args.smoke:
         size, args.nodes, args.live, args.jobs, args.baseline_jobs = "smoke", 200, 500, 6_000, 6_000
-        args.retain_s, args.dedup_s = 10.0, 20.0
+        args.retain_s, args.dedup_s, args.kafka_jobs = 10.0, 20.0, 3_000
     for name in ("nodes", "live", "jobs"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -253,6 +290,9 @@ def main() -> None:
                                 CoreConfig(retain_finished_ms=None), args.progress))
         out["baseline"] = kept
     out.update(asyncio.run(soak(args.nodes, args.live, args.jobs, core, args.progress)))
+    if args.kafka:
+        out["kafka"] = kafka_run(args.kafka_jobs, 200 if args.smoke else 2_000, 500 if args.smoke else 10_000,
+                                 args.progress)
     out["machine"] = machine()
     emit(out, args.json)
 

@@ -251,3 +251,15 @@ def test_soak() -> None:
     assert kept["job_rows"] == kept["jobs"] == 6000
     assert kept["retired"] == 0
     assert last["snapshot_bytes"] < kept["snapshot_bytes"]
+
+
+def test_soak_kafka(kafka_bootstrap: str) -> None:
+    """The soak's run on the suite's broker: the same keys under ``kafka``."""
+    r = smoke("soak", {"FLEETLOG_KAFKA": kafka_bootstrap, "FLEETLOG_SOAK_KAFKA": "1"})
+    k = r["kafka"]
+    assert k["external_broker"] is True
+    assert [p["jobs"] for p in k["points"]] == [300, 600, 1500, 3000]
+    positive(k, "rss_mib_max", "snapshot_bytes_growth_ratio", "restore_s_growth_ratio",
+             "step_p99_growth_ratio")
+    for point in k["points"]:
+        positive(point, "rss_mib", "snapshot_bytes", "restore_s", "digest_ms", "step_p99_ms", "inputs")
