@@ -108,7 +108,7 @@ def _scalars(state: State) -> dict[str, Any]:
         "recent_shapes": state.recent_shapes,
         "reason_text": sorted(state.reason_text.items()),
         # the dedup window in retirement order (an entry of an id that retired again is stale)
-        "retired": [list(e) for e in state.retired_order],
+        "retired": list(state.retired_order),  # ((at, id) tuples: the bytes of [at, id] lists)
         # why waiting jobs were requeued: snapshotted for status, not digested (no decision reads it)
         "requeues": sorted([row, msgspec.to_builtins(r)] for row, r in state.requeues.items()),
     } | _summaries(state)
@@ -344,9 +344,9 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.summaries = {c: msgspec.convert(v, CellSummary) for c, v in s.get("summaries", ())}
     state.pending_count, state.duplicates, state.ignored, state.retired_rows = s["counters"]
     state.retired_counts = {tenant: list(counts) for tenant, counts in s["retired_counts"]}
-    for at, name in s["retired"]:
-        state.retired_order.append((at, name))
-        state.retired[name] = at  # (a later entry of the same id: the later time)
+    order = [(at, name) for at, name in s["retired"]]
+    state.retired_order.extend(order)
+    state.retired = {name: at for at, name in order}  # (a later entry of the same id: the later time)
     state.sums = collection_sums(state)
     return state
 
