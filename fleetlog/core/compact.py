@@ -1,6 +1,6 @@
 """Compaction: the job and task tables without their retired rows, renumbered in order.
 
-Retirement (:func:`fleetlog.core.fold.retire`) frees a job's rows by marking them ``RETIRED``;
+Retirement (``fleetlog.core.fold.retire``) frees a job's rows by marking them ``RETIRED``;
 once free rows are ``CoreConfig.compact_min_rows`` or more and outnumber the live ones, the
 sweep that retired the last of them compacts: the live rows keep their order (so every order
 decide reads — submission, tie-breaks by row — is the same), the collections keyed by job row

@@ -135,7 +135,7 @@ def fold_decision(state: State, decision: object) -> None:
 def advance_time(state: State, at_ms: int) -> None:
     """Move log time forward (never back), hand back dispatched jobs held too long; at each
     sweep, mark nodes whose heartbeats stopped as down and retire the jobs that ended long
-    enough ago (:func:`fleetlog.core.retire.retire`)."""
+    enough ago (:func:`retire`)."""
     state.now_ms = max(state.now_ms, at_ms)
     if state.now_ms >= state.next_return_ms:
         hand_back(state)
