@@ -353,7 +353,6 @@ def _replay_place(args: argparse.Namespace) -> Any:
     except CommandError as exc:
         raise UsageError(str(exc)) from None
     flag = getattr(args, "node_timeout_flag_ms", None)  # fold as the service that wrote the log did
-    args.node_timeout_ms = config.service.node_timeout_ms if flag is None else flag
     args.core = config.service.core(**({} if flag is None else {"node_timeout_ms": flag}))
     args.topology = _topology(config, args.core)
     return config.kafka if config.kafka is not None else Path(str(config.log.dir))
@@ -369,8 +368,7 @@ def _topology(config: Any, core: Any) -> Any:
 
     s = config.service
     rule = SummaryRule(every_ms=s.summary_every_ms, material_milli=s.summary_material_milli)
-    return Topology(config.cell_map, s.cell_hold_ms, core.node_timeout_ms, s.producer_id, rule, _cell_outputs,
-                    base=core)
+    return Topology(config.cell_map, s.cell_hold_ms, s.producer_id, rule, _cell_outputs, base=core)
 
 
 async def _cell_outputs(topology: Any, store: Any, glob: Any, partition: int) -> dict[str, Any]:

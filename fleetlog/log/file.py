@@ -634,26 +634,24 @@ class FileLog(Log):
         offset, bytes) of each deleted (``dry_run``: of each that would be). The files go first,
         then the directory is synced."""
         self._check_writable()
-        gone: list[tuple[int, int, int]] = []
-        segments = self._segments
-        if dry_run:
-            for seg in segments[:-1]:
-                if seg.next_offset > before or keep(seg):
-                    break
-                gone.append((seg.base, seg.next_offset, seg.size))
+        count = 0
+        for seg in self._segments[:-1]:
+            if seg.next_offset > before or keep(seg):
+                break
+            count += 1
+        doomed = self._segments[:count]
+        gone = [(seg.base, seg.next_offset, seg.size) for seg in doomed]
+        if dry_run or not doomed:
             return gone
-        while len(segments) > 1 and segments[0].next_offset <= before and not keep(segments[0]):
-            seg = self._segments.pop(0)
-            self._bases.pop(0)
+        del self._segments[:count], self._bases[:count]
+        self._cached = None
+        for seg in doomed:
             fd = self._read_fds.pop(seg.base, None)
             if fd is not None:
                 os.close(fd)
-            self._cached = None
             seg.path.with_suffix(INDEX_SUFFIX).unlink(missing_ok=True)
             seg.path.unlink()
-            gone.append((seg.base, seg.next_offset, seg.size))
-        if gone:
-            _fsync_dir(self.directory)
+        _fsync_dir(self.directory)
         return gone
 
     def close(self) -> None:

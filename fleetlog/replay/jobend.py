@@ -52,13 +52,14 @@ class End:
     """Whether the job was running (placed) when it ended: only then has it a run time."""
 
 
-async def job_events(source: Source, job_id: str) -> list[Seen]:
-    """The events that can move ``job_id`` between pending, running and an end, in fold order."""
+async def job_events(source: Source, job_id: str, inputs: tuple[type, ...] = _INPUTS) -> list[Seen]:
+    """The events that can move ``job_id`` between pending, running and an end, in fold order
+    (``inputs``: the input types taken, its submissions too if asked)."""
     needle = job_id.encode()
     out: list[Seen] = []
     async for d in mentioning(source.store, job_id):
         event = d.envelope.event
-        if isinstance(event, _INPUTS) and event.job_id == job_id:
+        if isinstance(event, inputs) and getattr(event, "job_id", None) == job_id:
             out.append(Seen((d.offset, 1, d.offset), d.timestamp_ms, event))
     async for offset, record, batch in batches(source.store):
         if batch.parts == 1 and needle not in record.value:
@@ -124,19 +125,15 @@ async def retired_status(source: Source, job_id: str) -> dict[str, Any] | None:
     logs: its last ``JobSubmitted`` and how its own events ended it (the fold's rules, as
     :func:`job_end` walks them). ``None``: no submission of it in the retained inputs (never
     submitted, or pruned)."""
-    submitted: tuple[int, Any] | None = None
-    async for d in mentioning(source.store, job_id):
-        event = d.envelope.event
-        if isinstance(event, JobSubmitted) and event.job_id == job_id:
-            submitted = (d.timestamp_ms, event)
-    if submitted is None:
+    events = await job_events(source, job_id, (*_INPUTS, JobSubmitted))
+    submissions = [i for i, s in enumerate(events) if isinstance(s.event, JobSubmitted)]
+    if not submissions:
         return None
-    at_ms, job = submitted
+    last = submissions[-1]  # (an earlier job of the same id came before the dedup window let it be new)
+    at_ms, job = events[last].time_ms, events[last].event
     tasks = sum(g.count for g in job.task_groups)
     walk, ended, placed = _Walk(tasks), None, None
-    for seen in await job_events(source, job_id):
-        if seen.time_ms < at_ms:
-            continue  # (an earlier job of the same id, before the dedup window let it be new)
+    for seen in events[last + 1 :]:
         if isinstance(seen.event, JobPlaced):
             placed = seen.time_ms
         end = walk.step(seen.event)

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from fleetlog.core.digest import SnapshotError, restore
-from fleetlog.core.state import CoreConfig, State
+from fleetlog.core.state import CoreConfig
 from fleetlog.log.base import DECISIONS, INPUTS, LogError
 from fleetlog.log.snapshots import SnapshotHeader, decode_snapshot
 from fleetlog.replay.engine import Start
@@ -43,9 +43,7 @@ async def verify_in_parallel(
     """The clean report, or ``None``: verify serially (see the module docstring)."""
     if source.snapshots is None or source.reopen is None:
         return None
-    start = await first_start(source)  # (a fresh state, or the oldest snapshot after a prune)
-    if start.snapshot is None:
-        start = Start(State(core))
+    start = await first_start(source, core=core)  # (a fresh state, or the oldest snapshot after a prune)
     cuts = [cut for cut in await choose_cuts(source, jobs)
             if cut[1].inputs_offset > start.inputs and cut[1].decisions_offset > start.decisions]
     if not cuts:

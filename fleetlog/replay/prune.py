@@ -15,12 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fleetlog.core.digest import SnapshotError, restore
+from fleetlog.core.state import State
 from fleetlog.log.base import DECISIONS, INPUTS, LogError
 from fleetlog.log.file import FileLogStore, LockedError
 from fleetlog.log.snapshots import DirectorySnapshots
+from fleetlog.replay.engine import Start
 from fleetlog.replay.source import ReplayError, Source
-from fleetlog.replay.state_at import Point, _snapshots, history, resolve
+from fleetlog.replay.state_at import Point, resolve, start_before
 
 
 async def prune(directory: Path, point: Point, dry_run: bool = False) -> dict[str, Any]:
@@ -42,27 +43,19 @@ async def prune(directory: Path, point: Point, dry_run: bool = False) -> dict[st
         if point.offset is not None and point.offset > end:  # (past the end: as much as there is)
             point = Point(offset=end)
         offset = await resolve(source, point)
-        inputs_start, decisions_start = await history(source)
         notes: list[str] = []
-        keep = None
-        for name, snap in await _snapshots(source, notes, inputs_start, decisions_start):
-            if snap.header.inputs_offset > offset:
-                continue
-            try:
-                restore(snap.state)
-            except SnapshotError as exc:
-                notes.append(f"snapshot {name} skipped: {exc}")
-                continue
-            keep = (name, snap.header)
-            break
-        if keep is None:
+        try:  # (the snapshot a replay to the point would start from: newest valid, logs continue it)
+            keep = await start_before(source, offset, notes)
+        except ReplayError:  # (pruned before, and no snapshot at or before the point)
+            keep = Start(State())
+        if keep.snapshot is None:
             raise ReplayError(
                 f"no valid snapshot at or before inputs offset {offset} (the logs start at inputs offset "
-                f"{inputs_start}): nothing was pruned — a replay needs a snapshot to start from where "
-                "history is gone" + "".join(f"; {n}" for n in notes))
-        name, header = keep
-        report: dict[str, Any] = {"before": offset, "snapshot": name, "dry_run": dry_run, "notes": notes}
-        for log, bound in ((INPUTS, header.inputs_offset), (DECISIONS, header.decisions_offset)):
+                f"{await store.log(INPUTS).start_offset()}): nothing was pruned — a replay needs a snapshot "
+                "to start from where history is gone" + "".join(f"; {n}" for n in notes))
+        report: dict[str, Any] = {"before": offset, "snapshot": keep.snapshot, "dry_run": dry_run,
+                                  "notes": notes}
+        for log, bound in ((INPUTS, keep.inputs), (DECISIONS, keep.decisions)):
             gone = store.prune(log, bound, dry_run)
             report[log] = {
                 "kept_from": bound,

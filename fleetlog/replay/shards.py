@@ -39,13 +39,13 @@ class Topology:
 
     cells: CellMap
     hold_ms: int = 30_000
-    node_timeout_ms: int = 60_000
     producer_id: str = "fleetlog-scheduler"
     rule: SummaryRule = field(default_factory=SummaryRule)
     outputs: OutputsCheck | None = None
     """How to check a partition's outputs (``None``: not checked)."""
     base: CoreConfig = field(default_factory=CoreConfig)
-    """The fold's other settings (retirement), as the service ran with them."""
+    """The fold's settings (node timeout, retirement) as the service ran with them; a cell
+    shard's adds its hold and its cells."""
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -62,8 +62,7 @@ class Topology:
         """The ``CoreConfig`` of a cell partition's shard (``None`` for the global partition)."""
         if shard.kind != "cell":
             return None
-        return msgspec.structs.replace(self.base, node_timeout_ms=self.node_timeout_ms, hold_ms=self.hold_ms,
-                                       cells=self.held(shard.partition))
+        return msgspec.structs.replace(self.base, hold_ms=self.hold_ms, cells=self.held(shard.partition))
 
     def names(self) -> list[str]:
         return [str(s) for s in self.shards()]

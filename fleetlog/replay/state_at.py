@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetlog.core.digest import SnapshotError, digest, restore
-from fleetlog.core.state import State
+from fleetlog.core.state import CoreConfig, State
 from fleetlog.log.base import DECISIONS, INPUTS, LogError
 from fleetlog.log.snapshots import decode_snapshot
 from fleetlog.replay.engine import Start, replay
@@ -74,13 +74,16 @@ async def history(source: Source) -> tuple[int, int]:
     return await start_offset(source.store, INPUTS), await start_offset(source.store, DECISIONS)
 
 
-async def first_start(source: Source, notes: list[str] | None = None) -> Start:
-    """Where a replay of the whole retained history starts: a fresh state when the logs start
-    at offset 0, else the oldest snapshot that the retained logs continue (its inputs and
-    decisions at or after the logs' starts) and that restores. None: a :class:`ReplayError`."""
+async def first_start(
+    source: Source, notes: list[str] | None = None, core: CoreConfig | None = None
+) -> Start:
+    """Where a replay of the whole retained history starts: a fresh state (of ``core``, else the
+    source's settings) when the logs start at offset 0, else the oldest snapshot that the
+    retained logs continue (its inputs and decisions at or after the logs' starts) and that
+    restores. None: a :class:`ReplayError`."""
     inputs, decisions = await history(source)
     if inputs == 0 and decisions == 0:
-        return Start.fresh(source.core)
+        return Start.fresh(core or source.core)
     pruned = (f"the logs start at inputs offset {inputs} and decisions offset {decisions} "
               "(older history was pruned)")
     found = await _snapshots(source, notes if notes is not None else [], inputs, decisions)
@@ -131,8 +134,6 @@ async def start_before(
     after ``max_decisions``) that restores; else a fresh state — or, once history was pruned,
     a :class:`ReplayError` naming the first point available."""
     inputs, decisions = await history(source)
-    if source.snapshots is None and inputs == decisions == 0:
-        return Start.fresh(source.core)
     for name, snap in await _snapshots(source, notes, inputs, decisions):
         late = max_decisions is not None and snap.header.decisions_offset > max_decisions
         if snap.header.inputs_offset > offset or late:

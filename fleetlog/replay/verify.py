@@ -56,8 +56,6 @@ async def verify(
             if report is not None:
                 return report
         log_store = store.store if isinstance(store, Source) else store
-        start = await first_start(store) if isinstance(store, Source) else Start(State(core))
-        if isinstance(store, Source) and start.snapshot is None:
-            start = Start(State(core))  # (the settings asked for, not only the source's)
+        start = await first_start(store, core=core) if isinstance(store, Source) else Start(State(core))
         found = await verify_stretch(log_store, start, None, limit_batches, progress)
         return found.report
