@@ -108,7 +108,14 @@ async def test_gang_too_big_for_any_rack_waits_and_says_it_never_fits(rig: Rig) 
     assert bound(rig, names) == {}
     why = [d for d in await rig.decisions() if isinstance(d, JobPending | JobRejected)]
     assert why, "the scheduler explained nothing"
-    described = rig.kube.kubectl("describe", "pod", "big-3")
+    seen: list[str] = []
+
+    def event_posted() -> bool:  # (the Event is posted apart from the condition: it may come later)
+        seen[:] = [rig.kube.kubectl("describe", "pod", "big-3")]
+        return "FailedScheduling" in seen[0]
+
+    await rig.until("the FailedScheduling event of big-3", event_posted, timeout_s=30)
+    described = seen[0]
     reason = why[-1].reason
     assert reason == "never_fits", why[-1]
     assert "FailedScheduling" in described
