@@ -19,6 +19,7 @@ import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
+from fleetlog.core.eligibility import eligible
 from fleetlog.core.fold import mask_gpus
 from fleetlog.core.memo import Shape
 from fleetlog.core.schedule import reject, schedule_job
@@ -42,7 +43,7 @@ def place_singles(sc: Scratch, run: Array, at: int, stop: bool = False) -> int:
     state = sc.state
     jc, tc = state.jobs.cols, state.tasks.cols
     (cell,) = sc.cells
-    cands = sc.up_by_cell[cell]
+    everywhere = cands = sc.up_by_cell[cell]
     chunk = min(SINGLES_CHUNK, sc.memos.limit)  # (every shape of a chunk holds its slot)
     while at < run.size:
         jobs = run[at : at + chunk]
@@ -50,6 +51,10 @@ def place_singles(sc: Scratch, run: Array, at: int, stop: bool = False) -> int:
         if state.job_cells:  # allowed cells that hold the one cell: as if none (a dispatched job)
             allowed = state.job_cells.get
             simple &= np.fromiter((cell in allowed(j, sc.cells) for j in jobs.tolist()), np.bool_, jobs.size)
+        if sc.constrained:  # (a chunk's jobs of one constraint class: its nodes are the candidates)
+            classes = tc["cls"][jc["first_task"][jobs]]
+            simple &= classes == classes[0]
+            cands = sc.eligible_in(everywhere, eligible(state, int(classes[0])))
         k = jobs.size if simple.all() else int(np.argmin(simple))
         if k == 0:
             return at

@@ -19,11 +19,14 @@ import numpy as np
 import numpy.typing as npt
 
 from fleetlog.core.arrays import Interner, Table
+from fleetlog.core.constraints import ClassKey, NodeAttrs
 from fleetlog.core.fold import count_shape, rebuild_held
 from fleetlog.core.state import (
     CELL_SHARD_DEFAULTS,
+    SUM_CLASSES,
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
+    SUM_NODE_ATTRS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
     SUM_RETIRED,
@@ -38,11 +41,13 @@ from fleetlog.core.state import (
 )
 from fleetlog.events.model import CellSummary, JobReturned
 
-SNAPSHOT_FORMAT: Final = 4
+SNAPSHOT_FORMAT: Final = 5
 """2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30), 3
 since the state holds the shape mix fold takes at intervals (2026-11-30), 4 since jobs retire
 (2026-12-03: the ``ended_at_ms`` column, the retired ids and counters, the retirement settings
-in the config): an older snapshot carries a digest of an older definition."""
+in the config), 5 since placement constraints (2026-12-03: the tasks' ``cls`` column, the
+constraint classes, the nodes' labels, taints and cordons): an older snapshot carries a digest
+of an older definition."""
 _TABLES: Final = ("nodes", "jobs", "tasks")
 
 
@@ -65,7 +70,20 @@ def _small_scalars(state: State, full: bool = True) -> dict[str, Any]:
         "shape_mix_due": [state.shapes_seen, state.mix_due],
         "counters": [state.pending_count, state.duplicates, state.ignored, state.retired_rows],
         "retired_counts": sorted(state.retired_counts.items()),
-    } | _cell_shard(state, full)
+    } | _cell_shard(state, full) | _constraints(state, full)
+
+
+def _constraints(state: State, full: bool) -> dict[str, Any]:
+    """The nodes' labels, taints and cordons and the constraint classes, in full or by size
+    and running sum (only when there are any: a log without them digests as before)."""
+    if not state.node_attrs and len(state.classes) == 1:
+        return {}
+    if not full:
+        return {
+            "node_attrs": [len(state.node_attrs), state.sums[SUM_NODE_ATTRS]],
+            "classes": [len(state.classes), state.sums[SUM_CLASSES]],
+        }
+    return {"node_attrs": sorted(state.node_attrs.items()), "classes": state.classes[1:]}
 
 
 def _config(config: CoreConfig) -> dict[str, Any]:
@@ -347,8 +365,26 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     order = [(at, name) for at, name in s["retired"]]
     state.retired_order.extend(order)
     state.retired = {name: at for at, name in order}  # (a later entry of the same id: the later time)
+    state.node_attrs = {row: _attrs(a) for row, a in s.get("node_attrs", ())}
+    for key in s.get("classes", ()):
+        state.class_ids[_class(key)] = len(state.classes)
+        state.classes.append(_class(key))
     state.sums = collection_sums(state)
     return state
+
+
+def _attrs(a: list[Any]) -> NodeAttrs:
+    labels, taints, cordoned = a
+    return tuple((k, v) for k, v in labels), tuple((k, v, e) for k, v, e in taints), bool(cordoned)
+
+
+def _class(c: list[Any]) -> ClassKey:
+    selector, terms, tolerations = c
+    return (
+        tuple((k, v) for k, v in selector),
+        tuple(tuple((k, op, tuple(values)) for k, op, values in term) for term in terms),
+        tuple((k, op, v, e) for k, op, v, e in tolerations),
+    )
 
 
 def _quota(q: dict[str, Any]) -> Quota:

@@ -7,11 +7,13 @@ Steps 3-6 of decide use these; nothing here decides what to do with the answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
+from fleetlog.core.eligibility import eligible, job_classes
 from fleetlog.core.scratch import Placement, Scratch
 from fleetlog.core.shapes import LEVELS, task_arrays
 
@@ -26,9 +28,16 @@ def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[
     domain = sc.state.nodes.cols[LEVELS[level]][: sc.state.nodes.size] if level else sc.no_domain
     out_node = np.full(idx.size, -1, dtype=np.int32)
     out_mask = np.zeros(idx.size, dtype=np.uint64)
-    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    node_model = sc.model
+    classes = job_classes(sc.state, job) if sc.constrained else (0,)
+    if len(classes) > 1:
+        kinds = node_kinds(sc, job, idx, classes, cands)
+        if kinds is None:
+            return -1, 0, (idx, out_node, out_mask, cpu, mem, gpus, milli)
+        cands, node_model, models = kinds
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, node_model)
     first = (int(cpu[0]), int(mem[0]), int(gpus[0]), int(milli[0]), int(models[0])) if idx.size else None
-    memo = sc.memo(first) if first is not None else NO_MEMO
+    memo = sc.memo(first) if first is not None and node_model is sc.model else NO_MEMO
     chosen, count = kernels.place_gang_memo(
         cands,
         domain,
@@ -46,6 +55,46 @@ def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[
         memo,
     )
     return int(chosen), int(count), (idx, out_node, out_mask, cpu, mem, gpus, milli)
+
+
+MAX_KINDS: Final = 64
+
+
+def node_kinds(
+    sc: Scratch, job: int, idx: Array, classes: tuple[int, ...], cands: Array
+) -> tuple[Array, Array, Array] | None:
+    """A gang whose tasks differ in constraint class, as the kernels take it: each candidate's
+    *kind* — its GPU model and which of the job's classes may use it — stands for its model,
+    and each task's models mask allows the kinds it may use (the kernels check that mask for
+    every task). ``(cands, node kinds, task masks)``, or None when some task may use none of
+    ``cands``. At most 64 kinds (a model mask's bits): the nodes of later kinds, in (model,
+    classes) order, are left out (docs/scheduling.md)."""
+    state = sc.state
+    member = np.zeros(cands.size, dtype=np.uint64)
+    for j, c in enumerate(classes):
+        ok = eligible(state, c)
+        mine = np.ones(cands.size, np.bool_) if ok is None else ok[cands]
+        member |= mine.astype(np.uint64) << np.uint64(j)
+    model = sc.model[cands].astype(np.int64)
+    pairs, kind = np.unique(np.stack([model, member.view(np.int64)], axis=1), axis=0, return_inverse=True)
+    kind = kind.reshape(-1)
+    if pairs.shape[0] > MAX_KINDS:
+        keep = kind < MAX_KINDS
+        cands, kind, pairs = cands[keep], kind[keep], pairs[:MAX_KINDS]
+    node_model = np.full(sc.model.size, MAX_KINDS - 1, dtype=np.int32)
+    node_model[cands] = kind
+    tc = state.tasks.cols
+    task_cls = np.searchsorted(np.array(classes), tc["cls"][idx]).astype(np.uint64)
+    gpu_models, one = tc["models"][idx], np.uint64(1)
+    any_model = (tc["gpus"][idx] == 0) | (gpu_models == 0)
+    masks = np.zeros(idx.size, dtype=np.uint64)
+    for k, (m, bits) in enumerate(pairs.tolist()):
+        allowed = ((np.uint64(bits & (1 << 64) - 1) >> task_cls) & one) > 0
+        model_ok = any_model | (((gpu_models >> np.uint64(m)) & one) > 0) if 0 <= m < MAX_KINDS else any_model
+        masks |= np.where(allowed & model_ok, one << np.uint64(k), np.uint64(0))
+    if (masks == 0).any():
+        return None
+    return cands, node_model, masks
 
 
 def partial_fit(sc: Scratch, job: int, cands: np.ndarray) -> int:

@@ -22,13 +22,24 @@ import numpy as np
 
 from fleetlog.core.arrays import HASH_MASK, Array, entry_hash
 from fleetlog.core.compact import compact
+from fleetlog.core.constraints import (
+    NO_ATTRS,
+    NO_CLASS,
+    ClassKey,
+    NodeAttrs,
+    class_key,
+    node_attrs_of,
+    untolerated,
+)
 from fleetlog.core.state import (
     FULL_GPU,
     MAX_GPU_MODELS,
     NO_LIMIT,
     RETIRABLE,
+    SUM_CLASSES,
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
+    SUM_NODE_ATTRS,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
     SUM_RETIRED,
@@ -216,6 +227,7 @@ _NODE_DOWN_TEXT: Final = {
     "node_unhealthy": "node {node} reported itself unhealthy",
     "node_reshaped": "node {node} reported a new shape (CPU or GPU count)",
     "node_removed": "node {node} was removed",
+    "node_tainted": "node {node} has taint {taint} (NoExecute) that the job does not tolerate",
 }
 
 
@@ -227,11 +239,16 @@ def node_down(state: State, row: int, status: NodeStatus, cause: str) -> None:
     state.derived.forget_beat(name)
     on_node = np.flatnonzero(state.tasks.view("node") == row)
     jobs = sorted({int(state.tasks.cols["job"][t]) for t in on_node.tolist()})
-    if not jobs:
-        return
+    if jobs:
+        requeue(state, jobs, row, cause)
+
+
+def requeue(state: State, jobs: list[int], row: int, cause: str, taint: str = "") -> None:
+    """Requeue ``jobs`` (whole gangs) because of node ``row``, noting ``cause``."""
+    name = state.node_name(row)
     silent = state.now_ms - int(state.nodes.cols["last_heartbeat_ms"][row]) if cause == "node_lost" else 0
     seconds = f"{silent // 1000}.{silent % 1000:03d}".rstrip("0").rstrip(".")  # 80, 63.5, 3.001
-    text = _NODE_DOWN_TEXT[cause].format(node=name, silent=seconds)
+    text = _NODE_DOWN_TEXT[cause].format(node=name, silent=seconds, taint=taint)
     note = Requeue(cause, state.now_ms, state.offset, text, node=name, silent_ms=silent)
     for job in jobs:
         release_job(state, job, JobState.PENDING)
@@ -248,6 +265,7 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
     if row < 0:
         row = names["node"].intern(key)
         nodes.add()
+        state.derived.attrs_version += 1  # (a new row: every class's eligibility grows)
         set_node_shape(state, row, e)
     elif int(nodes.cols["cpu_alloc"][row]) != e.cpu_milli or int(nodes.cols["gpu_count"][row]) != e.gpu_count:
         node_down(state, row, NodeStatus.DOWN, "node_reshaped")  # drain it, then take the new shape
@@ -258,8 +276,35 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
         node_down(state, row, NodeStatus.DOWN, "node_unhealthy")
     elif e.healthy and status != NodeStatus.UP:
         nodes.cols["status"][row] = _UP
+    attrs = node_attrs_of(e)
+    if attrs != state.node_attrs.get(row, NO_ATTRS):
+        set_node_attrs(state, row, attrs)
     if e.healthy:
         state.derived.remember_beat(e.node, row, e)  # (for the batch fold's steady heartbeats)
+
+
+def set_node_attrs(state: State, row: int, attrs: NodeAttrs) -> None:
+    """Node ``row``'s labels, taints and cordon are now ``attrs``; a ``NoExecute`` taint
+    requeues the gangs on it with a task that does not tolerate it."""
+    old = state.node_attrs.pop(row, None)
+    if old is not None:
+        add_entry(state, SUM_NODE_ATTRS, (row, old), -1)
+    if attrs != NO_ATTRS:
+        state.node_attrs[row] = attrs
+        add_entry(state, SUM_NODE_ATTRS, (row, attrs), 1)
+    state.derived.attrs_version += 1
+    if not any(t[2] == "NoExecute" for t in attrs[1]):
+        return
+    tc = state.tasks.cols
+    on_node = np.flatnonzero(state.tasks.view("node") == row)
+    evicted: dict[int, str] = {}
+    for t in on_node.tolist():
+        job = int(tc["job"][t])
+        taint = untolerated(state.classes[int(tc["cls"][t])], attrs, ("NoExecute",))
+        if taint is not None and job not in evicted:
+            evicted[job] = f"{taint[0]}{'=' + taint[1] if taint[1] else ''}"
+    for job in sorted(evicted):
+        requeue(state, [job], row, "node_tainted", evicted[job])
 
 
 def set_node_shape(state: State, row: int, e: NodeHeartbeat) -> None:
@@ -319,14 +364,37 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
 
 def add_tasks(state: State, job: int, g: TaskGroup) -> None:
     """The rows of one task group of ``job``; their shape remembered (the shape window)."""
-    mask = 0
-    for m in g.gpu_models:
-        mask |= 1 << model_id(state, m)
+    mask = models_mask(state, g)
     first = state.tasks.add(g.count)
     tc, rows = state.tasks.cols, slice(first, first + g.count)
     tc["job"][rows], tc["cpu"][rows], tc["mem"][rows] = job, g.cpu_milli, g.mem_mib
     tc["gpus"][rows], tc["milli"][rows], tc["models"][rows] = g.gpu_count, g.gpu_milli, mask
+    tc["cls"][rows] = class_id(state, g)
     remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), g.count)
+
+
+def models_mask(state: State, g: TaskGroup) -> int:
+    """The bitmask of the GPU models a group's tasks may use (0: any; a task without GPUs: 0,
+    its ``gpu_models`` interned but not a constraint)."""
+    mask = 0
+    for m in g.gpu_models:
+        mask |= 1 << model_id(state, m)
+    return mask if g.gpu_count else 0
+
+
+def class_id(state: State, g: TaskGroup) -> int:
+    """The id of a group's constraint class, interned when new (first-seen order)."""
+    key = class_key(g)
+    return 0 if key is NO_CLASS else intern_class(state, key)
+
+
+def intern_class(state: State, key: ClassKey) -> int:
+    found = state.class_ids.get(key)
+    if found is None:
+        found = state.class_ids[key] = len(state.classes)
+        state.classes.append(key)
+        add_entry(state, SUM_CLASSES, (found, key), 1)
+    return found
 
 
 def take_shape_mix(state: State) -> None:
@@ -397,6 +465,8 @@ def on_node_removed(state: State, e: NodeRemoved) -> None:
         state.ignored += 1
         return
     node_down(state, row, NodeStatus.REMOVED, "node_removed")
+    if row in state.node_attrs:
+        set_node_attrs(state, row, NO_ATTRS)
 
 
 def task_row(state: State, job_id: str, index: int) -> int:

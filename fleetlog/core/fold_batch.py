@@ -26,10 +26,11 @@ import numpy as np
 
 from fleetlog.core.arrays import HASH_MASK, Array
 from fleetlog.core.fold import (
+    class_id,
     drop_reason_text,
     fold,
     fold_decision,
-    model_id,
+    models_mask,
     next_due,
     on_placed,
     remember_shape,
@@ -169,8 +170,8 @@ class NewJobs:
         self.kind_of: dict[tuple[TaskGroup, ...], int] = {}
         self.kinds: list[tuple[int, int, int, int, tuple[tuple[Shape, int], ...]]] = []
         """Per kind: tasks, cpu, mem and GPU milli in all, its (shape, count) of each group."""
-        self.kind_tasks: list[list[tuple[int, int, int, int, int]]] = []
-        """Per kind: its task rows (cpu, mem, gpus, milli, models mask)."""
+        self.kind_tasks: list[list[tuple[int, int, int, int, int, int]]] = []
+        """Per kind: its task rows (cpu, mem, gpus, milli, models mask, constraint class)."""
         self.tenants: dict[str, int] = {}
         self.queues: dict[str, int] = {}
         self.cell_ids: dict[str, int] = {}
@@ -250,19 +251,18 @@ class NewJobs:
 
     def kind(self, state: State, groups: tuple[TaskGroup, ...]) -> int:
         """Read a new tuple of task groups: its models interned (in the spec's order), its rows."""
-        rows: list[tuple[int, int, int, int, int]] = []
+        rows: list[tuple[int, int, int, int, int, int]] = []
         shapes: list[tuple[Shape, int]] = []
         n = cpu = mem = gpu = 0
         for g in groups:
-            mask = 0
-            for m in g.gpu_models:
-                mask |= 1 << model_id(state, m)
+            mask = models_mask(state, g)
+            cls = class_id(state, g)
             count = g.count
             n += count
             cpu += count * g.cpu_milli
             mem += count * g.mem_mib
             gpu += count * g.gpu_count * g.gpu_milli
-            rows += [(g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, mask)] * count
+            rows += [(g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, mask, cls)] * count
             shapes.append(((g.gpu_count, g.gpu_milli, g.cpu_milli), count))
         kind = self.kind_of[groups] = len(self.kinds)
         self.kinds.append((n, cpu, mem, gpu, tuple(shapes)))
@@ -341,6 +341,8 @@ class NewJobs:
         for i, name in enumerate(_TASK_COLUMNS):
             tc[name][tasks] = values[:, i]
         tc["models"][tasks] = np.array([row[4] for row in table], dtype=np.uint64)[source]
+        if any(row[5] for row in table):
+            tc["cls"][tasks] = np.array([row[5] for row in table], dtype=np.int32)[source]
 
 
 _ENCODE: Final = msgspec.msgpack.Encoder().encode

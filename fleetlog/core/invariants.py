@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fleetlog.core.constraints import NO_ATTRS
 from fleetlog.core.state import FULL_GPU, JobState, NodeStatus, State, TaskState, collection_sums
 
 
@@ -23,6 +24,7 @@ def check(state: State) -> None:
         shape_stats_match_window,
         sums_match_collections,
         retired_rows_released,
+        constraints_consistent,
     ):
         problem = rule(state)
         if problem:
@@ -154,3 +156,18 @@ def retired_rows_released(state: State) -> str:
     if len(state.retired) > len(state.retired_order):
         return f"{len(state.retired)} retired ids but {len(state.retired_order)} in retirement order"
     return ""
+
+
+def constraints_consistent(state: State) -> str:
+    """Every task's constraint class exists; class ids index their keys; node attributes are
+    kept only for node rows, and only when there are some (``NO_ATTRS`` has no entry)."""
+    cls = state.tasks.view("cls")
+    if cls.size and (cls.min() < 0 or cls.max() >= len(state.classes)):
+        return f"a task of class {int(cls.max())} but {len(state.classes)} classes"
+    if any(state.class_ids.get(key) != i for i, key in enumerate(state.classes)):
+        return "class_ids do not index classes"
+    if len(state.class_ids) != len(state.classes):
+        return f"{len(state.class_ids)} class ids for {len(state.classes)} classes"
+    size = state.nodes.size
+    bad = [row for row, attrs in state.node_attrs.items() if not 0 <= row < size or attrs == NO_ATTRS]
+    return f"node_attrs has an entry for row {bad[0]}" if bad else ""

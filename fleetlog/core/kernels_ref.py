@@ -165,10 +165,10 @@ def fits(
 ) -> bool:
     if int(cpu_free[n]) < int(cpu) or int(mem_free[n]) < int(mem):
         return False
+    if not _model_ok(int(models), int(node_model[n])):  # (every task: decide's node kinds)
+        return False
     if int(gpus) == 0:
         return True
-    if not _model_ok(int(models), int(node_model[n])):
-        return False
     return bool(pick_gpus(gpu_free[n], int(gpu_count[n]), int(gpus), int(milli)) != 0)
 
 

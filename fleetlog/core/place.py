@@ -44,7 +44,7 @@ def try_place(sc: Scratch, job: int, unplaceable: bool = False) -> Placement | O
     best: Placement | None = None
     backfill = may_backfill(sc, job)
     for cell in quota_ok:
-        found = place_in_cell(sc, job, cell, sc.candidates(cell, backfill))
+        found = place_in_cell(sc, job, cell, sc.candidates(cell, backfill, job))
         if found is not None and (best is None or found.score < best.score):
             best = found
     return best if best is not None else explain_failure(sc, job, tuple(quota_ok), "capacity")

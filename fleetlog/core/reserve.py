@@ -26,7 +26,7 @@ def reserve_for(sc: Scratch, job: int, failure: Outcome) -> Outcome:
     ):
         return failure
     cell = allowed_cells(sc, job)[0]
-    cands = sc.candidates(cell, False)
+    cands = sc.candidates(cell, False, job)
     level = int(state.jobs.cols["topology"][job])
     domain = (
         state.nodes.cols[LEVELS[level]][: state.nodes.size][cands]

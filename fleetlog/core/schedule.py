@@ -64,6 +64,10 @@ def pending(sc: Scratch, job: int, outcome: Outcome) -> bool:
     return False
 
 
+_KEY_COLUMNS = ("cpu", "mem", "gpus", "milli", "models", "cls")
+"""The task columns of a job's key: its tasks' shapes and constraint classes."""
+
+
 def job_key(state: State, job: int) -> int:
     """Jobs with equal keys succeed or fail alike (until capacity is freed in this call).
     The key is interned to a small integer, memoized per job (a job's shape never changes)."""
@@ -85,7 +89,7 @@ def job_keys(state: State, rows: Array) -> Array:
     tenant, priority, topology, expected = (
         jc[c][jobs].tolist() for c in ("tenant", "priority", "topology", "expected_ms")
     )
-    shape = zip(*(tc[c][firsts].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")), strict=True)
+    shape = zip(*(tc[c][firsts].tolist() for c in _KEY_COLUMNS), strict=True)
     cells = (
         [state.job_cells.get(job, ()) for job in jobs.tolist()] if state.job_cells else repeat((), jobs.size)
     )
@@ -103,7 +107,7 @@ def _job_key(state: State, job: int) -> tuple[object, ...]:
     """A gang's key: its task columns as bytes (a one-task job's are integers: never equal)."""
     jc, tc = state.jobs.cols, state.tasks.cols
     rows = state.job_tasks(job)
-    shape = tuple(tc[c][rows.start : rows.stop].tobytes() for c in ("cpu", "mem", "gpus", "milli", "models"))
+    shape = tuple(tc[c][rows.start : rows.stop].tobytes() for c in _KEY_COLUMNS)
     return (
         int(jc["tenant"][job]),
         int(jc["priority"][job]),

@@ -16,6 +16,7 @@ import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
+from fleetlog.core.eligibility import job_eligible
 from fleetlog.core.fold import mask_gpus
 from fleetlog.core.memo import MAX_MEMOS, MEMO_ROWS, MemoCache, Memos, Shape
 from fleetlog.core.never_fits import Fleet, fleet_of
@@ -80,6 +81,7 @@ class Scratch:
         self.decisions: list[Decision] = []
         self.node_names: dict[int, str] = {}
         self.eligible: dict[tuple[tuple[int, ...], int, int], bool] = {}  # see explain.eligible_exists
+        self.excluded: dict[tuple[int, bytes], dict[str, int]] = {}  # see explain.exclusions
         self._running: Array | None = None
         self._lowest: int | None = None
         self.node_version = np.zeros(n, dtype=np.int64)  # bumped whenever a node's free changes
@@ -88,6 +90,7 @@ class Scratch:
         self._fleet: Fleet | None = None
         self._run_buffer: Array | None = None
         self.swapped = False  # free capacity was swapped for a trial: nothing is kept for the next call
+        self.constrained = bool(state.node_attrs) or len(state.classes) > 1  # (else no job is)
 
     def adopt(self, kept: MemoCache | None) -> None:
         """Reuse what an earlier call remembered, for the nodes whose free capacity (and GPU
@@ -179,12 +182,20 @@ class Scratch:
             name = self.node_names[row] = self.state.node_name(row)
         return name
 
-    def candidates(self, cell: int, backfill: bool) -> Array:
-        """Up nodes of ``cell``; reserved ones only for a job that may backfill."""
+    def candidates(self, cell: int, backfill: bool, job: int = -1) -> Array:
+        """Up nodes of ``cell``; reserved ones only for a job that may backfill; with ``job``,
+        only those some task of the job may use by its constraints (:mod:`fleetlog.core.constraints`)."""
         nodes = self.up_by_cell.get(cell)
         if nodes is None:
             return np.zeros(0, dtype=np.int64)
+        if job >= 0 and self.constrained:
+            nodes = self.eligible_in(nodes, job_eligible(self.state, job))
         return nodes if backfill or not self.reservations else nodes[~self.reserved[nodes]]
+
+    @staticmethod
+    def eligible_in(nodes: Array, allowed: Array | None) -> Array:
+        """``nodes`` narrowed to the ``allowed`` rows (None: all)."""
+        return nodes if allowed is None else nodes[allowed[nodes]]
 
 
 def shape_matrix(state: State) -> Array:

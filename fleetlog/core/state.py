@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import Interner, Table, entries_sum
+from fleetlog.core.constraints import NO_CLASS, ClassKey, NodeAttrs
 from fleetlog.events.model import CellSummary, JobReturned
 
 MAX_GPUS: Final = 64
@@ -98,8 +99,8 @@ class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
     snapshotted, but not digested: it never changes a decision (derived from the log alone)."""
 
     cause: str
-    """``preempted``, ``node_lost`` (no heartbeat), ``node_unhealthy``, ``node_reshaped`` or
-    ``node_removed``."""
+    """``preempted``, ``node_lost`` (no heartbeat), ``node_unhealthy``, ``node_reshaped``,
+    ``node_removed`` or ``node_tainted`` (a ``NoExecute`` taint the job does not tolerate)."""
     requeued_at_ms: int
     """Log time of the requeue (the input or decision batch that did it)."""
     inputs_offset: int
@@ -185,6 +186,7 @@ def _task_table() -> Table:
             "node": (i32, (), -1),
             "gpu_mask": (np.uint64, (), 0),
             "state": (np.int8, (), TaskState.PENDING),
+            "cls": (i32, (), 0),
         }
     )
 
@@ -223,6 +225,8 @@ SUM_RECENT_SHAPES = 2
 SUM_DISPATCHES = 3
 SUM_RETURNED = 4
 SUM_RETIRED = 5
+SUM_NODE_ATTRS = 6
+SUM_CLASSES = 7
 
 
 class Derived:
@@ -235,8 +239,8 @@ class Derived:
     by the key ids of ``key_ids``; ``text_ids`` are ids in ``text_index``)."""
 
     __slots__ = (
-        "beat_cache", "decide_memo", "fit_memo", "job_keys", "key_ids", "steady_gone", "steady_ids",
-        "text_ids", "text_index",
+        "attrs_version", "beat_cache", "decide_memo", "eligibility", "fit_memo", "job_keys", "key_ids",
+        "steady_gone", "steady_ids", "text_ids", "text_index",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -265,6 +269,12 @@ class Derived:
         """What the last ``decide`` call learned of node scores, for the next call to reuse
         where nodes did not change (``fleetlog.core.memo.MemoCache``; checked against the free
         capacity it was learned on before any use)."""
+        self.attrs_version = 0
+        """Raised by fold whenever a node's labels, taints or cordon change (or a node row is
+        added): ``eligibility`` is valid for one version."""
+        self.eligibility: object | None = None
+        """Each constraint class's eligible nodes (``fleetlog.core.constraints.Eligibility``,
+        built for one ``attrs_version``)."""
 
     @classmethod
     def of(cls, state: State) -> Derived:
@@ -334,10 +344,11 @@ class State:
         self.shapes_seen = 0  # task shapes remembered since the start
         self.mix_due = 1  # ``shapes_seen`` at which the shape mix is taken again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
-        self.sums = [0, 0, 0, 0, 0, 0]
+        self.sums = [0, 0, 0, 0, 0, 0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
         ``job_cells`` items, ``(index, shape)`` of ``recent_shapes``, ``dispatches`` items,
-        ``returned`` items and ``retired`` items (see SUM_*): what the
+        ``returned`` items, ``retired`` items, ``node_attrs`` items and ``(id, class)`` of
+        ``classes`` (see SUM_*): what the
         digest hashes instead of those collections (kept by fold, rebuilt on restore by
         :func:`collection_sums`; not in ``derived``: the digest reads it)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
@@ -369,6 +380,12 @@ class State:
         self.retired_rows = 0  # rows of the job table whose job retired (free until compacted)
         self.retired_counts: dict[int, list[int]] = {}
         """tenant id -> how many of its jobs retired from each of ``RETIRABLE``'s states."""
+        # node row -> its labels, taints and cordon (``fleetlog.core.constraints``), for the nodes
+        # that have any; the constraint classes of task groups by id (the ``cls`` task column:
+        # interned in first-seen order, class 0 "no constraint") and their ids
+        self.node_attrs: dict[int, NodeAttrs] = {}
+        self.classes: list[ClassKey] = [NO_CLASS]
+        self.class_ids: dict[ClassKey, int] = {NO_CLASS: 0}
         self.derived = Derived()
         """Caches rebuilt from the rest (see :class:`Derived`): droppable, never digested or snapshotted."""
 
@@ -402,7 +419,9 @@ class State:
 
 def collection_sums(state: State) -> list[int]:
     """``State.sums`` computed afresh from the collections (restore, and the invariants)."""
-    sums = [0, 0, 0, 0, 0, 0]
+    sums = [0, 0, 0, 0, 0, 0, 0, 0]
+    sums[SUM_NODE_ATTRS] = entries_sum(state.node_attrs.items())
+    sums[SUM_CLASSES] = entries_sum(enumerate(state.classes[1:], 1))
     sums[SUM_RETIRED] = entries_sum(state.retired.items())
     sums[SUM_DISPATCHES] = entries_sum(state.dispatches.items())
     sums[SUM_RETURNED] = entries_sum(state.returned.items())

@@ -85,6 +85,71 @@ largest decision: 10,000 tasks on 253-character node names with 64 GPU indices e
 ``tests/events/test_parts.py`` checks that worst case."""
 
 
+MAX_CONSTRAINT_ITEMS: Final = 64
+"""The most entries in one node selector, affinity term list, term, toleration list, value
+list or taint list (Kubernetes has no such bound; 64 is far past what a pod spec carries)."""
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+TAINT_EFFECTS: Final[tuple[TaintEffect, ...]] = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+
+class Taint(_Struct, frozen=True):
+    """A node's taint, as Kubernetes defines it: a task that does not tolerate a ``NoSchedule``
+    or ``NoExecute`` taint is never placed on the node, and ``NoExecute`` also evicts the
+    running gangs that do not tolerate it. ``PreferNoSchedule`` is advisory (placements ignore it)."""
+
+    key: Name
+    effect: TaintEffect
+    value: LabelValue = ""
+
+
+class Toleration(_Struct, frozen=True):
+    """What taints a task tolerates (Kubernetes' rules): ``Equal`` matches a taint of this key
+    and value, ``Exists`` one of this key whatever its value, and ``Exists`` with an empty
+    key every taint; an empty ``effect`` matches every effect."""
+
+    key: OptionalName = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: LabelValue = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+    def __post_init__(self) -> None:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists takes no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration with an empty key must use operator Exists")
+
+
+class NodeLabel(_Struct, frozen=True):
+    """One entry of a node selector: the node's label ``key`` must be ``value``."""
+
+    key: Name
+    value: LabelValue
+
+
+class NodeSelectorRequirement(_Struct, frozen=True):
+    """One label test: ``In``/``NotIn`` a set of values (a node without the label is ``NotIn``
+    every set), ``Exists``/``DoesNotExist`` (no values)."""
+
+    key: Name
+    operator: SelectorOperator
+    values: Annotated[tuple[LabelValue, ...], Meta(max_length=MAX_CONSTRAINT_ITEMS)] = ()
+
+    def __post_init__(self) -> None:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+
+
+class NodeSelectorTerm(_Struct, frozen=True):
+    """The requirements a node must meet all of (AND)."""
+
+    match_expressions: Annotated[
+        tuple[NodeSelectorRequirement, ...], Meta(min_length=1, max_length=MAX_CONSTRAINT_ITEMS)
+    ]
+
+
 class TaskGroup(_Struct, frozen=True):
     """``count`` identical tasks. ``gpu_milli`` is the share of *each* of the ``gpu_count`` GPUs:
     1000 for whole GPUs, less than 1000 only with ``gpu_count == 1`` (a fractional GPU)."""
@@ -96,6 +161,14 @@ class TaskGroup(_Struct, frozen=True):
     gpu_milli: GpuMilli = 0
     gpu_models: Annotated[tuple[Name, ...], Meta(max_length=64)] = ()
     name: Annotated[str, Meta(max_length=253)] = ""
+    node_selector: Annotated[tuple[NodeLabel, ...], Meta(max_length=MAX_CONSTRAINT_ITEMS)] = ()
+    """Labels a node must carry with exactly these values (Kubernetes' ``nodeSelector``, as a
+    list of ``{"key", "value"}``: a map would make task groups unhashable, and the fold keys
+    runs of submissions by their task groups)."""
+    node_affinity: Annotated[tuple[NodeSelectorTerm, ...], Meta(max_length=MAX_CONSTRAINT_ITEMS)] = ()
+    """Required node affinity: a node must meet at least one term (OR of ANDs, Kubernetes'
+    ``requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms``); empty: any node."""
+    tolerations: Annotated[tuple[Toleration, ...], Meta(max_length=MAX_CONSTRAINT_ITEMS)] = ()
 
     def __post_init__(self) -> None:
         if self.gpu_count == 0 and self.gpu_milli != 0:
@@ -144,6 +217,11 @@ class NodeHeartbeat(_Event, frozen=True):
     topology: Annotated[tuple[Name, ...], Meta(max_length=3)] = ()
     labels: Annotated[dict[Name, LabelValue], Meta(max_length=64)] = {}
     healthy: bool = True
+    taints: Annotated[tuple[Taint, ...], Meta(max_length=MAX_CONSTRAINT_ITEMS)] = ()
+    """The node's taints now (a heartbeat without them: none). Adding a ``NoExecute`` taint
+    requeues every gang on the node that does not tolerate it."""
+    unschedulable: bool = False
+    """Cordoned: no new task is placed on the node; what runs there stays."""
 
     def __post_init__(self) -> None:
         if self.gpu_count > 0 and not self.gpu_model:
@@ -418,13 +496,13 @@ class Envelope(_Struct, frozen=True):
 
 # --- identifiers: where they are, for the codec's printable check ----------------------------
 
-IdField = tuple[str, Literal["one", "many", "keys", "groups", "job", "rows"]]
+IdField = tuple[str, Literal["one", "many", "keys", "groups", "job", "rows", "taints"]]
 ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     JobSubmitted: (("job_id", "one"), ("tenant", "one"), ("queue", "one"), ("allowed_cells", "many"),
                    ("task_groups", "groups")),
     JobCancelled: (("job_id", "one"),),
     NodeHeartbeat: (("cell", "one"), ("node", "one"), ("gpu_model", "one"), ("topology", "many"),
-                    ("labels", "keys")),
+                    ("labels", "keys"), ("taints", "taints")),
     NodeRemoved: (("cell", "one"), ("node", "one")),
     TaskStarted: (("job_id", "one"), ("node", "one")),
     TaskFinished: (("job_id", "one"),),
@@ -435,17 +513,38 @@ ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     CellSummary: (("cell", "one"), ("free", "rows"), ("usage", "rows")),
 }
 """The identifier fields of every input and shard event ("groups": each task group's
-``gpu_models``; "job": a whole nested submission; "rows": the first column of each row).
+``gpu_models`` and constraint keys, :func:`group_ids`; "taints": each taint's key; "job": a
+whole nested submission; "rows": the first column of each row).
 Decisions are not re-checked: the scheduler builds them from inputs that passed."""
 
 
+def group_ids(g: TaskGroup) -> list[tuple[str, str]]:
+    """A task group's identifiers with their paths under the group: GPU models, then the keys
+    its constraints name (selector, affinity requirements, tolerations)."""
+    out = [(f".gpu_models[{j}]", m) for j, m in enumerate(g.gpu_models)]
+    out += [(f".node_selector[{i}].key", label.key) for i, label in enumerate(g.node_selector)]
+    out += [
+        (f".node_affinity[{i}].match_expressions[{j}].key", r.key)
+        for i, term in enumerate(g.node_affinity)
+        for j, r in enumerate(term.match_expressions)
+    ]
+    out += [(f".tolerations[{i}].key", t.key) for i, t in enumerate(g.tolerations) if t.key]
+    return out
+
+
+def _group_text(g: TaskGroup) -> str:
+    if not (g.node_selector or g.node_affinity or g.tolerations):
+        return "".join(g.gpu_models)
+    return "".join(text for _, text in group_ids(g))
+
+
 def _submitted_ids(e: JobSubmitted) -> str:
-    models = [m for g in e.task_groups for m in g.gpu_models]
-    return "".join((e.job_id, e.tenant, e.queue, *e.allowed_cells, *models))
+    groups = [_group_text(g) for g in e.task_groups]
+    return "".join((e.job_id, e.tenant, e.queue, *e.allowed_cells, *groups))
 
 
 def _heartbeat_ids(e: NodeHeartbeat) -> str:
-    return "".join((e.cell, e.node, e.gpu_model, *e.topology, *e.labels))
+    return "".join((e.cell, e.node, e.gpu_model, *e.topology, *e.labels, *(t.key for t in e.taints)))
 
 
 def _no_ids(e: object) -> str:
@@ -484,9 +583,9 @@ def unprintable_id(event: Event, is_bad: Callable[[str], object]) -> str | None:
         elif how == "rows":
             found = [(f"[{i}][0]", row[0]) for i, row in enumerate(msgspec.structs.astuple(r) for r in value)]
         elif how == "groups":
-            found = [
-                (f"[{i}].gpu_models[{j}]", m) for i, g in enumerate(value) for j, m in enumerate(g.gpu_models)
-            ]
+            found = [(f"[{i}]{path}", text) for i, g in enumerate(value) for path, text in group_ids(g)]
+        elif how == "taints":
+            found = [(f"[{i}].key", t.key) for i, t in enumerate(value)]
         else:
             found = [(f"[{i}]" if how == "many" else f"[{k!r}]", k) for i, k in enumerate(value)]
         for suffix, text in found:

@@ -8,16 +8,43 @@ marked "duplicate, ignored").
 
 Two submissions are the same spec when everything the scheduler folds is equal: tenant, queue,
 priority, the *set* of allowed cells, the required topology, the expected duration, and the
-tasks in order — each task's CPU, memory, GPU count, GPU share and *set* of allowed GPU models.
+tasks in order — each task's CPU, memory, GPU count, GPU share, *set* of allowed GPU models and
+placement constraints (selector, affinity and tolerations as sets: :func:`constraints_key`).
 How the tasks are split into groups (two groups of 1 or one group of 2 alike) and the groups'
 ``name`` (a label the fold does not keep) do not count; neither does the envelope (producer, key).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-from fleetlog.events.model import JobSubmitted
+from fleetlog.events.model import JobSubmitted, NodeSelectorRequirement, TaskGroup
+
+Requirement = tuple[str, str, tuple[str, ...]]
+"""(key, operator, sorted values) of one affinity requirement."""
+TolerationKey = tuple[str, str, str, str]
+"""(key, operator, value, effect) of one toleration."""
+ConstraintsKey = tuple[
+    tuple[tuple[str, str], ...], tuple[tuple[Requirement, ...], ...], tuple[TolerationKey, ...]
+]
+"""(sorted selector labels, sorted affinity terms of sorted requirements, sorted tolerations):
+equal keys constrain alike, however the entries were ordered or repeated."""
+NO_CONSTRAINTS: Final[ConstraintsKey] = ((), (), ())
+
+
+def constraints_key(g: TaskGroup) -> ConstraintsKey:
+    """A task group's placement constraints in canonical form (``NO_CONSTRAINTS`` itself, the
+    same object, when it has none)."""
+    if not (g.node_selector or g.node_affinity or g.tolerations):
+        return NO_CONSTRAINTS
+    selector = tuple(sorted({(label.key, label.value) for label in g.node_selector}))
+    terms = tuple(sorted({_term(t.match_expressions) for t in g.node_affinity}))
+    tolerations = tuple(sorted({(t.key, t.operator, t.value, t.effect) for t in g.tolerations}))
+    return selector, terms, tolerations
+
+
+def _term(requirements: tuple[NodeSelectorRequirement, ...]) -> tuple[Requirement, ...]:
+    return tuple(sorted({(r.key, r.operator, tuple(sorted(set(r.values)))) for r in requirements}))
 
 
 class TaskShape(NamedTuple):
@@ -30,6 +57,8 @@ class TaskShape(NamedTuple):
     gpu_milli: int
     gpu_models: tuple[str, ...]
     """Sorted, without repeats: the models a task may use (empty: any)."""
+    constraints: ConstraintsKey = ((), (), ())
+    """Its selector, affinity terms and tolerations, canonical (:func:`constraints_key`)."""
 
 
 class SubmissionSpec(NamedTuple):
@@ -62,7 +91,15 @@ def merged_tasks(shapes: list[TaskShape]) -> tuple[TaskShape, ...]:
 def submission_spec(event: JobSubmitted) -> SubmissionSpec:
     """The canonical spec of ``event`` (see the module docstring for what counts)."""
     shapes = [
-        TaskShape(g.count, g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, tuple(sorted(set(g.gpu_models))))
+        TaskShape(
+            g.count,
+            g.cpu_milli,
+            g.mem_mib,
+            g.gpu_count,
+            g.gpu_milli,
+            tuple(sorted(set(g.gpu_models))),
+            constraints_key(g),
+        )
         for g in event.task_groups
     ]
     return SubmissionSpec(
@@ -84,9 +121,11 @@ def same_submission(a: JobSubmitted, b: JobSubmitted) -> bool:
 def spec_differences(old: SubmissionSpec, new: SubmissionSpec) -> list[str]:
     """The fields in which ``new`` differs from ``old``, as ``field: old -> new`` (tasks shown as
     their runs), for an error message that says what changed."""
-    out = [f"{name}: {before!r} -> {after!r}"
-           for name, before, after in zip(SubmissionSpec._fields[:-1], old[:-1], new[:-1], strict=True)
-           if before != after]
+    out = [
+        f"{name}: {before!r} -> {after!r}"
+        for name, before, after in zip(SubmissionSpec._fields[:-1], old[:-1], new[:-1], strict=True)
+        if before != after
+    ]
     if old.tasks != new.tasks:
         out.append(f"tasks: {_tasks_text(old.tasks)} -> {_tasks_text(new.tasks)}")
     return out
@@ -95,6 +134,7 @@ def spec_differences(old: SubmissionSpec, new: SubmissionSpec) -> list[str]:
 def _tasks_text(tasks: tuple[TaskShape, ...]) -> str:
     return ", ".join(
         f"{t.copies}x(cpu_milli={t.cpu_milli}, mem_mib={t.mem_mib}, gpu_count={t.gpu_count}, "
-        f"gpu_milli={t.gpu_milli}{', gpu_models=' + '/'.join(t.gpu_models) if t.gpu_models else ''})"
+        f"gpu_milli={t.gpu_milli}{', gpu_models=' + '/'.join(t.gpu_models) if t.gpu_models else ''}"
+        f"{', constraints=' + repr(t.constraints) if t.constraints != NO_CONSTRAINTS else ''})"
         for t in tasks
     )

@@ -82,6 +82,7 @@ _REQUEUE_WHAT = {
     "node_unhealthy": "node unhealthy",
     "node_reshaped": "node reshaped",
     "node_removed": "node removed",
+    "node_tainted": "node tainted NoExecute",
 }
 
 

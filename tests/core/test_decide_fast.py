@@ -18,6 +18,7 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -31,7 +32,16 @@ from fleetlog.core.memo import Memos
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import DecisionBatch, Event, TaskFinished
-from fleetlog.events.model import JobPlaced
+from fleetlog.events.model import (
+    JobPlaced,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeLabel,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Taint,
+    Toleration,
+)
 from tests.core.builders import job, node
 
 CONFIG = CoreConfig(node_timeout_ms=60_000, shape_window=64, shape_mix_every=16)
@@ -50,14 +60,17 @@ def general_path_only() -> Iterator[None]:
         decide_module.MERGED_RUNS = True
 
 
-def inputs(rng: random.Random, step: int, placed: list[str], cells: int, tenants: int = 1) -> list[Event]:
-    """Some arrivals, finishes and node changes, seeded."""
+def inputs(
+    rng: random.Random, step: int, placed: list[str], cells: int, tenants: int = 1, constraints: bool = False
+) -> list[Event]:
+    """Some arrivals, finishes and node changes, seeded; with ``constraints``, nodes with
+    labels and taints (some cordoned or tainted ``NoExecute`` later) and jobs with selectors,
+    affinity and tolerations (gangs of two classes among them)."""
     events: list[Event] = []
     if step == 0:
         for i in range(12):
-            events.append(
-                node(f"n{i}", gpus=(2, 4, 8)[i % 3], cpu=(16_000, 64_000)[i % 2], cell=f"c{i % cells}")
-            )
+            hb = node(f"n{i}", gpus=(2, 4, 8)[i % 3], cpu=(16_000, 64_000)[i % 2], cell=f"c{i % cells}")
+            events.append(node_attrs(rng, hb) if constraints else hb)
     for k in range(rng.randint(1, 12)):
         name = f"s{step}-{k}"
         kind = rng.random()
@@ -83,31 +96,76 @@ def inputs(rng: random.Random, step: int, placed: list[str], cells: int, tenants
         else:
             allowed = rng.choice([("c0",), ("c0",), ("c9",), ("c0", "c9")])  # (c9: a cell of no node)
             events.append(job(name, gpus=1, milli=500, cells=allowed))
+        if constraints and rng.random() < 0.6:
+            events[-1] = constrain(rng, events[-1])  # type: ignore[arg-type]
     for _ in range(rng.randint(0, 6)):
         if placed:
             events.append(TaskFinished(job_id=placed.pop(rng.randrange(len(placed))), task_index=0))
     if rng.random() < 0.2:  # a node goes down, comes back, or changes shape
         i = rng.randrange(12)
-        events.append(
-            node(
-                f"n{i}",
-                gpus=rng.choice([2, 4, 8]),
-                cpu=64_000,
-                healthy=rng.random() < 0.6,
-                cell=f"c{i % cells}",
-            )
+        hb = node(
+            f"n{i}", gpus=rng.choice([2, 4, 8]), cpu=64_000, healthy=rng.random() < 0.6, cell=f"c{i % cells}"
         )
+        events.append(node_attrs(rng, hb) if constraints else hb)
+    if constraints and rng.random() < 0.3:  # new labels, taints or a cordon, same shape
+        i = rng.randrange(12)
+        shape = {"gpus": (2, 4, 8)[i % 3], "cpu": (16_000, 64_000)[i % 2], "cell": f"c{i % cells}"}
+        events.append(node_attrs(rng, node(f"n{i}", **shape)))  # type: ignore[arg-type]
     return events
 
 
-def run_three(policy: Policy, seed: int, cells: int = 1, steps: int = 40, tenants: int = 1) -> int:
+ZONES = ("a", "b", "c")
+
+
+def node_attrs(rng: random.Random, hb: NodeHeartbeat) -> NodeHeartbeat:
+    """``hb`` with random labels, taints and maybe a cordon."""
+    taints = []
+    if rng.random() < 0.4:
+        taints.append(Taint(key="gpu", value="present", effect="NoSchedule"))
+    if rng.random() < 0.1:
+        taints.append(Taint(key="maint", effect="NoExecute"))
+    return msgspec.structs.replace(
+        hb,
+        labels={"zone": rng.choice(ZONES), **({"fast": "yes"} if rng.random() < 0.5 else {})},
+        taints=tuple(taints),
+        unschedulable=rng.random() < 0.08,
+    )
+
+
+def constrain(rng: random.Random, j: JobSubmitted) -> JobSubmitted:
+    """``j`` with random constraints on each group (a gang may get a second class)."""
+    groups = list(j.task_groups)
+    if groups[0].count > 1 and rng.random() < 0.5:  # split the gang: two groups, two classes
+        g = groups[0]
+        groups = [msgspec.structs.replace(g, count=1), msgspec.structs.replace(g, count=g.count - 1)]
+    out = []
+    for g in groups:
+        fields: dict[str, object] = {}
+        if rng.random() < 0.6:
+            fields["tolerations"] = (Toleration(key="gpu", operator="Exists"),) + (
+                (Toleration(key="maint", operator="Exists"),) if rng.random() < 0.3 else ()
+            )
+        if rng.random() < 0.3:
+            fields["node_selector"] = (NodeLabel("zone", rng.choice(ZONES)),)
+        if rng.random() < 0.3:
+            op = rng.choice(["In", "NotIn", "Exists", "DoesNotExist"])
+            values = (rng.choice(ZONES),) if op in ("In", "NotIn") else ()
+            key = "zone" if values else "fast"
+            fields["node_affinity"] = (NodeSelectorTerm((NodeSelectorRequirement(key, op, values),)),)  # type: ignore[arg-type]
+        out.append(msgspec.structs.replace(g, **fields))
+    return msgspec.structs.replace(j, task_groups=tuple(out))
+
+
+def run_three(
+    policy: Policy, seed: int, cells: int = 1, steps: int = 40, tenants: int = 1, constraints: bool = False
+) -> int:
     """Feed three states alike; compare their decisions at every step; how many placements."""
     rng = random.Random(seed)
     normal, forgetful, general = State(CONFIG), State(CONFIG), State(CONFIG)
     placed: list[str] = []
     now, total = 1_000, 0
     for step in range(steps):
-        for event in inputs(rng, step, placed, cells, tenants):
+        for event in inputs(rng, step, placed, cells, tenants, constraints):
             now += 1
             for state in (normal, forgetful, general):
                 fold(state, event, now)
@@ -147,7 +205,8 @@ def test_fast_paths_decide_as_the_general_path(name: str, seed: int) -> None:
 @pytest.mark.parametrize("name", sorted(POLICIES))
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_merged_runs_of_several_tenants_decide_as_the_turns_one_tenant_at_a_time(
-        name: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Three tenants: the turns foreseen and placed as merged runs (``decide.merged``) against
     the turns taken one at a time by the general path; merged runs did run, and ended both
     ways (every job placed, and one not placed)."""
@@ -163,6 +222,19 @@ def test_merged_runs_of_several_tenants_decide_as_the_turns_one_tenant_at_a_time
     assert run_three(POLICIES[name], seed, tenants=3, steps=60) > 20
     assert True in ends  # a run placed whole
     assert False in ends  # a run that ended at a job not placed
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fast_paths_decide_as_the_general_path_with_constraints(name: str, seed: int) -> None:
+    """Selectors, affinity, taints, tolerations, cordons and NoExecute evictions on the way:
+    one-task jobs of one class run through place_singles, gangs of two classes through node kinds."""
+    assert run_three(POLICIES[name], seed, constraints=True, steps=60) > 10
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_two_cells_with_constraints_decide_as_the_general_path(seed: int) -> None:
+    assert run_three(Policy(), seed, cells=2, constraints=True) > 10
 
 
 @pytest.mark.parametrize("seed", [4, 5])

@@ -114,7 +114,7 @@ SNAPSHOTTED = {
     "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shapes_seen", "mix_due",
     "reason_text", "reason_codes", "pending_count", "requeues", "duplicates", "ignored",
     "dispatches", "dispatched_seq", "returned", "summaries", "retired_order", "retired_rows",
-    "retired_counts",
+    "retired_counts", "node_attrs", "classes",
 }  # fmt: skip
 REBUILT_ON_RESTORE = {
     "shape_stats",
@@ -122,7 +122,8 @@ REBUILT_ON_RESTORE = {
     "held",
     "next_return_ms",
     "retired",
-}  # (from recent_shapes; the collections; dispatches; retired_order)
+    "class_ids",
+}  # (from recent_shapes; the collections; dispatches; retired_order; classes)
 DERIVED = {"derived"}
 
 
@@ -130,5 +131,5 @@ def test_every_state_attribute_is_snapshotted_rebuilt_or_derived() -> None:
     assert set(vars(State())) == SNAPSHOTTED | REBUILT_ON_RESTORE | DERIVED
     assert set(Derived.__slots__) == {
         "job_keys", "key_ids", "text_ids", "text_index", "beat_cache", "steady_ids", "steady_gone",
-        "fit_memo", "decide_memo",
+        "fit_memo", "decide_memo", "attrs_version", "eligibility",
     }  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +31,7 @@ from fleetlog.events import (
     TaskPreempted,
     TaskStarted,
 )
+from fleetlog.events.model import NodeLabel, Taint, Toleration
 from tests.core.builders import job, node, quota
 
 NODES = [f"n{i}" for i in range(6)]
@@ -284,7 +286,7 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
     w.decide()
     beat_weight = draw(st.sampled_from([1, 6, 30]))  # (fold_lists' fast path and its fallback)
     for _ in range(draw(st.integers(10, 120))):
-        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGddDu"))
+        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGddDuTC"))
         name = draw(st.sampled_from(NODES))
         step, back = draw(st.integers(0, 40)), draw(st.sampled_from([0, 0, 0, 50]))
         if kind == "b":
@@ -307,6 +309,34 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
             w.put(
                 {"R": RESHAPED, "U": SICK}[kind][name] if kind != "x" else NodeRemoved(cell="c1", node=name)
             )
+        elif kind == "T":  # labels, taints (NoExecute: evicts), a cordon, or none again
+            hb = BEATS[name]
+            attrs = draw(
+                st.sampled_from(
+                    [
+                        {},
+                        {"labels": {"zone": "a"}},
+                        {"unschedulable": True},
+                        {"taints": (Taint(key="m", effect="NoExecute"),)},
+                        {"taints": (Taint(key="g", value="x", effect="NoSchedule"),)},
+                    ]
+                )
+            )
+            w.put(msgspec.structs.replace(hb, **attrs), step, back)
+        elif kind == "C":  # a submission with constraints
+            base = _submission(draw, w)
+            assert isinstance(base, JobSubmitted)
+            extra = draw(
+                st.sampled_from(
+                    [
+                        {"tolerations": (Toleration(operator="Exists"),)},
+                        {"node_selector": (NodeLabel("zone", "a"),)},
+                        {"tolerations": (Toleration(key="g", value="x"),)},
+                    ]
+                )
+            )
+            groups = tuple(msgspec.structs.replace(g, **extra) for g in base.task_groups)
+            w.put(msgspec.structs.replace(base, task_groups=groups), step, back)
         elif kind == "D":  # a resent submission (a duplicate job id)
             w.put(job(f"j{draw(st.integers(0, max(0, w.jobs - 1)))}"), step, back)
         elif kind == "u":  # observations of a job and a node the state never saw

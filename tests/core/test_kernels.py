@@ -207,7 +207,11 @@ def test_model_restriction(kernels: Any) -> None:
     arrays = cluster.arrays()
     assert kernels.fits(2, *arrays, *gpu_task(gpus=4).args())
     assert not kernels.fits(2, *arrays, *gpu_task(gpus=4, models=bits(0)).args())
-    assert kernels.fits(3, *arrays, *Task(models=bits(5)).args())  # CPU-only ignores models
+    # every task's mask is checked (fold gives a task without GPUs 0; decide's node kinds rely on it)
+    assert kernels.fits(0, *arrays, *Task(models=bits(1)).args())
+    assert not kernels.fits(0, *arrays, *Task(models=bits(5)).args())
+    assert not kernels.fits(3, *arrays, *Task(models=bits(5)).args())  # (no model: only mask 0)
+    assert kernels.fits(3, *arrays, *Task().args())
 
 
 @pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])

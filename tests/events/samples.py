@@ -15,9 +15,13 @@ from fleetlog.events import (
     JobReturned,
     JobSubmitted,
     NodeHeartbeat,
+    NodeLabel,
     NodeRemoved,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
     QuotaSet,
     Resources,
+    Taint,
     TaskFailed,
     TaskFinished,
     TaskGroup,
@@ -25,6 +29,7 @@ from fleetlog.events import (
     TaskPreempted,
     TaskStarted,
     TenantUsage,
+    Toleration,
 )
 
 
@@ -64,6 +69,50 @@ ALL_EVENTS: list[Event] = [
         labels={"zone": "eu-1", "kubernetes.io/arch": "amd64"},
     ),
     NodeHeartbeat(cell="cell-a", node="cpu-7", cpu_milli=8000, mem_mib=32_768, healthy=False),
+    NodeHeartbeat(
+        cell="cell-a",
+        node="gpu-9",
+        cpu_milli=64_000,
+        mem_mib=262_144,
+        gpu_count=4,
+        gpu_model="H100",
+        labels={"zone": "eu-2"},
+        taints=(
+            Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule"),
+            Taint(key="maintenance", effect="NoExecute"),
+        ),
+        unschedulable=True,
+    ),
+    JobSubmitted(
+        job_id="j3",
+        tenant="t",
+        task_groups=(
+            TaskGroup(
+                count=2,
+                cpu_milli=1000,
+                mem_mib=1024,
+                gpu_count=1,
+                gpu_milli=1000,
+                node_selector=(NodeLabel(key="zone", value="eu-2"),),
+                node_affinity=(
+                    NodeSelectorTerm(
+                        match_expressions=(
+                            NodeSelectorRequirement(key="gpu-class", operator="In", values=("big", "huge")),
+                            NodeSelectorRequirement(key="spot", operator="DoesNotExist"),
+                        )
+                    ),
+                    NodeSelectorTerm(
+                        match_expressions=(NodeSelectorRequirement(key="reserved", operator="Exists"),)
+                    ),
+                ),
+                tolerations=(
+                    Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+                    Toleration(key="maintenance", value="", effect="NoExecute"),
+                    Toleration(operator="Exists"),
+                ),
+            ),
+        ),
+    ),
     NodeRemoved(cell="cell-a", node="node-0001"),
     TaskStarted(job_id="job-1", task_index=0, node="node-0001"),
     TaskFinished(job_id="job-1", task_index=0, exit_code=0),
@@ -90,8 +139,14 @@ ALL_EVENTS: list[Event] = [
         ),
     ),
     JobDispatched(job=job(), cell="cell-b", attempt=2, seq=17, as_of=4242),
-    JobReturned(job_id="job-1", cell="cell-a", attempt=1, reason="gang_does_not_fit_topology",
-                message="no rack has 8 free GPUs; best 5", as_of=99),
+    JobReturned(
+        job_id="job-1",
+        cell="cell-a",
+        attempt=1,
+        reason="gang_does_not_fit_topology",
+        message="no rack has 8 free GPUs; best 5",
+        as_of=99,
+    ),
     CellSummary(
         cell="cell-a",
         partition=3,
@@ -101,8 +156,11 @@ ALL_EVENTS: list[Event] = [
         total=Resources(cpu_milli=96_000_000, mem_mib=786_432_000, gpu_milli=8_000_000),
         dispatched_seq=16,
         pending=4,
-        free=(FreeSlots("", 0, 40, 320_000, 1_280_000), FreeSlots("A100", 1, 64, 900_000, 7_000_000),
-              FreeSlots("A100", 8, 6, 900_000, 7_000_000)),
+        free=(
+            FreeSlots("", 0, 40, 320_000, 1_280_000),
+            FreeSlots("A100", 1, 64, 900_000, 7_000_000),
+            FreeSlots("A100", 8, 6, 900_000, 7_000_000),
+        ),
         usage=(TenantUsage("team-a", 64_000, 512_000, 16_000), TenantUsage("team-b", 1000, 1024, 0)),
     ),
 ]

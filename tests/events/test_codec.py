@@ -107,13 +107,23 @@ BAD_INPUTS: list[tuple[str, bytes, bytes | None, type[BadEventError], str]] = [
     ("a JSON number", b" 42", JSON, UndecodableError, "not a JSON object ('42'"),
     ("a JSON string", b'"job"', JSON, UndecodableError, "not a JSON object"),
     ("plain text as JSON", b"hello", JSON, UndecodableError, "not a JSON object ('hello'"),
-    ("JSON with a BOM", b"\xef\xbb\xbf" + _json_env(**_valid_job_fields()), JSON, UndecodableError,
-     "byte-order mark"),
+    (
+        "JSON with a BOM",
+        b"\xef\xbb\xbf" + _json_env(**_valid_job_fields()),
+        JSON,
+        UndecodableError,
+        "byte-order mark",
+    ),
     # without a content-type header, the first byte would be a msgpack integer: say what it is
     ("plain text, no header", b"hello world\n", None, UndecodableError, "text 'hello world\\n', neither"),
     ("a JSON array, no header", b'[{"schema_version": 1}]', None, UndecodableError, "a JSON array"),
-    ("JSON with a BOM, no header", b"\xef\xbb\xbf" + _json_env(**_valid_job_fields()), None,
-     UndecodableError, "byte-order mark"),
+    (
+        "JSON with a BOM, no header",
+        b"\xef\xbb\xbf" + _json_env(**_valid_job_fields()),
+        None,
+        UndecodableError,
+        "byte-order mark",
+    ),
     ("a msgpack array", b"\x93\x01\x02\x03", None, UndecodableError, "0x93 does not start a map"),
     ("a msgpack integer", b"\x05", None, UndecodableError, "0x05 does not start a map"),
     ("JSON, latin-1", b"{}", b"application/json; charset=latin-1", UnknownContentTypeError, "'latin-1'"),
@@ -203,7 +213,7 @@ def test_bad_input_gets_a_named_error(
         (b"Application/JSON", "json"),
         (b"APPLICATION/JSON", "json"),
         (b"application/json; charset=utf-8", "json"),
-        (b"Application/Json;Charset=\"UTF-8\"", "json"),
+        (b'Application/Json;Charset="UTF-8"', "json"),
         (b"application/json ; charset=US-ASCII ; foo=bar", "json"),
         (b" application/json", "json"),
         (b"Application/MsgPack", "msgpack"),
@@ -217,8 +227,14 @@ def test_content_type_is_case_insensitive_and_takes_parameters(content_type: byt
     assert decode_many([(data, content_type)]) == [env]
 
 
-REFUSED_TYPES = [b"text/plain", b"application/jsonx", b"json", b"", b"application/json; charset=latin-1",
-                 b"application/json; charset=utf-16"]
+REFUSED_TYPES = [
+    b"text/plain",
+    b"application/jsonx",
+    b"json",
+    b"",
+    b"application/json; charset=latin-1",
+    b"application/json; charset=utf-16",
+]
 
 
 @pytest.mark.parametrize("content_type", REFUSED_TYPES)

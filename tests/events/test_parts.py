@@ -107,8 +107,12 @@ def worst_job_placed(tasks: int) -> JobPlaced:
 
 def test_the_largest_placement_a_valid_job_can_get_fits_in_one_record() -> None:
     batch = DecisionBatch(
-        as_of=(1 << 63) - 1, digest="f" * 128, decisions=(worst_job_placed(MAX_TASKS_PER_JOB),), policy=NAME,
-        part=MAX_DECISION_PARTS - 1, parts=MAX_DECISION_PARTS,
+        as_of=(1 << 63) - 1,
+        digest="f" * 128,
+        decisions=(worst_job_placed(MAX_TASKS_PER_JOB),),
+        policy=NAME,
+        part=MAX_DECISION_PARTS - 1,
+        parts=MAX_DECISION_PARTS,
     )
     value = encode(envelope(batch, NAME, key=NAME))
     assert len(value) <= DECISION_RECORD_BYTES

@@ -20,9 +20,14 @@ from fleetlog.events import (
     JobCancelled,
     JobSubmitted,
     NodeHeartbeat,
+    NodeLabel,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
     QuotaSet,
     Resources,
+    Taint,
     TaskGroup,
+    Toleration,
     encode,
     envelope,
 )
@@ -213,9 +218,29 @@ def test_fuzz_the_consumer_parks_what_it_cannot_read(values: list[bytes], with_g
 # --- identifiers are printable -------------------------------------------------------------
 
 NOT_PRINTABLE = [
-    "\x00", "\x1b[31m", "\n", "\r", "\t", " ", "\x7f", "\x85", "\xa0", "\xad", "\u061c", "\u1680",
-    "\u200b", "\u200d", "\u200e", "\u2028", "\u2029", "\u202a", "\u202e", "\u2066", "\u2069",
-    "\u3000", "\ufeff",
+    "\x00",
+    "\x1b[31m",
+    "\n",
+    "\r",
+    "\t",
+    " ",
+    "\x7f",
+    "\x85",
+    "\xa0",
+    "\xad",
+    "\u061c",
+    "\u1680",
+    "\u200b",
+    "\u200d",
+    "\u200e",
+    "\u2028",
+    "\u2029",
+    "\u202a",
+    "\u202e",
+    "\u2066",
+    "\u2069",
+    "\u3000",
+    "\ufeff",
 ]
 
 
@@ -229,8 +254,9 @@ def test_ids_refuse_control_space_and_format_characters(bad: str, where: str) ->
     job_id = {"start": bad + "job", "middle": "jo" + bad + "b", "end": "job" + bad}[where]
     with pytest.raises(InvalidEventError, match=r"printable identifier .* at `\$\.event\.job_id`"):
         decode(_cancel_json(job_id), JSON)
-    packed = msgspec.msgpack.encode({"schema_version": 1, "producer_id": "p",
-                                     "event": {"type": "JobCancelled", "job_id": job_id}})
+    packed = msgspec.msgpack.encode(
+        {"schema_version": 1, "producer_id": "p", "event": {"type": "JobCancelled", "job_id": job_id}}
+    )
     (result,) = decode_many([(packed, None)])  # the msgpack fast path checks it too
     assert isinstance(result, InvalidEventError)
 
@@ -251,10 +277,23 @@ def test_every_id_field_of_a_submission_is_checked(field: str) -> None:
 def test_node_quota_and_label_ids_are_checked() -> None:
     for event in [
         {"type": "NodeHeartbeat", "cell": "c", "node": "n\x1b", "cpu_milli": 1, "mem_mib": 1},
-        {"type": "NodeHeartbeat", "cell": "c", "node": "n", "cpu_milli": 1, "mem_mib": 1,
-         "labels": {"k\n": "v"}},
-        {"type": "NodeHeartbeat", "cell": "c", "node": "n", "cpu_milli": 1, "mem_mib": 1,
-         "gpu_count": 1, "gpu_model": "A100\u202e"},
+        {
+            "type": "NodeHeartbeat",
+            "cell": "c",
+            "node": "n",
+            "cpu_milli": 1,
+            "mem_mib": 1,
+            "labels": {"k\n": "v"},
+        },
+        {
+            "type": "NodeHeartbeat",
+            "cell": "c",
+            "node": "n",
+            "cpu_milli": 1,
+            "mem_mib": 1,
+            "gpu_count": 1,
+            "gpu_model": "A100\u202e",
+        },
         {"type": "QuotaSet", "tenant": "t", "nominal": {}, "cohort": "a b"},
         {"type": "QuotaSet", "tenant": "t", "nominal": {}, "cell": "\u200bc"},
     ]:
@@ -305,8 +344,10 @@ def test_repeated_json_keys_are_refused(data: bytes) -> None:
 
 
 def test_distinct_keys_in_different_objects_are_fine() -> None:
-    data = json_envelope(b'{"type":"NodeHeartbeat","cell":"c","node":"n","cpu_milli":1,"mem_mib":1,'
-                         b'"labels":{"cell":"x","node":"y"}}')
+    data = json_envelope(
+        b'{"type":"NodeHeartbeat","cell":"c","node":"n","cpu_milli":1,"mem_mib":1,'
+        b'"labels":{"cell":"x","node":"y"}}'
+    )
     assert isinstance(decode(data, JSON).event, NodeHeartbeat)
 
 
@@ -330,13 +371,17 @@ def _id_fields_by_schema(struct: type) -> set[str]:
 def test_the_id_table_lists_every_identifier_field_of_every_input() -> None:
     for event_type in INPUT_TYPES:
         listed = {field for field, _ in ID_FIELDS[event_type]}
-        nested = {"task_groups"} if event_type is JobSubmitted else set()
+        nested = {JobSubmitted: {"task_groups"}, NodeHeartbeat: {"taints"}}.get(event_type, set())
         assert listed == _id_fields_by_schema(event_type) | nested, event_type.__name__
-    assert _id_fields_by_schema(TaskGroup) == {"gpu_models"}
+    # (group_ids: the models and the keys of its constraints)
+    assert _id_fields_by_schema(TaskGroup) == {"gpu_models", "node_selector", "node_affinity", "tolerations"}
+    for struct in (NodeLabel, NodeSelectorRequirement, Toleration, Taint):
+        assert _id_fields_by_schema(struct) == {"key"}, struct.__name__
 
 
-@pytest.mark.parametrize("event", [e for e in ALL_EVENTS if isinstance(e, INPUT_TYPES)],
-                         ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize(
+    "event", [e for e in ALL_EVENTS if isinstance(e, INPUT_TYPES)], ids=lambda e: type(e).__name__
+)
 def test_the_fast_check_and_the_locator_agree_on_every_identifier(event: object) -> None:
     """Each identifier of each input, made unprintable in turn: the one-search fast check flags
     it, and the error names its path."""
@@ -349,14 +394,34 @@ def test_the_fast_check_and_the_locator_agree_on_every_identifier(event: object)
             bad, path = msgspec.structs.replace(event, **{field: ("ok", "x\n")}), f".{field}[1]"
         elif how == "keys":
             bad, path = msgspec.structs.replace(event, **{field: {"x\x1b": "v"}}), f".{field}['x\\x1b']"
+        elif how == "taints":
+            taints = (Taint(key="ok", effect="NoSchedule"), Taint(key="bad\u200b", effect="NoExecute"))
+            bad, path = msgspec.structs.replace(event, taints=taints), f".{field}[1].key"
         else:
             group = msgspec.structs.replace(value[0], gpu_models=("A100", "T4 "))
             bad, path = msgspec.structs.replace(event, task_groups=(group,)), f".{field}[0].gpu_models[1]"
-        with pytest.raises(InvalidEventError) as caught:
-            decode(encode(envelope(bad, "p")))
-        assert caught.value.message.endswith(f"at `$.event{path}`"), caught.value.message
-        (result,) = decode_many([(encode(envelope(bad, "p")), None)])
-        assert isinstance(result, InvalidEventError)
+        cases = [(bad, path)]
+        if how == "groups":  # the keys its constraints name
+            plain = msgspec.structs.replace(value[0], gpu_models=())
+            term = NodeSelectorTerm(
+                (NodeSelectorRequirement("ok", "Exists"), NodeSelectorRequirement("k\n", "Exists"))
+            )
+            for fields, where in (
+                ({"node_selector": (NodeLabel("z\x7f", "v"),)}, ".node_selector[0].key"),
+                ({"node_affinity": (term,)}, ".node_affinity[0].match_expressions[1].key"),
+                (
+                    {"tolerations": (Toleration(operator="Exists"), Toleration(key="t\u2028"))},
+                    ".tolerations[1].key",
+                ),
+            ):
+                group = msgspec.structs.replace(plain, **fields)
+                cases.append((msgspec.structs.replace(event, task_groups=(group,)), f".{field}[0]{where}"))
+        for bad, path in cases:
+            with pytest.raises(InvalidEventError) as caught:
+                decode(encode(envelope(bad, "p")))
+            assert caught.value.message.endswith(f"at `$.event{path}`"), caught.value.message
+            (result,) = decode_many([(encode(envelope(bad, "p")), None)])
+            assert isinstance(result, InvalidEventError)
 
 
 _LABEL_KEYS = st.sampled_from(["a", "b", ":", '":', "\\", 'x":"y', "é", "k:v"]) | st.text(
@@ -381,8 +446,10 @@ def test_the_fast_repeated_key_check_agrees_with_a_full_parse(
     pairs = ", ".join(f"{dumps(k)} : {dumps(v)}" for k, v in labels)
     extra = ', "cell": "c2"' if repeat_cell else ""
     extra += ', "healthy": true, "gpu_count": 0' if explicit_default else ""
-    text = ('{"schema_version": 1, "producer_id": "p", "event": {"type": "NodeHeartbeat", "cell": "c",'
-            f' "node": "n", "cpu_milli": 1, "mem_mib": 1, "labels": {{{pairs}}}{extra}}}}}').encode()
+    text = (
+        '{"schema_version": 1, "producer_id": "p", "event": {"type": "NodeHeartbeat", "cell": "c",'
+        f' "node": "n", "cpu_milli": 1, "mem_mib": 1, "labels": {{{pairs}}}{extra}}}}}'
+    ).encode()
     repeated = repeat_cell or len({k for k, _ in labels}) != len(labels)
     if repeated:
         with pytest.raises(DuplicateKeyError):

@@ -78,13 +78,16 @@ def test_the_schema_refuses_what_the_service_refuses(doc: dict[str, Any]) -> Non
     assert not VALIDATOR.is_valid(doc)
 
 
-@pytest.mark.parametrize("doc", [
-    pytest.param(job(group(2, 1000), group(1, 1), group(ABSENT, 0), group()), id="gpu-shapes"),
-    pytest.param(job(group(64, 1000), group(1, 1000), group(0, 0)), id="at-the-limits"),
-    pytest.param(node(), id="cpu-node"),
-    pytest.param(node(8, "A100"), id="gpu-node"),
-    pytest.param(node(0, ""), id="no-gpus-no-model"),
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(job(group(2, 1000), group(1, 1), group(ABSENT, 0), group()), id="gpu-shapes"),
+        pytest.param(job(group(64, 1000), group(1, 1000), group(0, 0)), id="at-the-limits"),
+        pytest.param(node(), id="cpu-node"),
+        pytest.param(node(8, "A100"), id="gpu-node"),
+        pytest.param(node(0, ""), id="no-gpus-no-model"),
+    ],
+)
 def test_the_schema_takes_what_the_service_takes(doc: dict[str, Any]) -> None:
     assert service_accepts(doc)
     assert VALIDATOR.is_valid(doc), list(VALIDATOR.iter_errors(doc))
@@ -122,8 +125,14 @@ def test_what_the_schema_cannot_say_is_listed_and_documented() -> None:
 
 
 def test_the_schema_command_prints_what_is_validated_here() -> None:
-    done = subprocess.run([sys.executable, "-m", "fleetlog.cli", "schema", "--compact"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetlog.cli", "schema", "--compact"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     schema = json.loads(done.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
     assert not jsonschema.Draft202012Validator(schema).is_valid(job(group(2, 500)))

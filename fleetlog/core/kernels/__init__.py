@@ -10,7 +10,8 @@ int16[N, 64] (free milli-share per GPU, 1000 = fully free; the first ``gpu_count
 meaningful), ``gpu_count`` int32, ``node_model`` int32 (GPU model id 0..63, -1 for none).
 
 A task is (cpu, mem, gpus, milli, models): ``milli`` is the per-GPU share (1000 = whole GPUs;
-below 1000 only with ``gpus == 1``); ``models`` is a uint64 bitmask of allowed GPU models, 0 = any.
+below 1000 only with ``gpus == 1``); ``models`` is a uint64 bitmask of allowed GPU models, 0 = any,
+checked for every task (so that decide may pass node kinds in their place: ``fitting.node_kinds``).
 ``shapes`` is int64[K, 4] of rows (gpus, milli, cpu, weight): the recent task-shape mix used by FGD.
 
 Scores are pairs ``(primary, secondary)`` of int64, lower is better, compared lexicographically

@@ -189,7 +189,7 @@ def _copies(cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, ta
             units += free == FULL_GPU
         elif milli > 0:
             units += max(free, 0) // milli
-    if cpu_avail < cpu or mem_avail < mem or (gpus > 0 and not _model_ok(models, model)):
+    if cpu_avail < cpu or mem_avail < mem or not _model_ok(models, model):
         return 0, total
     most = UNBOUNDED
     most = min(most, cpu_avail // cpu) if cpu > 0 else most

@@ -127,7 +127,7 @@ def _fgd_floor(
     """(fits, a floor under the FGD increase, the secondary score): ``fits`` and the secondary
     are exactly ``_eval``'s; the increase is at least the floor (see above)."""
     cpu, mem, gpus, milli, models = task
-    if cpu_avail < cpu or mem_avail < mem or (gpus > 0 and not _model_ok(models, model)):
+    if cpu_avail < cpu or mem_avail < mem or not _model_ok(models, model):
         return False, 0, 0
     total, full, usable, tight = _gpu_summary(row, count, milli)
     if not (gpus <= 0 or usable >= gpus):

@@ -21,7 +21,9 @@ def _has_bit(mask: np.uint64, i: int) -> bool:
 
 @_hot
 def _model_ok(models: np.uint64, model: int) -> bool:
-    """A GPU task may use a node of ``model`` (``models == 0`` allows any, even unknown)."""
+    """A task may use a node of ``model`` (``models == 0`` allows any, even unknown). Checked
+    for every task: fold gives a task without GPUs 0, and decide may pass node *kinds* for
+    models (a gang whose tasks differ in constraints: ``fleetlog.core.fitting.node_kinds``)."""
     allowed = np.uint64(models)
     if allowed == _ZERO:
         return True

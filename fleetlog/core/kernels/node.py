@@ -64,7 +64,7 @@ def _eval(
 ) -> Eval:
     """(fits, primary, secondary) of one task on one node state."""
     cpu, mem, gpus, milli, models = task
-    if cpu_avail < cpu or mem_avail < mem or (gpus > 0 and not _model_ok(models, model)):
+    if cpu_avail < cpu or mem_avail < mem or not _model_ok(models, model):
         return False, 0, 0
     fit, total = _gpu_fit(row, count, gpus, milli)
     if not fit:
