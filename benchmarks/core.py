@@ -10,6 +10,11 @@
 - ``decide_single_per_s``: single-task placements per second (1-GPU tasks) at N nodes, for
   N in 1k / 10k / 100k (10k / 1k for --quick), with best-fit and FGD scoring;
 - ``decide_gang_per_s``: gangs of 8 tasks x 8 GPUs in one rack, placed per second at 10k nodes;
+- ``decide_single_*_constrained_per_s``, ``decide_gang_*_constrained_per_s``: the same with
+  placement constraints (docs/scheduling.md): every node labelled with one of four zones, one
+  node in three tainted ``NoSchedule``, one in 50 cordoned; every task tolerating the taint
+  (one constraint class); ``*_4_classes_per_s``: each tenant's tasks also select a zone of
+  their own (four classes, a quarter of the fleet each, the tenants' jobs interleaved);
 - ``decide_pending_100k_s``: one decide over 100,000 pending jobs on a full 1k-node fleet
   (the failed-shape cache at work);
 - ``bytes_per_node``, ``bytes_per_pending_job``: state memory (numpy columns; interned names
@@ -25,6 +30,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
+
 from benchmarks.common import emit, machine, parse
 from fleetlog.core import decide_fast, explain, fitting, kernels, kernels_ref, memo, scratch
 from fleetlog.core.decide import decide
@@ -32,7 +39,7 @@ from fleetlog.core.fold import fold
 from fleetlog.core.fold_batch import fold_many
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import State
-from fleetlog.events import Event, JobSubmitted, NodeHeartbeat, TaskGroup
+from fleetlog.events import Event, JobSubmitted, NodeHeartbeat, NodeLabel, Taint, TaskGroup, Toleration
 
 
 def fleet(n: int) -> Iterator[NodeHeartbeat]:
@@ -62,10 +69,35 @@ def jobs(count: int, tasks: int, gpus: int, topology: bool, prefix: str = "j") -
         )
 
 
-def state_with(nodes: int, events: Iterator[Event]) -> State:
+ZONES = ("za", "zb", "zc", "zd")
+TAINT = Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")
+
+
+def constrained_fleet(n: int) -> Iterator[NodeHeartbeat]:
+    """:func:`fleet` with zone labels, a taint on one node in three, a cordon on one in 50."""
+    for i, hb in enumerate(fleet(n)):
+        yield msgspec.structs.replace(
+            hb, labels={"zone": ZONES[i % 4]}, taints=(TAINT,) * (i % 3 == 0), unschedulable=i % 50 == 49
+        )
+
+
+def constrain(j: JobSubmitted, i: int, classes: int) -> JobSubmitted:
+    """``j`` tolerating the taint, and with 4 ``classes`` selecting zone ``i % 4``."""
+    extra: dict[str, object] = {"tolerations": (Toleration(key=TAINT.key, operator="Exists"),)}
+    if classes == 4:
+        extra["node_selector"] = (NodeLabel("zone", ZONES[i % 4]),)
+    groups = tuple(msgspec.structs.replace(g, **extra) for g in j.task_groups)
+    return msgspec.structs.replace(j, task_groups=groups)
+
+
+def constrained_jobs(stream: Iterator[JobSubmitted], classes: int) -> Iterator[Event]:
+    return (constrain(j, i, classes) for i, j in enumerate(stream)) if classes else stream
+
+
+def state_with(nodes: int, events: Iterator[Event], constrained: bool = False) -> State:
     state = State()
     t = 1
-    for e in (*fleet(nodes), *events):
+    for e in (*(constrained_fleet(nodes) if constrained else fleet(nodes)), *events):
         fold(state, e, t)
     return state
 
@@ -111,17 +143,19 @@ def _fold_rate(pairs: list[tuple[Event, int]], batched: bool) -> float:
     return len(pairs) / (time.perf_counter() - start)
 
 
-def bench_single(nodes: int, scoring: str) -> float:
+def bench_single(nodes: int, scoring: str, classes: int = 0) -> float:
     count = min(nodes * 8, 20_000 if nodes <= 10_000 else 2_000)
-    state = state_with(nodes, jobs(count, 1, 1, False))
+    if classes:
+        count //= 2  # (the eligible capacity: a fleet a little smaller, in four zones)
+    state = state_with(nodes, constrained_jobs(jobs(count, 1, 1, False), classes), classes > 0)
     elapsed, made = time_decide(state, Policy(scoring=scoring))  # type: ignore[arg-type]
     assert made >= count, (made, count)
     return count / elapsed
 
 
-def bench_gang(nodes: int) -> float:
-    count = nodes // 8 // 2
-    state = state_with(nodes, jobs(count, 8, 8, True))
+def bench_gang(nodes: int, classes: int = 0) -> float:
+    count = nodes // 8 // 2 // (2 if classes else 1)
+    state = state_with(nodes, constrained_jobs(jobs(count, 8, 8, True), classes), classes > 0)
     elapsed, made = time_decide(state, Policy(scoring="best-fit"))
     assert made == count
     return count / elapsed
@@ -182,6 +216,12 @@ def main() -> None:
             result[f"decide_single_{scoring}_{n // 1000}k_nodes_per_s"] = bench_single(n, scoring)
     for n in sizes:
         result[f"decide_gang_8x8_rack_{n // 1000}k_nodes_per_s"] = bench_gang(n)
+    for n in sizes[:2]:
+        for classes, name in ((1, "constrained"), (4, "4_classes")):
+            for scoring in ("best-fit", "fgd"):
+                key = f"decide_single_{scoring}_{n // 1000}k_nodes_{name}_per_s"
+                result[key] = bench_single(n, scoring, classes)
+            result[f"decide_gang_8x8_rack_{n // 1000}k_nodes_{name}_per_s"] = bench_gang(n, classes)
     result |= bench_pending(args.quick, args.smoke)
     result |= bench_reference(200 if args.smoke else 2_000)
     emit(result, args.json)
