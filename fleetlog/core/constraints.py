@@ -43,12 +43,17 @@ from fleetlog.core.kernels.eligible import (
     eligible_nodes,
 )
 from fleetlog.events.model import NodeHeartbeat, TaskGroup
-from fleetlog.events.spec import NO_CONSTRAINTS, ConstraintsKey, Requirement, TolerationKey, constraints_key
+from fleetlog.events.spec import (
+    NO_CONSTRAINTS,
+    ConstraintsKey,
+    Requirement,
+    TaintKey,
+    constraints_key,
+    tolerates,
+)
 
 ClassKey = ConstraintsKey
 """A constraint class: a task group's constraints in canonical form (``fleetlog.events.spec``)."""
-TaintKey = tuple[str, str, str]
-"""(key, value, effect) of one taint."""
 NodeAttrs = tuple[tuple[tuple[str, str], ...], tuple[TaintKey, ...], bool]
 """A node's (sorted labels, taints in the heartbeat's order, cordoned)."""
 
@@ -73,20 +78,6 @@ def node_attrs_of(e: NodeHeartbeat) -> NodeAttrs:
 
 
 # --- the spec, in plain Python ------------------------------------------------------------
-
-
-def tolerates(tolerations: Sequence[TolerationKey], taint: TaintKey) -> bool:
-    key, value, effect = taint
-    for t_key, op, t_value, t_effect in tolerations:
-        if t_effect and t_effect != effect:
-            continue
-        if not t_key:
-            if op == "Exists":
-                return True
-            continue
-        if t_key == key and (op == "Exists" or t_value == value):
-            return True
-    return False
 
 
 def untolerated(cls: ClassKey, attrs: NodeAttrs, effects: Sequence[str] = ENFORCED) -> TaintKey | None:

@@ -16,6 +16,7 @@ How the tasks are split into groups (two groups of 1 or one group of 2 alike) an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 from fleetlog.events.model import JobSubmitted, NodeSelectorRequirement, TaskGroup
@@ -30,6 +31,8 @@ ConstraintsKey = tuple[
 """(sorted selector labels, sorted affinity terms of sorted requirements, sorted tolerations):
 equal keys constrain alike, however the entries were ordered or repeated."""
 NO_CONSTRAINTS: Final[ConstraintsKey] = ((), (), ())
+TaintKey = tuple[str, str, str]
+"""(key, value, effect) of one taint."""
 
 
 def constraints_key(g: TaskGroup) -> ConstraintsKey:
@@ -45,6 +48,22 @@ def constraints_key(g: TaskGroup) -> ConstraintsKey:
 
 def _term(requirements: tuple[NodeSelectorRequirement, ...]) -> tuple[Requirement, ...]:
     return tuple(sorted({(r.key, r.operator, tuple(sorted(set(r.values)))) for r in requirements}))
+
+
+def tolerates(tolerations: Sequence[TolerationKey], taint: TaintKey) -> bool:
+    """Whether one of ``tolerations`` matches ``taint``, by Kubernetes' rules (the core's
+    placements and evictions and the Kubernetes backend's evictions read it alike)."""
+    key, value, effect = taint
+    for t_key, op, t_value, t_effect in tolerations:
+        if t_effect and t_effect != effect:
+            continue
+        if not t_key:
+            if op == "Exists":
+                return True
+            continue
+        if t_key == key and (op == "Exists" or t_value == value):
+            return True
+    return False
 
 
 class TaskShape(NamedTuple):

@@ -32,7 +32,8 @@ FAILURE_CHECK_S = 1.0
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(
-        prog=PROG, description=__doc__,
+        prog=PROG,
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_store_arguments(parser)

@@ -30,6 +30,7 @@ from fleetlog.backends.kubernetes.objects import Pod
 from fleetlog.backends.kubernetes.observer import Observer, waiting
 from fleetlog.events import JobPending, JobPlaced, JobRejected, TaskFailed, TaskPreempted
 from fleetlog.events.model import Decision
+from fleetlog.events.spec import tolerates
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import DECISIONS, LogStore
 from fleetlog.log.consumer import CorruptDecisionsError, decision_batches
@@ -56,6 +57,8 @@ class Actuator:
         """Pod key -> node, for bindings this process made (the watch may not have shown them yet)."""
         self.gate = asyncio.Semaphore(cfg.bind_concurrency)
         self.counts = {"bound": 0, "evicted": 0, "explained": 0, "failed": 0, "deferred": 0}
+        self.evicted: set[str] = set()
+        """Keys of pods evicted for a ``NoExecute`` taint (each asked once)."""
         self.evicting: dict[str, set[str]] = {}
         """Node -> keys of pods evicted from it that may still be there (terminating)."""
         self.waiting: set[asyncio.Task[None]] = set()
@@ -133,7 +136,27 @@ class Actuator:
             await self.follow(store)
         else:
             await self.catch_up(store)
+        await self.evict_untolerated()
         await self.emitter.flush()
+
+    async def evict_untolerated(self) -> None:
+        """Evict, through the Eviction API, fleetlog's pods bound to a node with a ``NoExecute``
+        taint they do not tolerate (the core requeued their gangs when it folded the taint; the
+        pods themselves must go, as Kubernetes' taint manager would make them)."""
+        tainted = self.observer.no_execute()
+        if not tainted:
+            return
+        work = []
+        for key, pod in sorted(self.observer.pods.items()):
+            taints = tainted.get(pod.spec.node_name)
+            if not taints or pod.metadata.deletion_timestamp is not None or key in self.evicted:
+                continue
+            tolerations = [(t.key, t.operator, t.value, t.effect) for t in pod.spec.tolerations]
+            taint = next((t for t in taints if not tolerates(tolerations, t)), None)
+            if taint is not None and self.observer.task_of.get(key) is not None:
+                self.evicted.add(key)
+                work.append(self._evict_pod(key, pod, f"untolerated taint {taint[0]}:{taint[2]}"))
+        await asyncio.gather(*work)
 
     def failed(self, state: RetryCallState, status: str, action: str) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
@@ -151,8 +174,12 @@ class Actuator:
         name, offset = errorpolicy.where(error)
         (log.debug if repeat else log.error)(
             "kubernetes_actuator_stalled log=%s offset=%s error_type=%s error=%r action=%r recheck_s=%.2f",
-            name or "-", "-" if offset is None else offset, type(error).__name__, str(error)[:2000],
-            action, retry_s,
+            name or "-",
+            "-" if offset is None else offset,
+            type(error).__name__,
+            str(error)[:2000],
+            action,
+            retry_s,
         )
 
     def resumed(self) -> None:
@@ -254,15 +281,18 @@ class Actuator:
         for key, pod in self._pod(d.job_id, d.task_index):
             if pod.metadata.deletion_timestamp is not None:
                 continue
-            body = {
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace},
-            }
-            path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}/eviction"
-            if await self._post(path, body, f"evict {key} (preempted by {d.by_job_id}: {d.cause})"):
-                self.counts["evicted"] += 1
-                self.evicting.setdefault(pod.spec.node_name, set()).add(key)
+            await self._evict_pod(key, pod, f"preempted by {d.by_job_id}: {d.cause}")
+
+    async def _evict_pod(self, key: str, pod: Pod, why: str) -> None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace},
+        }
+        path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}/eviction"
+        if await self._post(path, body, f"evict {key} ({why})"):
+            self.counts["evicted"] += 1
+            self.evicting.setdefault(pod.spec.node_name, set()).add(key)
 
     async def explain(self, d: JobPending | JobRejected) -> None:
         verb = "rejected" if isinstance(d, JobRejected) else "pending"

@@ -60,8 +60,9 @@ class KubernetesBackend:
                 log.warning("first list of %s failed (%s); retrying", path, e)
 
             # any failure here is retried: the server may be starting
-            await retry(watcher.relist, always, within_s=None, backoff=Backoff(0.1, max_s=5.0),
-                        on_retry=failed)
+            await retry(
+                watcher.relist, always, within_s=None, backoff=Backoff(0.1, max_s=5.0), on_retry=failed
+            )
 
     async def _rounds(self, observer: Observer) -> None:
         """Each ``heartbeat_ms``: every node re-reported, in ``heartbeat_slices`` slices spread

@@ -61,5 +61,10 @@ class Emitter:
 
     def failed(self, state: RetryCallState, status: str, action: str) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
-        log.warning("kubernetes emitter: appending %d observations failed (%s: %s); %s",
-                    len(self.queue), type(error).__name__, error, action)
+        log.warning(
+            "kubernetes emitter: appending %d observations failed (%s: %s); %s",
+            len(self.queue),
+            type(error).__name__,
+            error,
+            action,
+        )

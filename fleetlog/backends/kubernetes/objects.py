@@ -65,6 +65,37 @@ class Container(msgspec.Struct, frozen=True, gc=False):
     resources: ResourceRequirements = ResourceRequirements()
 
 
+class SelectorRequirement(msgspec.Struct, frozen=True, gc=False):
+    key: str
+    operator: str
+    values: list[str] = []
+
+
+class SelectorTerm(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    match_expressions: list[SelectorRequirement] = []
+    match_fields: list[SelectorRequirement] = []
+
+
+class RequiredSelector(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    node_selector_terms: list[SelectorTerm] = []
+
+
+class NodeAffinity(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    required_during_scheduling_ignored_during_execution: RequiredSelector | None = None
+
+
+class Affinity(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    node_affinity: NodeAffinity | None = None
+
+
+class PodToleration(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+
 class PodSpec(msgspec.Struct, frozen=True, rename="camel", gc=False):
     scheduler_name: str = ""
     node_name: str = ""
@@ -72,6 +103,8 @@ class PodSpec(msgspec.Struct, frozen=True, rename="camel", gc=False):
     containers: list[Container] = []
     init_containers: list[Container] = []
     node_selector: dict[str, str] = {}
+    affinity: Affinity | None = None
+    tolerations: list[PodToleration] = []
 
 
 class Terminated(msgspec.Struct, frozen=True, rename="camel", gc=False):

@@ -105,6 +105,15 @@ class Observer:
         except ValueError as e:
             log.warning("node %s cannot be reported: %s", name, e)
 
+    def no_execute(self) -> dict[str, list[tuple[str, str, str]]]:
+        """Node name -> its ``NoExecute`` taints (key, value, effect), for the nodes that have any."""
+        out: dict[str, list[tuple[str, str, str]]] = {}
+        for name, node in self.nodes.items():
+            taints = [(t.key, t.value, t.effect) for t in node.spec.taints if t.effect == "NoExecute"]
+            if taints:
+                out[name] = taints
+        return out
+
     def heartbeat_round(self, part: int = 0, parts: int = 1) -> None:
         """Report the nodes of slice ``part`` of ``parts`` again (:func:`heartbeat_slice`;
         every node when ``parts`` is 1): the core takes a silent node for a dead one."""

@@ -16,7 +16,7 @@ from typing import Final
 import msgspec
 
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
-from fleetlog.backends.kubernetes.objects import Node, Pod, count, mib, milli
+from fleetlog.backends.kubernetes.objects import Node, Pod, SelectorTerm, count, mib, milli
 from fleetlog.events import (
     InputEvent,
     JobSubmitted,
@@ -26,20 +26,42 @@ from fleetlog.events import (
     TaskGroup,
     TaskStarted,
 )
-from fleetlog.events.model import MAX_GPUS_PER_NODE, TOPOLOGY_LEVELS, TopologyLevel
+from fleetlog.events.model import (
+    MAX_CONSTRAINT_ITEMS,
+    MAX_GPUS_PER_NODE,
+    TAINT_EFFECTS,
+    TOPOLOGY_LEVELS,
+    NodeLabel,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Taint,
+    Toleration,
+    TopologyLevel,
+)
 
 MAX_PRIORITY: Final = 1_000_000
-UNHEALTHY_TAINT_EFFECTS: Final = ("NoSchedule", "NoExecute")
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+"""The label a ``matchFields`` requirement on ``metadata.name`` is read against (the kubelet
+sets it to the node's name)."""
+NEVER: Final = NodeSelectorTerm(
+    match_expressions=(
+        NodeSelectorRequirement(key="fleetlog.dev/unsupported", operator="Exists"),
+        NodeSelectorRequirement(key="fleetlog.dev/unsupported", operator="DoesNotExist"),
+    )
+)
+"""A term no node meets: what a term fleetlog cannot read (``Gt``, ``Lt``, a ``matchFields``
+other than ``metadata.name``) becomes, so the pod waits with a reason instead of landing where
+its own scheduler would not put it."""
 Shape = tuple[int, int, int]
 """A pod's request: (cpu milli, memory MiB, whole GPUs)."""
 
 
 def node_heartbeat(node: Node, cfg: KubeBackendConfig) -> NodeHeartbeat:
-    """What the API server says about ``node``: allocatable capacity, GPU model, topology, health."""
+    """What the API server says about ``node``: allocatable capacity, GPU model, topology,
+    labels, taints, cordon and health."""
     alloc, labels = node.status.allocatable, node.metadata.labels
     gpus = min(count(alloc.get(cfg.gpu_resource, "0")), MAX_GPUS_PER_NODE)
     model = labels.get(cfg.gpu_model_label, "unknown") if gpus else ""
-    wanted = (cfg.gpu_model_label, cfg.zone_label, cfg.block_label, cfg.rack_label)
     return NodeHeartbeat(
         cell=cfg.cell,
         node=node.metadata.name,
@@ -48,9 +70,24 @@ def node_heartbeat(node: Node, cfg: KubeBackendConfig) -> NodeHeartbeat:
         gpu_count=gpus,
         gpu_model=model,
         topology=topology(node, cfg),
-        labels={k: labels[k] for k in wanted if labels.get(k)},
+        labels=node_labels(labels, cfg),
         healthy=node_healthy(node),
+        taints=tuple(
+            Taint(key=t.key, value=t.value, effect=t.effect)
+            for t in node.spec.taints[:MAX_CONSTRAINT_ITEMS]
+            if t.effect in TAINT_EFFECTS and t.key
+        ),
+        unschedulable=node.spec.unschedulable,
     )
+
+
+def node_labels(labels: dict[str, str], cfg: KubeBackendConfig) -> dict[str, str]:
+    """The node's labels a heartbeat carries: the topology and GPU-model labels first, then the
+    rest by key, at most 64 (a heartbeat's bound; real nodes carry 20-40)."""
+    wanted = (cfg.gpu_model_label, cfg.zone_label, cfg.block_label, cfg.rack_label)
+    keys = [k for k in wanted if labels.get(k)]
+    keys += sorted(k for k in labels if k not in wanted)
+    return {k: labels[k] for k in keys[:MAX_CONSTRAINT_ITEMS]}
 
 
 def topology(node: Node, cfg: KubeBackendConfig) -> tuple[str, str, str]:
@@ -61,10 +98,9 @@ def topology(node: Node, cfg: KubeBackendConfig) -> tuple[str, str, str]:
 
 
 def node_healthy(node: Node) -> bool:
-    """Ready, schedulable, and no NoSchedule/NoExecute taint."""
-    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
-    tainted = any(t.effect in UNHEALTHY_TAINT_EFFECTS for t in node.spec.taints)
-    return ready and not tainted and not node.spec.unschedulable
+    """Ready. (Taints and a cordon are not health: they reach the core as they are, and only
+    the pods they concern stay off the node.)"""
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
 
 
 # --- pods -----------------------------------------------------------------------------------
@@ -110,7 +146,8 @@ def container_request(requests: dict[str, str], limits: dict[str, str], cfg: Kub
 
 
 def gang_groups(pods: Sequence[Pod], cfg: KubeBackendConfig) -> tuple[TaskGroup, ...]:
-    """Task groups for ``pods`` (already in task order): runs of identical shape become one group."""
+    """Task groups for ``pods`` (already in task order): runs of identical shape and
+    constraints become one group."""
     groups: list[TaskGroup] = []
     for pod in pods:
         cpu, mem, gpus = pod_shape(pod, cfg)
@@ -123,6 +160,7 @@ def gang_groups(pods: Sequence[Pod], cfg: KubeBackendConfig) -> tuple[TaskGroup,
             gpu_milli=1000 if gpus else 0,
             gpu_models=(model,) if model and gpus else (),
             name=pod.metadata.name,
+            **pod_constraints(pod),  # type: ignore[arg-type]
         )
         last = groups[-1] if groups else None
         if last is not None and same_shape(last, group):
@@ -132,13 +170,53 @@ def gang_groups(pods: Sequence[Pod], cfg: KubeBackendConfig) -> tuple[TaskGroup,
     return tuple(groups)
 
 
+def pod_constraints(pod: Pod) -> dict[str, tuple[object, ...]]:
+    """A pod's ``nodeSelector``, required node affinity and tolerations as a task group's
+    fields (docs/kubernetes.md: what is read and what is not)."""
+    spec = pod.spec
+    out: dict[str, tuple[object, ...]] = {}
+    if spec.node_selector:
+        out["node_selector"] = tuple(NodeLabel(key=k, value=v) for k, v in sorted(spec.node_selector.items()))
+    required = spec.affinity.node_affinity if spec.affinity else None
+    terms = required.required_during_scheduling_ignored_during_execution if required else None
+    if terms is not None and terms.node_selector_terms:
+        out["node_affinity"] = tuple(
+            selector_term(t) for t in terms.node_selector_terms[:MAX_CONSTRAINT_ITEMS]
+        )
+    if spec.tolerations:
+        out["tolerations"] = tuple(
+            Toleration(
+                key=t.key,
+                operator="Exists" if t.operator == "Exists" else "Equal",
+                value="" if t.operator == "Exists" else t.value,
+                effect=t.effect if t.effect in TAINT_EFFECTS else "",
+            )
+            for t in spec.tolerations[:MAX_CONSTRAINT_ITEMS]
+            if t.key or t.operator == "Exists"
+        )
+    return out
+
+
+def selector_term(term: SelectorTerm) -> NodeSelectorTerm:
+    """One ``nodeSelectorTerm``: its ``matchExpressions``, and ``matchFields`` on
+    ``metadata.name`` read against the hostname label; anything else makes it :data:`NEVER`."""
+    reqs: list[NodeSelectorRequirement] = []
+    for r in term.match_expressions:
+        if r.operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return NEVER  # (Gt, Lt: label values as integers, not read)
+        reqs.append(NodeSelectorRequirement(key=r.key, operator=r.operator, values=tuple(r.values)))  # type: ignore[arg-type]
+    for r in term.match_fields:
+        if r.key != "metadata.name" or r.operator not in ("In", "NotIn"):
+            return NEVER
+        reqs.append(NodeSelectorRequirement(key=HOSTNAME_LABEL, operator=r.operator, values=tuple(r.values)))  # type: ignore[arg-type]
+    if not reqs or len(reqs) > MAX_CONSTRAINT_ITEMS:
+        return NEVER  # (an empty term matches no node, as Kubernetes says)
+    return NodeSelectorTerm(match_expressions=tuple(reqs))
+
+
 def same_shape(a: TaskGroup, b: TaskGroup) -> bool:
-    return (a.cpu_milli, a.mem_mib, a.gpu_count, a.gpu_models) == (
-        b.cpu_milli,
-        b.mem_mib,
-        b.gpu_count,
-        b.gpu_models,
-    )
+    """Equal but for the count and the name."""
+    return msgspec.structs.replace(a, count=1, name="") == msgspec.structs.replace(b, count=1, name="")
 
 
 def job_submitted(job_id: str, pods: Sequence[Pod], cfg: KubeBackendConfig) -> JobSubmitted:

@@ -9,16 +9,26 @@ from tests.backends.kubernetes.kubelet import EXIT_CODE, RUN_MS
 
 
 def node(name: str, *, gpus: int = 0, rack: str = "r1", block: str = "b1", cpu: str = "64",
-         mem: str = "512Gi", model: str = "H100", ready: bool = True) -> dict[str, Any]:  # fmt: skip
+         mem: str = "512Gi", model: str = "H100", ready: bool = True,
+         labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None,
+         unschedulable: bool = False) -> dict[str, Any]:  # fmt: skip
+    extra = labels or {}
     labels = {"fleetlog.dev/rack": rack, "fleetlog.dev/block": block, "kubernetes.io/hostname": name}
+    labels |= extra
     allocatable = {"cpu": cpu, "memory": mem, "pods": "110"}
     if gpus:
         labels["nvidia.com/gpu.product"] = model
         allocatable["nvidia.com/gpu"] = str(gpus)
+    spec: dict[str, Any] = {}
+    if taints:
+        spec["taints"] = taints
+    if unschedulable:
+        spec["unschedulable"] = True
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels},
+        "spec": spec,
         "status": {
             "capacity": allocatable,
             "allocatable": allocatable,
@@ -31,7 +41,10 @@ def node(name: str, *, gpus: int = 0, rack: str = "r1", block: str = "b1", cpu: 
 
 def pod(name: str, *, namespace: str = "default", gpus: int = 0, cpu: str = "1", mem: str = "1Gi",
         group: str = "", group_size: int | None = None, topology: str = "", priority_class: str = "",
-        run_ms: int | None = None, exit_code: int = 0, tenant: str = "") -> dict[str, Any]:  # fmt: skip
+        run_ms: int | None = None, exit_code: int = 0, tenant: str = "",
+        node_selector: dict[str, str] | None = None, affinity: list[list[dict[str, Any]]] | None = None,
+        tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A pod; ``affinity``: required node-affinity terms, each a list of ``matchExpressions``."""
     labels: dict[str, str] = {}
     notes: dict[str, str] = {}
     if group:
@@ -55,6 +68,15 @@ def pod(name: str, *, namespace: str = "default", gpus: int = 0, cpu: str = "1",
     }  # fmt: skip
     if priority_class:
         spec["priorityClassName"] = priority_class
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if affinity:
+        terms = [{"matchExpressions": term} for term in affinity]
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    if tolerations:
+        spec["tolerations"] = tolerations
     return {
         "apiVersion": "v1",
         "kind": "Pod",

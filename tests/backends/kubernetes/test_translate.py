@@ -12,6 +12,7 @@ from fleetlog.backends.kubernetes.ledger import Ledger
 from fleetlog.backends.kubernetes.objects import NODE as NODE_DECODER
 from fleetlog.backends.kubernetes.objects import POD, BadQuantityError, Node, Pod, mib, milli
 from fleetlog.backends.kubernetes.translate import (
+    NEVER,
     job_id_of,
     job_submitted,
     node_heartbeat,
@@ -59,14 +60,68 @@ def test_node_heartbeat_reads_capacity_model_topology_and_health() -> None:
     assert beat.labels["fleetlog.dev/rack"] == "r7"
 
 
-def test_not_ready_or_tainted_nodes_are_unhealthy() -> None:
+def test_not_ready_nodes_are_unhealthy_and_taints_and_cordons_are_reported_as_they_are() -> None:
+    """A taint or a cordon is not health (a GPU node's usual taint would otherwise take every
+    GPU node down): they reach the core as taints and ``unschedulable``."""
     assert node_heartbeat(as_node(node("n1", ready=False)), CFG).healthy is False
-    tainted = node("n2")
-    tainted["spec"] = {"taints": [{"key": "maintenance", "effect": "NoExecute"}]}
-    assert node_heartbeat(as_node(tainted), CFG).healthy is False
-    soft = node("n3")
-    soft["spec"] = {"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}
-    assert node_heartbeat(as_node(soft), CFG).healthy is True
+    taints = [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+        {"key": "maintenance", "effect": "NoExecute"},
+        {"key": "spot", "effect": "PreferNoSchedule"},
+        {"key": "odd", "effect": "SomethingNew"},  # (an effect fleetlog does not know: left out)
+    ]
+    beat = node_heartbeat(
+        as_node(node("n2", gpus=4, taints=taints, unschedulable=True, labels={"zone": "a"})), CFG
+    )
+    assert beat.healthy is True
+    assert beat.unschedulable is True
+    assert [(t.key, t.value, t.effect) for t in beat.taints] == [
+        ("nvidia.com/gpu", "present", "NoSchedule"),
+        ("maintenance", "", "NoExecute"),
+        ("spot", "", "PreferNoSchedule"),
+    ]
+    assert beat.labels["zone"] == "a"
+    assert beat.labels["kubernetes.io/hostname"] == "n2"
+    assert list(beat.labels)[:1] == ["nvidia.com/gpu.product"]  # (the labels fleetlog reads first)
+    many = node("n3", labels={f"l{i:03d}": "v" for i in range(100)})
+    assert len(node_heartbeat(as_node(many), CFG).labels) == 64
+    assert "fleetlog.dev/rack" in node_heartbeat(as_node(many), CFG).labels
+
+
+def test_a_pods_selector_affinity_and_tolerations_become_its_task_groups_constraints() -> None:
+    affinity = [
+        [
+            {"key": "zone", "operator": "In", "values": ["a", "b"]},
+            {"key": "spot", "operator": "DoesNotExist"},
+        ],
+        [{"key": "big", "operator": "Gt", "values": ["3"]}],  # (not read: a term no node meets)
+    ]
+    tolerations = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "ml"},
+        {"operator": "Exists"},
+    ]
+    manifest = pod("p", gpus=1, node_selector={"disk": "ssd"}, affinity=affinity, tolerations=tolerations)
+    manifest["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ].append({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n7"]}]})
+    (group,) = job_submitted("pod/default/p/01234567", [as_pod(manifest)], CFG).task_groups
+    assert [(label.key, label.value) for label in group.node_selector] == [("disk", "ssd")]
+    first, never, by_name = group.node_affinity
+    assert [(r.key, r.operator, r.values) for r in first.match_expressions] == [
+        ("zone", "In", ("a", "b")), ("spot", "DoesNotExist", ()),
+    ]  # fmt: skip
+    assert never == NEVER
+    assert [(r.key, r.operator, r.values) for r in by_name.match_expressions] == [
+        ("kubernetes.io/hostname", "In", ("n7",))
+    ]
+    assert [(t.key, t.operator, t.value, t.effect) for t in group.tolerations] == [
+        ("nvidia.com/gpu", "Exists", "", "NoSchedule"),
+        ("dedicated", "Equal", "ml", ""),
+        ("", "Exists", "", ""),
+    ]
+    plain = job_submitted("pod/default/q/01234567", [as_pod(pod("q"))], CFG).task_groups[0]
+    assert (plain.node_selector, plain.node_affinity, plain.tolerations) == ((), (), ())
 
 
 def test_pod_shape_sums_containers_and_takes_the_largest_init_container() -> None:

@@ -1,0 +1,146 @@
+"""Placement constraints against a real kube-apiserver (kubectl-applied manifests): taints and
+tolerations, node selectors and required affinity, cordons and ``NoExecute`` evictions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetlog.events import JobPending, NodeHeartbeat
+from tests.backends.kubernetes.conftest import Rig
+from tests.backends.kubernetes.manifests import items, node, pod
+from tests.backends.kubernetes.test_backend import bound, pods
+
+pytestmark = pytest.mark.timeout(300)
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+async def beats_of(rig: Rig, n: int) -> None:
+    ledger = rig.backend.observer.emitter.ledger  # type: ignore[union-attr]
+    await rig.until(f"heartbeats of {n} nodes", lambda: len(ledger.nodes) == n)
+
+
+async def test_a_tainted_gpu_node_is_used_only_by_pods_that_tolerate_it(rig: Rig) -> None:
+    """The managed-Kubernetes shape: GPU nodes tainted ``nvidia.com/gpu=present:NoSchedule``,
+    GPU pods tolerating it. A CPU pod goes to the CPU node; a GPU pod without the toleration
+    waits, and says which taint kept it off how many nodes."""
+    rig.apply(
+        items(
+            node("gpu-1", gpus=4, taints=[GPU_TAINT]),
+            node("gpu-2", gpus=4, taints=[GPU_TAINT]),
+            node("cpu-1", cpu="16", mem="64Gi"),
+        )
+    )
+    await beats_of(rig, 3)
+    rig.apply(
+        items(
+            pod("trainer", gpus=2, tolerations=TOLERATE_GPU),
+            pod("web-0"),
+            pod("web-1"),
+            pod("rogue", gpus=1),
+        )
+    )
+    names = ["trainer", "web-0", "web-1", "rogue"]
+    await rig.until("three bound", lambda: len(bound(rig, names)) == 3, timeout_s=60)
+    where = bound(rig, names)
+    assert where["trainer"] in ("gpu-1", "gpu-2")
+    assert where["web-0"] == where["web-1"] == "cpu-1"
+    assert "rogue" not in where
+
+    def explained() -> bool:
+        conditions = pods(rig)["rogue"]["status"].get("conditions", [])
+        return any(c["type"] == "PodScheduled" and c["reason"] == "NoEligibleNodes" for c in conditions)
+
+    await rig.until("rogue says why", explained, timeout_s=60)
+    (why,) = [c["message"] for c in pods(rig)["rogue"]["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert "0/3 up nodes" in why
+    assert "2 untolerated taint nvidia.com/gpu=present:NoSchedule" in why
+    beats = [e for e in await rig.events() if isinstance(e, NodeHeartbeat) and e.node == "gpu-1"]
+    assert (
+        beats[-1].healthy is True
+    )  # (a taint is not a fault: the node stays up for the pods that tolerate it)
+
+
+async def test_required_affinity_lands_on_a_matching_node_or_waits_naming_the_term(rig: Rig) -> None:
+    rig.apply(
+        items(
+            node("a-1", labels={"topology.kubernetes.io/zone": "a", "disk": "ssd"}),
+            node("b-1", labels={"topology.kubernetes.io/zone": "b"}),
+        )
+    )
+    await beats_of(rig, 2)
+    zone_b = [[{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]]
+    nowhere = [[{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z"]}]]
+    rig.apply(
+        items(
+            pod("in-b", affinity=zone_b),
+            pod("on-ssd", node_selector={"disk": "ssd"}),
+            pod("in-z", affinity=nowhere),
+        )
+    )
+    await rig.until("two bound", lambda: len(bound(rig, ["in-b", "on-ssd"])) == 2, timeout_s=60)
+    assert bound(rig, ["in-b", "on-ssd", "in-z"]) == {"in-b": "b-1", "on-ssd": "a-1"}
+
+    async def said() -> bool:
+        why = [d for d in await rig.decisions() if isinstance(d, JobPending) and "in-z" in d.job_id]
+        return bool(why) and why[-1].reason == "no_eligible_nodes"
+
+    await rig.until_async("in-z pending with its reason", said)
+    (last, *_) = [
+        d for d in reversed(await rig.decisions()) if isinstance(d, JobPending) and "in-z" in d.job_id
+    ]
+    assert "2 not matching node affinity topology.kubernetes.io/zone In [z]" in last.message
+
+
+async def test_a_cordoned_node_keeps_its_pods_and_gets_no_new_ones(rig: Rig) -> None:
+    rig.apply(items(node("only", cpu="8", mem="32Gi")))
+    await beats_of(rig, 1)
+    rig.apply(items(pod("before")))
+    await rig.until(
+        "before running", lambda: pods(rig).get("before", {}).get("status", {}).get("phase") == "Running"
+    )
+    rig.kube.kubectl("cordon", "only")
+    ledger = rig.backend.observer.emitter.ledger  # type: ignore[union-attr]
+
+    async def cordon_seen() -> bool:
+        beats = [e for e in await rig.events() if isinstance(e, NodeHeartbeat) and e.node == "only"]
+        return beats[-1].unschedulable
+
+    await rig.until_async("the cordon reported", cordon_seen)
+    assert "only" in ledger.nodes
+    rig.apply(items(pod("after")))
+    await rig.until("after seen", lambda: "after" in pods(rig))
+    await rig.until_async(
+        "after pending",
+        lambda: _pending(rig, "after"),
+    )
+    await rig.refresh()
+    assert bound(rig, ["before", "after"]) == {"before": "only"}
+    assert pods(rig)["before"]["status"]["phase"] == "Running"
+    rig.kube.kubectl("uncordon", "only")
+    await rig.until("after bound once uncordoned", lambda: "after" in bound(rig, ["after"]), timeout_s=60)
+
+
+async def _pending(rig: Rig, name: str) -> bool:
+    return any(isinstance(d, JobPending) and f"/{name}/" in d.job_id for d in await rig.decisions())
+
+
+async def test_a_no_execute_taint_evicts_the_pods_that_do_not_tolerate_it(rig: Rig) -> None:
+    rig.apply(items(node("n1", cpu="8", mem="32Gi")))
+    await beats_of(rig, 1)
+    tough = [{"key": "maintenance", "operator": "Exists", "effect": "NoExecute"}]
+    rig.apply(items(pod("fragile"), pod("tough", tolerations=tough)))
+    running = lambda: all(  # noqa: E731
+        pods(rig).get(n, {}).get("status", {}).get("phase") == "Running" for n in ("fragile", "tough")
+    )
+    await rig.until("both running", running)
+    taint = {"spec": {"taints": [{"key": "maintenance", "effect": "NoExecute"}]}}
+    rig.kube.kubectl("patch", "node", "n1", "--type=merge", "-p", json.dumps(taint))
+    await rig.until("fragile evicted", lambda: "fragile" not in pods(rig), timeout_s=60)
+    assert rig.backend.actuator.counts["evicted"] == 1  # type: ignore[union-attr]
+    await rig.refresh()
+    assert pods(rig)["tough"]["status"]["phase"] == "Running"
+    assert bound(rig, ["tough"]) == {"tough": "n1"}
