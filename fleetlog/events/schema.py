@@ -48,6 +48,26 @@ _NODE_RULES: Final[list[dict[str, Any]]] = [
         "then": {"properties": {"gpu_model": {"minLength": 1}}, "required": ["gpu_model"]},
     },
 ]
+_REQUIREMENT_RULES: Final[list[dict[str, Any]]] = [
+    {  # In, NotIn: at least one value
+        "if": {"properties": {"operator": {"enum": ["In", "NotIn"]}}},
+        "then": {"properties": {"values": {"minItems": 1}}, "required": ["values"]},
+    },
+    {  # Exists, DoesNotExist: none
+        "if": {"properties": {"operator": {"enum": ["Exists", "DoesNotExist"]}}},
+        "then": {"properties": {"values": {"maxItems": 0}}},
+    },
+]
+_TOLERATION_RULES: Final[list[dict[str, Any]]] = [
+    {  # Exists takes no value
+        "if": {"properties": {"operator": {"const": "Exists"}}, "required": ["operator"]},
+        "then": {"properties": {"value": {"maxLength": 0}}},
+    },
+    {  # an empty (or absent) key matches every taint: only with Exists
+        "if": {"anyOf": [{"not": {"required": ["key"]}}, {"properties": {"key": {"maxLength": 0}}}]},
+        "then": {"properties": {"operator": {"const": "Exists"}}, "required": ["operator"]},
+    },
+]
 NOT_IN_SCHEMA: Final = (
     f"JobSubmitted: at most {MAX_TASKS_PER_JOB} tasks summed over its task_groups (reason invalid_event)",
     "an encoded envelope is at most 4 MiB (reason too_large)",
@@ -88,6 +108,8 @@ def json_schema() -> dict[str, Any]:
 def _add_rules(defs: dict[str, Any]) -> None:
     defs["TaskGroup"]["allOf"] = copy.deepcopy(_GPU_RULES)
     defs["NodeHeartbeat"]["allOf"] = copy.deepcopy(_NODE_RULES)
+    defs["NodeSelectorRequirement"]["allOf"] = copy.deepcopy(_REQUIREMENT_RULES)
+    defs["Toleration"]["allOf"] = copy.deepcopy(_TOLERATION_RULES)
 
 
 def _split_envelopes(defs: dict[str, Any]) -> None:

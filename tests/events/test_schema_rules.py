@@ -136,3 +136,36 @@ def test_the_schema_command_prints_what_is_validated_here() -> None:
     schema = json.loads(done.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
     assert not jsonschema.Draft202012Validator(schema).is_valid(job(group(2, 500)))
+
+
+MAYBE = st.sampled_from([ABSENT, "", "k", "nvidia.com/gpu"])
+
+
+def _present(**fields: object) -> dict[str, object]:
+    return {k: v for k, v in fields.items() if v is not ABSENT}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=MAYBE,
+    operator=st.sampled_from([ABSENT, "Equal", "Exists", "Bogus"]),
+    value=st.sampled_from([ABSENT, "", "v"]),
+    effect=st.sampled_from([ABSENT, "", "NoSchedule", "NoExecute", "Never"]),
+    req_op=st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt"]),
+    values=st.sampled_from([ABSENT, [], ["a"], ["a", "b"]]),
+)
+def test_schema_and_service_agree_on_generated_constraints(
+    key: object, operator: object, value: object, effect: object, req_op: str, values: object
+) -> None:
+    """Tolerations (empty key only with Exists, Exists without a value) and affinity
+    requirements (In/NotIn with values, Exists/DoesNotExist without): the schema says what the
+    service does."""
+    toleration = _present(key=key, operator=operator, value=value, effect=effect)
+    requirement = _present(key="zone", operator=req_op, values=values)
+    for extra in (
+        {"tolerations": [toleration]},
+        {"node_affinity": [{"match_expressions": [requirement]}]},
+        {"node_selector": [{"key": "zone", "value": "a"}], "node_affinity": []},
+    ):
+        doc = job({**group(), **extra})
+        assert VALIDATOR.is_valid(doc) == service_accepts(doc), doc
