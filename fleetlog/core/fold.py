@@ -276,9 +276,10 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
         node_down(state, row, NodeStatus.DOWN, "node_unhealthy")
     elif e.healthy and status != NodeStatus.UP:
         nodes.cols["status"][row] = _UP
-    attrs = node_attrs_of(e)
-    if attrs != state.node_attrs.get(row, NO_ATTRS):
-        set_node_attrs(state, row, attrs)
+    if e.labels or e.taints or e.unschedulable or row in state.node_attrs:  # (most fleets: none)
+        attrs = node_attrs_of(e)
+        if attrs != state.node_attrs.get(row, NO_ATTRS):
+            set_node_attrs(state, row, attrs)
     if e.healthy:
         state.derived.remember_beat(e.node, row, e)  # (for the batch fold's steady heartbeats)
 
@@ -369,7 +370,9 @@ def add_tasks(state: State, job: int, g: TaskGroup) -> None:
     tc, rows = state.tasks.cols, slice(first, first + g.count)
     tc["job"][rows], tc["cpu"][rows], tc["mem"][rows] = job, g.cpu_milli, g.mem_mib
     tc["gpus"][rows], tc["milli"][rows], tc["models"][rows] = g.gpu_count, g.gpu_milli, mask
-    tc["cls"][rows] = class_id(state, g)
+    cls = class_id(state, g)
+    if cls:  # (new rows hold class 0)
+        tc["cls"][rows] = cls
     remember_shape(state, (g.gpu_count, g.gpu_milli, g.cpu_milli), g.count)
 
 
