@@ -44,21 +44,25 @@ from fleetlog.core.kernels.eligible import (
 )
 from fleetlog.events.model import NodeHeartbeat, TaskGroup
 from fleetlog.events.spec import (
+    NO_ATTRS,
     NO_CONSTRAINTS,
     ConstraintsKey,
+    NodeAttrs,
     Requirement,
     TaintKey,
     constraints_key,
     tolerates,
 )
 
+__all__ = [
+    "ENFORCED", "NO_ATTRS", "NO_CLASS", "ClassKey", "Compiled", "NodeAttrs", "class_key", "label_mismatch",
+    "node_attrs_of", "node_matches", "untolerated", "why_not",
+]  # fmt: skip
+
 ClassKey = ConstraintsKey
 """A constraint class: a task group's constraints in canonical form (``fleetlog.events.spec``)."""
-NodeAttrs = tuple[tuple[tuple[str, str], ...], tuple[TaintKey, ...], bool]
-"""A node's (sorted labels, taints in the heartbeat's order, cordoned)."""
 
 NO_CLASS: Final[ClassKey] = NO_CONSTRAINTS
-NO_ATTRS: Final[NodeAttrs] = ((), (), False)
 ENFORCED: Final = ("NoSchedule", "NoExecute")
 _OPS: Final = {"In": OP_IN, "NotIn": OP_NOT_IN, "Exists": OP_EXISTS, "DoesNotExist": OP_DOES_NOT_EXIST}
 _EFFECTS: Final = {"": EFFECT_ANY, "NoSchedule": EFFECT_NO_SCHEDULE, "NoExecute": EFFECT_NO_EXECUTE}

@@ -15,8 +15,10 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import Interner, Table, entries_sum
-from fleetlog.core.constraints import NO_CLASS, ClassKey, NodeAttrs
 from fleetlog.events.model import CellSummary, JobReturned
+from fleetlog.events.spec import NO_CONSTRAINTS as NO_CLASS
+from fleetlog.events.spec import ConstraintsKey as ClassKey
+from fleetlog.events.spec import NodeAttrs
 
 MAX_GPUS: Final = 64
 MAX_GPU_MODELS: Final = 64

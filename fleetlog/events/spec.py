@@ -33,6 +33,9 @@ equal keys constrain alike, however the entries were ordered or repeated."""
 NO_CONSTRAINTS: Final[ConstraintsKey] = ((), (), ())
 TaintKey = tuple[str, str, str]
 """(key, value, effect) of one taint."""
+NodeAttrs = tuple[tuple[tuple[str, str], ...], tuple[TaintKey, ...], bool]
+"""A node's (sorted labels, taints in the heartbeat's order, cordoned)."""
+NO_ATTRS: Final[NodeAttrs] = ((), (), False)
 
 
 def constraints_key(g: TaskGroup) -> ConstraintsKey:
