@@ -26,7 +26,16 @@ import msgspec
 
 from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
-from fleetlog.events.model import Envelope, JobCancelled, JobSubmitted, TaskGroup
+from fleetlog.events.features import constraint_terms
+from fleetlog.events.model import (
+    TAINT_EFFECTS,
+    Envelope,
+    JobCancelled,
+    JobSubmitted,
+    NodeLabel,
+    TaskGroup,
+    Toleration,
+)
 from fleetlog.log.base import DECISIONS, INPUTS, Shard
 from fleetlog.log.discovery import running_service
 from fleetlog.log.location import ConfigError
@@ -77,8 +86,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     add_log_options(parser)
     parser.add_argument("--producer-id", default=CLI_PRODUCER_ID, help=f"default {CLI_PRODUCER_ID}")
     parser.add_argument("--json", action="store_true", help="print one JSON object (per event)")
-    parser.add_argument("--create", action="store_true",
-                        help="start a new file log in --log DIR if there is none (else: an error)")
+    parser.add_argument(
+        "--create",
+        action="store_true",
+        help="start a new file log in --log DIR if there is none (else: an error)",
+    )
 
 
 def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
@@ -91,9 +103,11 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
         "of them, or JSON lines; - reads stdin), or from flags for one task group.",
     )
     submit.add_argument("job_id", nargs="?", metavar="JOB_ID", help="the job id (with flags)")
-    submit.add_argument("--file", metavar="JOB.json",
-                        help="a JobSubmitted or envelope as JSON, a JSON array or JSON lines of them; "
-                        "- for stdin")
+    submit.add_argument(
+        "--file",
+        metavar="JOB.json",
+        help="a JobSubmitted or envelope as JSON, a JSON array or JSON lines of them; - for stdin",
+    )
     submit.add_argument("--tenant")
     submit.add_argument("--tasks", type=_count(1), default=1, help="tasks in the gang (default 1)")
     submit.add_argument("--cpu-milli", type=_count(0), default=1000, help="per task (default 1000)")
@@ -106,16 +120,41 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
     submit.add_argument("--topology", choices=("block", "rack", "host"), help="all tasks in one of these")
     submit.add_argument("--cell", action="append", default=[], help="an allowed cell (repeat)")
     submit.add_argument("--duration-ms", type=_count(0), help="expected duration, for backfill")
+    submit.add_argument(
+        "--selector",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a node label the tasks need (repeat; docs/scheduling.md)",
+    )
+    submit.add_argument(
+        "--toleration",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="a taint the tasks tolerate: without =VALUE any value; '*' every taint (repeat)",
+    )
+    submit.add_argument(
+        "--constraint",
+        metavar="EXPR",
+        help="Slurm node features, e.g. 'a100&ib|h100' (labels slurm.feature/NAME)",
+    )
     _add_common(submit)
     submit.set_defaults(func=_reporting(cmd_submit, usage_error))
     send = sub.add_parser(
-        "send", help="send input events of any kind (heartbeats, task events, quotas, ...)",
-        description="Send input events from a JSON file: an envelope or a bare event with its \"type\", a "
+        "send",
+        help="send input events of any kind (heartbeats, task events, quotas, ...)",
+        description='Send input events from a JSON file: an envelope or a bare event with its "type", a '
         "JSON array of them, or JSON lines (- reads stdin). With a [cells] map each goes to its partition; "
-        "task events to --cell's.")
+        "task events to --cell's.",
+    )
     send.add_argument("--file", required=True, metavar="EVENTS.json", help="the events; - for stdin")
-    send.add_argument("--cell", dest="cell_of_producer", metavar="CELL",
-                      help="the producer's cell: where its task events go when the config has a [cells] map")
+    send.add_argument(
+        "--cell",
+        dest="cell_of_producer",
+        metavar="CELL",
+        help="the producer's cell: where its task events go when the config has a [cells] map",
+    )
     _add_common(send)
     send.set_defaults(func=_reporting(cmd_send, usage_error))
     cancel = sub.add_parser("cancel", help="cancel a job, pending or running")
@@ -171,8 +210,10 @@ def check_log_dir(config: Config, create: bool) -> None:
     shards = [path / Shard.GLOBAL.dirname, *sorted(path.glob("cells-*"))] if config.cells else [path]
     if not any((shard / name).is_dir() for shard in shards for name in (INPUTS, DECISIONS)):
         where = f" in {Shard.GLOBAL.dirname}/ or cells-<p>/ (a [cells] map)" if config.cells else ""
-        raise CommandLineError(f"no file log at {path} (expected {INPUTS}/ and {DECISIONS}/ "
-                               f"directories{where}; --create starts a new one)")
+        raise CommandLineError(
+            f"no file log at {path} (expected {INPUTS}/ and {DECISIONS}/ "
+            f"directories{where}; --create starts a new one)"
+        )
 
 
 def _send(args: argparse.Namespace, envelopes: list[Envelope]) -> int:
@@ -209,15 +250,27 @@ def _report(args: argparse.Namespace, envelopes: list[Envelope], sent: Sent, whe
         if sent.shards:
             at = sent.offsets[index]
         if args.json:
-            print(json.dumps({"event": type(event).__name__, "job_id": job_id, "key": env.key, "offset": at,
-                              "duplicate": duplicate, "log": where, **({"shard": shard} if shard else {})}))
+            print(
+                json.dumps(
+                    {
+                        "event": type(event).__name__,
+                        "job_id": job_id,
+                        "key": env.key,
+                        "offset": at,
+                        "duplicate": duplicate,
+                        "log": where,
+                        **({"shard": shard} if shard else {}),
+                    }
+                )
+            )
         elif duplicate:
             what = "cancelled already" if isinstance(event, JobCancelled) else "submitted already, same spec"
             print(f"{type(event).__name__} {label} (key {env.key}) {what}: nothing appended ({where})")
         else:
             inputs = f"the {shard} inputs" if shard else "inputs"
-            print(f"{type(event).__name__} {label} (key {env.key}) appended at {inputs} offset {at} "
-                  f"({where})")
+            print(
+                f"{type(event).__name__} {label} (key {env.key}) appended at {inputs} offset {at} ({where})"
+            )
 
 
 # -- what to submit -----------------------------------------------------------------------------
@@ -248,8 +301,10 @@ def _read(path: str) -> bytes:
     except OSError as exc:
         raise CommandLineError(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise CommandLineError(f"{name} is over {MAX_FILE_BYTES} bytes, the most submit --file reads: "
-                               "split it into several files")
+        raise CommandLineError(
+            f"{name} is over {MAX_FILE_BYTES} bytes, the most submit --file reads: "
+            "split it into several files"
+        )
     return data
 
 
@@ -297,6 +352,38 @@ def _from_file(path: str, producer_id: str, default_type: str | None = "JobSubmi
     return out
 
 
+def _constraint_flags(args: argparse.Namespace) -> dict[str, tuple[object, ...]]:
+    """``--selector``, ``--toleration`` and ``--constraint`` as a task group's fields."""
+    out: dict[str, tuple[object, ...]] = {}
+    pairs = [text.partition("=") for text in args.selector]
+    if any(not key or not eq for key, eq, _ in pairs):
+        raise CommandLineError("--selector takes KEY=VALUE")
+    if pairs:
+        out["node_selector"] = tuple(NodeLabel(key=k, value=v) for k, _, v in pairs)
+    tolerations = [_toleration(text) for text in args.toleration]
+    if tolerations:
+        out["tolerations"] = tuple(tolerations)
+    if args.constraint:
+        try:
+            out["node_affinity"] = constraint_terms(args.constraint)
+        except ValueError as exc:
+            raise CommandLineError(str(exc)) from None
+    return out
+
+
+def _toleration(text: str) -> Toleration:
+    """``KEY[=VALUE][:EFFECT]`` or ``*``."""
+    if text == "*":
+        return Toleration(operator="Exists")
+    spec, _, effect = text.partition(":")
+    key, eq, value = spec.partition("=")
+    if not key or effect not in ("", *TAINT_EFFECTS):
+        raise CommandLineError(
+            f"--toleration {text!r}: KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(TAINT_EFFECTS)}"
+        )
+    return Toleration(key=key, operator="Equal" if eq else "Exists", value=value, effect=effect)  # type: ignore[arg-type]
+
+
 def _from_flags(args: argparse.Namespace) -> Envelope:
     gpu_milli = args.gpu_milli if args.gpu_milli is not None else (1000 if args.gpus else 0)
     try:
@@ -307,6 +394,7 @@ def _from_flags(args: argparse.Namespace) -> Envelope:
             gpu_count=args.gpus,
             gpu_milli=gpu_milli,
             gpu_models=tuple(args.gpu_model),
+            **_constraint_flags(args),  # type: ignore[arg-type]
         )
         job = JobSubmitted(
             job_id=args.job_id,

@@ -151,8 +151,11 @@ InactiveLimit=0
 PropagateResourceLimits=NONE
 EOF
   for ((i = 1; i <= NODES; i++)); do
+    # node features for --constraint: odd nodes "ib,fast", even ones "slow" (docs/slurm.md)
+    local features="slow"
+    if ((i % 2 == 1)); then features="ib,fast"; fi
     echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${port_list[$i]} CPUs=$CPUS" \
-      "RealMemory=$MEM_MIB $gres State=UNKNOWN" >>"$CONF"
+      "RealMemory=$MEM_MIB $gres Features=$features State=UNKNOWN" >>"$CONF"
   done
   echo "PartitionName=fleet Nodes=n[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF"
 }

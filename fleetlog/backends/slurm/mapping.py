@@ -18,6 +18,8 @@ import msgspec
 
 from fleetlog.backends.slurm.client import SlurmJob, SlurmNode, Submission
 from fleetlog.events import JobSubmitted, NodeHeartbeat, TaskGroup, TaskPlacement
+from fleetlog.events.features import FEATURE_LABEL, PARTITION_LABEL
+from fleetlog.events.model import MAX_CONSTRAINT_ITEMS
 
 Workload = Callable[[JobSubmitted, int], str]
 """The shell commands task ``index`` of a job runs (the body of its batch script)."""
@@ -88,11 +90,20 @@ def healthy(node: SlurmNode) -> bool:
     return base not in UNHEALTHY_STATES and not UNHEALTHY_FLAGS.intersection(node.state_flags)
 
 
-def heartbeat(cell: str, node: SlurmNode, default_gpu_model: str) -> NodeHeartbeat:
-    count, model = gpu_gres(node.gres)
+def node_labels(node: SlurmNode) -> dict[str, str]:
+    """The node's partitions and features as labels (the joined lists too, as before), at most 64."""
     labels = {"slurm/partition": ",".join(sorted(node.partitions))} if node.partitions else {}
     if node.features:
         labels["slurm/features"] = node.features
+    names = [f for f in node.features.split(",") if f.strip()]
+    labels |= {PARTITION_LABEL + p: "true" for p in sorted(node.partitions)}
+    labels |= {FEATURE_LABEL + f.strip(): "true" for f in sorted(names)}
+    return dict(list(labels.items())[:MAX_CONSTRAINT_ITEMS])
+
+
+def heartbeat(cell: str, node: SlurmNode, default_gpu_model: str) -> NodeHeartbeat:
+    count, model = gpu_gres(node.gres)
+    labels = node_labels(node)
     return NodeHeartbeat(
         cell=cell,
         node=node.name,

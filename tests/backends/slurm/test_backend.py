@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from fleetlog.core.state import JobState
@@ -214,3 +215,33 @@ async def test_a_placement_read_but_not_submitted_before_a_crash_is_submitted_on
         assert h.backend.stats.submitted == 1
         assert [j.job_state for j in h.slurm_jobs()] == ["COMPLETED"]
         assert [e.exit_code for e in of_type(inputs, TaskFinished, "late")] == [0]
+
+
+async def test_a_job_with_a_constraint_lands_on_nodes_with_those_features(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """slurm.sh gives odd nodes the features ``ib,fast`` and even ones ``slow``: a gang asking
+    ``--constraint 'ib&fast'`` runs on n1 and n3 only, one asking for a feature no node has waits
+    and says which requirement no node met."""
+    from fleetlog.events import JobPending
+    from fleetlog.events.features import constraint_terms
+
+    async with Harness(slurm_cluster, tmp_path) as h:
+        await h.ready()
+        beats = {b.node: b for b in of_type(await h.inputs(), NodeHeartbeat)}
+        assert beats["n1"].labels["slurm.feature/ib"] == "true"
+        assert "slurm.feature/ib" not in beats["n2"].labels
+        assert beats["n2"].labels["slurm.partition/fleet"] == "true"
+        base = job("fast", tasks=2, gpus=4, mem_mib=512)
+        group = msgspec.structs.replace(base.task_groups[0], node_affinity=constraint_terms("ib&fast"))
+        await h.submit(msgspec.structs.replace(base, task_groups=(group,)))
+        nowhere = job("gpu-x", tasks=1, gpus=1, mem_mib=512)
+        group = msgspec.structs.replace(nowhere.task_groups[0], node_affinity=constraint_terms("x100|y100"))
+        await h.submit(msgspec.structs.replace(nowhere, task_groups=(group,)))
+        await h.until(finished("fast", 2))
+        (placed,) = [p for p in await h.placements() if p.job_id == "fast"]
+        assert sorted(t.node for t in placed.tasks) == ["n1", "n3"]
+        assert sorted(j.nodes for j in h.slurm_jobs() if j.name.endswith(":fast")) == ["n1", "n3"]
+        pending = [d for d in await h.decisions() if isinstance(d, JobPending) and d.job_id == "gpu-x"]
+        assert pending[-1].reason == "no_eligible_nodes"
+        assert "none of the 2 node affinity terms" in pending[-1].message

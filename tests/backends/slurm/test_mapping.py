@@ -103,3 +103,34 @@ def test_a_node_slurm_stops_listing_is_reported_removed() -> None:
     events = [decode(m.value).event for m in backend.observe_nodes([SlurmNode("n1", "idle", cpus=4)])]
     assert events[0] == NodeRemoved(cell="slurm", node="n2")
     assert [type(e).__name__ for e in events] == ["NodeRemoved", "NodeHeartbeat"]
+
+
+def test_features_and_partitions_become_labels_and_constraints_become_terms() -> None:
+    import pytest
+
+    from fleetlog.backends.slurm.client import SlurmNode
+    from fleetlog.backends.slurm.mapping import heartbeat
+    from fleetlog.core.constraints import class_key, node_attrs_of, node_matches
+    from fleetlog.events import TaskGroup
+    from fleetlog.events.features import constraint_terms
+
+    node = SlurmNode(
+        name="n1", state="idle", cpus=8, real_memory=1024, features="ib,fast", partitions=["gpu"]
+    )
+    beat = heartbeat("slurm", node, "fake")
+    assert beat.labels["slurm.feature/ib"] == beat.labels["slurm.feature/fast"] == "true"
+    assert beat.labels["slurm.partition/gp"] == "true"
+    assert beat.labels["slurm/features"] == "ib,fast"
+
+    def matches(expr: str) -> bool:
+        g = TaskGroup(count=1, cpu_milli=1, mem_mib=1, node_affinity=constraint_terms(expr))
+        return node_matches(class_key(g), node_attrs_of(beat))
+
+    assert matches("ib")
+    assert matches("ib&fast")
+    assert matches("slow|fast")
+    assert not matches("ib&slow")
+    assert matches("a100&x|ib")  # (& binds tighter than |)
+    for bad in ("[ib|fast]", "ib*2", "(ib)", "ib&", "|"):
+        with pytest.raises(ValueError, match="constraint"):
+            constraint_terms(bad)
