@@ -429,3 +429,43 @@ def test_the_docs_shell_example_posts_schema_valid_json_to_the_service(tmp_path:
     schema = json.loads((tmp_path / "fleetlog.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(json.loads((tmp_path / "job.json").read_text()))
     assert [e.key for e in logged(tmp_path / "var" / "fleetlog")] == ["submit/train-7"]
+
+
+def test_submit_with_placement_constraints_from_flags(
+    capsys: pytest.CaptureFixture[str], log_dir: Path
+) -> None:
+    """``--selector``, ``--toleration`` (any value, a value, an effect, ``*``) and a Slurm-style
+    ``--constraint``; a malformed one is one line and exit code 2, nothing appended."""
+    from fleetlog.events import NodeLabel, NodeSelectorRequirement, NodeSelectorTerm, Toleration
+
+    flags = ["--tenant", "t", "--log", str(log_dir), "--create"]
+    code, _, err = run(
+        capsys, "submit", "c-1", *flags, "--gpus", "1",
+        "--selector", "zone=eu-1", "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration", "team=ml",
+        "--toleration", "*", "--constraint", "ib&fast|h100",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    (env,) = logged(log_dir)
+    assert isinstance(env.event, JobSubmitted)
+    (group,) = env.event.task_groups
+    assert group.node_selector == (NodeLabel("zone", "eu-1"),)
+    assert group.tolerations == (
+        Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+        Toleration(key="team", value="ml"),
+        Toleration(operator="Exists"),
+    )
+    exists = lambda f: NodeSelectorRequirement(f"slurm.feature/{f}", "Exists")  # noqa: E731
+    assert group.node_affinity == (
+        NodeSelectorTerm((exists("ib"), exists("fast"))),
+        NodeSelectorTerm((exists("h100"),)),
+    )
+    for bad, says in (
+        (["--selector", "zone"], "--selector takes KEY=VALUE"),
+        (["--toleration", "k:Sometimes"], "--toleration 'k:Sometimes'"),
+        (["--constraint", "[ib|fast]"], "brackets, parentheses and counts are not supported"),
+    ):
+        code, _, err = run(capsys, "submit", "c-2", *flags, *bad)
+        assert code == 2, bad
+        assert says in err
+        assert err.count("\n") == 1, err
+    assert len(logged(log_dir)) == 1

@@ -119,7 +119,7 @@ def test_features_and_partitions_become_labels_and_constraints_become_terms() ->
     )
     beat = heartbeat("slurm", node, "fake")
     assert beat.labels["slurm.feature/ib"] == beat.labels["slurm.feature/fast"] == "true"
-    assert beat.labels["slurm.partition/gp"] == "true"
+    assert beat.labels["slurm.partition/gpu"] == "true"
     assert beat.labels["slurm/features"] == "ib,fast"
 
     def matches(expr: str) -> bool:
