@@ -90,11 +90,12 @@ def folded_spec(state: State, job_id: str) -> SubmissionSpec | None:
     cols, tasks, names = state.jobs.cols, state.tasks.cols, state.names
     topology = {code: name for name, code in TOPOLOGY_CODES.items()}
     span = state.job_tasks(row)
-    rows = zip(*(tasks[c][span.start:span.stop].tolist() for c in ("cpu", "mem", "gpus", "milli", "models")),
-               strict=True)
+    columns = ("cpu", "mem", "gpus", "milli", "models", "cls")
+    rows = zip(*(tasks[c][span.start:span.stop].tolist() for c in columns), strict=True)
     names_of: dict[int, tuple[str, ...]] = {}
     shapes = [TaskShape(1, cpu, mem, gpus, milli, names_of.get(models) or names_of.setdefault(
-        models, _model_names(state, models))) for cpu, mem, gpus, milli, models in rows]
+        models, _model_names(state, models)), state.classes[cls])
+        for cpu, mem, gpus, milli, models, cls in rows]
     return SubmissionSpec(
         tenant=names["tenant"].names[int(cols["tenant"][row])],
         queue=names["queue"].names[int(cols["queue"][row])],
@@ -108,14 +109,16 @@ def folded_spec(state: State, job_id: str) -> SubmissionSpec | None:
 
 def as_folded(state: State, spec: SubmissionSpec) -> SubmissionSpec:
     """``spec`` as the state would keep it: GPU models past the state's 64th share one bit (the
-    documented limit), so they are named by the model that bit stands for."""
+    documented limit), so they are named by the model that bit stands for; a task without GPUs
+    keeps no models (they constrain nothing, :func:`fleetlog.core.fold.models_mask`)."""
     models = state.names["model"]
 
     def kept(name: str) -> str:
         row = models.get(name)
         return models.names[MAX_GPU_MODELS - 1] if row >= MAX_GPU_MODELS - 1 else name
 
-    tasks = [t._replace(gpu_models=tuple(sorted({kept(m) for m in t.gpu_models}))) for t in spec.tasks]
+    tasks = [t._replace(gpu_models=tuple(sorted({kept(m) for m in t.gpu_models})) if t.gpu_count else ())
+             for t in spec.tasks]
     return spec._replace(tasks=merged_tasks(tasks))
 
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from fleetlog.events import (
@@ -202,6 +203,30 @@ def test_the_folded_spec_is_the_events_spec() -> None:
     assert same_submission(first, regrouped)
     assert not same_submission(first, JobSubmitted(job_id="x", tenant="t", task_groups=groups[:2]))
     assert folded_spec(state, "y") is None
+
+
+def test_the_folded_spec_keeps_constraints_and_drops_a_cpu_tasks_models() -> None:
+    """A resend of a constrained job, or of a CPU task that names GPU models (which constrain
+    nothing), is the same submission as folded, not a changed one; a changed constraint is not."""
+    from fleetlog.core.fold import fold
+    from fleetlog.core.state import State
+    from fleetlog.core.views import as_folded, folded_spec
+    from fleetlog.events import NodeLabel, NodeSelectorRequirement, NodeSelectorTerm, Toleration
+    from fleetlog.events.spec import submission_spec
+
+    term = NodeSelectorTerm(match_expressions=(NodeSelectorRequirement(key="zone", operator="In",
+                                                                       values=("b", "a")),))
+    gpu = TaskGroup(count=2, cpu_milli=1, mem_mib=2, gpu_count=1, gpu_milli=1000, gpu_models=("H100",),
+                    node_selector=(NodeLabel(key="rack", value="r1"),), node_affinity=(term,),
+                    tolerations=(Toleration(key="nvidia.com/gpu", operator="Exists"),))
+    cpu = TaskGroup(count=1, cpu_milli=3, mem_mib=2, gpu_models=("A100", "H100"))
+    event = JobSubmitted(job_id="x", tenant="t", task_groups=(gpu, cpu))
+    state = State()
+    fold(state, event, 1000)
+    assert folded_spec(state, "x") == as_folded(state, submission_spec(event))
+    moved = JobSubmitted(job_id="x", tenant="t", task_groups=(
+        msgspec.structs.replace(gpu, tolerations=()), cpu))
+    assert folded_spec(state, "x") != as_folded(state, submission_spec(moved))
 
 
 class Lines(logging.Handler):
