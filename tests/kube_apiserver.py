@@ -5,6 +5,9 @@ ports, certificates and data), and stops both servers by the PIDs in their pid f
 stop and start the API server alone (etcd keeps the data), to test a server that goes away and
 comes back.  A control plane that cannot start raises :class:`KubeControlPlaneError` with the
 logs' tails: tests that need it fail loudly, they are never skipped.
+
+``KubeScheduler`` runs the stock kube-scheduler, built from the same release, against a running
+control plane (``kube.sh start-scheduler``), and stops it by the PID in its pid file.
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ class KubeControlPlane:
         """The ``fleetlog-scheduler`` user's kubeconfig: only what RBAC grants it."""
         return self.dir / "scheduler.kubeconfig"
 
-    def _run(self, *args: str, timeout: float, grace_s: int = 30) -> str:
+    def _run(self, *args: str, timeout: float, grace_s: int = 30, env: dict[str, str] | None = None) -> str:
         env = {
             **os.environ,
             "FLEETLOG_KUBE_DIR": str(self.dir),
             "FLEETLOG_KUBE_START_TIMEOUT": str(self.start_timeout_s),
             "FLEETLOG_KUBE_STOP_GRACE": str(grace_s),
+            **(env or {}),
         }
         done = subprocess.run(
             ["bash", str(SCRIPT), *args],
@@ -61,7 +65,7 @@ class KubeControlPlane:
 
     def log_tails(self, lines: int = 30) -> str:
         parts = []
-        for name in ("etcd.log", "apiserver.log"):
+        for name in ("etcd.log", "apiserver.log", "scheduler.log"):
             path = self.dir / name
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
@@ -102,3 +106,58 @@ class KubeControlPlane:
         if done.returncode != 0:
             raise KubeControlPlaneError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
+
+
+class KubeScheduler:
+    """The stock kube-scheduler (``k8s.io/kubernetes/cmd/kube-scheduler`` at the release the API
+    server is built from: ``kube.sh fetch-scheduler``) against a running :class:`KubeControlPlane`.
+
+    It places the pods whose ``spec.schedulerName`` is ``default-scheduler`` (the default), beside
+    fleetlog's. Its configuration (``DIR/kube-scheduler.yaml``): leader election off, the admin
+    kubeconfig, client ``qps`` and ``burst`` of ``qps`` (5,000: the client's throttling is not what
+    is measured), every other setting kube-scheduler's default; its secure port (``/healthz``) on
+    a free port of 127.0.0.1, serving the API server's certificate. Its log is ``DIR/scheduler.log``.
+    Stopped by the PID in ``DIR/scheduler.pid`` (SIGTERM, then SIGKILL after ``grace_s``); also as
+    a context manager (started on entry, stopped on exit). The binary is built when missing (minutes
+    after kube-apiserver's build, from Go's build cache; far longer on a clean machine)."""
+
+    def __init__(self, plane: KubeControlPlane, qps: int = 5_000) -> None:
+        self.plane = plane
+        self.qps = qps
+
+    @property
+    def pid_file(self) -> Path:
+        return self.plane.dir / "scheduler.pid"
+
+    @property
+    def log(self) -> Path:
+        return self.plane.dir / "scheduler.log"
+
+    def start(self, wait: bool = True) -> int:
+        """Start it (if not running); its PID. ``wait``: until its ``/healthz`` says ``ok`` (its
+        informers may still be filling); else at once, the process just spawned."""
+        self.plane._run(
+            "start-scheduler",
+            *([] if wait else ["--no-wait"]),
+            timeout=self.plane.start_timeout_s + 3600,
+            env={"FLEETLOG_KUBE_SCHEDULER_QPS": str(self.qps)},
+        )
+        return int(self.pid_file.read_text())
+
+    def stop(self, grace_s: int = 10) -> None:
+        self.plane._run("stop-scheduler", timeout=grace_s + 60, grace_s=grace_s)
+
+    def __enter__(self) -> KubeScheduler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @staticmethod
+    def binary() -> Path:
+        """Where ``kube.sh fetch-scheduler`` keeps (or would build) the binary."""
+        done = subprocess.run(
+            ["bash", str(SCRIPT), "scheduler-binary"], capture_output=True, text=True, timeout=30, check=True
+        )
+        return Path(done.stdout.strip())

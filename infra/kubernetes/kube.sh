@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane for development and tests: etcd + kube-apiserver on 127.0.0.1.
-# No kubelet, no controller-manager, no scheduler: fleetlog is the scheduler, and tests play kubelet.
+# No kubelet, no controller-manager: fleetlog is the scheduler, and tests play kubelet.  The stock
+# kube-scheduler can run beside it (start-scheduler), placing the pods without a schedulerName.
 #
-#   infra/kubernetes/kube.sh fetch                    build kube-apiserver once (cached), install etcd
+#   infra/kubernetes/kube.sh fetch                    build kube-apiserver and kube-scheduler once (cached),
+#                                                     install etcd
+#   infra/kubernetes/kube.sh fetch-scheduler          build kube-scheduler only
 #   infra/kubernetes/kube.sh start [--fresh]          start etcd and kube-apiserver, print the kubeconfig path
-#   infra/kubernetes/kube.sh stop [apiserver]         stop both (or only the API server) by PID
+#   infra/kubernetes/kube.sh start-scheduler [--no-wait]  start kube-scheduler against the running API server
+#   infra/kubernetes/kube.sh stop-scheduler           stop kube-scheduler by PID
+#   infra/kubernetes/kube.sh stop [apiserver]         stop all three (or only the API server) by PID
 #   infra/kubernetes/kube.sh status                   say whether they run (exit 0) or not (exit 3)
 #
 # Settings (environment):
@@ -14,10 +19,22 @@
 #   FLEETLOG_KUBE_START_TIMEOUT  seconds to wait for readiness   (default 120)
 #   FLEETLOG_KUBE_STOP_GRACE     seconds a stopped server gets after SIGTERM, then SIGKILL (default 30;
 #                                an API server with open watches waits on them until killed)
-#   FLEETLOG_CACHE               where the built binary is kept  (default ~/.cache/fleetlog)
+#   FLEETLOG_KUBE_SCHEDULER_PORT kube-scheduler's secure port (/healthz) on 127.0.0.1 (default: a free port)
+#   FLEETLOG_KUBE_SCHEDULER_QPS  kube-scheduler's client qps and burst (default 5000: its client's
+#                                throttling is not what a benchmark should measure)
+#   FLEETLOG_CACHE               where the built binaries are kept  (default ~/.cache/fleetlog)
 #
 # The build is pinned by tools/go.mod (k8s.io/kubernetes plus every staging module replaced by its
 # published v0.X.Y).  The binary is named after the go.mod's hash, so a new pin rebuilds.
+# kube-scheduler is built from the same release by a module of its own, scheduler/go.mod (the same
+# versions, its own go.sum: kube-scheduler needs a few modules kube-apiserver does not, and
+# tools/go.sum, hence the API server binary's name, stays as it is).  Built right after
+# kube-apiserver it compiles only its own 64 of its 1,418 packages (the rest are in Go's build
+# cache): about 30 s here on 2 cores, link included (2026-12-04).
+# kube-scheduler runs with leader election off, the admin kubeconfig, and its secure port on
+# 127.0.0.1 serving the API server's certificate, /healthz and /metrics open to anyone there (no
+# delegated authentication: the API server has no front-proxy CA for it to read)
+# (DIR/kube-scheduler.yaml, log DIR/scheduler.log).
 # Authentication is by static tokens (DIR/tokens.csv): "admin" (system:masters, kubeconfig
 # DIR/admin.kubeconfig) and "fleetlog-scheduler" with no rights until the ClusterRole of
 # docs/kubernetes.md is bound (DIR/scheduler.kubeconfig).  Authorization is RBAC.
@@ -53,6 +70,30 @@ version_flags() {
     "-X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 }
 
+# kube-scheduler: its own module pinning the same release (scheduler/go.mod), so its binary's
+# name is the release plus the hash of that module's go.mod and go.sum.
+scheduler_release() { awk '$1 == "k8s.io/kubernetes" {print $2}' "$HERE/scheduler/go.mod" | head -n 1; }
+
+scheduler_binary() {
+  local hash
+  hash="$(cat "$HERE/scheduler/go.mod" "$HERE/scheduler/go.sum" | sha256sum | cut -c1-12)"
+  echo "$CACHE/kube-scheduler-$(scheduler_release)-$hash"
+}
+
+build_scheduler() {
+  local out
+  [[ "$(scheduler_release)" == "$(release)" ]] ||
+    die "scheduler/go.mod pins k8s.io/kubernetes $(scheduler_release), tools/go.mod $(release): pin both alike"
+  out="$(scheduler_binary)"
+  [[ -x "$out" ]] && return 0
+  [[ -x "$GO" ]] || die "the Go toolchain is needed to build kube-scheduler (looked for $GO)"
+  mkdir -p "$CACHE"
+  say "building kube-scheduler into $out (once; minutes when kube-apiserver filled Go's build cache)"
+  (cd "$HERE/scheduler" && nice -n 10 "$GO" build -trimpath -ldflags "$(version_flags)" -o "$out.partial" \
+    k8s.io/kubernetes/cmd/kube-scheduler) || die "building kube-scheduler failed"
+  mv "$out.partial" "$out"
+}
+
 build_apiserver() {
   local out
   out="$(binary)"
@@ -76,6 +117,7 @@ ensure_etcd() {
 fetch() {
   ensure_etcd
   build_apiserver
+  build_scheduler
 }
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -161,6 +203,44 @@ EOF
 write_kubeconfigs() {
   write_kubeconfig "$DIR/admin.kubeconfig" admin "$(sed -n 1p "$DIR/tokens.csv" | cut -d, -f1)"
   write_kubeconfig "$DIR/scheduler.kubeconfig" fleetlog-scheduler "$(sed -n 2p "$DIR/tokens.csv" | cut -d, -f1)"
+}
+
+start_scheduler() {
+  local wait=1
+  [[ "${1:-}" == "--no-wait" ]] && wait=0
+  [[ -d "$DIR" && -n "$(running_pid apiserver)" ]] || die "no API server runs from $DIR: kube.sh start first"
+  [[ -n "$(running_pid scheduler)" ]] && return 0
+  build_scheduler
+  load_ports
+  if [[ -z "${SCHED_PORT:-}" ]]; then
+    SCHED_PORT="${FLEETLOG_KUBE_SCHEDULER_PORT:-$(free_port)}"
+    echo "SCHED_PORT=$SCHED_PORT" >>"$DIR/ports"
+  fi
+  port_open "$SCHED_PORT" && die "kube-scheduler port $SCHED_PORT is already in use by another process"
+  local qps="${FLEETLOG_KUBE_SCHEDULER_QPS:-5000}" c="$DIR/certs"
+  cat >"$DIR/kube-scheduler.yaml" <<YAML
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $DIR/admin.kubeconfig
+  qps: $qps
+  burst: $qps
+leaderElection:
+  leaderElect: false
+YAML
+  setsid "$(scheduler_binary)" --config "$DIR/kube-scheduler.yaml" \
+    --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" \
+    --tls-cert-file "$c/apiserver.crt" --tls-private-key-file "$c/apiserver.key" \
+    --authorization-always-allow-paths /healthz,/readyz,/livez,/metrics \
+    </dev/null >>"$DIR/scheduler.log" 2>&1 &
+  echo $! >"$DIR/scheduler.pid"
+  ((wait)) || return 0
+  wait_until "kube-scheduler" "$(cat "$DIR/scheduler.pid")" "$DIR/scheduler.log" scheduler_ready
+  say "running: kube-scheduler pid $(cat "$DIR/scheduler.pid"), /healthz on https://127.0.0.1:$SCHED_PORT"
+}
+
+scheduler_ready() {
+  [[ "$(curl -s --cacert "$DIR/certs/ca.crt" "https://127.0.0.1:$SCHED_PORT/healthz" 2>/dev/null)" == "ok" ]]
 }
 
 start_etcd() {
@@ -255,6 +335,7 @@ stop_one() {
 }
 
 stop() {
+  [[ "${1:-}" == "apiserver" ]] || stop_one scheduler
   stop_one apiserver
   [[ "${1:-}" == "apiserver" ]] || stop_one etcd
 }
@@ -265,7 +346,8 @@ status() {
   etcd_pid="$(running_pid etcd)"
   if [[ -n "$api" && -n "$etcd_pid" ]]; then
     load_ports
-    echo "running apiserver=$api etcd=$etcd_pid server=https://127.0.0.1:$API_PORT dir=$DIR"
+    echo "running apiserver=$api etcd=$etcd_pid server=https://127.0.0.1:$API_PORT" \
+      "kube-scheduler=$(running_pid scheduler | grep . || echo -) dir=$DIR"
   else
     echo "stopped apiserver=${api:--} etcd=${etcd_pid:--} dir=$DIR"
     return 3
@@ -274,9 +356,17 @@ status() {
 
 case "${1:-}" in
   fetch) fetch ;;
+  fetch-scheduler) build_scheduler ;;
   binary) binary ;;
+  scheduler-binary) scheduler_binary ;;
   start) shift; start "$@" ;;
+  start-scheduler) shift; start_scheduler "$@" ;;
+  stop-scheduler) stop_one scheduler ;;
   stop) shift; stop "$@" ;;
   status) status ;;
-  *) echo "usage: $0 fetch|binary|start [--fresh]|stop [apiserver]|status" >&2; exit 2 ;;
+  *)
+    echo "usage: $0 fetch|fetch-scheduler|binary|scheduler-binary|start [--fresh]" \
+      "|start-scheduler [--no-wait]|stop-scheduler|stop [apiserver]|status" >&2
+    exit 2
+    ;;
 esac
