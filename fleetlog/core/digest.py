@@ -27,6 +27,7 @@ from fleetlog.core.state import (
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_NODE_ATTRS,
+    SUM_NODE_FOREIGN,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
     SUM_RETIRED,
@@ -70,7 +71,17 @@ def _small_scalars(state: State, full: bool = True) -> dict[str, Any]:
         "shape_mix_due": [state.shapes_seen, state.mix_due],
         "counters": [state.pending_count, state.duplicates, state.ignored, state.retired_rows],
         "retired_counts": sorted(state.retired_counts.items()),
-    } | _cell_shard(state, full) | _constraints(state, full)
+    } | _cell_shard(state, full) | _constraints(state, full) | _foreign(state, full)
+
+
+def _foreign(state: State, full: bool) -> dict[str, Any]:
+    """What foreign work holds on the nodes, in full or by size and running sum (only when
+    any does: a log without it digests as before)."""
+    if not state.node_foreign:
+        return {}
+    if not full:
+        return {"node_foreign": [len(state.node_foreign), state.sums[SUM_NODE_FOREIGN]]}
+    return {"node_foreign": sorted(state.node_foreign.items())}
 
 
 def _constraints(state: State, full: bool) -> dict[str, Any]:
@@ -366,6 +377,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.retired_order.extend(order)
     state.retired = {name: at for at, name in order}  # (a later entry of the same id: the later time)
     state.node_attrs = {row: _attrs(a) for row, a in s.get("node_attrs", ())}
+    state.node_foreign = {row: (a, b, c, d, e, f) for row, (a, b, c, d, e, f) in s.get("node_foreign", ())}
     for key in s.get("classes", ()):
         state.class_ids[_class(key)] = len(state.classes)
         state.classes.append(_class(key))

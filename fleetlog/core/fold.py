@@ -40,6 +40,7 @@ from fleetlog.core.state import (
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_NODE_ATTRS,
+    SUM_NODE_FOREIGN,
     SUM_REASON_TEXT,
     SUM_RECENT_SHAPES,
     SUM_RETIRED,
@@ -280,8 +281,58 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
         attrs = node_attrs_of(e)
         if attrs != state.node_attrs.get(row, NO_ATTRS):
             set_node_attrs(state, row, attrs)
-    if e.healthy:
+    held = True
+    if e.foreign_cpu_milli or e.foreign_mem_mib or e.foreign_gpus or row in state.node_foreign:
+        want = (e.foreign_cpu_milli, e.foreign_mem_mib, e.foreign_gpus)
+        old = state.node_foreign.get(row)
+        if old is None or old[:3] != want or not _holds_all(old):
+            held = set_node_foreign(state, row, *want)
+    if e.healthy and held:
         state.derived.remember_beat(e.node, row, e)  # (for the batch fold's steady heartbeats)
+    elif not held:  # (the same heartbeat again must come back here: fleetlog's tasks may have left)
+        state.derived.forget_beat(e.node)
+
+
+def set_node_foreign(state: State, row: int, cpu: int, mem: int, gpus: int) -> bool:
+    """Work this scheduler does not own now holds ``cpu``, ``mem`` and ``gpus`` whole GPUs of
+    node ``row``: the node's free capacity is short of them. Only what is free can be held (the
+    backend saw foreign work start on what fleetlog's tasks hold, a race the real system
+    settles): the rest is taken when the same heartbeat comes again after those tasks left.
+    GPUs held before stay held, then free ones are taken from the highest index down.
+    Whether all of it is held."""
+    nc = state.nodes.cols
+    old = state.node_foreign.pop(row, None)
+    kept = 0
+    if old is not None:
+        add_entry(state, SUM_NODE_FOREIGN, (row, old), -1)
+        nc["cpu_free"][row] += old[3]
+        nc["mem_free"][row] += old[4]
+        _shift_gpus(nc, row, old[5], FULL_GPU)
+        kept = old[5]
+    if not (cpu or mem or gpus):
+        return True
+    take_cpu = min(cpu, max(int(nc["cpu_free"][row]), 0))
+    take_mem = min(mem, max(int(nc["mem_free"][row]), 0))
+    nc["cpu_free"][row] -= take_cpu
+    nc["mem_free"][row] -= take_mem
+    free, count = nc["gpu_free"][row], int(nc["gpu_count"][row])
+    down = range(count - 1, -1, -1)
+    mask = taken = 0
+    for g in [g for g in down if kept >> g & 1] + [g for g in down if not kept >> g & 1]:
+        if taken == gpus:
+            break
+        if int(free[g]) == FULL_GPU:
+            mask |= 1 << g
+            taken += 1
+    _shift_gpus(nc, row, mask, -FULL_GPU)
+    entry = (cpu, mem, gpus, take_cpu, take_mem, mask)
+    state.node_foreign[row] = entry
+    add_entry(state, SUM_NODE_FOREIGN, (row, entry), 1)
+    return _holds_all(entry)
+
+
+def _holds_all(f: tuple[int, int, int, int, int, int]) -> bool:
+    return f[0] == f[3] and f[1] == f[4] and f[2] == f[5].bit_count()
 
 
 def set_node_attrs(state: State, row: int, attrs: NodeAttrs) -> None:
@@ -321,6 +372,9 @@ def set_node_shape(state: State, row: int, e: NodeHeartbeat) -> None:
     c["gpu_count"][row] = e.gpu_count
     c["gpu_free"][row, :] = 0
     c["gpu_free"][row, : e.gpu_count] = FULL_GPU
+    old = state.node_foreign.pop(row, None)
+    if old is not None:  # (all free again: the heartbeat holds its foreign work anew)
+        add_entry(state, SUM_NODE_FOREIGN, (row, old), -1)
 
 
 def model_id(state: State, model: str) -> int:
@@ -470,6 +524,8 @@ def on_node_removed(state: State, e: NodeRemoved) -> None:
     node_down(state, row, NodeStatus.REMOVED, "node_removed")
     if row in state.node_attrs:
         set_node_attrs(state, row, NO_ATTRS)
+    if row in state.node_foreign:
+        set_node_foreign(state, row, 0, 0, 0)
 
 
 def task_row(state: State, job_id: str, index: int) -> int:

@@ -25,6 +25,7 @@ def check(state: State) -> None:
         sums_match_collections,
         retired_rows_released,
         constraints_consistent,
+        foreign_consistent,
     ):
         problem = rule(state)
         if problem:
@@ -52,10 +53,19 @@ def free_matches_tasks(state: State) -> str:
     placed = np.flatnonzero(on >= 0)
     cpu = np.bincount(on[placed], weights=tc["cpu"][placed], minlength=n).astype(np.int64)
     c = state.nodes.cols
-    bad = np.flatnonzero(c["cpu_alloc"][:n] - cpu != c["cpu_free"][:n])
-    if bad.size:
-        return f"node row {bad[0]}: cpu_free {c['cpu_free'][bad[0]]} but tasks hold {cpu[bad[0]]}"
+    foreign = np.zeros((3, n), np.int64)  # (cpu, mem, GPU mask held by foreign work)
+    for row, held in state.node_foreign.items():
+        foreign[:, row] = held[3:]
+    for col, used, held in (("cpu", cpu, foreign[0]), ("mem", mem_used(state, on, placed, n), foreign[1])):
+        bad = np.flatnonzero(c[f"{col}_alloc"][:n] - used - held != c[f"{col}_free"][:n])
+        if bad.size:
+            return (f"node row {bad[0]}: {col}_free {c[f'{col}_free'][bad[0]]} but tasks hold {used[bad[0]]} "
+                    f"and foreign work {held[bad[0]]}")
     gpu_used = np.zeros_like(c["gpu_free"][:n], dtype=np.int64)
+    for row, held in state.node_foreign.items():
+        for g in range(int(c["gpu_count"][row])):
+            if held[5] >> g & 1:
+                gpu_used[row, g] += FULL_GPU
     for t in placed.tolist():
         mask, node = int(tc["gpu_mask"][t]), int(on[t])
         for g in range(int(c["gpu_count"][node])):
@@ -64,6 +74,11 @@ def free_matches_tasks(state: State) -> str:
     expect = np.where(np.arange(c["gpu_free"].shape[1]) < c["gpu_count"][:n, None], FULL_GPU - gpu_used, 0)
     bad = np.flatnonzero((expect != c["gpu_free"][:n]).any(axis=1))
     return f"node row {bad[0]}: GPU free shares do not match its tasks" if bad.size else ""
+
+
+def mem_used(state: State, on: np.ndarray, placed: np.ndarray, n: int) -> np.ndarray:
+    """Memory the placed tasks hold per node row."""
+    return np.bincount(on[placed], weights=state.tasks.cols["mem"][placed], minlength=n).astype(np.int64)
 
 
 def running_tasks_on_live_nodes(state: State) -> str:
@@ -171,3 +186,23 @@ def constraints_consistent(state: State) -> str:
     size = state.nodes.size
     bad = [row for row, attrs in state.node_attrs.items() if not 0 <= row < size or attrs == NO_ATTRS]
     return f"node_attrs has an entry for row {bad[0]}" if bad else ""
+
+
+def foreign_consistent(state: State) -> str:
+    """Foreign work holds at most what it wants, on GPUs the node has and no task of ours holds,
+    and an entry is kept only while it wants something."""
+    c, size = state.nodes.cols, state.nodes.size
+    for row, (cpu, mem, gpus, held_cpu, held_mem, mask) in sorted(state.node_foreign.items()):
+        if not 0 <= row < size or not (cpu or mem or gpus):
+            return f"node_foreign has an entry for row {row} wanting {(cpu, mem, gpus)}"
+        if not (0 <= held_cpu <= cpu and 0 <= held_mem <= mem and mask.bit_count() <= gpus):
+            return f"node row {row}: foreign work holds {(held_cpu, held_mem, mask)} of {(cpu, mem, gpus)}"
+        if mask >> int(c["gpu_count"][row]):
+            return f"node row {row}: foreign work holds GPUs past its {int(c['gpu_count'][row])}"
+    tc = state.tasks.cols
+    placed = np.flatnonzero(state.tasks.view("node") >= 0)
+    for t in placed.tolist():
+        held = state.node_foreign.get(int(tc["node"][t]))
+        if held is not None and int(tc["gpu_mask"][t]) & held[5]:
+            return f"task row {t} holds a GPU that foreign work holds"
+    return ""

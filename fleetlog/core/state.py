@@ -20,6 +20,9 @@ from fleetlog.events.spec import NO_CONSTRAINTS as NO_CLASS
 from fleetlog.events.spec import ConstraintsKey as ClassKey
 from fleetlog.events.spec import NodeAttrs
 
+Foreign = tuple[int, int, int, int, int, int]
+"""A node's foreign work: wanted cpu, mem, GPUs; held cpu, mem, GPU mask (``State.node_foreign``)."""
+
 MAX_GPUS: Final = 64
 MAX_GPU_MODELS: Final = 64
 FULL_GPU: Final = 1000
@@ -229,6 +232,7 @@ SUM_RETURNED = 4
 SUM_RETIRED = 5
 SUM_NODE_ATTRS = 6
 SUM_CLASSES = 7
+SUM_NODE_FOREIGN = 8
 
 
 class Derived:
@@ -346,11 +350,11 @@ class State:
         self.shapes_seen = 0  # task shapes remembered since the start
         self.mix_due = 1  # ``shapes_seen`` at which the shape mix is taken again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
-        self.sums = [0, 0, 0, 0, 0, 0, 0, 0]
+        self.sums = [0, 0, 0, 0, 0, 0, 0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,
         ``job_cells`` items, ``(index, shape)`` of ``recent_shapes``, ``dispatches`` items,
-        ``returned`` items, ``retired`` items, ``node_attrs`` items and ``(id, class)`` of
-        ``classes`` (see SUM_*): what the
+        ``returned`` items, ``retired`` items, ``node_attrs`` items, ``(id, class)`` of
+        ``classes`` and ``node_foreign`` items (see SUM_*): what the
         digest hashes instead of those collections (kept by fold, rebuilt on restore by
         :func:`collection_sums`; not in ``derived``: the digest reads it)."""
         self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
@@ -382,14 +386,22 @@ class State:
         self.retired_rows = 0  # rows of the job table whose job retired (free until compacted)
         self.retired_counts: dict[int, list[int]] = {}
         """tenant id -> how many of its jobs retired from each of ``RETIRABLE``'s states."""
+        self._constraint_tables()
+        self.derived = Derived()
+        """Caches rebuilt from the rest (see :class:`Derived`): droppable, never digested or snapshotted."""
+
+    def _constraint_tables(self) -> None:
         # node row -> its labels, taints and cordon (``fleetlog.core.constraints``), for the nodes
         # that have any; the constraint classes of task groups by id (the ``cls`` task column:
         # interned in first-seen order, class 0 "no constraint") and their ids
         self.node_attrs: dict[int, NodeAttrs] = {}
         self.classes: list[ClassKey] = [NO_CLASS]
         self.class_ids: dict[ClassKey, int] = {NO_CLASS: 0}
-        self.derived = Derived()
-        """Caches rebuilt from the rest (see :class:`Derived`): droppable, never digested or snapshotted."""
+        self.node_foreign: dict[int, Foreign] = {}
+        """node row -> what work this scheduler does not own holds on it (the heartbeat's
+        ``foreign_*``): wanted (cpu, mem, GPUs) and held (cpu, mem, GPU mask) — held is what the
+        node's free capacity is short of, at most what was free
+        (:func:`fleetlog.core.fold.set_node_foreign`)."""
 
     # --- lookups -------------------------------------------------------------------------
 
@@ -421,8 +433,9 @@ class State:
 
 def collection_sums(state: State) -> list[int]:
     """``State.sums`` computed afresh from the collections (restore, and the invariants)."""
-    sums = [0, 0, 0, 0, 0, 0, 0, 0]
+    sums = [0, 0, 0, 0, 0, 0, 0, 0, 0]
     sums[SUM_NODE_ATTRS] = entries_sum(state.node_attrs.items())
+    sums[SUM_NODE_FOREIGN] = entries_sum(state.node_foreign.items())
     sums[SUM_CLASSES] = entries_sum(enumerate(state.classes[1:], 1))
     sums[SUM_RETIRED] = entries_sum(state.retired.items())
     sums[SUM_DISPATCHES] = entries_sum(state.dispatches.items())

@@ -222,10 +222,22 @@ class NodeHeartbeat(_Event, frozen=True):
     requeues every gang on the node that does not tolerate it."""
     unschedulable: bool = False
     """Cordoned: no new task is placed on the node; what runs there stays."""
+    foreign_cpu_milli: CpuMilli = 0
+    """Of ``cpu_milli``, what work this scheduler does not own holds now (a job submitted
+    straight to Slurm, a pod of another scheduler, a DaemonSet): nothing is placed in it."""
+    foreign_mem_mib: MemMiB = 0
+    """Of ``mem_mib``, what work this scheduler does not own holds now."""
+    foreign_gpus: GpuCount = 0
+    """Of ``gpu_count``, the whole GPUs work this scheduler does not own holds now."""
 
     def __post_init__(self) -> None:
         if self.gpu_count > 0 and not self.gpu_model:
             raise ValueError("a node with GPUs must name its gpu_model")
+        for name, held, total in (("foreign_cpu_milli", self.foreign_cpu_milli, self.cpu_milli),
+                                  ("foreign_mem_mib", self.foreign_mem_mib, self.mem_mib),
+                                  ("foreign_gpus", self.foreign_gpus, self.gpu_count)):
+            if held > total:
+                raise ValueError(f"{name} {held} is more than the node has ({total})")
 
 
 class NodeRemoved(_Event, frozen=True):

@@ -33,7 +33,9 @@ def node(
     cpu: int = 96_000,
     mem: int = 786_432,
     healthy: bool = True,
+    foreign: tuple[int, int, int] = (0, 0, 0),
 ) -> NodeHeartbeat:
+    """A node's heartbeat; ``foreign``: the (cpu, mem, GPUs) work fleetlog does not own holds."""
     return NodeHeartbeat(
         cell=cell,
         node=name,
@@ -43,6 +45,9 @@ def node(
         gpu_model=model if gpus else "",
         topology=(block, rack, name),
         healthy=healthy,
+        foreign_cpu_milli=foreign[0],
+        foreign_mem_mib=foreign[1],
+        foreign_gpus=foreign[2],
     )
 
 

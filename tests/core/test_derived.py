@@ -114,7 +114,7 @@ SNAPSHOTTED = {
     "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shapes_seen", "mix_due",
     "reason_text", "reason_codes", "pending_count", "requeues", "duplicates", "ignored",
     "dispatches", "dispatched_seq", "returned", "summaries", "retired_order", "retired_rows",
-    "retired_counts", "node_attrs", "classes",
+    "retired_counts", "node_attrs", "classes", "node_foreign",
 }  # fmt: skip
 REBUILT_ON_RESTORE = {
     "shape_stats",

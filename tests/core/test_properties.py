@@ -68,10 +68,16 @@ class Scheduler(RuleBasedStateMachine):
         rack=st.sampled_from(["r1", "r2"]),
         healthy=st.booleans(),
         step=st.integers(1, 3000),
+        foreign=st.sampled_from([(0, 0), (0, 1), (0, 8), (90_000, 0), (96_000, 2)]),
     )
-    def heartbeat(self, i: int, gpus: int, rack: str, healthy: bool, step: int) -> None:
-        # a node keeps its shape unless it changes (then it is drained and reshaped)
-        beat = node(NODES[i], gpus=gpus, rack=rack, model="A100" if i % 2 else "T4", healthy=healthy)
+    def heartbeat(
+        self, i: int, gpus: int, rack: str, healthy: bool, step: int, foreign: tuple[int, int]
+    ) -> None:
+        # a node keeps its shape unless it changes (then it is drained and reshaped); work
+        # fleetlog does not own may hold some of it, also what fleetlog's tasks hold
+        held = (foreign[0], foreign[0] * 4, min(foreign[1], gpus))
+        beat = node(NODES[i], gpus=gpus, rack=rack, model="A100" if i % 2 else "T4", healthy=healthy,
+                    foreign=held)
         if healthy:
             self.beats[i] = beat
         else:
