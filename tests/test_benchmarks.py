@@ -172,12 +172,96 @@ def test_slurm() -> None:
 
 
 def test_kubernetes() -> None:
+    """Both parts: fleetlog against raw bindings, and side by side with a real kube-scheduler
+    (started by the benchmark, which placed every one of its pods) on the mixed fleet, where
+    neither scheduler may break a pod's selector, affinity, tolerations or a node's capacity."""
     r = smoke("kubernetes")
     positive(
         r, "fleetlog_pods_bound_per_s", "raw_bindings_per_s", "ratio_vs_raw_bindings", "create_1000_nodes_s"
     )
     assert len(r["fleetlog_runs"]) == len(r["raw_runs"]) == r["repeats"] == 1
+    positive(r, "fleetlog_pods_per_s", "kube_scheduler_pods_per_s", "ratio_vs_kube_scheduler")
+    assert r["fleetlog_violations"] == 0, r.get("fleetlog_violation_examples")
+    assert r["kube_scheduler_violations"] == 0, r.get("kube_scheduler_violation_examples")
+    side = r["side_by_side"]
+    assert side["gang_pods"] == 8
+    assert side["gpu_pods"] > side["gang_pods"]
+    assert side["zone_affinity_pods"] > 0
+    assert len(side["fleetlog_runs_pods_per_s"]) == len(side["kube_scheduler_runs_pods_per_s"]) == 1
+    assert side["kube_scheduler_attempts"] == [{"scheduled": side["pods"]}]  # it ran, and placed them all
+    assert r["decide_unconstrained_ratio"] is None
+    assert "--smoke" in r["not_measured"]["decide_unconstrained_ratio"]
+    assert r["kube_scheduler_ci_floor"]["pods_per_s"] == 270
     assert not list((REPO / "var").glob("kube-bench-*")), "the benchmark left its control plane's directory"
+
+
+def test_kubernetes_placement_check() -> None:
+    """The checker the side-by-side run trusts finds what it must, and nothing else: a pod on a
+    tainted node it does not tolerate, one off its node selector, and a node over its CPUs are
+    three violations; the pods beside them (a tolerated taint, a PreferNoSchedule one, affinity
+    and selectors met, an init container larger than the containers, limits as requests) none."""
+    from benchmarks.kubernetes import placement_violations, quantity
+
+    assert quantity("500m") * 2 == 1
+    assert quantity("768Gi") == 768 * 2**30
+    assert quantity("1.5") == quantity("1500m")
+    assert quantity("1e3") == 1000
+
+    def node(
+        name: str, cpu: str, labels: dict[str, str], taints: list[dict[str, str]], gpus: str = "0"
+    ) -> Any:
+        alloc = {"cpu": cpu, "memory": "64Gi", "pods": "110", "nvidia.com/gpu": gpus}
+        return {"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints},
+                "status": {"allocatable": alloc}}  # fmt: skip
+
+    def pod(name: str, on: str, cpu: str, gpus: str = "", **spec: Any) -> Any:
+        resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": "1Gi"}}
+        if gpus:
+            resources["limits"] = {"nvidia.com/gpu": gpus}  # (a request is its limit, unless given)
+        containers = [{"name": "c", "resources": resources}]
+        return {"metadata": {"name": name, "namespace": "t"},
+                "spec": {"nodeName": on, "containers": containers, **spec}}  # fmt: skip
+
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    soft = {"key": "spot", "value": "yes", "effect": "PreferNoSchedule"}
+    nodes = [
+        node("gpu-1", "96", {"nvidia.com/gpu.product": "H100", "zone": "a"}, [gpu_taint], gpus="8"),
+        node("cpu-1", "4", {"zone": "a"}, [soft]),
+        node("cpu-2", "4", {"zone": "b"}, []),
+    ]
+    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    in_zone_b = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}]}}}  # fmt: skip
+    model = {"nvidia.com/gpu.product": "H100"}
+    pods = [
+        pod("gpu-ok", "gpu-1", "4", gpus="8", tolerations=tolerate, nodeSelector=model),
+        pod("untolerated", "gpu-1", "1"),  # 1: the GPU taint, not tolerated
+        pod("off-selector", "cpu-1", "100m", nodeSelector={"zone": "b"}),  # 2: zone a, not b
+        pod("big-1", "cpu-1", "2"),
+        pod("big-2", "cpu-1", "2000m"),  # 3: cpu-1 holds 4.1 CPUs of requests, of 4
+        pod("affine", "cpu-2", "1", affinity=in_zone_b),
+        pod("init", "cpu-2", "1", initContainers=[{"name": "i", "resources": {"requests": {"cpu": "3"}}}]),
+        pod("unbound", "", "64"),  # (counts nowhere)
+    ]
+    found = placement_violations(pods, nodes)
+    assert sorted(v.split(":")[0] for v in found) == ["capacity", "selector", "taint"], found
+    assert any("untolerated" in v for v in found)
+    assert any("off-selector" in v for v in found)
+    assert any("node cpu-1: cpu requested 4.1 > allocatable 4" in v for v in found), found
+    # cpu-2 is full (1 + the init container's 3 of 4 CPUs) and gpu-1's 8 GPUs taken: one more each;
+    # and a toleration of the right key for another effect tolerates nothing
+    wrong = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]
+    more = [
+        pod("one-more", "cpu-2", "1m"),
+        pod("ninth-gpu", "gpu-1", "0", gpus="1", tolerations=tolerate),
+        pod("wrong-effect", "gpu-1", "0", tolerations=wrong),
+    ]
+    found = placement_violations(pods + more, nodes)
+    assert len(found) == 6, found
+    assert any("node cpu-2: cpu" in v for v in found)
+    assert any("node gpu-1: nvidia.com/gpu" in v for v in found)
+    assert any("taint: pod t/wrong-effect" in v for v in found)
 
 
 def test_simulate() -> None:
