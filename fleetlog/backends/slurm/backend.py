@@ -39,11 +39,13 @@ from fleetlog.backends.slurm.client import (
 )
 from fleetlog.backends.slurm.mapping import (
     ACTIVE_STATES,
+    Held,
     Kind,
     SubmitSettings,
     Workload,
     event_key,
     heartbeat,
+    held_by,
     job_name,
     outcome,
     parse_name,
@@ -167,6 +169,7 @@ class SlurmBackend:
         self.submitted: dict[str, int] = {}  # name -> Slurm id, until squeue lists it
         self.cancelling: set[int] = set()
         self.beats: dict[str, NodeHeartbeat] = {}
+        self.ours_held: dict[str, Held] = {}  # (CPUs, MiB, GPUs) our live jobs hold per node
         self.beat_at = -float("inf")
         self.backoff = Backoff(self.config.backoff_initial_ms / 1000, self.config.backoff_max_ms / 1000)
         self.stats = Stats()
@@ -231,6 +234,8 @@ class SlurmBackend:
             raise
         nodes, jobs = await asyncio.gather(self.client.nodes(), self.client.jobs())
         ours = self.our_jobs(jobs)
+        # (a job of ours from a run that ended is still Slurm's until cancelled: foreign meanwhile)
+        self.ours_held = held_by(j for name, j in ours.items() if self.is_live(name))
         events = self.observe_nodes(nodes)
         events += self.observe_jobs(ours)
         await self.append(events)
@@ -334,7 +339,9 @@ class SlurmBackend:
     def observe_nodes(self, nodes: list[SlurmNode]) -> list[Message]:
         """Every node's heartbeat when one changed or the heartbeat period passed, else nothing;
         ``NodeRemoved`` for a node Slurm no longer lists."""
-        beats = {n.name: heartbeat(self.config.cell, n, self.config.gpu_model) for n in nodes}
+        held = self.ours_held
+        beats = {n.name: heartbeat(self.config.cell, n, self.config.gpu_model, held.get(n.name, (0, 0, 0)))
+                 for n in nodes}
         now = self.clock()
         if beats == self.beats and now - self.beat_at < self.config.heartbeat_ms / 1000:
             return []

@@ -51,6 +51,10 @@ class SlurmNode(msgspec.Struct, frozen=True):
     features: str = ""
     partitions: list[str] = []
     reason: str = ""
+    alloc_cpus: int = 0
+    alloc_memory: int = 0
+    gres_used: str = ""
+    """What every job on the node holds now (ours and everyone else's)."""
 
 
 class SlurmJob(msgspec.Struct, frozen=True):
@@ -60,6 +64,10 @@ class SlurmJob(msgspec.Struct, frozen=True):
     state_reason: str = ""
     exit_code: int | None = None
     nodes: str = ""
+    cpus: int = 0
+    memory_per_node: int | None = None
+    gres_detail: list[str] = []
+    """What the job holds (while it runs): CPUs, MiB per node, GRES per node (``gpu:type:N(IDX:…)``)."""
 
 
 class ApiError(msgspec.Struct, frozen=True):

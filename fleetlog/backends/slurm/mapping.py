@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, Literal
 
 import msgspec
@@ -101,9 +101,28 @@ def node_labels(node: SlurmNode) -> dict[str, str]:
     return dict(list(labels.items())[:MAX_CONSTRAINT_ITEMS])
 
 
-def heartbeat(cell: str, node: SlurmNode, default_gpu_model: str) -> NodeHeartbeat:
+Held = tuple[int, int, int]
+"""(CPUs, MiB, GPUs) some jobs hold on a node."""
+
+
+def held_by(jobs: Iterable[SlurmJob]) -> dict[str, Held]:
+    """What ``jobs`` hold per node while Slurm runs them (a job of ours runs on one node)."""
+    out: dict[str, Held] = {}
+    for job in jobs:
+        if job.job_state not in RUNNING_STATES or not job.nodes or "," in job.nodes or "[" in job.nodes:
+            continue
+        cpus, mem, gpus = out.get(job.nodes, (0, 0, 0))
+        detail = sum(gpu_gres(g)[0] for g in job.gres_detail)
+        out[job.nodes] = (cpus + job.cpus, mem + (job.memory_per_node or 0), gpus + detail)
+    return out
+
+
+def heartbeat(cell: str, node: SlurmNode, default_gpu_model: str, ours: Held = (0, 0, 0)) -> NodeHeartbeat:
+    """The node as fleetlog sees it; ``ours``: what fleetlog's own jobs hold on it, so that the
+    rest of what Slurm says is allocated there (a job submitted straight to Slurm) is foreign."""
     count, model = gpu_gres(node.gres)
     labels = node_labels(node)
+    used = gpu_gres(node.gres_used)[0]
     return NodeHeartbeat(
         cell=cell,
         node=node.name,
@@ -113,6 +132,9 @@ def heartbeat(cell: str, node: SlurmNode, default_gpu_model: str) -> NodeHeartbe
         gpu_model=(model or default_gpu_model) if count else "",
         labels=labels,
         healthy=healthy(node),
+        foreign_cpu_milli=min(max(node.alloc_cpus - ours[0], 0), node.cpus) * 1000,
+        foreign_mem_mib=min(max(node.alloc_memory - ours[1], 0), node.real_memory),
+        foreign_gpus=min(max(used - ours[2], 0), count),
     )
 
 

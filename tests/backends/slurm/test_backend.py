@@ -245,3 +245,40 @@ async def test_a_job_with_a_constraint_lands_on_nodes_with_those_features(
         pending = [d for d in await h.decisions() if isinstance(d, JobPending) and d.job_id == "gpu-x"]
         assert pending[-1].reason == "no_eligible_nodes"
         assert "none of the 2 node affinity terms" in pending[-1].message
+
+
+async def test_work_submitted_straight_to_slurm_is_routed_around(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A user's own ``sbatch`` jobs hold all four GPUs of n1 and n2: the backend reports them as
+    foreign (allocated, not ours), so fleetlog places its two 4-GPU tasks on n3 and n4, where
+    Slurm runs them at once — not on the busy nodes, where Slurm would keep them pending."""
+    user = [
+        slurm_cluster.command(
+            "sbatch", "--parsable", "--job-name=someone-else", f"--nodelist={n}", "--gres=gpu:4",
+            "--cpus-per-task=2", "--mem=300M", "--output=/dev/null", "--wrap", "sleep 120",
+        ).strip()
+        for n in ("n1", "n2")
+    ]  # fmt: skip
+    try:
+        async with Harness(slurm_cluster, tmp_path, {"two": "sleep 30"}) as h:
+
+            def foreign_on_busy_nodes(events: list[Event]) -> bool:
+                beats = {b.node: b for b in of_type(events, NodeHeartbeat)}
+                return all(n in beats and beats[n].foreign_gpus == 4 for n in ("n1", "n2"))
+
+            inputs = await h.until(foreign_on_busy_nodes)
+            beats = {b.node: b for b in of_type(inputs, NodeHeartbeat)}
+            assert (beats["n1"].foreign_cpu_milli, beats["n1"].foreign_mem_mib) == (2000, 300)
+            assert (beats["n3"].foreign_gpus, beats["n3"].foreign_cpu_milli) == (0, 0)
+            await h.submit(job("two", tasks=2, gpus=4, mem_mib=512))
+            await h.until(lambda events: len(of_type(events, TaskStarted, "two")) == 2)
+            (placed,) = [p for p in await h.placements() if p.job_id == "two"]
+            assert sorted(t.node for t in placed.tasks) == ["n3", "n4"]
+            assert {j.job_state for j in h.slurm_jobs()} == {"RUNNING"}
+            # fleetlog's own running jobs are not foreign to it: n3's heartbeat stays as it was
+            await h.until(lambda events: True)
+            assert h.backend.beats["n3"].foreign_gpus == 0
+            assert h.backend.beats["n1"].foreign_gpus == 4
+    finally:
+        slurm_cluster.command("scancel", *user)

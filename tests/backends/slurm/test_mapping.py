@@ -134,3 +134,29 @@ def test_features_and_partitions_become_labels_and_constraints_become_terms() ->
     for bad in ("[ib|fast]", "ib*2", "(ib)", "ib&", "|"):
         with pytest.raises(ValueError, match="constraint"):
             constraint_terms(bad)
+
+
+def test_foreign_is_what_slurm_allocated_less_what_our_live_jobs_hold() -> None:
+    import msgspec
+
+    from fleetlog.backends.slurm.mapping import heartbeat, held_by
+
+    node = SlurmNode(name="n1", cpus=8, real_memory=8192, gres="gpu:fake:4", alloc_cpus=5,
+                     alloc_memory=2300, gres_used="gpu:fake:3(IDX:0-2)")
+    ours = [
+        SlurmJob(job_id=1, name="p:1:0:a", job_state="RUNNING", nodes="n1", cpus=2, memory_per_node=1000,
+                 gres_detail=["gpu:fake:1(IDX:0)"]),
+        SlurmJob(job_id=2, name="p:1:1:a", job_state="PENDING", nodes="", cpus=2),  # (holds nothing yet)
+        SlurmJob(job_id=3, name="p:1:2:a", job_state="COMPLETING", nodes="n1", cpus=1, memory_per_node=300),
+    ]
+    held = held_by(ours)
+    assert held == {"n1": (3, 1300, 1)}
+    beat = heartbeat("c", node, "H100", held["n1"])
+    assert (beat.foreign_cpu_milli, beat.foreign_mem_mib, beat.foreign_gpus) == (2000, 1000, 2)
+    # ours holding more than Slurm says is allocated (the two were listed a moment apart): none
+    beat = heartbeat("c", node, "H100", (9, 9000, 9))
+    assert (beat.foreign_cpu_milli, beat.foreign_mem_mib, beat.foreign_gpus) == (0, 0, 0)
+    # never more than the node has (a heartbeat past it would be refused)
+    over = msgspec.structs.replace(node, alloc_cpus=99, alloc_memory=99_999, gres_used="gpu:fake:7(IDX:0-6)")
+    beat = heartbeat("c", over, "H100")
+    assert (beat.foreign_cpu_milli, beat.foreign_mem_mib, beat.foreign_gpus) == (8000, 8192, 4)
