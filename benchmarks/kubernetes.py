@@ -49,11 +49,13 @@ pod and node listed; :func:`placement_violations`): each bound pod's node meets 
 
 ``decide_unconstrained_ratio``: ``benchmarks.core``'s single-task best-fit placements per second
 at 10,000 nodes (no constraints) at ``--decide-after`` (default ``HEAD``) over the same at
-3dfbb13, the parent of cdf91a8, which added constraint support: each revision in a git worktree
-(``benchmarks.worktree``), a fresh process per measurement, ABBA, ``--decide-rounds`` (3) rounds
-after one warm-up process per tree (numba compiles into the tree's cache); each process the
-median of three decides. A few minutes, so only at full size (null at ``--quick``/``--smoke``
-or with ``--no-decide-ratio``, the reason under ``not_measured``).
+3dfbb13, the parent of cdf91a8, which added constraint support (and, in ``decide_unconstrained``,
+cdf91a8 itself over 3dfbb13): each revision in a git worktree (``benchmarks.worktree``:
+committed code only), a fresh process per measurement, ``--decide-rounds`` (5) rounds of one
+process per revision, in turn forward and backward, after one warm-up process per tree (numba
+compiles into the tree's cache); each process the median of five decides. About two minutes,
+so only at full size (null at ``--quick``/``--smoke`` or with ``--no-decide-ratio``, the reason
+under ``not_measured``).
 
 ``kube_scheduler_ci_floor``: kube-scheduler's own CI floor for its basic 5,000-node test, as the
 pinned release's scheduler_perf configuration says (:data:`KUBE_SCHEDULER_CI_FLOOR`).
@@ -124,9 +126,10 @@ KUBE_SCHEDULER_CI_FLOOR = {
     "since raised the 5000Nodes_10000Pods threshold to 680",
 }
 
-DECIDE_BEFORE = "3dfbb13"  # the parent of cdf91a8, which added placement constraints to the core
-DECIDE_ROUNDS = 3
-DECIDE_REPEATS = 3  # decides per process, their median
+DECIDE_CHANGE = "cdf91a8"  # placement constraints in the core
+DECIDE_BEFORE = "3dfbb13"  # its parent: no constraint support
+DECIDE_ROUNDS = 5
+DECIDE_REPEATS = 5  # decides per process, their median
 DECIDE_CHILD = """
 import json, statistics, sys
 import fleetlog
@@ -698,42 +701,42 @@ def placement_violations(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]
 
 def decide_ratio(after: str, rounds: int) -> dict[str, Any]:
     """``benchmarks.core``'s ``bench_single(10_000, "best-fit")`` at ``after`` over the same at
-    :data:`DECIDE_BEFORE`, each revision's own code in its own worktree and process."""
-    from benchmarks.compare import order
+    :data:`DECIDE_BEFORE`, each revision's own code in its own worktree and processes; and at
+    :data:`DECIDE_CHANGE` (the constraint commit itself, without what came after it)."""
     from benchmarks.worktree import checkouts, resolve
 
-    revs = (DECIDE_BEFORE, after)
+    revs = (DECIDE_BEFORE, after, DECIDE_CHANGE)
     commits = [resolve(r) for r in revs]
-    runs: list[list[float]] = [[], []]
+    runs: list[list[float]] = [[] for _ in revs]
     seconds: list[float] = []
     with checkouts(*revs) as trees:
         for tree in trees:
             decide_child(tree, 0)  # numba compiles into the tree's own cache: not timed
         for round_ in range(1, rounds + 1):
-            for side in order(round_):
+            for side in range(len(revs)) if round_ % 2 else reversed(range(len(revs))):
                 started = time.perf_counter()
                 runs[side].append(statistics.median(decide_child(trees[side], DECIDE_REPEATS)))
                 seconds.append(time.perf_counter() - started)
-    before, after_rate = statistics.median(runs[0]), statistics.median(runs[1])
+    rates = [statistics.median(r) for r in runs]
+
+    def side(i: int) -> dict[str, Any]:
+        return {
+            "rev": revs[i],
+            "commit": commits[i],
+            "per_s": round(rates[i]),
+            "rounds": [round(r) for r in runs[i]],
+        }
+
     return {
-        "decide_unconstrained_ratio": round(after_rate / before, 3),
+        "decide_unconstrained_ratio": round(rates[1] / rates[0], 3),
         "decide_unconstrained": {
             "measure": "benchmarks.core bench_single(10_000, 'best-fit'): 20,000 one-task 1-GPU jobs "
             "placed in one decide on 10,000 nodes, no constraints; placements per second",
-            "before": {
-                "rev": DECIDE_BEFORE,
-                "commit": commits[0],
-                "per_s": round(before),
-                "rounds": [round(r) for r in runs[0]],
-            },
-            "after": {
-                "rev": after,
-                "commit": commits[1],
-                "per_s": round(after_rate),
-                "rounds": [round(r) for r in runs[1]],
-            },
-            "order": "one warm-up process per tree (not timed), then ABBA rounds, a process each; "
-            f"each process the median of {DECIDE_REPEATS} decides",
+            "before": side(0),
+            "after": side(1),
+            "at_change": side(2) | {"ratio": round(rates[2] / rates[0], 3)},
+            "order": "one warm-up process per tree (not timed), then rounds of one process per tree, "
+            f"in turn forward and backward (ABCCBA...); each process the median of {DECIDE_REPEATS} decides",
             "process_seconds": [round(s, 1) for s in seconds],
         },
     }
@@ -773,7 +776,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1,000 pods, one run, no decide ratio")
     parser.add_argument("--repeats", type=int, default=5, help="repetitions; the median is reported")
     parser.add_argument("--decide-after", default="HEAD", help="the revision of decide_unconstrained_ratio")
-    parser.add_argument("--decide-rounds", type=int, default=DECIDE_ROUNDS, help="its ABBA rounds")
+    parser.add_argument(
+        "--decide-rounds", type=int, default=DECIDE_ROUNDS, help="its rounds (a process per revision)"
+    )
     parser.add_argument("--no-decide-ratio", action="store_true", help="skip decide_unconstrained_ratio")
     add_smoke(parser)
     return parser.parse_args()
@@ -798,9 +803,9 @@ def main() -> None:
         result["decide_unconstrained_ratio"] = None
         why = "--no-decide-ratio" if args.no_decide_ratio else "--quick" if args.quick else "--smoke"
         result["not_measured"] = {
-            "decide_unconstrained_ratio": f"skipped ({why}): two git worktrees, numba compiled in each, "
-            f"{args.decide_rounds} ABBA rounds: minutes; the full run (python -m benchmarks.kubernetes "
-            "--json) measures it"
+            "decide_unconstrained_ratio": f"skipped ({why}): three git worktrees, numba compiled in each, "
+            f"{args.decide_rounds} rounds of processes: minutes; the full run (python -m "
+            "benchmarks.kubernetes --json) measures it"
         }
     else:
         result |= decide_ratio(args.decide_after, args.decide_rounds)
