@@ -47,14 +47,16 @@ class KubernetesBackend:
         self.tasks = [
             asyncio.create_task(observer.node_watch.run(), name="fleetlog-kube-nodes"),
             asyncio.create_task(observer.pod_watch.run(), name="fleetlog-kube-pods"),
+            asyncio.create_task(observer.foreign_watch.run(), name="fleetlog-kube-foreign-pods"),
             asyncio.create_task(self._rounds(observer), name="fleetlog-kube-heartbeats"),
             asyncio.create_task(emitter.run(self.cfg.flush_ms), name="fleetlog-kube-emitter"),
             asyncio.create_task(actuator.run(self.store), name="fleetlog-kube-actuator"),
         ]
 
     async def _first_lists(self, observer: Observer) -> None:
-        """List nodes, then pods, retrying while the API server is not there yet."""
-        for watcher in (observer.node_watch, observer.pod_watch):
+        """List the pods fleetlog does not own (so the first heartbeats carry them), nodes, then
+        fleetlog's pods, retrying while the API server is not there yet."""
+        for watcher in (observer.foreign_watch, observer.node_watch, observer.pod_watch):
 
             def failed(e: BaseException, _delay: float, path: str = watcher.kind.path) -> None:
                 log.warning("first list of %s failed (%s); retrying", path, e)
@@ -77,7 +79,8 @@ class KubernetesBackend:
     async def stop(self) -> None:
         """Cancel the background tasks and append what is still queued."""
         if self.observer is not None:
-            self.observer.node_watch.running = self.observer.pod_watch.running = False
+            for watch in (self.observer.node_watch, self.observer.pod_watch, self.observer.foreign_watch):
+                watch.running = False
         if self.actuator is not None:
             self.actuator.running = False
             self.tasks.extend(self.actuator.waiting)

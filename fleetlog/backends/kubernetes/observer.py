@@ -29,12 +29,14 @@ from fleetlog.backends.kubernetes.objects import (
 )
 from fleetlog.backends.kubernetes.podgroups import group_size
 from fleetlog.backends.kubernetes.translate import (
+    Shape,
     group_of,
     job_id_of,
     job_submitted,
     node_heartbeat,
     observation,
     pod_key,
+    pod_shape,
 )
 from fleetlog.backends.kubernetes.watch import Handlers, Kind, Watcher
 from fleetlog.events import JobCancelled, NodeRemoved
@@ -65,6 +67,19 @@ def pods_kind(scheduler_name: str) -> Kind[Pod]:
     )
 
 
+def foreign_pods_kind(scheduler_name: str) -> Kind[Pod]:
+    """The bound pods other schedulers placed (or the kubelet and DaemonSets), while they hold
+    their node: what fleetlog must not place on (a pod that ends leaves the selector: DELETED)."""
+    return Kind(
+        "/api/v1/pods",
+        pod_list,
+        POD.decode,
+        lambda p: p.metadata.resource_version,
+        field_selector=f"spec.schedulerName!={scheduler_name},spec.nodeName!=,"
+        "status.phase!=Succeeded,status.phase!=Failed",
+    )
+
+
 class Observer:
     """The cluster as last seen, and the mapping of pods to fleetlog jobs and tasks."""
 
@@ -82,6 +97,12 @@ class Observer:
         self.node_watch = Watcher(api, NODES, Handlers(self.nodes_relisted, self.node_changed), timeout)
         pods = pods_kind(cfg.scheduler_name)
         self.pod_watch = Watcher(api, pods, Handlers(self.pods_relisted, self.pod_changed), timeout)
+        self.foreign: dict[str, tuple[str, Shape]] = {}
+        """Pod key -> (node, request) of the bound pods fleetlog does not own."""
+        self.foreign_on: dict[str, Shape] = {}
+        """Node name -> what those pods request there in all (nodes with some only)."""
+        held = Handlers(self.foreign_relisted, self.foreign_changed)
+        self.foreign_watch = Watcher(api, foreign_pods_kind(cfg.scheduler_name), held, timeout)
 
     # --- nodes ------------------------------------------------------------------------------
 
@@ -100,10 +121,56 @@ class Observer:
             self.emitter.emit(NodeRemoved(cell=self.cfg.cell, node=name))
             return
         self.nodes[name] = node
+        self.report_node(name)
+
+    def report_node(self, name: str, repeat: bool = False) -> None:
+        """``name``'s heartbeat with what foreign pods hold there (emitted if it changed, or again)."""
         try:
-            self.emitter.emit(node_heartbeat(node, self.cfg))
+            beat = node_heartbeat(self.nodes[name], self.cfg, self.foreign_on.get(name, (0, 0, 0)))
         except ValueError as e:
             log.warning("node %s cannot be reported: %s", name, e)
+            return
+        if repeat:
+            self.emitter.repeat(beat)
+        else:
+            self.emitter.emit(beat)
+
+    # --- pods fleetlog does not own ----------------------------------------------------------
+
+    async def foreign_relisted(self, pods: list[Pod]) -> None:
+        before = dict(self.foreign_on)
+        self.foreign, self.foreign_on = {}, {}
+        for pod in pods:
+            self.hold(pod_key(pod), pod)
+        for name in sorted(set(before) | set(self.foreign_on)):
+            if before.get(name) != self.foreign_on.get(name) and name in self.nodes:
+                self.report_node(name)
+
+    async def foreign_changed(self, kind: str, pod: Pod) -> None:
+        key = pod_key(pod)
+        old = self.foreign.get(key)
+        if old is not None:
+            self.release(key)
+        if kind != "DELETED" and pod.spec.node_name and pod.status.phase not in ("Succeeded", "Failed"):
+            self.hold(key, pod)
+        for name in sorted({n for n in (old and old[0], pod.spec.node_name) if n}):
+            if name in self.nodes:
+                self.report_node(name)
+
+    def hold(self, key: str, pod: Pod) -> None:
+        shape, node = pod_shape(pod, self.cfg), pod.spec.node_name
+        self.foreign[key] = (node, shape)
+        cpu, mem, gpus = self.foreign_on.get(node, (0, 0, 0))
+        self.foreign_on[node] = (cpu + shape[0], mem + shape[1], gpus + shape[2])
+
+    def release(self, key: str) -> None:
+        node, shape = self.foreign.pop(key)
+        cpu, mem, gpus = self.foreign_on[node]
+        left = (cpu - shape[0], mem - shape[1], gpus - shape[2])
+        if any(left):
+            self.foreign_on[node] = left
+        else:
+            del self.foreign_on[node]
 
     def no_execute(self) -> dict[str, list[tuple[str, str, str]]]:
         """Node name -> its ``NoExecute`` taints (key, value, effect), for the nodes that have any."""
@@ -120,10 +187,7 @@ class Observer:
         for name in sorted(self.nodes):
             if parts > 1 and heartbeat_slice(name, parts) != part:
                 continue
-            try:
-                self.emitter.repeat(node_heartbeat(self.nodes[name], self.cfg))
-            except ValueError as e:
-                log.warning("node %s cannot be reported: %s", name, e)
+            self.report_node(name, repeat=True)
 
     # --- pods -------------------------------------------------------------------------------
 

@@ -56,17 +56,22 @@ Shape = tuple[int, int, int]
 """A pod's request: (cpu milli, memory MiB, whole GPUs)."""
 
 
-def node_heartbeat(node: Node, cfg: KubeBackendConfig) -> NodeHeartbeat:
+def node_heartbeat(node: Node, cfg: KubeBackendConfig, foreign: Shape = (0, 0, 0)) -> NodeHeartbeat:
     """What the API server says about ``node``: allocatable capacity, GPU model, topology,
-    labels, taints, cordon and health."""
+    labels, taints, cordon and health; ``foreign``: what the pods on it that other schedulers
+    placed request (DaemonSets, kube-scheduler's pods), at most what the node has."""
     alloc, labels = node.status.allocatable, node.metadata.labels
     gpus = min(count(alloc.get(cfg.gpu_resource, "0")), MAX_GPUS_PER_NODE)
     model = labels.get(cfg.gpu_model_label, "unknown") if gpus else ""
+    cpu, mem = milli(alloc.get("cpu", "0")), mib(alloc.get("memory", "0"))
     return NodeHeartbeat(
         cell=cfg.cell,
         node=node.metadata.name,
-        cpu_milli=milli(alloc.get("cpu", "0")),
-        mem_mib=mib(alloc.get("memory", "0")),
+        cpu_milli=cpu,
+        mem_mib=mem,
+        foreign_cpu_milli=min(foreign[0], cpu),
+        foreign_mem_mib=min(foreign[1], mem),
+        foreign_gpus=min(foreign[2], gpus),
         gpu_count=gpus,
         gpu_model=model,
         topology=topology(node, cfg),

@@ -144,3 +144,33 @@ async def test_a_no_execute_taint_evicts_the_pods_that_do_not_tolerate_it(rig: R
     await rig.refresh()
     assert pods(rig)["tough"]["status"]["phase"] == "Running"
     assert bound(rig, ["tough"]) == {"tough": "n1"}
+
+
+async def test_pods_other_schedulers_placed_hold_their_nodes(rig: Rig) -> None:
+    """A DaemonSet-like pod and a pod kube-scheduler bound take capacity fleetlog does not own:
+    the backend reports what they request as foreign, fleetlog places around it, and what they
+    held is free again once they are gone."""
+
+    def foreign(name: str, on: str, gpus: int, cpu: str = "1") -> dict[str, object]:
+        body = pod(name, gpus=gpus, cpu=cpu)
+        body["spec"] |= {"schedulerName": "default-scheduler", "nodeName": on}  # type: ignore[operator]
+        return body
+
+    rig.apply(items(node("g-1", gpus=8), node("g-2", gpus=8)))
+    await beats_of(rig, 2)
+    rig.apply(items(foreign("theirs", "g-1", gpus=8), foreign("agent", "g-2", gpus=0, cpu="2")))
+
+    async def reported() -> bool:
+        beats = {e.node: e for e in await rig.events() if isinstance(e, NodeHeartbeat)}
+        return {n: (b.foreign_gpus, b.foreign_cpu_milli) for n, b in beats.items()} == {
+            "g-1": (8, 1000), "g-2": (0, 2000)}  # fmt: skip
+
+    await rig.until_async("the foreign pods reported", reported)
+    rig.apply(items(pod("ours-1", gpus=8), pod("ours-2", gpus=8)))
+    await rig.until("one bound", lambda: len(bound(rig, ["ours-1", "ours-2"])) == 1, timeout_s=60)
+    await rig.refresh()
+    (where,) = bound(rig, ["ours-1", "ours-2"]).values()
+    assert where == "g-2"  # (g-1's GPUs are kube-scheduler's pod's)
+    rig.kube.kubectl("delete", "pod", "theirs", "--grace-period=0", "--force")
+    await rig.until("both bound", lambda: len(bound(rig, ["ours-1", "ours-2"])) == 2, timeout_s=60)
+    assert sorted(bound(rig, ["ours-1", "ours-2"]).values()) == ["g-1", "g-2"]
