@@ -41,6 +41,12 @@ CONFLICT: Final = 409
 NOT_FOUND: Final = 404
 TOO_MANY: Final = 429
 RETRY_S: Final = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+EVENTS_IN_FLIGHT: Final = 8
+"""Kubernetes Events posted at once (beside, not through, the binding gate)."""
+EVENTS_QUEUED: Final = 1_000
+"""Events waiting to be posted at most; past it one is dropped and counted (``events_dropped``),
+as kube-scheduler's event broadcaster drops when its queue is full: an Event tells people,
+no decision depends on it."""
 
 
 def camel(code: str) -> str:
@@ -56,7 +62,11 @@ class Actuator:
         self.bound: dict[str, str] = {}
         """Pod key -> node, for bindings this process made (the watch may not have shown them yet)."""
         self.gate = asyncio.Semaphore(cfg.bind_concurrency)
-        self.counts = {"bound": 0, "evicted": 0, "explained": 0, "failed": 0, "deferred": 0}
+        self.counts = {"bound": 0, "evicted": 0, "explained": 0, "failed": 0, "deferred": 0, "events": 0,
+                       "events_dropped": 0}  # fmt: skip
+        self.event_gate = asyncio.Semaphore(EVENTS_IN_FLIGHT)
+        self.noting: set[asyncio.Task[None]] = set()
+        """Events being posted (:meth:`note`)."""
         self.evicted: set[str] = set()
         """Keys of pods evicted for a ``NoExecute`` taint (each asked once)."""
         self.evicting: dict[str, set[str]] = {}
@@ -155,7 +165,7 @@ class Actuator:
             taint = next((t for t in taints if not tolerates(tolerations, t)), None)
             if taint is not None and self.observer.task_of.get(key) is not None:
                 self.evicted.add(key)
-                work.append(self._evict_pod(key, pod, f"untolerated taint {taint[0]}:{taint[2]}"))
+                work.append(self._evict_untolerating(key, pod, taint))
         await asyncio.gather(*work)
 
     def failed(self, state: RetryCallState, status: str, action: str) -> None:
@@ -271,6 +281,9 @@ class Actuator:
         if await self._post(path, body, f"bind {key} to {node}"):
             self.bound[key] = node
             self.counts["bound"] += 1
+            where = f"{meta.namespace}/{meta.name}"
+            self.note(pod, "Scheduled", f"Successfully assigned {where} to {node} (fleetlog job {d.job_id}, "
+                                        f"task {index})")  # fmt: skip
 
     def _cannot_move(self, job_id: str, index: int, key: str, where: str, node: str) -> None:
         reason = f"node_lost: pod {key} is bound to {where} and cannot move to {node}; recreate it"
@@ -281,18 +294,50 @@ class Actuator:
         for key, pod in self._pod(d.job_id, d.task_index):
             if pod.metadata.deletion_timestamp is not None:
                 continue
-            await self._evict_pod(key, pod, f"preempted by {d.by_job_id}: {d.cause}")
+            why = f"preempted by {d.by_job_id}: {d.cause}"
+            if await self._evict_pod(key, pod, why):
+                self.note(pod, "Preempted", f"Preempted by fleetlog job {d.by_job_id} on node "
+                                            f"{pod.spec.node_name} ({d.cause})")  # fmt: skip
 
-    async def _evict_pod(self, key: str, pod: Pod, why: str) -> None:
+    async def _evict_pod(self, key: str, pod: Pod, why: str) -> bool:
+        """Evict ``pod`` through the Eviction API; whether it took effect."""
         body = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace},
         }
         path = f"/api/v1/namespaces/{pod.metadata.namespace}/pods/{pod.metadata.name}/eviction"
-        if await self._post(path, body, f"evict {key} ({why})"):
-            self.counts["evicted"] += 1
-            self.evicting.setdefault(pod.spec.node_name, set()).add(key)
+        if not await self._post(path, body, f"evict {key} ({why})"):
+            return False
+        self.counts["evicted"] += 1
+        self.evicting.setdefault(pod.spec.node_name, set()).add(key)
+        return True
+
+    async def _evict_untolerating(self, key: str, pod: Pod, taint: tuple[str, str, str]) -> None:
+        if await self._evict_pod(key, pod, f"untolerated taint {taint[0]}:{taint[2]}"):
+            where, node = f"{pod.metadata.namespace}/{pod.metadata.name}", pod.spec.node_name
+            message = f"Marking for deletion Pod {where}: node {node} has taint {taint[0]}:{taint[2]}"
+            self.note(pod, "TaintManagerEviction", message)
+
+    def note(self, pod: Pod, reason: str, message: str, kind: str = "Normal") -> None:
+        """Post a Kubernetes Event on ``pod`` in the background, as kube-scheduler does (best
+        effort: not retried; at most ``EVENTS_QUEUED`` waiting)."""
+        if len(self.noting) >= EVENTS_QUEUED:
+            self.counts["events_dropped"] += 1
+            return
+        task = asyncio.create_task(self._note(pod, reason, message, kind))
+        self.noting.add(task)
+        task.add_done_callback(self.noting.discard)
+
+    async def _note(self, pod: Pod, reason: str, message: str, kind: str) -> None:
+        path = f"/api/v1/namespaces/{pod.metadata.namespace}/events"
+        async with self.event_gate:
+            try:
+                await self.api.request("POST", path, body=event_body(pod, reason, message, kind))
+            except (KubeApiError, KubeUnreachableError) as e:
+                log.info("event %s on pod %s not posted: %s", reason, pod.metadata.name, e)
+                return
+        self.counts["events"] += 1
 
     async def explain(self, d: JobPending | JobRejected) -> None:
         verb = "rejected" if isinstance(d, JobRejected) else "pending"
@@ -316,7 +361,8 @@ class Actuator:
         send = lambda: self.api.request("PATCH", path, body=patch, content_type=STRATEGIC_PATCH)  # noqa: E731
         if await self._call(send, key):
             events = f"/api/v1/namespaces/{ns}/events"
-            await self._post(events, event_body(pod, reason, message), f"event {key}")
+            await self._post(events, event_body(pod, "FailedScheduling", f"{reason}: {message}", "Warning"),
+                             f"event {key}")
             self.counts["explained"] += 1
 
     # --- requests ---------------------------------------------------------------------------
@@ -349,7 +395,8 @@ def scheduled_false(reason: str, message: str) -> dict[str, str]:
     return {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
 
 
-def event_body(pod: Pod, reason: str, message: str) -> dict[str, Any]:
+def event_body(pod: Pod, reason: str, message: str, kind: str) -> dict[str, Any]:
+    """A core/v1 Event on ``pod`` (``kind``: ``Normal`` or ``Warning``), from component fleetlog."""
     meta = pod.metadata
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -363,9 +410,9 @@ def event_body(pod: Pod, reason: str, message: str) -> dict[str, Any]:
             "namespace": meta.namespace,
             "uid": meta.uid,
         },
-        "reason": "FailedScheduling",
-        "message": f"{reason}: {message}"[:1024],
-        "type": "Warning",
+        "reason": reason,
+        "message": message[:1024],
+        "type": kind,
         "source": {"component": "fleetlog"},
         "firstTimestamp": now,
         "lastTimestamp": now,

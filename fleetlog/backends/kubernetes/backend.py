@@ -83,7 +83,7 @@ class KubernetesBackend:
                 watch.running = False
         if self.actuator is not None:
             self.actuator.running = False
-            self.tasks.extend(self.actuator.waiting)
+            self.tasks.extend(self.actuator.waiting | self.actuator.noting)
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:

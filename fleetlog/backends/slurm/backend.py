@@ -78,6 +78,7 @@ from fleetlog.waiting import event_or_timeout
 log = logging.getLogger("fleetlog.backends.slurm")
 TaskEvent = TaskStarted | TaskFinished | TaskFailed
 READ_BATCH: Final = 1000
+MAX_ENDED: Final = 10_000  # why runs ended, kept for the scancel log lines
 
 
 class SlurmConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -169,6 +170,7 @@ class SlurmBackend:
         self.submitted: dict[str, int] = {}  # name -> Slurm id, until squeue lists it
         self.cancelling: set[int] = set()
         self.beats: dict[str, NodeHeartbeat] = {}
+        self.ended: dict[str, str] = {}  # job id -> why its last run ended (the newest MAX_ENDED)
         self.ours_held: dict[str, Held] = {}  # (CPUs, MiB, GPUs) our live jobs hold per node
         self.beat_at = -float("inf")
         self.backoff = Backoff(self.config.backoff_initial_ms / 1000, self.config.backoff_max_ms / 1000)
@@ -278,7 +280,7 @@ class SlurmBackend:
             case JobCancelled():
                 self.cancelled_at[event.job_id] = d.offset
                 self.specs.pop(event.job_id, None)
-                self.end_run(event.job_id, "cancelled")
+                self.end_run(event.job_id, f"cancelled (JobCancelled at inputs@{d.offset})")
             case NodeHeartbeat() if event.cell == self.config.cell:
                 self.apply_health(event.node, event.healthy, d.offset)
             case NodeRemoved() if event.cell == self.config.cell:
@@ -314,11 +316,13 @@ class SlurmBackend:
         for decision in batch.decisions:
             match decision:
                 case JobPlaced():
-                    self.end_run(decision.job_id, "placed again")
+                    self.end_run(decision.job_id, f"placed again (JobPlaced at decisions@{offset})")
                     if decision.cell == self.config.cell and self.will_run(decision, batch.as_of):
                         self.runs[decision.job_id] = Run(offset, decision)
                 case TaskPreempted():
-                    self.end_run(decision.job_id, f"preempted ({decision.cause})")
+                    by, cause = decision.by_job_id, decision.cause
+                    why = f"preempted by {by} ({cause}; TaskPreempted at decisions@{offset})"
+                    self.end_run(decision.job_id, why)
                 case _:
                     pass
 
@@ -333,6 +337,9 @@ class SlurmBackend:
         """Forget the job's live run; reconcile cancels whatever of it Slurm still runs."""
         if self.runs.pop(job_id, None) is not None:
             log.info("run of %s ended: %s", job_id, why)
+            if len(self.ended) >= MAX_ENDED:
+                del self.ended[next(iter(self.ended))]
+            self.ended[job_id] = why
 
     # --- 2. observations ---------------------------------------------------------------
 
@@ -431,6 +438,13 @@ class SlurmBackend:
         self.cancelling &= {j.job_id for j in ours.values() if j.job_state in ACTIVE_STATES}
         stale = sorted(set(stale) - self.cancelling)
         if stale:
+            names = {j.job_id: n for n, j in ours.items()} | {i: n for n, i in self.submitted.items()}
+            for slurm_id in stale:
+                task = parse_name(self.config.prefix, names.get(slurm_id, ""))
+                why = self.ended.get(task.job_id, "its run ended") if task else "its run ended"
+                log.info("scancel %d: %s task %s, placed at decisions@%s: %s", slurm_id,
+                         task.job_id if task else "?", task.task_index if task else "?",
+                         task.incarnation if task else "?", why)  # fmt: skip
             await self.client.cancel(stale)
             self.cancelling.update(stale)
             self.stats.cancelled += len(stale)
@@ -476,6 +490,8 @@ class SlurmBackend:
                 return self.report(run, name, "failed", failed)
         self.submitted[name] = slurm_id
         self.stats.submitted += 1
+        log.info("sbatch: slurm job %d runs %s task %d on %s (JobPlaced at decisions@%d)", slurm_id, job_id,
+                 task.task_index, task.node, run.incarnation)  # fmt: skip
         return None
 
     # --- helpers -----------------------------------------------------------------------

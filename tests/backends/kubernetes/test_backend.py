@@ -152,6 +152,24 @@ async def has_ends(rig: Rig, n: int) -> bool:
     return await rig.count(TaskFinished) + await rig.count(TaskFailed) == n
 
 
+async def pod_events(rig: Rig, name: str) -> list[tuple[str, str, str]]:
+    """(reason, type, message) of the Events on pod ``name`` of namespace ``default``."""
+    assert rig.admin is not None
+    listed = json.loads(await rig.admin.request("GET", "/api/v1/namespaces/default/events"))
+    ours = [e for e in listed["items"] if e["source"].get("component") == "fleetlog"]
+    return [(e["reason"], e["type"], e["message"]) for e in ours if e["involvedObject"]["name"] == name]
+
+
+async def until_event(rig: Rig, name: str, reason: str) -> tuple[str, str, str]:
+    """Wait for fleetlog's Event ``reason`` on pod ``name`` (posted in the background); it."""
+
+    async def posted() -> bool:
+        return any(e[0] == reason for e in await pod_events(rig, name))
+
+    await rig.until_async(f"a {reason} event on {name}", posted)
+    return next(e for e in await pod_events(rig, name) if e[0] == reason)
+
+
 async def test_higher_priority_pod_preempts(rig: Rig) -> None:
     rig.apply(items(priority_class("low", 10), priority_class("high", 1000), node("g1", gpus=4)))
     low = [f"low-{i}" for i in range(4)]
@@ -170,6 +188,14 @@ async def test_higher_priority_pod_preempts(rig: Rig) -> None:
     await rig.backend.observer.emitter.flush()  # type: ignore[union-attr]
     cancelled = {e.job_id for e in await rig.events() if isinstance(e, JobCancelled)}
     assert {d.job_id for d in preempted} == cancelled
+    # as kube-scheduler says it: Preempted on each victim, Scheduled on the preemptor
+    for victim in sorted(n for n in low if n not in pods(rig)):
+        _, kind, message = await until_event(rig, victim, "Preempted")
+        assert kind == "Normal"
+        assert message.startswith("Preempted by fleetlog job pod/default/urgent/")
+        assert message.endswith(" on node g1 (priority)")
+    _, kind, message = await until_event(rig, "urgent", "Scheduled")
+    assert message.startswith("Successfully assigned default/urgent to g1 (fleetlog job ")
 
 
 async def test_node_not_ready_requeues_its_jobs(rig: Rig) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fleetlog.events import JobPending, NodeHeartbeat
 from tests.backends.kubernetes.conftest import Rig
 from tests.backends.kubernetes.manifests import items, node, pod
-from tests.backends.kubernetes.test_backend import bound, pods
+from tests.backends.kubernetes.test_backend import bound, pods, until_event
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,6 +49,9 @@ async def test_a_tainted_gpu_node_is_used_only_by_pods_that_tolerate_it(rig: Rig
     assert where["trainer"] in ("gpu-1", "gpu-2")
     assert where["web-0"] == where["web-1"] == "cpu-1"
     assert "rogue" not in where
+    _, kind, message = await until_event(rig, "trainer", "Scheduled")
+    assert kind == "Normal"
+    assert message.split(" (")[0] == f"Successfully assigned default/trainer to {where['trainer']}"
 
     def explained() -> bool:
         conditions = pods(rig)["rogue"]["status"].get("conditions", [])
@@ -141,6 +144,8 @@ async def test_a_no_execute_taint_evicts_the_pods_that_do_not_tolerate_it(rig: R
     rig.kube.kubectl("patch", "node", "n1", "--type=merge", "-p", json.dumps(taint))
     await rig.until("fragile evicted", lambda: "fragile" not in pods(rig), timeout_s=60)
     assert rig.backend.actuator.counts["evicted"] == 1  # type: ignore[union-attr]
+    _, _, message = await until_event(rig, "fragile", "TaintManagerEviction")
+    assert message == "Marking for deletion Pod default/fragile: node n1 has taint maintenance:NoExecute"
     await rig.refresh()
     assert pods(rig)["tough"]["status"]["phase"] == "Running"
     assert bound(rig, ["tough"]) == {"tough": "n1"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -150,8 +151,9 @@ async def test_a_replayed_placement_after_a_crash_between_sbatch_and_the_next_po
 
 
 async def test_preemption_and_cancellation_scancel_the_slurm_jobs(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "fleetlog.backends.slurm")
     low = [f"low{i}" for i in range(4)]
     async with Harness(
         slurm_cluster, tmp_path, {**dict.fromkeys(low, "sleep 120"), "high": "sleep 120"}
@@ -173,6 +175,17 @@ async def test_preemption_and_cancellation_scancel_the_slurm_jobs(
         await h.until(lambda _: state_of(h, survivor) == {"CANCELLED"})
         assert h.job_state(survivor) == JobState.CANCELLED
         assert state_of(h, "high") == {"RUNNING"}
+        # each sbatch and scancel is logged with the decision (or input) that caused it
+        lines = [r.getMessage() for r in caplog.records if r.name == "fleetlog.backends.slurm"]
+        sbatch = [line for line in lines if line.startswith("sbatch: slurm job ")]
+        assert len(sbatch) == 5
+        assert any(f"runs high task 0 on {victim_node} (JobPlaced at decisions@" in line for line in sbatch)
+        scancel = [line for line in lines if line.startswith("scancel ")]
+        assert len(scancel) == 2
+        assert any(f": {victim} task 0, placed at decisions@" in line and "preempted by high (priority; "
+                   "TaskPreempted at decisions@" in line for line in scancel)  # fmt: skip
+        assert any(f": {survivor} task 0" in line and "cancelled (JobCancelled at inputs@" in line
+                   for line in scancel)  # fmt: skip
 
 
 def state_of(h: Harness, job_id: str) -> set[str]:
