@@ -34,7 +34,9 @@ that start** (the backend's ``start()`` call; kube-scheduler's spawn: its proces
 informer sync are counted as the backend's first lists are) **until the API server lists no pod
 of the namespace without ``spec.nodeName``** — the same observer for both: this process polls
 ``fieldSelector=spec.nodeName=`` every 20 ms. ``*_first_bound_s`` is when a first pod had a node
-(start-up), and ``*_bind_phase_pods_per_s`` the rate from then on. The two alternate (ABBA over
+(start-up), and ``*_bind_phase_pods_per_s`` the rate from then on; ``*_cpu_s`` the CPU seconds the
+scheduler (fleetlog: this process; kube-scheduler: its process), the API server and etcd used
+over the run (``/proc``), medians. The two alternate (ABBA over
 the repeats) on the same nodes, the pods deleted between runs, so each starts on an empty fleet;
 one warm-up run of each first, not counted (numba's constraint kernels; the kube-scheduler
 binary in the page cache). Keys: ``fleetlog_pods_per_s``, ``kube_scheduler_pods_per_s``
@@ -107,6 +109,7 @@ GANG = 8
 POLL_S = 0.02
 RUN_TIMEOUT_S = 600
 RATIO_TARGET = 1.5
+CPU_OF = ("scheduler", "apiserver", "etcd")
 GPU = "nvidia.com/gpu"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "fleetlog.dev/rack"
@@ -436,10 +439,12 @@ async def fleetlog_side(kube: KubeControlPlane, admin: KubeApi, namespace: str, 
     loop, backend = fleetlog_parts(store, api, namespace)
     driver = asyncio.create_task(drive(loop))
     try:
+        servers, mine = server_cpu(kube), time.process_time()
         start = time.perf_counter()
         poll = asyncio.create_task(until_bound(admin, namespace, start))
         await backend.start()
         first, total = await poll
+        cpu = {"scheduler": time.process_time() - mine} | cpu_since(kube, servers)
     finally:
         driver.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -448,7 +453,7 @@ async def fleetlog_side(kube: KubeControlPlane, admin: KubeApi, namespace: str, 
         await api.close()
         await store.close()
         shutil.rmtree(directory, ignore_errors=True)
-    return await finish(admin, namespace, count, first, total)
+    return await finish(admin, namespace, count, first, total) | {"cpu_s": cpu}
 
 
 async def kube_scheduler_side(
@@ -458,14 +463,31 @@ async def kube_scheduler_side(
     await post_pods(admin, namespace, fleet_pods(count, ""))
     scheduler = KubeScheduler(kube)
     try:
+        servers = server_cpu(kube)
         start = time.perf_counter()
         poll = asyncio.create_task(until_bound(admin, namespace, start))
-        await asyncio.to_thread(scheduler.start, False)  # spawned; the poll says when it is done
+        pid = await asyncio.to_thread(scheduler.start, False)  # spawned; the poll says when it is done
         first, total = await poll
+        cpu = {"scheduler": cpu_seconds(pid)} | cpu_since(kube, servers)
         attempts = await asyncio.to_thread(schedule_attempts, kube)
     finally:
         await asyncio.to_thread(scheduler.stop)
-    return await finish(admin, namespace, count, first, total) | {"attempts": attempts}
+    return await finish(admin, namespace, count, first, total) | {"attempts": attempts, "cpu_s": cpu}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(kube: KubeControlPlane) -> dict[str, float]:
+    return {name: cpu_seconds(int((kube.dir / f"{name}.pid").read_text())) for name in ("apiserver", "etcd")}
+
+
+def cpu_since(kube: KubeControlPlane, before: dict[str, float]) -> dict[str, float]:
+    """The CPU seconds the API server and etcd used since ``before`` (:func:`server_cpu`)."""
+    return {name: used - before[name] for name, used in server_cpu(kube).items()}
 
 
 def schedule_attempts(kube: KubeControlPlane) -> dict[str, float]:
@@ -549,6 +571,9 @@ async def side_by_side(kube: KubeControlPlane, repeats: int, count: int, warm_up
         phase = [r["bind_phase_pods_per_s"] for r in done if r["bind_phase_pods_per_s"]]
         detail[f"{name}_bind_phase_pods_per_s"] = round(statistics.median(phase), 1) if phase else None
         detail[f"{name}_warm_up_pods_per_s"] = round(warm[name]["pods_per_s"], 1)
+        detail[f"{name}_cpu_s"] = {
+            k: round(statistics.median(r["cpu_s"][k] for r in done), 2) for k in CPU_OF
+        }
     detail["kube_scheduler_attempts"] = [r["attempts"] for r in runs["kube_scheduler"]]
     out["side_by_side"] = detail
     return out
@@ -719,7 +744,7 @@ def decide_ratio(after: str, rounds: int) -> dict[str, Any]:
                 seconds.append(time.perf_counter() - started)
     rates = [statistics.median(r) for r in runs]
 
-    def side(i: int) -> dict[str, Any]:
+    def summary(i: int) -> dict[str, Any]:
         return {
             "rev": revs[i],
             "commit": commits[i],
@@ -732,9 +757,9 @@ def decide_ratio(after: str, rounds: int) -> dict[str, Any]:
         "decide_unconstrained": {
             "measure": "benchmarks.core bench_single(10_000, 'best-fit'): 20,000 one-task 1-GPU jobs "
             "placed in one decide on 10,000 nodes, no constraints; placements per second",
-            "before": side(0),
-            "after": side(1),
-            "at_change": side(2) | {"ratio": round(rates[2] / rates[0], 3)},
+            "before": summary(0),
+            "after": summary(1),
+            "at_change": summary(2) | {"ratio": round(rates[2] / rates[0], 3)},
             "order": "one warm-up process per tree (not timed), then rounds of one process per tree, "
             f"in turn forward and backward (ABCCBA...); each process the median of {DECIDE_REPEATS} decides",
             "process_seconds": [round(s, 1) for s in seconds],

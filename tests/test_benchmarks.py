@@ -189,6 +189,9 @@ def test_kubernetes() -> None:
     assert side["zone_affinity_pods"] > 0
     assert len(side["fleetlog_runs_pods_per_s"]) == len(side["kube_scheduler_runs_pods_per_s"]) == 1
     assert side["kube_scheduler_attempts"] == [{"scheduled": side["pods"]}]  # it ran, and placed them all
+    for name in ("fleetlog", "kube_scheduler"):
+        assert sorted(side[f"{name}_cpu_s"]) == ["apiserver", "etcd", "scheduler"]
+        positive(side[f"{name}_cpu_s"], "scheduler")
     assert r["decide_unconstrained_ratio"] is None
     assert "--smoke" in r["not_measured"]["decide_unconstrained_ratio"]
     assert r["kube_scheduler_ci_floor"]["pods_per_s"] == 270
