@@ -61,12 +61,13 @@ def job_status(state: State, job_id: str) -> dict[str, Any] | None:
     status = JobState(int(cols["state"][row]))
     out: dict[str, Any] = {
         "job_id": job_id,
-        "state": status.name.lower(),
+        "state": job_phase(state, row, status),
         "tenant": state.names["tenant"].names[int(cols["tenant"][row])],
         "queue": state.names["queue"].names[int(cols["queue"][row])],
         "priority": int(cols["priority"][row]),
         "submitted_at_ms": int(cols["submitted_at"][row]),
         "tasks": int(cols["ntasks"][row]),
+        "tasks_started": tasks_started(state, row),
         "tasks_done": int(cols["tasks_done"][row]),
     }
     if status == JobState.PENDING:
@@ -78,6 +79,21 @@ def job_status(state: State, job_id: str) -> dict[str, Any] | None:
         out["placed_at_ms"] = int(cols["placed_at_ms"][row])
     out["task_nodes"] = _task_nodes(state, row)
     return out
+
+
+def tasks_started(state: State, row: int) -> int:
+    """How many of job ``row``'s tasks a backend has seen start (or end) since it was placed."""
+    span = state.job_tasks(row)
+    return int(np.count_nonzero(state.tasks.cols["state"][span.start:span.stop] >= TaskState.STARTED))
+
+
+def job_phase(state: State, row: int, status: JobState) -> str:
+    """A job's state as people read it: a placed job is ``placed`` until the backends saw every
+    one of its tasks start (a bound pod still ``Pending``, a Slurm job still ``PENDING``), then
+    ``running``; any other state by its name."""
+    if status != JobState.RUNNING:
+        return status.name.lower()
+    return "running" if tasks_started(state, row) == int(state.jobs.cols["ntasks"][row]) else "placed"
 
 
 def folded_spec(state: State, job_id: str) -> SubmissionSpec | None:
@@ -198,7 +214,7 @@ def jobs_table(state: State, include_finished: bool = True) -> list[dict[str, An
         out.append(
             {
                 "job_id": names["job"].names[row],
-                "state": status.name.lower(),
+                "state": job_phase(state, row, status),
                 "tenant": names["tenant"].names[int(c["tenant"][row])],
                 "queue": names["queue"].names[int(c["queue"][row])],
                 "priority": int(c["priority"][row]),

@@ -169,8 +169,8 @@ async def run_facts(source: Source, state: State, found: dict[str, Any]) -> dict
     """``elapsed_ms`` of a running job (to the log time of the state); ``ended_at_ms``,
     ``elapsed_ms`` (its last run, if it ran), ``exit_code`` and ``end`` of a job that ended."""
     placed: int | None = found.get("placed_at_ms")
-    if found["state"] in ("pending", "running"):
-        running = found["state"] == "running"
+    if found["state"] in ("pending", "placed", "running"):
+        running = found["state"] != "pending"
         return {"elapsed_ms": state.now_ms - placed} if running and placed is not None else {}
     ended = job_end(await job_events(source, found["job_id"]), found["state"], found["tasks"])
     if ended is None:  # not from its own events (the log was cut?): say so rather than guess

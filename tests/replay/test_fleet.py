@@ -263,7 +263,7 @@ def test_status_finds_the_job_in_the_cell_that_placed_it_after_another_returned_
     found = json.loads(out)
     held = (found["dispatcher"], found["held_by"], found["shard"], found["attempt"])
     assert held == ("held", "b", "cells-1", 2)
-    assert found["state"] == "running"
+    assert found["state"] == "placed"
     assert {t["node"] for t in found["task_nodes"]} == {"b-n0", "b-n1"}
     assert [(d["dispatched"], d["attempt"]) for d in found["dispatches"]] == [("a", 1), ("b", 2)]
     assert [(r["returned"], r["attempt"], r["reason"]) for r in found["returns"]] == [("a", 1, "never_fits")]
@@ -462,7 +462,7 @@ def test_the_tools_read_every_shard_on_kafka(kafka_bootstrap: str, tmp_path: Pat
     found = json.loads(out)
     assert found["dispatcher"] == "held"
     assert found["held_by"] in ("a", "b")
-    assert found["state"] == "running"
+    assert found["state"] == "placed"
     code, out, _ = cli(capsys, "replay", "explain", "one", "--config", str(config), "--json")
     whats = [s["what"] for s in json.loads(out)["steps"]]
     assert whats[:3] == ["submitted", f"dispatched to cell {found['held_by']}", "dispatched here"]

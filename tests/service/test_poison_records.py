@@ -60,7 +60,7 @@ async def test_the_service_parks_a_poison_record_and_keeps_deciding_across_resta
             assert not running.task.done(), f"the service stopped (start {attempt + 1})"
             for job_id in ("before", "after"):
                 status, found = await running.request(f"/v1/jobs/{job_id}")
-                assert (status, found["state"]) == (200, "running")
+                assert (status, found["state"]) == (200, "placed")
         finally:
             await running.stop()
     async with FileLogStore(directory, fsync="never") as store:

@@ -72,7 +72,7 @@ async def test_service_and_client_over_sasl_ssl_with_scram(
             subprocess.run, [sys.executable, "-m", "fleetlog.cli", "status", "secure-job", "--config",
                              str(path), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert status.returncode == 0, status.stderr
-        assert json.loads(status.stdout)["state"] == "running"
+        assert json.loads(status.stdout)["state"] == "placed"
     finally:
         assert service.stop() == 0, service.tail()
     assert password not in service.log_path.read_text()

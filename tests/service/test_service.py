@@ -109,7 +109,7 @@ async def test_ingest_decide_status_and_metrics(service: Running) -> None:
     await service.until(lambda: loop.offset == 3 and loop.committed == 3)
     status, found = await service.request("/v1/jobs/j1")
     assert status == 200
-    assert found["state"] == "running"
+    assert found["state"] == "placed"  # (no backend saw it start)
     assert {t["node"] for t in found["task_nodes"]} <= {"n1", "n2"}
     status, missing = await service.request("/v1/jobs/nope")
     assert (status, missing["reason"]) == (404, "unknown_job")
@@ -259,7 +259,7 @@ async def test_status_reads_the_logs_and_names_an_unknown_job(service: Running, 
     await service.until(lambda: service.service.loop is not None and service.service.loop.committed == 3)
     result = await asyncio.to_thread(fleetlog, "status", "j1", "--log", str(tmp_path / "log"), "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["state"] == "running"
+    assert json.loads(result.stdout)["state"] == "placed"
     result = await asyncio.to_thread(fleetlog, "status", "big", "--log", str(tmp_path / "log"), "--json")
     assert json.loads(result.stdout)["state"] in {"rejected", "pending"}
     result = await asyncio.to_thread(fleetlog, "status", "ghost", "--log", str(tmp_path / "log"))
