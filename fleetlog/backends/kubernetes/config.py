@@ -28,6 +28,10 @@ class KubeBackendConfig(msgspec.Struct, frozen=True, kw_only=True):
     tenant_label: str = "fleetlog.dev/tenant"
     """The tenant of a pod; the pod's namespace when the label is absent."""
     queue_label: str = "fleetlog.dev/queue"
+    gpu_milli_annotation: str = "fleetlog.dev/gpu-milli"
+    """A fractional GPU: thousandths of one GPU (1..1000) a pod asking for at most one GPU takes
+    in fleetlog's accounting (``gpu_milli``), so pods sharing a GPU pack onto one device; the
+    share itself is the cluster's to enforce (time-slicing, MPS)."""
     heartbeat_ms: int = 10_000
     """Every node the API server lists is re-reported this often (the core's node timeout is 60 s)."""
     heartbeat_slices: Annotated[int, msgspec.Meta(ge=1, le=1_000)] = 10

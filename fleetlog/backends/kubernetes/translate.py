@@ -156,13 +156,14 @@ def gang_groups(pods: Sequence[Pod], cfg: KubeBackendConfig) -> tuple[TaskGroup,
     groups: list[TaskGroup] = []
     for pod in pods:
         cpu, mem, gpus = pod_shape(pod, cfg)
+        gpus, share = gpu_share(pod, gpus, cfg)
         model = pod.spec.node_selector.get(cfg.gpu_model_label)
         group = TaskGroup(
             count=1,
             cpu_milli=cpu,
             mem_mib=mem,
             gpu_count=gpus,
-            gpu_milli=1000 if gpus else 0,
+            gpu_milli=share,
             gpu_models=(model,) if model and gpus else (),
             name=pod.metadata.name,
             **pod_constraints(pod),  # type: ignore[arg-type]
@@ -173,6 +174,22 @@ def gang_groups(pods: Sequence[Pod], cfg: KubeBackendConfig) -> tuple[TaskGroup,
         else:
             groups.append(group)
     return tuple(groups)
+
+
+def gpu_share(pod: Pod, gpus: int, cfg: KubeBackendConfig) -> tuple[int, int]:
+    """(GPU count, thousandths of each) a pod takes: whole GPUs, or with the annotation
+    ``cfg.gpu_milli_annotation`` a share of one GPU (a pod asking for none or one). A share on
+    a pod of several GPUs, or not an integer 1..1000, is refused naming the annotation."""
+    text = pod.metadata.annotations.get(cfg.gpu_milli_annotation)
+    if text is None:
+        return gpus, 1000 if gpus else 0
+    share = int(text) if text.strip().isdigit() else 0
+    if not 1 <= share <= 1000:
+        raise ValueError(f"annotation {cfg.gpu_milli_annotation}={text!r}: thousandths of a GPU, 1..1000")
+    if gpus > 1:
+        name = cfg.gpu_milli_annotation
+        raise ValueError(f"annotation {name}: a share of one GPU, but {gpus} are asked for")
+    return 1, share
 
 
 def pod_constraints(pod: Pod) -> dict[str, tuple[object, ...]]:

@@ -179,3 +179,22 @@ async def test_pods_other_schedulers_placed_hold_their_nodes(rig: Rig) -> None:
     rig.kube.kubectl("delete", "pod", "theirs", "--grace-period=0", "--force")
     await rig.until("both bound", lambda: len(bound(rig, ["ours-1", "ours-2"])) == 2, timeout_s=60)
     assert sorted(bound(rig, ["ours-1", "ours-2"]).values()) == ["g-1", "g-2"]
+
+
+async def test_pods_sharing_a_gpu_by_annotation_pack_onto_one_device(rig: Rig) -> None:
+    """``fleetlog.dev/gpu-milli: 500`` on one-GPU pods: two share node g's only GPU, a third waits."""
+
+    def half(name: str) -> dict[str, object]:
+        body = pod(name, gpus=1, cpu="1")
+        body["metadata"]["annotations"]["fleetlog.dev/gpu-milli"] = "500"  # type: ignore[index]
+        return body
+
+    rig.apply(items(node("g", gpus=1)))
+    await beats_of(rig, 1)
+    rig.apply(items(half("a"), half("b"), half("c")))
+    await rig.until("two bound", lambda: len(bound(rig, ["a", "b", "c"])) == 2, timeout_s=60)
+    assert bound(rig, ["a", "b", "c"]) == {"a": "g", "b": "g"}
+    await rig.until_async("c pending", lambda: _pending(rig, "c"))
+    state = rig.loop.state
+    assert state.nodes.cols["gpu_free"][state.node_row(rig.cfg.cell, "g"), 0] == 0  # (2 x 500 of 1000)
+    assert sorted(int(state.jobs.cols["req_gpu"][r]) for r in range(state.jobs.size)) == [500, 500, 500]

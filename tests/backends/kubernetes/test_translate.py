@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -143,6 +144,31 @@ def test_a_gang_becomes_one_job_with_runs_of_equal_shapes() -> None:
     assert job.tenant == "vision"
     assert job.required_topology == "rack"
     assert [(g.count, g.gpu_count, g.name) for g in job.task_groups] == [(3, 1, "t-0"), (1, 2, "t-3")]
+
+
+@pytest.mark.parametrize(("gpus", "share", "want"), [(1, "250", (1, 250)), (0, "500", (1, 500)),
+                                                      (1, "1000", (1, 1000)), (2, None, (2, 1000)),
+                                                      (0, None, (0, 0))])  # fmt: skip
+def test_the_gpu_milli_annotation_is_a_share_of_one_gpu(
+    gpus: int, share: str | None, want: tuple[int, int]
+) -> None:
+    manifest = pod("p", gpus=gpus)
+    if share is not None:
+        manifest["metadata"]["annotations"][CFG.gpu_milli_annotation] = share
+    (group,) = job_submitted("j", [as_pod(manifest)], CFG).task_groups
+    assert (group.gpu_count, group.gpu_milli) == want
+
+
+@pytest.mark.parametrize(("gpus", "share", "message"), [
+    (1, "0", "fleetlog.dev/gpu-milli='0': thousandths of a GPU, 1..1000"),
+    (1, "1001", "1..1000"), (1, "half", "'half'"), (1, "-5", "'-5'"),
+    (2, "500", "a share of one GPU, but 2 are asked for"),
+])  # fmt: skip
+def test_a_bad_gpu_share_is_refused_naming_the_annotation(gpus: int, share: str, message: str) -> None:
+    manifest = pod("p", gpus=gpus)
+    manifest["metadata"]["annotations"][CFG.gpu_milli_annotation] = share
+    with pytest.raises(ValueError, match=re.escape(message)):
+        job_submitted("j", [as_pod(manifest)], CFG)
 
 
 def test_a_lone_pod_is_a_job_named_by_its_uid() -> None:
