@@ -176,12 +176,14 @@ def _task_nodes(state: State, row: int) -> list[dict[str, Any]]:
 
 
 def nodes_table(state: State) -> list[dict[str, Any]]:
-    """Every node ever seen, in first-seen order: status, capacity and what is free."""
+    """Every node ever seen, in first-seen order: status, capacity, what is free, and what work
+    fleetlog does not own holds there (``foreign_*``, docs/scheduling.md)."""
     c, names = state.nodes.cols, state.names
     out = []
     for row in range(state.nodes.size):
         count = int(c["gpu_count"][row])
         model = int(c["model"][row])
+        foreign = state.node_foreign.get(row, (0, 0, 0, 0, 0, 0))
         out.append(
             {
                 "cell": names["cell"].names[int(c["cell"][row])],
@@ -194,6 +196,9 @@ def nodes_table(state: State) -> list[dict[str, Any]]:
                 "cpu_free_milli": int(c["cpu_free"][row]),
                 "mem_mib": int(c["mem_alloc"][row]),
                 "mem_free_mib": int(c["mem_free"][row]),
+                "foreign_gpus": foreign[5].bit_count(),
+                "foreign_cpu_milli": foreign[3],
+                "foreign_mem_mib": foreign[4],
                 "last_heartbeat_ms": int(c["last_heartbeat_ms"][row]),
             }
         )

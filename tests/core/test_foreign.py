@@ -13,6 +13,7 @@ from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.fold_batch import fold_lists, fold_many
 from fleetlog.core.state import State
+from fleetlog.core.views import nodes_table
 from fleetlog.events import NodeRemoved, TaskFinished
 from fleetlog.events.model import NodeHeartbeat
 from tests.core.builders import Driver, job, node
@@ -37,6 +38,10 @@ def test_fleetlog_routes_around_gpus_foreign_work_holds() -> None:
     d.feed(node("n2"))  # (the foreign work on n2 ended)
     assert d.placed(d.decide())["more"].tasks[0].node == "n2"
     assert d.state.node_foreign.keys() == {d.state.node_row("c1", "n1")}
+    rows = {r["node"]: r for r in nodes_table(d.state)}
+    held = [rows["n1"][k] for k in ("foreign_gpus", "foreign_cpu_milli", "foreign_mem_mib")]
+    assert held == [6, 8_000, 1_024]
+    assert rows["n2"]["foreign_gpus"] == 0
 
 
 def test_foreign_cpu_and_memory_count_as_held() -> None:
