@@ -68,10 +68,14 @@ async def test_service_and_client_over_sasl_ssl_with_scram(
         async with await Client.connect(load_config(path, {})) as client:
             await client.send([node("n1"), node("n2"), job("secure-job", gpus=4)])
         await asyncio.to_thread(wait_for, lambda: (service.health() or {}).get("inputs_offset") == 3)
-        status = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "fleetlog.cli", "status", "secure-job", "--config",
-                             str(path), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert status.returncode == 0, status.stderr
+        for _ in range(60):  # (the step that places it may come a moment after the inputs are folded)
+            status = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "fleetlog.cli", "status", "secure-job", "--config",
+                                 str(path), "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert status.returncode == 0, status.stderr
+            if json.loads(status.stdout)["state"] != "pending":
+                break
+            await asyncio.sleep(1)
         assert json.loads(status.stdout)["state"] == "placed"
     finally:
         assert service.stop() == 0, service.tail()
