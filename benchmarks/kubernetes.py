@@ -82,7 +82,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -207,32 +207,19 @@ async def make_namespace(api: KubeApi, name: str) -> None:
     await api.request("POST", "/api/v1/namespaces", body=body)
 
 
-def fleetlog_parts(store: FileLogStore, api: KubeApi, cell: str) -> tuple[SchedulerLoop, KubernetesBackend]:
-    loop = SchedulerLoop(store, policy_named("default"), LoopConfig())
-    backend = KubernetesBackend(store, api, KubeBackendConfig(cell=cell, bind_concurrency=CONCURRENCY))
-    return loop, backend
-
-
-async def fleetlog_run(kube: KubeControlPlane, admin: KubeApi, run: int, pods: int) -> float:
-    """Pods bound per second by fleetlog, from the backend's start until all are bound."""
-    namespace = f"bench-{run}" if run >= 0 else "warmup"
-    await make_namespace(admin, namespace)
-    await create_pods(admin, namespace, pods, "fleetlog")
+@contextlib.asynccontextmanager
+async def fleetlog_running(kube: KubeControlPlane, cell: str) -> AsyncIterator[KubernetesBackend]:
+    """A fresh file log, the real scheduler loop driven in the background and a Kubernetes
+    backend for ``cell`` (not started: the caller times its start); all stopped and removed after."""
     directory = Path(tempfile.mkdtemp(prefix="fleetlog-kube-bench-"))
     store = FileLogStore(directory)
     await store.open()
     api = await KubeApi.connect(str(kube.kubeconfig))
-    loop, backend = fleetlog_parts(store, api, namespace)
+    loop = SchedulerLoop(store, policy_named("default"), LoopConfig())
+    backend = KubernetesBackend(store, api, KubeBackendConfig(cell=cell, bind_concurrency=CONCURRENCY))
     driver = asyncio.create_task(drive(loop))
     try:
-        start = time.perf_counter()
-        await backend.start()
-        assert backend.actuator is not None
-        while backend.actuator.counts["bound"] < pods:
-            if time.perf_counter() - start > RUN_TIMEOUT_S:
-                raise RuntimeError(f"only {backend.actuator.counts['bound']} of {pods} pods bound in 600 s")
-            await asyncio.sleep(0.01)
-        elapsed = time.perf_counter() - start
+        yield backend
     finally:
         driver.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -241,6 +228,22 @@ async def fleetlog_run(kube: KubeControlPlane, admin: KubeApi, run: int, pods: i
         await api.close()
         await store.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def fleetlog_run(kube: KubeControlPlane, admin: KubeApi, run: int, pods: int) -> float:
+    """Pods bound per second by fleetlog, from the backend's start until all are bound."""
+    namespace = f"bench-{run}" if run >= 0 else "warmup"
+    await make_namespace(admin, namespace)
+    await create_pods(admin, namespace, pods, "fleetlog")
+    async with fleetlog_running(kube, namespace) as backend:
+        start = time.perf_counter()
+        await backend.start()
+        assert backend.actuator is not None
+        while backend.actuator.counts["bound"] < pods:
+            if time.perf_counter() - start > RUN_TIMEOUT_S:
+                raise RuntimeError(f"only {backend.actuator.counts['bound']} of {pods} pods bound in 600 s")
+            await asyncio.sleep(0.01)
+        elapsed = time.perf_counter() - start
     await clear(admin, namespace)
     return pods / elapsed
 
@@ -438,27 +441,13 @@ async def until_bound(api: KubeApi, namespace: str, start: float) -> tuple[float
 async def fleetlog_side(kube: KubeControlPlane, admin: KubeApi, namespace: str, count: int) -> dict[str, Any]:
     await make_namespace(admin, namespace)
     await post_pods(admin, namespace, fleet_pods(count, "fleetlog"))
-    directory = Path(tempfile.mkdtemp(prefix="fleetlog-kube-bench-"))
-    store = FileLogStore(directory)
-    await store.open()
-    api = await KubeApi.connect(str(kube.kubeconfig))
-    loop, backend = fleetlog_parts(store, api, namespace)
-    driver = asyncio.create_task(drive(loop))
-    try:
+    async with fleetlog_running(kube, namespace) as backend:
         servers, mine = server_cpu(kube), time.process_time()
         start = time.perf_counter()
         poll = asyncio.create_task(until_bound(admin, namespace, start))
         await backend.start()
         first, total, slowest = await poll
         cpu = {"scheduler": time.process_time() - mine} | cpu_since(kube, servers)
-    finally:
-        driver.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await driver
-        await backend.stop()
-        await api.close()
-        await store.close()
-        shutil.rmtree(directory, ignore_errors=True)
     return await finish(admin, namespace, count, first, total) | {"cpu_s": cpu, "slowest_poll_s": slowest}
 
 

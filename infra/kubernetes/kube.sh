@@ -53,13 +53,18 @@ GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 say() { echo "kube.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-release() { awk '$1 == "k8s.io/kubernetes" {print $2}' "$HERE/tools/go.mod" | head -n 1; }
+release_of() { awk '$1 == "k8s.io/kubernetes" {print $2}' "$HERE/$1/go.mod" | head -n 1; }
 
-binary() {
+# binary_of NAME MODULE: the cached binary NAME built from module directory MODULE, named after
+# the release it pins and the hash of its go.mod and go.sum (a new pin rebuilds)
+binary_of() {
   local hash
-  hash="$(cat "$HERE/tools/go.mod" "$HERE/tools/go.sum" | sha256sum | cut -c1-12)"
-  echo "$CACHE/kube-apiserver-$(release)-$hash"
+  hash="$(cat "$HERE/$2/go.mod" "$HERE/$2/go.sum" | sha256sum | cut -c1-12)"
+  echo "$CACHE/$1-$(release_of "$2")-$hash"
 }
+
+release() { release_of tools; }
+binary() { binary_of kube-apiserver tools; }
 
 # The version the binary reports (what `kubectl version` shows), as the upstream build stamps it.
 version_flags() {
@@ -72,13 +77,8 @@ version_flags() {
 
 # kube-scheduler: its own module pinning the same release (scheduler/go.mod), so its binary's
 # name is the release plus the hash of that module's go.mod and go.sum.
-scheduler_release() { awk '$1 == "k8s.io/kubernetes" {print $2}' "$HERE/scheduler/go.mod" | head -n 1; }
-
-scheduler_binary() {
-  local hash
-  hash="$(cat "$HERE/scheduler/go.mod" "$HERE/scheduler/go.sum" | sha256sum | cut -c1-12)"
-  echo "$CACHE/kube-scheduler-$(scheduler_release)-$hash"
-}
+scheduler_release() { release_of scheduler; }
+scheduler_binary() { binary_of kube-scheduler scheduler; }
 
 build_scheduler() {
   local out
