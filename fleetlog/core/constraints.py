@@ -50,13 +50,14 @@ from fleetlog.events.spec import (
     NodeAttrs,
     Requirement,
     TaintKey,
+    TolerationKey,
     constraints_key,
     tolerates,
 )
 
 __all__ = [
     "ENFORCED", "NO_ATTRS", "NO_CLASS", "ClassKey", "Compiled", "NodeAttrs", "class_key", "label_mismatch",
-    "node_attrs_of", "node_matches", "untolerated", "why_not",
+    "node_attrs_of", "node_matches", "preference", "untolerated", "why_not",
 ]  # fmt: skip
 
 ClassKey = ConstraintsKey
@@ -118,6 +119,13 @@ def label_mismatch(cls: ClassKey, attrs: NodeAttrs) -> str | None:
     return f"none of the {len(terms)} node affinity terms"
 
 
+def preference(cls: ClassKey, attrs: NodeAttrs) -> int:
+    """The spec of soft affinity: the summed weights of the class's preferred terms whose
+    requirements the node's labels meet (its taints and cordon aside)."""
+    labels = dict(attrs[0])
+    return sum(weight for term, weight in cls[3] if all(requirement_met(labels, r) for r in term))
+
+
 def node_matches(cls: ClassKey, attrs: NodeAttrs) -> bool:
     """The spec of eligibility: a task of ``cls`` may be placed on a node with ``attrs``."""
     return not attrs[2] and label_mismatch(cls, attrs) is None and untolerated(cls, attrs) is None
@@ -171,7 +179,21 @@ class Compiled:
 
     def eligible(self, cls: ClassKey) -> Array:
         """Per node row: may a task of ``cls`` be placed there."""
-        selector, terms, tolerations = cls
+        selector, terms, tolerations, _ = cls
+        return self._nodes(selector, terms, tolerations, self.arrays[7])
+
+    def matching(self, term: tuple[Requirement, ...]) -> Array:
+        """Per node row: do its labels meet every requirement of ``term`` (a soft affinity
+        term: taints and cordons aside)."""
+        return self._nodes((), (term,), (("", "Exists", "", ""),), np.zeros(self.size, dtype=np.bool_))
+
+    def _nodes(
+        self,
+        selector: tuple[tuple[str, str], ...],
+        terms: tuple[tuple[Requirement, ...], ...],
+        tolerations: tuple[TolerationKey, ...],
+        cordoned: Array,
+    ) -> Array:
         i32 = np.int32
         req_term, req_key, req_op, req_ptr, req_vals = [], [], [], [0], []
         for t, term in enumerate(terms):
@@ -183,7 +205,8 @@ class Compiled:
                 req_ptr.append(len(req_vals))
         out = np.zeros(self.size, dtype=np.bool_)
         eligible_nodes(
-            *self.arrays,
+            *self.arrays[:7],
+            cordoned,
             np.array([self.id(k) for k, _ in selector], dtype=i32),
             np.array([self.id(v) for _, v in selector], dtype=i32),
             np.array(req_term, dtype=i32),

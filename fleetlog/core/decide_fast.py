@@ -51,9 +51,9 @@ def place_singles(sc: Scratch, run: Array, at: int, stop: bool = False) -> int:
         if state.job_cells:  # allowed cells that hold the one cell: as if none (a dispatched job)
             allowed = state.job_cells.get
             simple &= np.fromiter((cell in allowed(j, sc.cells) for j in jobs.tolist()), np.bool_, jobs.size)
-        if sc.constrained:  # (a chunk's jobs of one constraint class: its nodes are the candidates)
-            classes = tc["cls"][jc["first_task"][jobs]]
-            simple &= classes == classes[0]
+        if sc.constrained:  # (a chunk's jobs of one constraint class: its nodes are the candidates;
+            classes = tc["cls"][jc["first_task"][jobs]]  # soft affinity: the plain path's tie-break)
+            simple &= (classes == classes[0]) & ~sc.preferring(classes)
             cands = sc.eligible_in(everywhere, eligible(state, int(classes[0])))
         k = jobs.size if simple.all() else int(np.argmin(simple))
         if k == 0:

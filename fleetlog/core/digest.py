@@ -41,14 +41,16 @@ from fleetlog.core.state import (
     collection_sums,
 )
 from fleetlog.events.model import CellSummary, JobReturned
+from fleetlog.events.spec import Requirement
 
 SNAPSHOT_FORMAT: Final = 5
 """2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30), 3
 since the state holds the shape mix fold takes at intervals (2026-11-30), 4 since jobs retire
 (2026-12-03: the ``ended_at_ms`` column, the retired ids and counters, the retirement settings
 in the config), 5 since placement constraints (2026-12-03: the tasks' ``cls`` column, the
-constraint classes, the nodes' labels, taints and cordons): an older snapshot carries a digest
-of an older definition."""
+constraint classes, the nodes' labels, taints and cordons; a class's soft affinity terms and a
+job's spread, in the same development round): an older snapshot carries a digest of an older
+definition."""
 _TABLES: Final = ("nodes", "jobs", "tasks")
 
 
@@ -391,12 +393,17 @@ def _attrs(a: list[Any]) -> NodeAttrs:
 
 
 def _class(c: list[Any]) -> ClassKey:
-    selector, terms, tolerations = c
+    selector, terms, tolerations, preferred = c
     return (
         tuple((k, v) for k, v in selector),
-        tuple(tuple((k, op, tuple(values)) for k, op, values in term) for term in terms),
+        tuple(_term(term) for term in terms),
         tuple((k, op, v, e) for k, op, v, e in tolerations),
+        tuple((_term(term), int(weight)) for term, weight in preferred),
     )
+
+
+def _term(term: list[Any]) -> tuple[Requirement, ...]:
+    return tuple((k, op, tuple(values)) for k, op, values in term)
 
 
 def _quota(q: dict[str, Any]) -> Quota:

@@ -29,6 +29,7 @@ from fleetlog.core.fitting import partial_fit
 from fleetlog.core.quota import quota_check
 from fleetlog.core.scratch import Outcome, Scratch
 from fleetlog.core.shapes import LEVELS, task_arrays
+from fleetlog.core.state import LEVEL_MASK
 
 __all__ = ["Outcome", "capacity_failure", "eligible_exists", "explain_failure", "most_free"]
 
@@ -58,7 +59,7 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
     if not eligible_exists(sc, cells, int(models[0]), int(gpus[0])):
         wanted = ", ".join(state.names["model"].names[m] for m in range(64) if int(models[0]) >> m & 1)
         return Outcome("no_eligible_nodes", f"no up node with GPU model {wanted or 'any'} in cells {names}")
-    level = int(state.jobs.cols["topology"][job])
+    level = int(state.jobs.cols["topology"][job]) & LEVEL_MASK
     never = sc.fleet().never_fits_job(state, job)
     if never is not None:
         return Outcome("never_fits", f"can never fit on the current fleet: {never}")

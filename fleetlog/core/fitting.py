@@ -13,9 +13,10 @@ import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
-from fleetlog.core.eligibility import eligible, job_classes
+from fleetlog.core.eligibility import eligible, job_classes, job_preferences, preference_weights
 from fleetlog.core.scratch import Placement, Scratch
 from fleetlog.core.shapes import LEVELS, task_arrays
+from fleetlog.core.state import LEVEL_MASK, SPREAD_HOST
 
 NO_MEMO = np.zeros((0, kernels.MEMO_COLUMNS), dtype=np.int64)
 
@@ -23,8 +24,11 @@ NO_MEMO = np.zeros((0, kernels.MEMO_COLUMNS), dtype=np.int64)
 def run_gang(sc: Scratch, job: int, cands: np.ndarray) -> tuple[int, int, tuple[np.ndarray, ...]]:
     """The gang kernel on ``job`` over ``cands`` in the working copy: (domain or -1, tasks
     that fit, (task rows, node per task, GPU mask per task, cpu, mem, gpus, milli))."""
+    topology = int(sc.state.jobs.cols["topology"][job])
+    if topology & SPREAD_HOST:
+        return spread_gang(sc, job, cands, topology & LEVEL_MASK)
     idx, cpu, mem, gpus, milli, models = task_arrays(sc.state, job)
-    level = int(sc.state.jobs.cols["topology"][job])
+    level = topology & LEVEL_MASK
     domain = sc.state.nodes.cols[LEVELS[level]][: sc.state.nodes.size] if level else sc.no_domain
     out_node = np.full(idx.size, -1, dtype=np.int32)
     out_mask = np.zeros(idx.size, dtype=np.uint64)
@@ -113,9 +117,123 @@ def place_in_cell(sc: Scratch, job: int, cell: int, cands: Array) -> Placement |
     chosen, _, (idx, out_node, out_mask, cpu, mem, gpus, milli) = run_gang(sc, job, cands)
     if chosen < 0:
         return None
+    weights = job_preferences(state, job) if sc.constrained else None
+    if weights is not None and not jc["topology"][job] & SPREAD_HOST:  # (spread: task by task)
+        out_node, out_mask = preferred_gang(sc, job, cands, weights, out_node, out_mask)
     many = len(sc.cells) > 1 and cell >= 0
     score = gang_score(sc, out_node, out_mask, (cpu, mem, gpus, milli)) if many else (0, 0)
     return Placement(cell, idx, out_node, out_mask, score)
+
+
+def preferred_gang(
+    sc: Scratch, job: int, cands: Array, weights: Array, nodes: Array, masks: Array
+) -> tuple[Array, Array]:
+    """Soft affinity for a gang: the placement the kernel finds on the candidates whose
+    weight is at least a level — the highest level first, above the least-preferred node of
+    the placement without preferences — when its score (:func:`gang_score`) is no worse than
+    that placement's; else that placement."""
+    tasks = task_arrays(sc.state, job)[1:5]
+    at_least = int(weights[nodes].min())
+    levels = np.unique(weights[cands])
+    levels = levels[levels > at_least][::-1]
+    if not levels.size:
+        return nodes, masks
+    score = gang_score(sc, nodes, masks, tasks)
+    for level in levels.tolist():
+        chosen, _, (_, n2, m2, *_) = run_gang(sc, job, cands[weights[cands] >= level])
+        if chosen >= 0 and gang_score(sc, n2, m2, tasks) <= score:
+            return n2, m2
+    return nodes, masks
+
+
+def spread_gang(
+    sc: Scratch, job: int, cands: Array, level: int
+) -> tuple[int, int, tuple[np.ndarray, ...]]:
+    """:func:`run_gang` for a gang spread one task a node (``JobSubmitted.spread``): in each
+    domain of ``level`` (the cell when 0), ascending, the tasks in order, each on the best
+    node (by the policy, then soft affinity, then index) of the domain's candidates its class
+    may use and no earlier task took; the domain whose placement of every task scores best
+    (:func:`gang_score`'s sum), then the lowest. ``(domain or -1, the most tasks placed in one
+    domain, arrays as run_gang's)``."""
+    state = sc.state
+    idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
+    out_node = np.full(idx.size, -1, dtype=np.int32)
+    out_mask = np.zeros(idx.size, dtype=np.uint64)
+    arrays = (idx, out_node, out_mask, cpu, mem, gpus, milli)
+    task_cls = state.tasks.cols["cls"][idx]
+    allowed = {int(c): eligible(state, int(c)) if sc.constrained else None for c in np.unique(task_cls)}
+    weights = {c: preference_weights(state, c) if sc.constrained else None for c in allowed}
+    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands] if level else np.zeros(cands.size, np.int64)
+    best: tuple[tuple[int, int], int, list[int], list[int]] | None = None
+    most = 0
+    for d in np.unique(domain[domain >= 0]).tolist():
+        free = cands[domain == d]
+        nodes: list[int] = []
+        masks: list[int] = []
+        primary = secondary = 0
+        for i in range(idx.size):
+            c = int(task_cls[i])
+            mine = free if allowed[c] is None else free[allowed[c][free]]  # type: ignore[index]
+            task = (int(cpu[i]), int(mem[i]), int(gpus[i]), int(milli[i]), models[i])
+            n = best_of(sc, mine, task, weights[c])
+            if n < 0:
+                break
+            a, b = node_score_of(sc, n, task)
+            primary, secondary = primary + a, secondary + b
+            mask = int(kernels.pick_gpus(sc.gpu_free[n], int(sc.gpu_count[n]), task[2], task[3]))
+            sc.take(n, np.uint64(mask), task[0], task[1], task[3], -1)
+            nodes.append(n)
+            masks.append(mask)
+            free = free[free != n]
+        for n, mask, i in zip(nodes, masks, range(len(nodes)), strict=False):
+            sc.take(n, np.uint64(mask), int(cpu[i]), int(mem[i]), int(milli[i]), 1)
+        most = max(most, len(nodes))
+        if len(nodes) == idx.size and (best is None or (primary, secondary) < best[0]):
+            best = ((primary, secondary), d, nodes, masks)
+    if best is None:
+        return -1, most, arrays
+    out_node[:] = best[2]
+    out_mask[:] = best[3]
+    return best[1], idx.size, arrays
+
+
+Task = tuple[int, int, int, int, np.uint64]
+
+
+def node_score_of(sc: Scratch, n: int, task: Task) -> tuple[int, int]:
+    """``kernels.node_score`` of ``task`` on node ``n`` in the working copy."""
+    a, b = kernels.node_score(
+        n, sc.cpu_free, sc.gpu_free, sc.gpu_count, task[0], task[2], task[3], sc.policy_id, sc.shapes
+    )
+    return int(a), int(b)
+
+
+def best_of(sc: Scratch, cands: Array, task: Task, weights: Array | None) -> int:
+    """The best node of ``cands`` for one task by the policy (``kernels.best_node``), the tie
+    broken by soft affinity (:func:`preferred`), or -1."""
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    node = int(kernels.best_node(cands, *free, *task, sc.policy_id, sc.shapes)) if cands.size else -1
+    return node if weights is None else preferred(sc, cands, task, weights, node)
+
+
+def preferred(sc: Scratch, cands: Array, task: Task, weights: Array, node: int) -> int:
+    """Soft affinity for one task: of the candidates that score as ``node`` does (the best),
+    the one whose weight is highest, then the lowest index. The weights above ``node``'s are
+    tried highest first, the kernel run over the candidates of that weight alone: the first
+    whose best node ties is the answer (a better score there would have been ``node``)."""
+    if node < 0:
+        return node
+    w = weights[cands]
+    levels = np.unique(w[w > weights[node]])[::-1]
+    if not levels.size:
+        return node
+    score = node_score_of(sc, node, task)
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    for level in levels.tolist():
+        n = int(kernels.best_node(cands[w == level], *free, *task, sc.policy_id, sc.shapes))
+        if n >= 0 and node_score_of(sc, n, task) == score:
+            return n
+    return node
 
 
 def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | None:
@@ -132,6 +250,9 @@ def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | No
         node = kernels.best_node_memo(
             cands, *free, cpu, mem, gpus, milli, models, sc.policy_id, sc.shapes, sc.node_version, memo
         )
+    weights = preference_weights(sc.state, int(tc["cls"][t])) if sc.constrained else None
+    if weights is not None:
+        node = preferred(sc, cands, (cpu, mem, gpus, milli, models), weights, int(node))
     if node < 0:
         return None
     mask = int(kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli))

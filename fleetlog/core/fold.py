@@ -36,6 +36,7 @@ from fleetlog.core.state import (
     MAX_GPU_MODELS,
     NO_LIMIT,
     RETIRABLE,
+    SPREAD_HOST,
     SUM_CLASSES,
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
@@ -398,7 +399,8 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     jc["submitted_at"][job] = state.now_ms
     jc["seq"][job] = state.offset - 1
     jc["first_task"][job] = state.tasks.size
-    jc["topology"][job] = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+    level = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+    jc["topology"][job] = level | (SPREAD_HOST if e.spread == "host" else 0)
     jc["expected_ms"][job] = -1 if e.expected_duration_ms is None else e.expected_duration_ms
     if e.allowed_cells:
         cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))

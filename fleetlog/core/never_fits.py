@@ -21,7 +21,7 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from fleetlog.core.arrays import Array
-from fleetlog.core.state import MAX_GPU_MODELS, TOPOLOGY_CODES, NodeStatus, State
+from fleetlog.core.state import LEVEL_MASK, MAX_GPU_MODELS, SPREAD_HOST, TOPOLOGY_CODES, NodeStatus, State
 from fleetlog.events.model import JobSubmitted
 
 _LEVEL_NAMES: Final = {1: "block", 2: "rack", 3: "host"}
@@ -65,15 +65,20 @@ class Fleet:
         key = int(keys[job]) if job < keys.size else -1
         if key >= 0 and key in self.judged:
             return self.judged[key]
-        level = int(state.jobs.cols["topology"][job])
-        found = self.never_fits(job_shapes(state, job), level, state.job_cells.get(job))
+        topology = int(state.jobs.cols["topology"][job])
+        found = self.never_fits(
+            job_shapes(state, job), topology & LEVEL_MASK, state.job_cells.get(job), bool(topology & SPREAD_HOST)
+        )
         if key >= 0:
             self.judged[key] = found
         return found
 
-    def never_fits(self, shapes: Sequence[Shape], level: int, cells: tuple[int, ...] | None) -> str | None:
+    def never_fits(
+        self, shapes: Sequence[Shape], level: int, cells: tuple[int, ...] | None, spread: bool = False
+    ) -> str | None:
         """Why the gang of ``shapes`` can never be placed (``level``: its required topology,
-        0 for none; ``cells``: the allowed cell ids, None for any), or None."""
+        0 for none; ``cells``: the allowed cell ids, None for any; ``spread``: at most one task
+        per node), or None."""
         where = np.ones(self.rows.size, dtype=np.bool_) if cells is None else np.isin(self.cell, cells)
         if not where.any():
             return None
@@ -84,8 +89,21 @@ class Fleet:
                 return None
             if not cap.any():
                 return f"no node can hold a task of {_describe(shape)} ({self._largest(where)})"
-            caps.append(cap)
-        return self._no_domain(shapes, caps, level, where)
+            caps.append(np.minimum(cap, 1) if spread else cap)
+        found = self._no_domain(shapes, caps, level, where)
+        return found if found is not None or not spread else self._too_few_hosts(shapes, caps, level, where)
+
+    def _too_few_hosts(self, shapes: Sequence[Shape], caps: list[Array], level: int, where: Array) -> str | None:
+        """A gang spread one task a node: why no domain has as many nodes that could hold one
+        of its tasks as it has tasks, or None."""
+        domain = self.domains[level] if level else self.cell
+        usable = where & (domain >= 0) & (np.sum(caps, axis=0) > 0)
+        tasks = sum(s.tasks for s in shapes)
+        best = int(np.bincount(domain[usable]).max()) if usable.any() else 0
+        if best >= tasks:
+            return None
+        what = _LEVEL_NAMES[level] if level else "cell"
+        return f"no {what} has {tasks} nodes for its {tasks} tasks, one a node (spread: host; the best has {best})"
 
     def _per_node(self, shape: Shape, where: Array) -> Array | None:
         """How many tasks of ``shape`` each node could hold when empty (None: no node of an
@@ -204,4 +222,4 @@ def never_fits_submitted(state: State, e: JobSubmitted, fleet: Fleet | None = No
             return None
         shapes.append(Shape(g.count, g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, mask))
     level = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
-    return (fleet or Fleet(state)).never_fits(shapes, level, cells)
+    return (fleet or Fleet(state)).never_fits(shapes, level, cells, e.spread == "host")

@@ -12,7 +12,7 @@ from fleetlog.core.fitting import place_in_cell
 from fleetlog.core.place import allowed_cells
 from fleetlog.core.scratch import Outcome, Scratch
 from fleetlog.core.shapes import LEVELS
-from fleetlog.core.state import NO_LIMIT, State
+from fleetlog.core.state import LEVEL_MASK, NO_LIMIT, State
 
 
 def reserve_for(sc: Scratch, job: int, failure: Outcome) -> Outcome:
@@ -27,7 +27,7 @@ def reserve_for(sc: Scratch, job: int, failure: Outcome) -> Outcome:
         return failure
     cell = allowed_cells(sc, job)[0]
     cands = sc.candidates(cell, False, job)
-    level = int(state.jobs.cols["topology"][job])
+    level = int(state.jobs.cols["topology"][job]) & LEVEL_MASK
     domain = (
         state.nodes.cols[LEVELS[level]][: state.nodes.size][cands]
         if level

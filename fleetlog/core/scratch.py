@@ -91,6 +91,7 @@ class Scratch:
         self._run_buffer: Array | None = None
         self.swapped = False  # free capacity was swapped for a trial: nothing is kept for the next call
         self.constrained = bool(state.node_attrs) or len(state.classes) > 1  # (else no job is)
+        self._preferring = np.zeros(0, dtype=np.bool_)
 
     def adopt(self, kept: MemoCache | None) -> None:
         """Reuse what an earlier call remembered, for the nodes whose free capacity (and GPU
@@ -181,6 +182,13 @@ class Scratch:
         if name is None:
             name = self.node_names[row] = self.state.node_name(row)
         return name
+
+    def preferring(self, classes: Array) -> Array:
+        """Per entry of ``classes``: has that constraint class soft affinity."""
+        known = self.state.classes
+        if len(self._preferring) != len(known):
+            self._preferring = np.array([bool(c[3]) for c in known], dtype=np.bool_)
+        return self._preferring[classes]
 
     def candidates(self, cell: int, backfill: bool, job: int = -1) -> Array:
         """Up nodes of ``cell``; reserved ones only for a job that may backfill; with ``job``,

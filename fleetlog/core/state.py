@@ -55,6 +55,12 @@ class TaskState(enum.IntEnum):
 
 TOPOLOGY_NONE: Final = 0
 TOPOLOGY_CODES: Final = {"block": 1, "rack": 2, "host": 3}
+LEVEL_MASK: Final = 3
+"""The jobs' ``topology`` column: its low bits are the required level (0: none, else a code of
+``TOPOLOGY_CODES``), ..."""
+SPREAD_HOST: Final = 4
+"""... and this bit says "at most one task per node" (``JobSubmitted.spread == "host"``): one
+column for both, so a job without a spread folds, digests and snapshots as before it existed."""
 TERMINAL: Final = frozenset(
     {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED, JobState.RETURNED}
 )

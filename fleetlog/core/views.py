@@ -12,7 +12,9 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.state import (
+    LEVEL_MASK,
     MAX_GPU_MODELS,
+    SPREAD_HOST,
     TERMINAL,
     TOPOLOGY_CODES,
     JobState,
@@ -117,8 +119,9 @@ def folded_spec(state: State, job_id: str) -> SubmissionSpec | None:
         queue=names["queue"].names[int(cols["queue"][row])],
         priority=int(cols["priority"][row]),
         allowed_cells=tuple(sorted(names["cell"].names[c] for c in state.job_cells.get(row, ()))),
-        required_topology=topology.get(int(cols["topology"][row]), ""),
+        required_topology=topology.get(int(cols["topology"][row]) & LEVEL_MASK, ""),
         expected_duration_ms=int(cols["expected_ms"][row]),
+        spread="host" if int(cols["topology"][row]) & SPREAD_HOST else "",
         tasks=merged_tasks(shapes),
     )
 

@@ -150,6 +150,18 @@ class NodeSelectorTerm(_Struct, frozen=True):
     ]
 
 
+class PreferredTerm(_Struct, frozen=True):
+    """A soft node-affinity term (Kubernetes' ``PreferredSchedulingTerm``): among the nodes
+    where a task scores best (a tie), it goes to the one whose matching terms weigh most."""
+
+    weight: Annotated[int, Meta(ge=1, le=100)]
+    preference: NodeSelectorTerm
+
+
+SpreadLevel = Literal["host"]
+SPREAD_LEVELS: Final[tuple[SpreadLevel, ...]] = ("host",)
+
+
 class TaskGroup(_Struct, frozen=True):
     """``count`` identical tasks. ``gpu_milli`` is the share of *each* of the ``gpu_count`` GPUs:
     1000 for whole GPUs, less than 1000 only with ``gpu_count == 1`` (a fractional GPU)."""
@@ -169,6 +181,10 @@ class TaskGroup(_Struct, frozen=True):
     """Required node affinity: a node must meet at least one term (OR of ANDs, Kubernetes'
     ``requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms``); empty: any node."""
     tolerations: Annotated[tuple[Toleration, ...], Meta(max_length=MAX_CONSTRAINT_ITEMS)] = ()
+    preferred_affinity: Annotated[tuple[PreferredTerm, ...], Meta(max_length=MAX_CONSTRAINT_ITEMS)] = ()
+    """Soft node affinity (Kubernetes' ``preferredDuringSchedulingIgnoredDuringExecution``):
+    never excludes a node; among the nodes where the placement scores alike, the one whose
+    matching terms' weights sum highest is taken (docs/scheduling.md, "Preferred affinity")."""
 
     def __post_init__(self) -> None:
         if self.gpu_count == 0 and self.gpu_milli != 0:
@@ -190,6 +206,10 @@ class JobSubmitted(_Event, frozen=True):
     allowed_cells: Annotated[tuple[Name, ...], Meta(max_length=1024)] = ()
     required_topology: TopologyLevel | None = None
     expected_duration_ms: DurationMs | None = None
+    spread: SpreadLevel | None = None
+    """``"host"``: at most one of the job's tasks on any one node (pod anti-affinity on the
+    host level, for gangs that must not share a machine's failure or bandwidth); with
+    ``required_topology`` too, the tasks are on distinct hosts of one domain."""
 
     def __post_init__(self) -> None:
         tasks = sum(g.count for g in self.task_groups)
@@ -532,7 +552,7 @@ Decisions are not re-checked: the scheduler builds them from inputs that passed.
 
 def group_ids(g: TaskGroup) -> list[tuple[str, str]]:
     """A task group's identifiers with their paths under the group: GPU models, then the keys
-    its constraints name (selector, affinity requirements, tolerations)."""
+    its constraints name (selector, affinity requirements, tolerations, soft affinity requirements)."""
     out = [(f".gpu_models[{j}]", m) for j, m in enumerate(g.gpu_models)]
     out += [(f".node_selector[{i}].key", label.key) for i, label in enumerate(g.node_selector)]
     out += [
@@ -541,11 +561,16 @@ def group_ids(g: TaskGroup) -> list[tuple[str, str]]:
         for j, r in enumerate(term.match_expressions)
     ]
     out += [(f".tolerations[{i}].key", t.key) for i, t in enumerate(g.tolerations) if t.key]
+    out += [
+        (f".preferred_affinity[{i}].preference.match_expressions[{j}].key", r.key)
+        for i, p in enumerate(g.preferred_affinity)
+        for j, r in enumerate(p.preference.match_expressions)
+    ]
     return out
 
 
 def _group_text(g: TaskGroup) -> str:
-    if not (g.node_selector or g.node_affinity or g.tolerations):
+    if not (g.node_selector or g.node_affinity or g.tolerations or g.preferred_affinity):
         return "".join(g.gpu_models)
     return "".join(text for _, text in group_ids(g))
 

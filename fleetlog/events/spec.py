@@ -7,9 +7,9 @@ submit`` on a file log, and replay's explain and dump (a resubmission that reach
 marked "duplicate, ignored").
 
 Two submissions are the same spec when everything the scheduler folds is equal: tenant, queue,
-priority, the *set* of allowed cells, the required topology, the expected duration, and the
-tasks in order — each task's CPU, memory, GPU count, GPU share, *set* of allowed GPU models and
-placement constraints (selector, affinity and tolerations as sets: :func:`constraints_key`).
+priority, the *set* of allowed cells, the required topology, the expected duration, the spread,
+and the tasks in order — each task's CPU, memory, GPU count, GPU share, *set* of allowed GPU models and
+placement constraints (selector, affinity, tolerations and soft affinity as sets: :func:`constraints_key`).
 How the tasks are split into groups (two groups of 1 or one group of 2 alike) and the groups'
 ``name`` (a label the fold does not keep) do not count; neither does the envelope (producer, key).
 """
@@ -25,12 +25,19 @@ Requirement = tuple[str, str, tuple[str, ...]]
 """(key, operator, sorted values) of one affinity requirement."""
 TolerationKey = tuple[str, str, str, str]
 """(key, operator, value, effect) of one toleration."""
+PreferenceKey = tuple[tuple[Requirement, ...], int]
+"""(a soft affinity term's sorted requirements, its weight: the sum of the weights of every
+entry with that term, as Kubernetes sums the weights of the terms a node matches)."""
 ConstraintsKey = tuple[
-    tuple[tuple[str, str], ...], tuple[tuple[Requirement, ...], ...], tuple[TolerationKey, ...]
+    tuple[tuple[str, str], ...],
+    tuple[tuple[Requirement, ...], ...],
+    tuple[TolerationKey, ...],
+    tuple[PreferenceKey, ...],
 ]
-"""(sorted selector labels, sorted affinity terms of sorted requirements, sorted tolerations):
-equal keys constrain alike, however the entries were ordered or repeated."""
-NO_CONSTRAINTS: Final[ConstraintsKey] = ((), (), ())
+"""(sorted selector labels, sorted affinity terms of sorted requirements, sorted tolerations,
+soft affinity terms sorted by term): equal keys constrain alike, however the entries were
+ordered or repeated."""
+NO_CONSTRAINTS: Final[ConstraintsKey] = ((), (), (), ())
 TaintKey = tuple[str, str, str]
 """(key, value, effect) of one taint."""
 NodeAttrs = tuple[tuple[tuple[str, str], ...], tuple[TaintKey, ...], bool]
@@ -41,12 +48,16 @@ NO_ATTRS: Final[NodeAttrs] = ((), (), False)
 def constraints_key(g: TaskGroup) -> ConstraintsKey:
     """A task group's placement constraints in canonical form (``NO_CONSTRAINTS`` itself, the
     same object, when it has none)."""
-    if not (g.node_selector or g.node_affinity or g.tolerations):
+    if not (g.node_selector or g.node_affinity or g.tolerations or g.preferred_affinity):
         return NO_CONSTRAINTS
     selector = tuple(sorted({(label.key, label.value) for label in g.node_selector}))
     terms = tuple(sorted({_term(t.match_expressions) for t in g.node_affinity}))
     tolerations = tuple(sorted({(t.key, t.operator, t.value, t.effect) for t in g.tolerations}))
-    return selector, terms, tolerations
+    weights: dict[tuple[Requirement, ...], int] = {}
+    for p in g.preferred_affinity:
+        term = _term(p.preference.match_expressions)
+        weights[term] = weights.get(term, 0) + p.weight
+    return selector, terms, tolerations, tuple(sorted(weights.items()))
 
 
 def _term(requirements: tuple[NodeSelectorRequirement, ...]) -> tuple[Requirement, ...]:
@@ -79,8 +90,8 @@ class TaskShape(NamedTuple):
     gpu_milli: int
     gpu_models: tuple[str, ...]
     """Sorted, without repeats: the models a task may use (empty: any)."""
-    constraints: ConstraintsKey = ((), (), ())
-    """Its selector, affinity terms and tolerations, canonical (:func:`constraints_key`)."""
+    constraints: ConstraintsKey = ((), (), (), ())
+    """Its selector, affinity terms, tolerations and soft affinity, canonical (:func:`constraints_key`)."""
 
 
 class SubmissionSpec(NamedTuple):
@@ -95,6 +106,8 @@ class SubmissionSpec(NamedTuple):
     """``""`` for none."""
     expected_duration_ms: int
     """``-1`` for none."""
+    spread: str
+    """``""`` for none."""
     tasks: tuple[TaskShape, ...]
     """Runs of equal consecutive tasks, merged."""
 
@@ -131,6 +144,7 @@ def submission_spec(event: JobSubmitted) -> SubmissionSpec:
         allowed_cells=tuple(sorted(set(event.allowed_cells))),
         required_topology=event.required_topology or "",
         expected_duration_ms=-1 if event.expected_duration_ms is None else event.expected_duration_ms,
+        spread=event.spread or "",
         tasks=merged_tasks(shapes),
     )
 

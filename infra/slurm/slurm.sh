@@ -208,10 +208,15 @@ wait_for() {
   die "$what not ready within the timeout (run directory $DIR)"
 }
 
+# Whether a daemon launched by this start has exited.  By its PID alone, not by its command line
+# as live_pid checks it: just after launch the child may not have exec'd yet (its command line is
+# still this script's: under load a poll lands there), and a daemon that is starting is not dead.
 any_daemon_died() {
-  local pid_file marker
-  while read -r pid_file marker; do
-    [[ -f "$pid_file" && -z "$(live_pid "$pid_file" "$marker")" ]] && { say "$(basename "$pid_file" .pid) exited"; return 0; }
+  local pid_file pid
+  while read -r pid_file _; do
+    [[ -f "$pid_file" ]] || continue
+    pid="$(cat "$pid_file")"
+    alive "$pid" || { say "$(basename "$pid_file" .pid) exited"; return 0; }
   done < <(daemons)
   return 1
 }

@@ -374,7 +374,9 @@ def test_the_id_table_lists_every_identifier_field_of_every_input() -> None:
         nested = {JobSubmitted: {"task_groups"}, NodeHeartbeat: {"taints"}}.get(event_type, set())
         assert listed == _id_fields_by_schema(event_type) | nested, event_type.__name__
     # (group_ids: the models and the keys of its constraints)
-    assert _id_fields_by_schema(TaskGroup) == {"gpu_models", "node_selector", "node_affinity", "tolerations"}
+    assert _id_fields_by_schema(TaskGroup) == {
+        "gpu_models", "node_selector", "node_affinity", "tolerations", "preferred_affinity"
+    }  # fmt: skip
     for struct in (NodeLabel, NodeSelectorRequirement, Toleration, Taint):
         assert _id_fields_by_schema(struct) == {"key"}, struct.__name__
 
