@@ -29,7 +29,7 @@ from fleetlog.core.fitting import partial_fit
 from fleetlog.core.quota import quota_check
 from fleetlog.core.scratch import Outcome, Scratch
 from fleetlog.core.shapes import LEVELS, task_arrays
-from fleetlog.core.state import LEVEL_MASK
+from fleetlog.core.state import LEVEL_MASK, SPREAD_HOST
 
 __all__ = ["Outcome", "capacity_failure", "eligible_exists", "explain_failure", "most_free"]
 
@@ -71,16 +71,17 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
             if fit > best:
                 best, best_cell = fit, cell
     where = state.names["cell"].names[best_cell]
+    spread = " (spread: one task a node)" if int(state.jobs.cols["topology"][job]) & SPREAD_HOST else ""
     if level:
         return Outcome(
             "gang_does_not_fit_topology",
             f"no {LEVELS[level]} in cell {where} has room for all {idx.size} tasks ({shape} "
-            f"largest); the best {LEVELS[level]} fits {best}",
+            f"largest); the best {LEVELS[level]} fits {best}{spread}",
         )
     if idx.size > 1:
         return Outcome(
             "gang_does_not_fit",
-            f"only {best} of {idx.size} tasks ({shape} largest) fit at once in cell {where}",
+            f"only {best} of {idx.size} tasks ({shape} largest) fit at once in cell {where}{spread}",
         )
     return Outcome(
         "insufficient_capacity",

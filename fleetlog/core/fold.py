@@ -399,8 +399,7 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     jc["submitted_at"][job] = state.now_ms
     jc["seq"][job] = state.offset - 1
     jc["first_task"][job] = state.tasks.size
-    level = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
-    jc["topology"][job] = level | (SPREAD_HOST if e.spread == "host" else 0)
+    jc["topology"][job] = topology_code(e)
     jc["expected_ms"][job] = -1 if e.expected_duration_ms is None else e.expected_duration_ms
     if e.allowed_cells:
         cells = tuple(sorted({names["cell"].intern(c) for c in e.allowed_cells}))
@@ -417,6 +416,12 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     if state.shapes_seen >= state.mix_due:
         take_shape_mix(state)
     state.pending_count += 1
+
+
+def topology_code(e: JobSubmitted) -> int:
+    """The jobs' ``topology`` column of a submission: its required level, with the spread bit."""
+    level = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+    return level | (SPREAD_HOST if e.spread == "host" else 0)
 
 
 def add_tasks(state: State, job: int, g: TaskGroup) -> None:

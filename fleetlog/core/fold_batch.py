@@ -35,13 +35,13 @@ from fleetlog.core.fold import (
     on_placed,
     remember_shape,
     take_shape_mix,
+    topology_code,
     window_entry_hash,
 )
 from fleetlog.core.state import (
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
     SUM_RECENT_SHAPES,
-    TOPOLOGY_CODES,
     JobState,
     NodeStatus,
     State,
@@ -202,7 +202,7 @@ class NewJobs:
         kind = self.kind_of.get(e.task_groups)
         if kind is None:
             kind = self.kind(state, e.task_groups)
-        topo = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+        topo = topology_code(e)
         expected = -1 if e.expected_duration_ms is None else e.expected_duration_ms
         first = self.first_task + self.tasks
         row = (tenant, queue, e.priority, state.now_ms, state.offset - 1, first, topo, expected, kind)
@@ -448,7 +448,7 @@ def dispatch_run(state: State, events: Sequence[JobSubmitted | JobDispatched], t
     new.jobs = list(zip(
         [tenant_of[j.tenant] for j in specs], [queue_of[j.queue] for j in specs], [j.priority for j in specs],
         nows, range(offset, offset + len(ids)), firsts,
-        [TOPOLOGY_CODES[j.required_topology] if j.required_topology else 0 for j in specs],
+        [topology_code(j) for j in specs],
         [-1 if j.expected_duration_ms is None else j.expected_duration_ms for j in specs], kinds,
         strict=True,
     ))  # fmt: skip

@@ -91,7 +91,9 @@ class Fleet:
                 return f"no node can hold a task of {_describe(shape)} ({self._largest(where)})"
             caps.append(np.minimum(cap, 1) if spread else cap)
         found = self._no_domain(shapes, caps, level, where)
-        return found if found is not None or not spread else self._too_few_hosts(shapes, caps, level, where)
+        if not spread:
+            return found
+        return f"{found} (spread: one task a node)" if found else self._too_few_hosts(shapes, caps, level, where)
 
     def _too_few_hosts(self, shapes: Sequence[Shape], caps: list[Array], level: int, where: Array) -> str | None:
         """A gang spread one task a node: why no domain has as many nodes that could hold one
@@ -103,7 +105,7 @@ class Fleet:
         if best >= tasks:
             return None
         what = _LEVEL_NAMES[level] if level else "cell"
-        return f"no {what} has {tasks} nodes for its {tasks} tasks, one a node (spread: host; the best has {best})"
+        return f"no {what} has {tasks} nodes for its {tasks} tasks (spread: one task a node; the best has {best})"
 
     def _per_node(self, shape: Shape, where: Array) -> Array | None:
         """How many tasks of ``shape`` each node could hold when empty (None: no node of an
@@ -221,5 +223,5 @@ def never_fits_submitted(state: State, e: JobSubmitted, fleet: Fleet | None = No
         if g.gpu_models and not mask:
             return None
         shapes.append(Shape(g.count, g.cpu_milli, g.mem_mib, g.gpu_count, g.gpu_milli, mask))
-    level = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0
+    level = TOPOLOGY_CODES[e.required_topology] if e.required_topology else 0  # (the spread apart)
     return (fleet or Fleet(state)).never_fits(shapes, level, cells, e.spread == "host")

@@ -188,7 +188,7 @@ def never_fitting(state: State, events: list[InputEvent]) -> Response | None:
         if not isinstance(job, JobSubmitted):
             continue
         fleet = fleet or Fleet(state)
-        key = (job.task_groups, job.required_topology, job.allowed_cells)
+        key = (job.task_groups, job.required_topology, job.spread, job.allowed_cells)
         if key not in judged:
             judged[key] = never_fits_submitted(state, job, fleet)
         why = judged[key]

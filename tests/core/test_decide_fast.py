@@ -39,6 +39,7 @@ from fleetlog.events.model import (
     NodeLabel,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    PreferredTerm,
     Taint,
     Toleration,
 )
@@ -65,7 +66,8 @@ def inputs(
 ) -> list[Event]:
     """Some arrivals, finishes and node changes, seeded; with ``constraints``, nodes with
     labels and taints (some cordoned or tainted ``NoExecute`` later) and jobs with selectors,
-    affinity and tolerations (gangs of two classes among them)."""
+    affinity, tolerations and soft affinity (gangs of two classes among them, gangs spread one
+    task a host)."""
     events: list[Event] = []
     if step == 0:
         for i in range(12):
@@ -152,8 +154,15 @@ def constrain(rng: random.Random, j: JobSubmitted) -> JobSubmitted:
             values = (rng.choice(ZONES),) if op in ("In", "NotIn") else ()
             key = "zone" if values else "fast"
             fields["node_affinity"] = (NodeSelectorTerm((NodeSelectorRequirement(key, op, values),)),)  # type: ignore[arg-type]
+        if rng.random() < 0.3:  # soft affinity: a zone, maybe also the fast nodes, weighed
+            zone = NodeSelectorTerm((NodeSelectorRequirement("zone", "In", (rng.choice(ZONES),)),))
+            fast = NodeSelectorTerm((NodeSelectorRequirement("fast", "Exists"),))
+            fields["preferred_affinity"] = (PreferredTerm(rng.choice([1, 10, 100]), zone),) + (
+                (PreferredTerm(rng.choice([1, 10]), fast),) if rng.random() < 0.5 else ()
+            )
         out.append(msgspec.structs.replace(g, **fields))
-    return msgspec.structs.replace(j, task_groups=tuple(out))
+    spread = "host" if sum(g.count for g in out) > 1 and rng.random() < 0.3 else None
+    return msgspec.structs.replace(j, task_groups=tuple(out), spread=spread)
 
 
 def run_three(
