@@ -163,7 +163,9 @@ def spread_gang(
     task_cls = state.tasks.cols["cls"][idx]
     allowed = {int(c): eligible(state, int(c)) if sc.constrained else None for c in np.unique(task_cls)}
     weights = {c: preference_weights(state, c) if sc.constrained else None for c in allowed}
-    domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands] if level else np.zeros(cands.size, np.int64)
+    domain = np.zeros(cands.size, np.int64)
+    if level:
+        domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands]
     best: tuple[tuple[int, int], int, list[int], list[int]] | None = None
     most = 0
     for d in np.unique(domain[domain >= 0]).tolist():

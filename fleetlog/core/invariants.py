@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fleetlog.core.constraints import NO_ATTRS
-from fleetlog.core.state import FULL_GPU, JobState, NodeStatus, State, TaskState, collection_sums
+from fleetlog.core.state import FULL_GPU, SPREAD_HOST, JobState, NodeStatus, State, TaskState, collection_sums
 
 
 class InvariantError(AssertionError):
@@ -26,6 +26,7 @@ def check(state: State) -> None:
         retired_rows_released,
         constraints_consistent,
         foreign_consistent,
+        spread_gangs_spread,
     ):
         problem = rule(state)
         if problem:
@@ -186,6 +187,20 @@ def constraints_consistent(state: State) -> str:
     size = state.nodes.size
     bad = [row for row, attrs in state.node_attrs.items() if not 0 <= row < size or attrs == NO_ATTRS]
     return f"node_attrs has an entry for row {bad[0]}" if bad else ""
+
+
+def spread_gangs_spread(state: State) -> str:
+    """No two placed tasks of a job spread one task a node (``JobSubmitted.spread``) share a node."""
+    spread = np.flatnonzero(state.jobs.view("topology") & SPREAD_HOST)
+    if not spread.size:
+        return ""
+    tc = state.tasks.cols
+    on = state.tasks.view("node")
+    mine = np.flatnonzero(np.isin(state.tasks.view("job"), spread) & (on >= 0))
+    pairs = np.unique(np.stack([tc["job"][mine].astype(np.int64), on[mine].astype(np.int64)]), axis=1)
+    if pairs.shape[1] == mine.size:
+        return ""
+    return "a job spread one task a node has two tasks on one node"
 
 
 def foreign_consistent(state: State) -> str:

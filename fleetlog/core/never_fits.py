@@ -67,7 +67,10 @@ class Fleet:
             return self.judged[key]
         topology = int(state.jobs.cols["topology"][job])
         found = self.never_fits(
-            job_shapes(state, job), topology & LEVEL_MASK, state.job_cells.get(job), bool(topology & SPREAD_HOST)
+            job_shapes(state, job),
+            topology & LEVEL_MASK,
+            state.job_cells.get(job),
+            bool(topology & SPREAD_HOST),
         )
         if key >= 0:
             self.judged[key] = found
@@ -93,9 +96,13 @@ class Fleet:
         found = self._no_domain(shapes, caps, level, where)
         if not spread:
             return found
-        return f"{found} (spread: one task a node)" if found else self._too_few_hosts(shapes, caps, level, where)
+        if found:
+            return f"{found} (spread: one task a node)"
+        return self._too_few_hosts(shapes, caps, level, where)
 
-    def _too_few_hosts(self, shapes: Sequence[Shape], caps: list[Array], level: int, where: Array) -> str | None:
+    def _too_few_hosts(
+        self, shapes: Sequence[Shape], caps: list[Array], level: int, where: Array
+    ) -> str | None:
         """A gang spread one task a node: why no domain has as many nodes that could hold one
         of its tasks as it has tasks, or None."""
         domain = self.domains[level] if level else self.cell
@@ -105,7 +112,10 @@ class Fleet:
         if best >= tasks:
             return None
         what = _LEVEL_NAMES[level] if level else "cell"
-        return f"no {what} has {tasks} nodes for its {tasks} tasks (spread: one task a node; the best has {best})"
+        return (
+            f"no {what} has {tasks} nodes for its {tasks} tasks (spread: one task a node; "
+            f"the best has {best})"
+        )
 
     def _per_node(self, shape: Shape, where: Array) -> Array | None:
         """How many tasks of ``shape`` each node could hold when empty (None: no node of an

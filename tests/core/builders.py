@@ -20,7 +20,7 @@ from fleetlog.events import (
     Resources,
     TaskGroup,
 )
-from fleetlog.events.model import Decision, TopologyLevel
+from fleetlog.events.model import Decision, SpreadLevel, TopologyLevel
 
 
 def node(
@@ -64,8 +64,10 @@ def job(
     models: tuple[str, ...] = (),
     cells: tuple[str, ...] = (),
     expected_ms: int | None = None,
+    spread: SpreadLevel | None = None,
 ) -> JobSubmitted:
     return JobSubmitted(
+        spread=spread,
         job_id=job_id,
         tenant=tenant,
         priority=priority,

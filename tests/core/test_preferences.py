@@ -98,7 +98,9 @@ def test_a_term_given_twice_weighs_twice_and_order_does_not_count() -> None:
     assert same_submission(a, b)
     assert not same_submission(a, prefer(one, (6, "zone", "a"), (7, "fast", "yes")))
     assert not same_submission(one, msgspec.structs.replace(one, spread="host"))
-    assert class_key(TaskGroup(count=1, cpu_milli=1, mem_mib=1, preferred_affinity=(PreferredTerm(1, fast),)))[3]
+    assert class_key(
+        TaskGroup(count=1, cpu_milli=1, mem_mib=1, preferred_affinity=(PreferredTerm(1, fast),))
+    )[3]
 
 
 # --- decide: soft affinity only within ties -----------------------------------------------------
@@ -120,7 +122,9 @@ def test_among_equal_nodes_the_preferred_one_is_taken(policy: Policy) -> None:
 
     assert lands(prefer(job("to-c", gpus=1), (10, "zone", "c"))) == "n3"  # (not n0, the lowest index)
     assert lands(prefer(job("heavier", gpus=1), (10, "zone", "c"), (20, "zone", "b"))) == "n2"
-    assert lands(prefer(job("summed", gpus=1), (15, "zone", "c"), (10, "zone", "b"), (10, "zone", "b"))) == "n2"
+    assert (
+        lands(prefer(job("summed", gpus=1), (15, "zone", "c"), (10, "zone", "b"), (10, "zone", "b"))) == "n2"
+    )
     assert lands(prefer(job("nowhere", gpus=1), (10, "zone", "z"))) == "n0"  # (none preferred: as without)
     assert lands(prefer(job("a", gpus=1), (10, "zone", "a"))) == "n0"  # (two preferred: the lower index)
 
@@ -144,15 +148,19 @@ def test_a_gang_goes_to_the_preferred_nodes_when_they_score_alike() -> None:
     assert sorted(t.node for t in placed.tasks) == ["n2", "n3"]
 
 
-def brute_force(sc: Scratch, cands: np.ndarray, task: tuple[int, int, int, int, int], weights: np.ndarray) -> int:
+def brute_force(
+    sc: Scratch, cands: np.ndarray, task: tuple[int, int, int, int, int], weights: np.ndarray
+) -> int:
     """The spec of the tie-break: the feasible candidate with the least (primary, secondary),
     then the most weight, then the least index — every node scored."""
-    cpu, mem, gpus, milli, models = task
+    cpu, _, gpus, milli, _ = task
     best: tuple[int, int, int, int] | None = None
     for n in cands.tolist():
         if not kernels.fits(n, sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model, *task):
             continue
-        a, b = kernels.node_score(n, sc.cpu_free, sc.gpu_free, sc.gpu_count, cpu, gpus, milli, sc.policy_id, sc.shapes)
+        a, b = kernels.node_score(
+            n, sc.cpu_free, sc.gpu_free, sc.gpu_count, cpu, gpus, milli, sc.policy_id, sc.shapes
+        )
         key = (int(a), int(b), -int(weights[n]), n)
         best = key if best is None or key < best else best
     return -1 if best is None else best[3]
@@ -201,7 +209,9 @@ def test_the_tie_break_equals_a_brute_force_over_every_node(scoring: str, seed: 
         weights = preference_weights(d.state, cls)
         tc = d.state.tasks.cols
         task = tuple(int(tc[c][t]) for c in ("cpu", "mem", "gpus", "milli", "models"))
-        want = brute_force(sc, cands, task, weights if weights is not None else np.zeros(d.state.nodes.size, np.int64))  # type: ignore[arg-type]
+        want = brute_force(
+            sc, cands, task, weights if weights is not None else np.zeros(d.state.nodes.size, np.int64)
+        )  # type: ignore[arg-type]
         placed = d.placed(d.decide())
         got = placed[j.job_id].tasks[0].node if j.job_id in placed else None
         assert got == (None if want < 0 else f"n{want}"), f"seed {seed} job {k}"
@@ -219,7 +229,9 @@ def test_the_tie_break_equals_a_brute_force_over_every_node(scoring: str, seed: 
 def test_a_spread_gang_takes_one_node_a_task_where_a_plain_one_packs() -> None:
     d = Driver(Policy(name="best-fit", scoring="best-fit"))
     zoned(d, "aaaa")
-    d.feed(job("packed", tasks=3, gpus=1), msgspec.structs.replace(job("spread", tasks=3, gpus=1), spread="host"))
+    d.feed(
+        job("packed", tasks=3, gpus=1), msgspec.structs.replace(job("spread", tasks=3, gpus=1), spread="host")
+    )
     placed = d.placed(d.decide())
     assert len({t.node for t in placed["packed"].tasks}) == 1
     assert len({t.node for t in placed["spread"].tasks}) == 3
@@ -227,7 +239,10 @@ def test_a_spread_gang_takes_one_node_a_task_where_a_plain_one_packs() -> None:
 
 def test_a_spread_gang_in_one_rack_needs_as_many_hosts_in_that_rack() -> None:
     d = Driver()
-    d.feed(*(node(f"a{i}", rack="ra", gpus=8) for i in range(2)), *(node(f"b{i}", rack="rb", gpus=8) for i in range(3)))
+    d.feed(
+        *(node(f"a{i}", rack="ra", gpus=8) for i in range(2)),
+        *(node(f"b{i}", rack="rb", gpus=8) for i in range(3)),
+    )
     gang = msgspec.structs.replace(job("g", tasks=3, gpus=1, topology="rack"), spread="host")
     d.feed(gang)
     (placed,) = d.placed(d.decide()).values()
@@ -237,10 +252,15 @@ def test_a_spread_gang_in_one_rack_needs_as_many_hosts_in_that_rack() -> None:
         "no rack can hold all 4 tasks even when empty (the best holds 3) (spread: one task a node)"
     )
     two_shapes = msgspec.structs.replace(
-        too_wide, task_groups=(*too_wide.task_groups[0:1], msgspec.structs.replace(too_wide.task_groups[0], count=1, gpu_count=2))
+        too_wide,
+        task_groups=(
+            *too_wide.task_groups[0:1],
+            msgspec.structs.replace(too_wide.task_groups[0], count=1, gpu_count=2),
+        ),
     )  # (3 + 1 tasks: each shape alone fits a rack's nodes, the four together do not)
     two_shapes = msgspec.structs.replace(
-        two_shapes, task_groups=(msgspec.structs.replace(two_shapes.task_groups[0], count=3), two_shapes.task_groups[1])
+        two_shapes,
+        task_groups=(msgspec.structs.replace(two_shapes.task_groups[0], count=3), two_shapes.task_groups[1]),
     )
     assert never_fits_submitted(d.state, two_shapes) == (
         "no rack has 4 nodes for its 4 tasks (spread: one task a node; the best has 3)"
@@ -260,7 +280,10 @@ def test_a_spread_gang_waits_while_too_few_nodes_have_room() -> None:
     d.feed(msgspec.structs.replace(job("s", tasks=3, gpus=1), spread="host"))
     decisions = d.decide()
     assert d.reasons(decisions) == {"s": "gang_does_not_fit"}
-    assert "only 2 of 3 tasks (1 GPU x 1000 milli, 1000 mCPU, 1024 MiB largest) fit at once in cell c1 (spread: one task a node)" in next(x.message for x in decisions if isinstance(x, JobPending))
+    assert next(x.message for x in decisions if isinstance(x, JobPending)) == (
+        "only 2 of 3 tasks (1 GPU x 1000 milli, 1000 mCPU, 1024 MiB largest) fit at once in cell c1"
+        " (spread: one task a node)"
+    )
     d.feed(msgspec.structs.replace(job("s2", tasks=2, gpus=1), spread="host"))
     (placed,) = d.placed(d.decide()).values()
     assert len({t.node for t in placed.tasks}) == 2
@@ -281,6 +304,25 @@ def test_spread_and_soft_affinity_survive_a_snapshot_and_the_batched_fold() -> N
     assert digest(again) == digest(one)
     assert again.classes == one.classes
     spec = folded_spec(again, "s1")
-    assert spec is not None and spec == submission_spec(events[-4])
+    assert spec is not None
+    assert spec == submission_spec(events[-4])
     assert folded_spec(again, "p3") == submission_spec(events[43])
     assert spec.spread == "host"
+
+
+def test_the_invariant_catches_a_spread_gang_on_one_node() -> None:
+    """A decision batch that put two tasks of a spread job on one node (as a buggy decide
+    would) breaks ``spread_gangs_spread``."""
+    from fleetlog.core.invariants import InvariantError, check
+    from fleetlog.events.model import JobPlaced, TaskPlacement
+
+    d = Driver()
+    zoned(d, "aa")
+    d.feed(msgspec.structs.replace(job("s", tasks=2, gpus=1), spread="host"), check_each=False)
+    bad = JobPlaced(job_id="s", cell="c1", tasks=(TaskPlacement(0, "n0", (0,)), TaskPlacement(1, "n0", (1,))))
+    from fleetlog.core.fold import fold
+    from fleetlog.events import DecisionBatch
+
+    fold(d.state, DecisionBatch(as_of=d.state.offset, digest=digest(d.state), decisions=(bad,)), 10_000_000)
+    with pytest.raises(InvariantError, match="spread_gangs_spread"):
+        check(d.state)

@@ -128,9 +128,11 @@ class Scheduler(RuleBasedStateMachine):
         milli=st.sampled_from([250, 500, 1000]),
         priority=st.integers(0, 2),
         topology=st.sampled_from([None, "rack"]),
+        spread=st.sampled_from([None, None, "host"]),
     )
     def submit(
-        self, tenant: str, tasks: int, gpus: int, milli: int, priority: int, topology: str | None
+        self, tenant: str, tasks: int, gpus: int, milli: int, priority: int, topology: str | None,
+        spread: str | None,
     ) -> None:
         self.jobs += 1
         self.apply(
@@ -142,6 +144,7 @@ class Scheduler(RuleBasedStateMachine):
                 milli=milli if gpus == 1 else 1000,
                 priority=priority,
                 topology=topology,
+                spread=spread,
             )
         )  # type: ignore[arg-type]
 
