@@ -80,12 +80,41 @@ class RequiredSelector(msgspec.Struct, frozen=True, rename="camel", gc=False):
     node_selector_terms: list[SelectorTerm] = []
 
 
+class PreferredSchedulingTerm(msgspec.Struct, frozen=True, gc=False):
+    weight: int = 0
+    preference: SelectorTerm | None = None
+
+
 class NodeAffinity(msgspec.Struct, frozen=True, rename="camel", gc=False):
     required_during_scheduling_ignored_during_execution: RequiredSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] = []
+
+
+class LabelSelector(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    match_labels: dict[str, str] = {}
+    match_expressions: list[SelectorRequirement] = []
+
+
+class PodAffinityTerm(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    """One required term of ``podAffinity`` / ``podAntiAffinity`` (the preferred ones are not
+    decoded: fleetlog does not read them)."""
+
+    topology_key: str = ""
+    label_selector: LabelSelector | None = None
+    namespaces: list[str] = []
+    namespace_selector: LabelSelector | None = None
+    match_label_keys: list[str] = []
+    mismatch_label_keys: list[str] = []
+
+
+class PodAffinity(msgspec.Struct, frozen=True, rename="camel", gc=False):
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] = []
 
 
 class Affinity(msgspec.Struct, frozen=True, rename="camel", gc=False):
     node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
 
 
 class PodToleration(msgspec.Struct, frozen=True, rename="camel", gc=False):

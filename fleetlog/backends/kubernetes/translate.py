@@ -16,7 +16,18 @@ from typing import Final
 import msgspec
 
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
-from fleetlog.backends.kubernetes.objects import Node, Pod, SelectorTerm, count, mib, milli
+from fleetlog.backends.kubernetes.objects import (
+    LabelSelector,
+    Node,
+    Pod,
+    PodAffinityTerm,
+    PreferredSchedulingTerm,
+    SelectorRequirement,
+    SelectorTerm,
+    count,
+    mib,
+    milli,
+)
 from fleetlog.events import (
     InputEvent,
     JobSubmitted,
@@ -34,6 +45,8 @@ from fleetlog.events.model import (
     NodeLabel,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    PreferredTerm,
+    SpreadLevel,
     Taint,
     Toleration,
     TopologyLevel,
@@ -43,15 +56,31 @@ MAX_PRIORITY: Final = 1_000_000
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 """The label a ``matchFields`` requirement on ``metadata.name`` is read against (the kubelet
 sets it to the node's name)."""
-NEVER: Final = NodeSelectorTerm(
-    match_expressions=(
-        NodeSelectorRequirement(key="fleetlog.dev/unsupported", operator="Exists"),
-        NodeSelectorRequirement(key="fleetlog.dev/unsupported", operator="DoesNotExist"),
+
+
+def never(key: str) -> NodeSelectorTerm:
+    """A term no node meets (``key`` both exists and does not), which the pending reason names:
+    "0/N up nodes ... are eligible: N not matching node affinity <key> Exists"."""
+    return NodeSelectorTerm(
+        match_expressions=(
+            NodeSelectorRequirement(key=key, operator="Exists"),
+            NodeSelectorRequirement(key=key, operator="DoesNotExist"),
+        )
     )
-)
-"""A term no node meets: what a term fleetlog cannot read (``Gt``, ``Lt``, a ``matchFields``
-other than ``metadata.name``) becomes, so the pod waits with a reason instead of landing where
-its own scheduler would not put it."""
+
+
+NEVER: Final = never("fleetlog.dev/unsupported")
+"""What a node-affinity term fleetlog cannot read (``Gt``, ``Lt``, a ``matchFields`` other than
+``metadata.name``) becomes, so the pod waits with a reason instead of landing where its own
+scheduler would not put it."""
+UNSUPPORTED_POD_AFFINITY: Final = never("fleetlog.dev/unsupported-pod-affinity")
+UNSUPPORTED_POD_ANTI_AFFINITY: Final = never("fleetlog.dev/unsupported-pod-anti-affinity")
+"""A pod's whole required node affinity when it has a required pod affinity term, or a
+required pod anti-affinity term fleetlog cannot keep (:func:`pod_affinity_reading`): the pod
+waits, its ``PodScheduled`` condition naming the key, rather than land where kube-scheduler
+would not put it."""
+PREFERRED: Final = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+MIN_WEIGHT, MAX_WEIGHT = 1, 100
 Shape = tuple[int, int, int]
 """A pod's request: (cpu milli, memory MiB, whole GPUs)."""
 
@@ -193,18 +222,26 @@ def gpu_share(pod: Pod, gpus: int, cfg: KubeBackendConfig) -> tuple[int, int]:
 
 
 def pod_constraints(pod: Pod) -> dict[str, tuple[object, ...]]:
-    """A pod's ``nodeSelector``, required node affinity and tolerations as a task group's
-    fields (docs/kubernetes.md: what is read and what is not)."""
+    """A pod's ``nodeSelector``, required and preferred node affinity, tolerations and what
+    its required pod (anti-)affinity cannot be kept as a task group's fields
+    (docs/kubernetes.md: what is read and what is not)."""
     spec = pod.spec
     out: dict[str, tuple[object, ...]] = {}
     if spec.node_selector:
         out["node_selector"] = tuple(NodeLabel(key=k, value=v) for k, v in sorted(spec.node_selector.items()))
-    required = spec.affinity.node_affinity if spec.affinity else None
-    terms = required.required_during_scheduling_ignored_during_execution if required else None
+    affinity = spec.affinity.node_affinity if spec.affinity else None
+    terms = affinity.required_during_scheduling_ignored_during_execution if affinity else None
     if terms is not None and terms.node_selector_terms:
         out["node_affinity"] = tuple(
             selector_term(t) for t in terms.node_selector_terms[:MAX_CONSTRAINT_ITEMS]
         )
+    unsupported = pod_affinity_reading(pod)
+    if isinstance(unsupported, NodeSelectorTerm):
+        out["node_affinity"] = (unsupported,)  # (alone: another term would OR it away)
+    if affinity is not None and affinity.preferred_during_scheduling_ignored_during_execution:
+        preferred = preferred_terms(affinity.preferred_during_scheduling_ignored_during_execution)
+        if preferred:
+            out["preferred_affinity"] = preferred
     if spec.tolerations:
         out["tolerations"] = tuple(
             Toleration(
@@ -236,6 +273,86 @@ def selector_term(term: SelectorTerm) -> NodeSelectorTerm:
     return NodeSelectorTerm(match_expressions=tuple(reqs))
 
 
+def preferred_terms(terms: Sequence[PreferredSchedulingTerm]) -> tuple[PreferredTerm, ...]:
+    """``preferredDuringSchedulingIgnoredDuringExecution`` as soft affinity terms, each read as
+    a required term is (:func:`selector_term`). A weight outside 1..100 (the API server's own
+    bound) is refused naming the field; a term that matches no node — an empty preference, as
+    Kubernetes says, or one fleetlog cannot read (``Gt``, ``Lt``, another ``matchFields``) —
+    is left out: it would add its weight to no node."""
+    out: list[PreferredTerm] = []
+    for i, t in enumerate(terms):
+        if not MIN_WEIGHT <= t.weight <= MAX_WEIGHT:
+            raise ValueError(f"{PREFERRED}[{i}].weight={t.weight}: {MIN_WEIGHT}..{MAX_WEIGHT}")
+        term = selector_term(t.preference) if t.preference is not None else NEVER
+        if term != NEVER:
+            out.append(PreferredTerm(weight=t.weight, preference=term))
+    return tuple(out[:MAX_CONSTRAINT_ITEMS])
+
+
+def pod_affinity_reading(pod: Pod) -> SpreadLevel | NodeSelectorTerm | None:
+    """What a pod's required pod (anti-)affinity makes of it (the preferred terms are not read:
+    a preference never makes a placement wrong).
+
+    - ``"host"``: a ``podAntiAffinity`` term on ``kubernetes.io/hostname``, over the pod's own
+      namespace, whose ``labelSelector`` selects the pod itself (the pod-group label of its
+      gang, say) — read as "the pods of this job on distinct nodes" (``JobSubmitted.spread``;
+      for a one-pod job, nothing). Other jobs' pods the selector also selects are not kept away.
+    - a term no node meets (:data:`UNSUPPORTED_POD_AFFINITY`,
+      :data:`UNSUPPORTED_POD_ANTI_AFFINITY`): any ``podAffinity`` term; a ``podAntiAffinity``
+      term on another topology key, over other namespaces, or whose selector does not select
+      the pod itself. The pod waits, saying so.
+    - None: nothing to keep (no such terms, or anti-affinity terms with no selector: they
+      select no pod)."""
+    affinity = pod.spec.affinity
+    if affinity is None:
+        return None
+    together, apart = affinity.pod_affinity, affinity.pod_anti_affinity
+    if together is not None and together.required_during_scheduling_ignored_during_execution:
+        return UNSUPPORTED_POD_AFFINITY
+    reading: SpreadLevel | None = None
+    for term in apart.required_during_scheduling_ignored_during_execution if apart is not None else ():
+        if term.label_selector is None:
+            continue
+        if not spreads_own_pods(term, pod):
+            return UNSUPPORTED_POD_ANTI_AFFINITY
+        reading = "host"
+    return reading
+
+
+def spreads_own_pods(term: PodAffinityTerm, pod: Pod) -> bool:
+    """Is ``term`` an anti-affinity on the host level among pods like ``pod`` (its namespace, a
+    selector that selects it)?"""
+    namespace = pod.metadata.namespace
+    return (
+        term.topology_key == HOSTNAME_LABEL
+        and term.namespace_selector is None
+        and all(ns == namespace for ns in term.namespaces)
+        and term.label_selector is not None
+        and selects(term.label_selector, pod.metadata.labels)
+        and not any(key in pod.metadata.labels for key in term.mismatch_label_keys)
+    )  # (matchLabelKeys: the pod's own values, which it has; mismatchLabelKeys: other values only)
+
+
+def selects(selector: LabelSelector, labels: dict[str, str]) -> bool:
+    """A ``metav1.LabelSelector`` over ``labels`` (``{}`` selects every pod)."""
+    return all(labels.get(k) == v for k, v in selector.match_labels.items()) and all(
+        label_met(labels, r) for r in selector.match_expressions
+    )
+
+
+def label_met(labels: dict[str, str], r: SelectorRequirement) -> bool:
+    match r.operator:
+        case "In":
+            return labels.get(r.key) in r.values
+        case "NotIn":
+            return labels.get(r.key) not in r.values
+        case "Exists":
+            return r.key in labels
+        case "DoesNotExist":
+            return r.key not in labels
+    return False
+
+
 def same_shape(a: TaskGroup, b: TaskGroup) -> bool:
     """Equal but for the count and the name."""
     return msgspec.structs.replace(a, count=1, name="") == msgspec.structs.replace(b, count=1, name="")
@@ -245,6 +362,9 @@ def job_submitted(job_id: str, pods: Sequence[Pod], cfg: KubeBackendConfig) -> J
     """The job ``pods`` form (``pods`` in task order; the first speaks for the gang's settings)."""
     first = pods[0]
     labels, notes = first.metadata.labels, first.metadata.annotations
+    spread: SpreadLevel | None = None
+    if len(pods) > 1 and any(pod_affinity_reading(p) == "host" for p in pods):
+        spread = "host"  # (a pod with the term keeps off every other pod of its job, and they off it)
     level = notes.get(cfg.topology_annotation, "")
     duration = notes.get(cfg.duration_annotation, "")
     return JobSubmitted(
@@ -256,6 +376,7 @@ def job_submitted(job_id: str, pods: Sequence[Pod], cfg: KubeBackendConfig) -> J
         allowed_cells=(cfg.cell,),
         required_topology=topology_level(level),
         expected_duration_ms=int(duration) if duration.isdigit() else None,
+        spread=spread,
     )
 
 

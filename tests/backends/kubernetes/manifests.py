@@ -43,9 +43,14 @@ def pod(name: str, *, namespace: str = "default", gpus: int = 0, cpu: str = "1",
         group: str = "", group_size: int | None = None, topology: str = "", priority_class: str = "",
         run_ms: int | None = None, exit_code: int = 0, tenant: str = "",
         node_selector: dict[str, str] | None = None, affinity: list[list[dict[str, Any]]] | None = None,
-        tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:  # fmt: skip
-    """A pod; ``affinity``: required node-affinity terms, each a list of ``matchExpressions``."""
-    labels: dict[str, str] = {}
+        tolerations: list[dict[str, str]] | None = None,
+        preferred: list[tuple[int, list[dict[str, Any]]]] | None = None,
+        anti_affinity: list[dict[str, Any]] | None = None,
+        labels: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A pod; ``affinity``: required node-affinity terms, each a list of ``matchExpressions``;
+    ``preferred``: preferred node-affinity terms, (weight, ``matchExpressions``) each;
+    ``anti_affinity``: required ``podAntiAffinity`` terms as they are; ``labels``: more labels."""
+    labels = dict(labels or {})
     notes: dict[str, str] = {}
     if group:
         labels["scheduling.x-k8s.io/pod-group"] = group
@@ -75,6 +80,13 @@ def pod(name: str, *, namespace: str = "default", gpus: int = 0, cpu: str = "1",
         spec["affinity"] = {
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
         }
+    if preferred:
+        soft = [{"weight": w, "preference": {"matchExpressions": term}} for w, term in preferred]
+        node_affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = soft
+    if anti_affinity:
+        apart = {"requiredDuringSchedulingIgnoredDuringExecution": anti_affinity}
+        spec.setdefault("affinity", {})["podAntiAffinity"] = apart
     if tolerations:
         spec["tolerations"] = tolerations
     return {

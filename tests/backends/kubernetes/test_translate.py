@@ -14,13 +14,26 @@ from fleetlog.backends.kubernetes.objects import NODE as NODE_DECODER
 from fleetlog.backends.kubernetes.objects import POD, BadQuantityError, Node, Pod, mib, milli
 from fleetlog.backends.kubernetes.translate import (
     NEVER,
+    UNSUPPORTED_POD_AFFINITY,
+    UNSUPPORTED_POD_ANTI_AFFINITY,
     job_id_of,
     job_submitted,
     node_heartbeat,
     observation,
     pod_shape,
 )
-from fleetlog.events import JobCancelled, JobSubmitted, TaskFailed, TaskFinished, TaskGroup, TaskStarted
+from fleetlog.events import (
+    JobCancelled,
+    JobSubmitted,
+    TaskFailed,
+    TaskFinished,
+    TaskGroup,
+    TaskStarted,
+    decode,
+    encode,
+    envelope,
+)
+from fleetlog.events.model import NodeSelectorTerm
 from tests.backends.kubernetes.manifests import node, pod
 
 CFG = KubeBackendConfig()
@@ -123,6 +136,170 @@ def test_a_pods_selector_affinity_and_tolerations_become_its_task_groups_constra
     ]
     plain = job_submitted("pod/default/q/01234567", [as_pod(pod("q"))], CFG).task_groups[0]
     assert (plain.node_selector, plain.node_affinity, plain.tolerations) == ((), (), ())
+
+
+def requirements(term: NodeSelectorTerm) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(r.key, r.operator, r.values) for r in term.match_expressions]
+
+
+def round_trip(job: JobSubmitted) -> JobSubmitted:
+    """``job`` through the codec, which checks every field's bounds (as the service does)."""
+    got = decode(encode(envelope(job, "test"))).event
+    assert isinstance(got, JobSubmitted)
+    return got
+
+
+ZONE_B = [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["b"]}]
+
+
+def test_preferred_node_affinity_becomes_the_task_groups_soft_affinity() -> None:
+    """Each term as a required one is read (``matchFields`` on ``metadata.name`` against the
+    hostname label); a term that matches no node — an empty preference, or one with ``Gt`` — is
+    left out, as it would weigh on no node."""
+    preferred = [
+        (50, ZONE_B),
+        (7, [{"key": "disk", "operator": "Exists"}, {"key": "spot", "operator": "NotIn", "values": ["yes"]}]),
+        (30, [{"key": "cores", "operator": "Gt", "values": ["8"]}]),
+        (100, []),
+    ]
+    manifest = pod("p", gpus=1, preferred=preferred, affinity=[ZONE_B])
+    soft = manifest["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    soft.append({"weight": 9, "preference": {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                               "values": ["n7"]}]}})  # fmt: skip
+    soft.append({"weight": 1, "preference": {}})
+    job = round_trip(job_submitted("j", [as_pod(manifest)], CFG))
+    (group,) = job.task_groups
+    assert [(p.weight, requirements(p.preference)) for p in group.preferred_affinity] == [
+        (50, [("topology.kubernetes.io/zone", "In", ("b",))]),
+        (7, [("disk", "Exists", ()), ("spot", "NotIn", ("yes",))]),
+        (9, [("kubernetes.io/hostname", "In", ("n7",))]),
+    ]
+    assert [requirements(t) for t in group.node_affinity] == [[("topology.kubernetes.io/zone", "In", ("b",))]]
+    assert job.spread is None
+    plain = job_submitted("j", [as_pod(pod("q"))], CFG).task_groups[0]
+    assert plain.preferred_affinity == ()
+    nothing = job_submitted("j", [as_pod(pod("e", preferred=[(100, [])]))], CFG).task_groups[0]
+    assert nothing.preferred_affinity == ()  # (Kubernetes: an empty preference matches no node)
+
+
+def test_pods_preferring_differently_are_different_task_groups() -> None:
+    members = [as_pod(pod(f"t-{i}", group="t", preferred=[(10 if i < 2 else 20, ZONE_B)])) for i in range(3)]
+    job = job_submitted("group/default/t", members, CFG)
+    assert [(g.count, g.preferred_affinity[0].weight) for g in job.task_groups] == [(2, 10), (1, 20)]
+
+
+@pytest.mark.parametrize("weight", [0, 101, -5])
+def test_a_preference_weight_outside_1_to_100_is_refused_naming_the_field(weight: int) -> None:
+    manifest = pod("p", preferred=[(40, ZONE_B), (weight, ZONE_B)])
+    field = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[1].weight"
+    with pytest.raises(ValueError, match=re.escape(f"{field}={weight}: 1..100")):
+        job_submitted("j", [as_pod(manifest)], CFG)
+
+
+GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+HOST = "kubernetes.io/hostname"
+
+
+def host_apart(selector: dict[str, Any] | None, **more: Any) -> dict[str, Any]:
+    term: dict[str, Any] = {"topologyKey": HOST, **more}
+    if selector is not None:
+        term["labelSelector"] = selector
+    return term
+
+
+def gang(anti: list[dict[str, Any]] | None, size: int = 3, **more: Any) -> list[Pod]:
+    return [as_pod(pod(f"t-{i}", gpus=1, group="t", anti_affinity=anti, **more)) for i in range(size)]
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"matchLabels": {GROUP_LABEL: "t"}},
+        {"matchExpressions": [{"key": GROUP_LABEL, "operator": "In", "values": ["t"]}]},
+        {"matchLabels": {GROUP_LABEL: "t", "app": "train"}, "matchExpressions": [
+            {"key": "role", "operator": "DoesNotExist"}, {"key": "app", "operator": "Exists"}]},
+        {"matchLabels": {"app": "train"}},
+    ],
+)  # fmt: skip
+def test_host_anti_affinity_among_a_gangs_pods_spreads_it_one_a_node(selector: dict[str, Any]) -> None:
+    anti = [host_apart(selector, namespaces=["default"], matchLabelKeys=[GROUP_LABEL])]
+    job = round_trip(job_submitted("group/default/t", gang(anti, labels={"app": "train"}), CFG))
+    assert job.spread == "host"
+    (group,) = job.task_groups
+    assert (group.count, group.node_affinity) == (3, ())
+    assert job_submitted("group/default/t", gang(None), CFG).spread is None
+
+
+def test_one_pod_with_the_term_spreads_the_whole_gang() -> None:
+    """A pod with the term keeps off its gang's other pods, and they (by Kubernetes' symmetry)
+    off it: fleetlog spreads the whole gang, which is never looser."""
+    members = gang(None)
+    apart = [host_apart({"matchLabels": {GROUP_LABEL: "t"}})]
+    members[1] = as_pod(pod("t-1", gpus=1, group="t", anti_affinity=apart))
+    assert job_submitted("group/default/t", members, CFG).spread == "host"
+
+
+def test_a_one_pod_job_with_host_anti_affinity_among_its_own_pods_needs_nothing() -> None:
+    lone = pod("solo", labels={"app": "solo"}, anti_affinity=[host_apart({"matchLabels": {"app": "solo"}})])
+    job = job_submitted("pod/default/solo/01234567", [as_pod(lone)], CFG)
+    assert job.spread is None
+    assert job.task_groups[0].node_affinity == ()
+    (single,) = gang([host_apart({"matchLabels": {GROUP_LABEL: "t"}})], size=1)
+    assert job_submitted("group/default/t", [single], CFG).spread is None
+
+
+@pytest.mark.parametrize(
+    "term",
+    [
+        host_apart({"matchLabels": {GROUP_LABEL: "t"}}) | {"topologyKey": "topology.kubernetes.io/zone"},
+        host_apart({"matchLabels": {GROUP_LABEL: "other"}}),
+        host_apart({"matchExpressions": [{"key": GROUP_LABEL, "operator": "NotIn", "values": ["t"]}]}),
+        host_apart({"matchLabels": {"app": "db"}}),
+        host_apart({"matchLabels": {GROUP_LABEL: "t"}}, namespaces=["default", "other"]),
+        host_apart({"matchLabels": {GROUP_LABEL: "t"}}, namespaceSelector={}),
+        host_apart({"matchLabels": {GROUP_LABEL: "t"}}, mismatchLabelKeys=[GROUP_LABEL]),
+    ],
+    ids=["zone", "another-group", "not-in-own-group", "other-pods", "other-namespaces", "all-namespaces",
+         "mismatch-label-keys"],
+)  # fmt: skip
+def test_other_pod_anti_affinity_makes_the_pod_wait_naming_it(term: dict[str, Any]) -> None:
+    """A required term fleetlog cannot keep becomes the pod's only node-affinity term, one no
+    node meets (another term beside it would OR it away): the pod waits, and its
+    ``PodScheduled`` reason names the key, rather than land where kube-scheduler would not put it."""
+    members = gang([host_apart({"matchLabels": {GROUP_LABEL: "t"}}), term], affinity=[ZONE_B])
+    job = round_trip(job_submitted("group/default/t", members, CFG))
+    (group,) = job.task_groups
+    assert group.node_affinity == (UNSUPPORTED_POD_ANTI_AFFINITY,)
+    assert requirements(UNSUPPORTED_POD_ANTI_AFFINITY) == [
+        ("fleetlog.dev/unsupported-pod-anti-affinity", "Exists", ()),
+        ("fleetlog.dev/unsupported-pod-anti-affinity", "DoesNotExist", ()),
+    ]
+    lone = as_pod(pod("solo", anti_affinity=[term]))
+    wait = () if "NotIn" in str(term) else (UNSUPPORTED_POD_ANTI_AFFINITY,)  # (NotIn [t] selects it: alone)
+    assert job_submitted("j", [lone], CFG).task_groups[0].node_affinity == wait
+
+
+def test_required_pod_affinity_makes_the_pod_wait_and_preferred_pod_terms_are_not_read() -> None:
+    together = pod("p", labels={"app": "x"})
+    together["spec"]["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        host_apart({"matchLabels": {"app": "x"}})]}}  # fmt: skip
+    (group,) = job_submitted("j", [as_pod(together)], CFG).task_groups
+    assert group.node_affinity == (UNSUPPORTED_POD_AFFINITY,)
+    weighted = {"weight": 100, "podAffinityTerm": host_apart({"matchLabels": {"app": "db"}})}
+    soft = {"preferredDuringSchedulingIgnoredDuringExecution": [weighted]}
+    members = []
+    for i in range(3):
+        manifest = pod(f"t-{i}", gpus=1, group="t")
+        manifest["spec"]["affinity"] = {"podAffinity": soft, "podAntiAffinity": soft}
+        members.append(as_pod(manifest))
+    job = job_submitted("group/default/t", members, CFG)
+    assert (job.spread, job.task_groups[0].node_affinity) == (None, ())
+
+
+def test_anti_affinity_terms_without_a_selector_select_no_pod_and_keep_nothing() -> None:
+    anywhere = gang([host_apart(None, topologyKey="topology.kubernetes.io/zone")])
+    job = job_submitted("group/default/t", anywhere, CFG)
+    assert (job.spread, job.task_groups[0].node_affinity) == (None, ())
 
 
 def test_pod_shape_sums_containers_and_takes_the_largest_init_container() -> None:
