@@ -1,13 +1,15 @@
 """Placement constraints against a real kube-apiserver (kubectl-applied manifests): taints and
-tolerations, node selectors and required affinity, cordons and ``NoExecute`` evictions."""
+tolerations, node selectors, required and preferred affinity, host anti-affinity of pod groups,
+cordons and ``NoExecute`` evictions."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from fleetlog.events import JobPending, NodeHeartbeat
+from fleetlog.events import JobPending, JobSubmitted, NodeHeartbeat, TaskFinished
 from tests.backends.kubernetes.conftest import Rig
 from tests.backends.kubernetes.manifests import items, node, pod
 from tests.backends.kubernetes.test_backend import bound, pods, until_event
@@ -198,3 +200,97 @@ async def test_pods_sharing_a_gpu_by_annotation_pack_onto_one_device(rig: Rig) -
     state = rig.loop.state
     assert state.nodes.cols["gpu_free"][state.node_row(rig.cfg.cell, "g"), 0] == 0  # (2 x 500 of 1000)
     assert sorted(int(state.jobs.cols["req_gpu"][r]) for r in range(state.jobs.size)) == [500, 500, 500]
+
+
+async def _finished(rig: Rig, name: str) -> bool:
+    return any(isinstance(e, TaskFinished) and f"/{name}/" in e.job_id for e in await rig.events())
+
+
+async def test_preferred_affinity_breaks_a_tie_against_the_node_order(rig: Rig) -> None:
+    """Two empty one-GPU nodes tie for a one-GPU pod, and the tie goes to the node fleetlog heard
+    of first (the lower row). A pod preferring zone b goes to the other one; a pod whose terms
+    weigh 50 on zone a but 30 + 30 on zone b's node with an SSD goes there too (weights sum)."""
+    rig.apply(items(node("pa-1", gpus=1, labels={"topology.kubernetes.io/zone": "a"})))
+    await beats_of(rig, 1)
+    rig.apply(items(node("pa-2", gpus=1, labels={"topology.kubernetes.io/zone": "b", "disk": "ssd"})))
+    await beats_of(rig, 2)
+    await rig.until_async("both nodes folded", lambda: _rows(rig, 2))
+    state = rig.loop.state
+    assert state.node_row(rig.cfg.cell, "pa-1") < state.node_row(rig.cfg.cell, "pa-2")
+    zone = "topology.kubernetes.io/zone"
+    in_a = [{"key": zone, "operator": "In", "values": ["a"]}]
+    in_b = [{"key": zone, "operator": "In", "values": ["b"]}]
+    ssd = [{"key": "disk", "operator": "Exists"}]
+    where = {
+        "plain": await placed_then_finished(rig, "plain", None),
+        "wants-b": await placed_then_finished(rig, "wants-b", [(50, in_b)]),
+        "sums": await placed_then_finished(rig, "sums", [(50, in_a), (30, in_b), (30, ssd)]),
+    }
+    assert where == {"plain": "pa-1", "wants-b": "pa-2", "sums": "pa-2"}
+    submitted = {e.job_id.split("/")[2]: e for e in await rig.events() if isinstance(e, JobSubmitted)}
+    assert [p.weight for p in submitted["sums"].task_groups[0].preferred_affinity] == [50, 30, 30]
+    assert submitted["plain"].task_groups[0].preferred_affinity == ()
+
+
+async def _rows(rig: Rig, n: int) -> bool:
+    return rig.loop.state.nodes.size >= n
+
+
+async def placed_then_finished(
+    rig: Rig, name: str, preferred: list[tuple[int, list[dict[str, Any]]]] | None
+) -> str:
+    """Where a one-GPU pod ``name`` preferring ``preferred`` is bound, once it has finished
+    (its GPU free again: the next pod sees the same tie)."""
+    rig.apply(items(pod(name, gpus=1, run_ms=200, preferred=preferred)))
+    await rig.until(f"{name} bound", lambda: name in bound(rig, [name]), timeout_s=60)
+    await rig.until_async(f"{name} finished", lambda: _finished(rig, name))
+    return bound(rig, [name])[name]
+
+
+HOSTNAME = "kubernetes.io/hostname"
+GROUP = "scheduling.x-k8s.io/pod-group"
+
+
+async def test_host_anti_affinity_spreads_a_pod_group_one_pod_a_node(rig: Rig) -> None:
+    """Four 4-GPU nodes, each able to hold a whole group of three one-GPU pods: a group without
+    anti-affinity packs onto one node (best fit); the same group with anti-affinity on
+    ``kubernetes.io/hostname`` among its own pods lands on three nodes. A lone pod with such a
+    term is placed as it is; one with anti-affinity on the zone waits, saying fleetlog cannot
+    keep it."""
+    rig.apply(items(*(node(f"h-{i}", gpus=4) for i in range(4))))
+    await beats_of(rig, 4)
+    packed = [f"packed-{i}" for i in range(3)]
+    rig.apply(items(*(pod(n, gpus=1, group="packed", group_size=3) for n in packed)))
+    await rig.until("packed bound", lambda: len(bound(rig, packed)) == 3, timeout_s=60)
+    assert len(set(bound(rig, packed).values())) == 1
+
+    def apart(selector: dict[str, object], key: str = HOSTNAME) -> list[dict[str, object]]:
+        return [{"topologyKey": key, "labelSelector": selector}]
+
+    spread = [f"spread-{i}" for i in range(3)]
+    own = apart({"matchLabels": {GROUP: "spread"}})
+    rig.apply(items(*(pod(n, gpus=1, group="spread", group_size=3, anti_affinity=own) for n in spread)))
+    await rig.until("spread bound", lambda: len(bound(rig, spread)) == 3, timeout_s=60)
+    assert len(set(bound(rig, spread).values())) == 3, bound(rig, spread)
+    submitted = {e.job_id: e for e in await rig.events() if isinstance(e, JobSubmitted)}
+    assert submitted["group/default/packed"].spread is None
+    assert submitted["group/default/spread"].spread == "host"
+
+    alone = apart({"matchLabels": {"app": "solo"}})
+    zoned = apart({"matchLabels": {"app": "zoned"}}, key="topology.kubernetes.io/zone")
+    rig.apply(
+        items(
+            pod("solo", labels={"app": "solo"}, anti_affinity=alone),
+            pod("zoned", labels={"app": "zoned"}, anti_affinity=zoned),
+        )
+    )
+    await rig.until("solo bound", lambda: "solo" in bound(rig, ["solo"]), timeout_s=60)
+
+    def explained() -> bool:
+        conditions = pods(rig)["zoned"]["status"].get("conditions", [])
+        return any(c["type"] == "PodScheduled" and c["reason"] == "NoEligibleNodes" for c in conditions)
+
+    await rig.until("zoned says why", explained, timeout_s=60)
+    (why,) = [c["message"] for c in pods(rig)["zoned"]["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert "4 not matching node affinity fleetlog.dev/unsupported-pod-anti-affinity Exists" in why
+    assert "zoned" not in bound(rig, ["zoned"])
