@@ -34,11 +34,7 @@ from fleetlog.events.model import (
 )
 from fleetlog.events.spec import same_submission, submission_spec
 from tests.core.builders import Driver, job, node
-from tests.core.test_constraints import labels_st, taints_st, term_st
-
-
-def with_attrs(hb: NodeHeartbeat, **fields: Any) -> NodeHeartbeat:
-    return msgspec.structs.replace(hb, **fields)
+from tests.core.test_constraints import labels_st, taints_st, term_st, with_attrs
 
 
 def prefer(j: JobSubmitted, *terms: tuple[int, str, str]) -> JobSubmitted:
