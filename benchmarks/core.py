@@ -15,6 +15,13 @@
   node in three tainted ``NoSchedule``, one in 50 cordoned; every task tolerating the taint
   (one constraint class); ``*_4_classes_per_s``: each tenant's tasks also select a zone of
   their own (four classes, a quarter of the fleet each, the tenants' jobs interleaved);
+- ``decide_single_*_preferred_per_s``: the constrained measure with soft affinity (single-task,
+  best-fit and FGD, at the constrained sizes): every task also *prefers* its tenant's zone with
+  weight 10 (``preferred_affinity``, never a requirement); ``preferred_zone_share_*``: the share
+  of those placements that landed in the preferred zone (a check that the preference acts);
+- ``gangs_spread_per_s``: gangs of 8 one-GPU tasks, ``spread="host"`` (one task a node), no
+  required topology, on the plain fleet at the largest constrained size (10k nodes; 1k with
+  --smoke); ``gangs_unspread_per_s`` the same gangs without the spread (the baseline);
 - ``decide_pending_100k_s``: one decide over 100,000 pending jobs on a full 1k-node fleet
   (the failed-shape cache at work);
 - ``bytes_per_node``, ``bytes_per_pending_job``: state memory (numpy columns; interned names
@@ -39,7 +46,19 @@ from fleetlog.core.fold import fold
 from fleetlog.core.fold_batch import fold_many
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import State
-from fleetlog.events import Event, JobSubmitted, NodeHeartbeat, NodeLabel, Taint, TaskGroup, Toleration
+from fleetlog.events import (
+    Event,
+    JobPlaced,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeLabel,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Taint,
+    TaskGroup,
+    Toleration,
+)
+from fleetlog.events.model import PreferredTerm
 
 
 def fleet(n: int) -> Iterator[NodeHeartbeat]:
@@ -81,17 +100,26 @@ def constrained_fleet(n: int) -> Iterator[NodeHeartbeat]:
         )
 
 
-def constrain(j: JobSubmitted, i: int, classes: int) -> JobSubmitted:
-    """``j`` tolerating the taint, and with 4 ``classes`` selecting zone ``i % 4``."""
+def prefers(zone: str, weight: int = 10) -> tuple[PreferredTerm, ...]:
+    """Soft affinity for the label ``zone`` = ``zone``."""
+    term = NodeSelectorTerm((NodeSelectorRequirement("zone", "In", (zone,)),))
+    return (PreferredTerm(weight=weight, preference=term),)
+
+
+def constrain(j: JobSubmitted, i: int, classes: int, prefer: bool = False) -> JobSubmitted:
+    """``j`` tolerating the taint, and with 4 ``classes`` selecting zone ``i % 4``; ``prefer``:
+    also preferring zone ``i % 4`` (its tenant's) with weight 10."""
     extra: dict[str, object] = {"tolerations": (Toleration(key=TAINT.key, operator="Exists"),)}
     if classes == 4:
         extra["node_selector"] = (NodeLabel("zone", ZONES[i % 4]),)
+    if prefer:
+        extra["preferred_affinity"] = prefers(ZONES[i % 4])
     groups = tuple(msgspec.structs.replace(g, **extra) for g in j.task_groups)
     return msgspec.structs.replace(j, task_groups=groups)
 
 
-def constrained_jobs(stream: Iterator[JobSubmitted], classes: int) -> Iterator[Event]:
-    return (constrain(j, i, classes) for i, j in enumerate(stream)) if classes else stream
+def constrained_jobs(stream: Iterator[JobSubmitted], classes: int, prefer: bool = False) -> Iterator[Event]:
+    return (constrain(j, i, classes, prefer) for i, j in enumerate(stream)) if classes else stream
 
 
 def state_with(nodes: int, events: Iterator[Event], constrained: bool = False) -> State:
@@ -150,6 +178,40 @@ def bench_single(nodes: int, scoring: str, classes: int = 0) -> float:
     state = state_with(nodes, constrained_jobs(jobs(count, 1, 1, False), classes), classes > 0)
     elapsed, made = time_decide(state, Policy(scoring=scoring))  # type: ignore[arg-type]
     assert made >= count, (made, count)
+    return count / elapsed
+
+
+def bench_preferred(nodes: int, scoring: str) -> tuple[float, float]:
+    """:func:`bench_single` with one constraint class and each tenant preferring its own zone:
+    (placements/s, the share of placements in the preferred zone)."""
+    count = min(nodes * 8, 20_000 if nodes <= 10_000 else 2_000) // 2
+    stream = jobs(count, 1, 1, False)
+    state = state_with(nodes, constrained_jobs(stream, 1, prefer=True), True)
+    start = time.perf_counter()
+    decisions = decide(state, Policy(scoring=scoring))  # type: ignore[arg-type]
+    elapsed = time.perf_counter() - start
+    placed = [d for d in decisions if isinstance(d, JobPlaced)]
+    assert len(placed) == count, (len(placed), count)
+    zone_of = {f"n{i:06d}": ZONES[i % 4] for i in range(nodes)}
+    hits = sum(zone_of[p.tasks[0].node] == ZONES[int(p.job_id[1:]) % 4] for p in placed)
+    return count / elapsed, hits / count
+
+
+def bench_spread(nodes: int, spread: bool) -> float:
+    """Gangs of 8 one-GPU tasks, ``spread="host"`` or none, no required topology, half the fleet's
+    GPUs; with the spread, every gang's tasks are checked to be on 8 distinct nodes."""
+    count = nodes // 2
+    stream = (
+        msgspec.structs.replace(j, spread="host" if spread else None) for j in jobs(count, 8, 1, False, "s")
+    )
+    state = state_with(nodes, stream)
+    start = time.perf_counter()
+    decisions = decide(state, Policy(scoring="best-fit"))
+    elapsed = time.perf_counter() - start
+    placed = [d for d in decisions if isinstance(d, JobPlaced)]
+    assert len(placed) == count, (len(placed), count)
+    if spread:
+        assert all(len({t.node for t in p.tasks}) == 8 for p in placed)
     return count / elapsed
 
 
@@ -222,6 +284,12 @@ def main() -> None:
                 key = f"decide_single_{scoring}_{n // 1000}k_nodes_{name}_per_s"
                 result[key] = bench_single(n, scoring, classes)
             result[f"decide_gang_8x8_rack_{n // 1000}k_nodes_{name}_per_s"] = bench_gang(n, classes)
+        for scoring in ("best-fit", "fgd"):
+            rate, share = bench_preferred(n, scoring)
+            result[f"decide_single_{scoring}_{n // 1000}k_nodes_preferred_per_s"] = rate
+            result[f"preferred_zone_share_{scoring}_{n // 1000}k_nodes"] = share
+    result["gangs_spread_per_s"] = bench_spread(sizes[:2][-1], True)
+    result["gangs_unspread_per_s"] = bench_spread(sizes[:2][-1], False)
     result |= bench_pending(args.quick, args.smoke)
     result |= bench_reference(200 if args.smoke else 2_000)
     emit(result, args.json)

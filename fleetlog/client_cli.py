@@ -28,11 +28,15 @@ from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.features import constraint_terms
 from fleetlog.events.model import (
+    SPREAD_LEVELS,
     TAINT_EFFECTS,
     Envelope,
     JobCancelled,
     JobSubmitted,
     NodeLabel,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    PreferredTerm,
     TaskGroup,
     Toleration,
 )
@@ -138,6 +142,20 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
         "--constraint",
         metavar="EXPR",
         help="Slurm node features, e.g. 'a100&ib|h100' (labels slurm.feature/NAME)",
+    )
+    submit.add_argument(
+        "--prefer",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:WEIGHT]",
+        help="a node label the tasks prefer, never need (soft affinity; repeat, weights of the terms "
+        "a node meets add up): without =VALUE the label with any value; WEIGHT 1..100, default 1, "
+        "after the last ':'",
+    )
+    submit.add_argument(
+        "--spread",
+        choices=SPREAD_LEVELS,
+        help="host: at most one task of the gang on any node",
     )
     _add_common(submit)
     submit.set_defaults(func=_reporting(cmd_submit, usage_error))
@@ -353,7 +371,7 @@ def _from_file(path: str, producer_id: str, default_type: str | None = "JobSubmi
 
 
 def _constraint_flags(args: argparse.Namespace) -> dict[str, tuple[object, ...]]:
-    """``--selector``, ``--toleration`` and ``--constraint`` as a task group's fields."""
+    """``--selector``, ``--toleration``, ``--constraint`` and ``--prefer`` as a task group's fields."""
     out: dict[str, tuple[object, ...]] = {}
     pairs = [text.partition("=") for text in args.selector]
     if any(not key or not eq for key, eq, _ in pairs):
@@ -368,7 +386,29 @@ def _constraint_flags(args: argparse.Namespace) -> dict[str, tuple[object, ...]]
             out["node_affinity"] = constraint_terms(args.constraint)
         except ValueError as exc:
             raise CommandLineError(str(exc)) from None
+    preferred = [_preference(text) for text in args.prefer]
+    if preferred:
+        out["preferred_affinity"] = tuple(preferred)
     return out
+
+
+def _preference(text: str) -> PreferredTerm:
+    """``KEY[=VALUE][:WEIGHT]``: the label ``KEY`` ``In`` (VALUE) or, without ``=VALUE``,
+    ``Exists``; the weight is what follows the last ``:`` (a value holding a colon needs one)."""
+    spec, colon, weight = text.rpartition(":")
+    if not colon:
+        spec, weight = text, "1"
+    key, eq, value = spec.partition("=")
+    if not key:
+        raise CommandLineError(f"--prefer {text!r}: KEY[=VALUE][:WEIGHT]")
+    if not (weight.isascii() and weight.isdigit() and 1 <= int(weight) <= 100):
+        raise CommandLineError(f"--prefer {text!r}: WEIGHT must be an integer 1..100")
+    requirement = (
+        NodeSelectorRequirement(key=key, operator="In", values=(value,))
+        if eq
+        else NodeSelectorRequirement(key=key, operator="Exists")
+    )
+    return PreferredTerm(weight=int(weight), preference=NodeSelectorTerm(match_expressions=(requirement,)))
 
 
 def _toleration(text: str) -> Toleration:
@@ -405,6 +445,7 @@ def _from_flags(args: argparse.Namespace) -> Envelope:
             allowed_cells=tuple(args.cell),
             required_topology=args.topology,
             expected_duration_ms=args.duration_ms,
+            spread=args.spread,
         )
         return keyed(job, args.producer_id)
     except (ValueError, ClientError) as exc:  # ValueError: TaskGroup's own checks

@@ -110,6 +110,14 @@ def test_core() -> None:
     for scoring in ("best-fit", "fgd"):
         positive(r, *keys_like(r, rf"decide_single_{scoring}_\d+k_nodes_per_s"))
     positive(r, *keys_like(r, r"decide_gang_8x8_rack_\d+k_nodes_per_s"))
+    for name in ("constrained", "4_classes", "preferred"):  # (benchmarks/README.md, "constraints")
+        for scoring in ("best-fit", "fgd"):
+            positive(r, *keys_like(r, rf"decide_single_{scoring}_\d+k_nodes_{name}_per_s"))
+    for name in ("constrained", "4_classes"):
+        positive(r, *keys_like(r, rf"decide_gang_8x8_rack_\d+k_nodes_{name}_per_s"))
+    for key in keys_like(r, r"preferred_zone_share_(best-fit|fgd)_\d+k_nodes"):
+        assert 0 < r[key] <= 1, (key, r[key])
+    positive(r, "gangs_spread_per_s", "gangs_unspread_per_s")  # (spread checked one task a node)
     assert len(keys_like(r, r"decide_pending_\d+k_jobs_s")) == 2
     positive(r, *keys_like(r, r"decide_pending_\d+k_jobs_s"))
     positive(r, "bytes_per_node", "bytes_per_pending_job", "python_bytes_per_job")

@@ -434,20 +434,33 @@ def test_the_docs_shell_example_posts_schema_valid_json_to_the_service(tmp_path:
 def test_submit_with_placement_constraints_from_flags(
     capsys: pytest.CaptureFixture[str], log_dir: Path
 ) -> None:
-    """``--selector``, ``--toleration`` (any value, a value, an effect, ``*``) and a Slurm-style
-    ``--constraint``; a malformed one is one line and exit code 2, nothing appended."""
+    """``--selector``, ``--toleration`` (any value, a value, an effect, ``*``), a Slurm-style
+    ``--constraint``, ``--prefer`` (a value, any value, a weight, a value holding a colon) and
+    ``--spread host``; a malformed one is one line naming the flag and exit code 2, nothing
+    appended. Without them a job has no soft affinity and no spread."""
     from fleetlog.events import NodeLabel, NodeSelectorRequirement, NodeSelectorTerm, Toleration
+    from fleetlog.events.model import PreferredTerm
 
     flags = ["--tenant", "t", "--log", str(log_dir), "--create"]
     code, _, err = run(
         capsys, "submit", "c-1", *flags, "--gpus", "1",
         "--selector", "zone=eu-1", "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration", "team=ml",
         "--toleration", "*", "--constraint", "ib&fast|h100",
+        "--prefer", "rack=r1:10", "--prefer", "ssd", "--prefer", "fast:100", "--prefer", "url=a:b:7",
+        "--spread", "host", "--tasks", "2",
     )  # fmt: skip
     assert (code, err) == (0, "")
     (env,) = logged(log_dir)
     assert isinstance(env.event, JobSubmitted)
+    assert env.event.spread == "host"
     (group,) = env.event.task_groups
+    term = lambda *r: NodeSelectorTerm(tuple(r))  # noqa: E731
+    assert group.preferred_affinity == (
+        PreferredTerm(10, term(NodeSelectorRequirement("rack", "In", ("r1",)))),
+        PreferredTerm(1, term(NodeSelectorRequirement("ssd", "Exists"))),
+        PreferredTerm(100, term(NodeSelectorRequirement("fast", "Exists"))),
+        PreferredTerm(7, term(NodeSelectorRequirement("url", "In", ("a:b",)))),
+    )
     assert group.node_selector == (NodeLabel("zone", "eu-1"),)
     assert group.tolerations == (
         Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
@@ -463,9 +476,21 @@ def test_submit_with_placement_constraints_from_flags(
         (["--selector", "zone"], "--selector takes KEY=VALUE"),
         (["--toleration", "k:Sometimes"], "--toleration 'k:Sometimes'"),
         (["--constraint", "[ib|fast]"], "brackets, parentheses and counts are not supported"),
+        (["--prefer", "rack=r1:0"], "--prefer 'rack=r1:0': WEIGHT must be an integer 1..100"),
+        (["--prefer", "rack=r1:101"], "--prefer 'rack=r1:101': WEIGHT must be an integer 1..100"),
+        (["--prefer", "rack=r1:"], "--prefer 'rack=r1:': WEIGHT must be an integer 1..100"),
+        (["--prefer", "rack=a:b"], "--prefer 'rack=a:b': WEIGHT must be an integer 1..100"),
+        (["--prefer", "=r1:5"], "--prefer '=r1:5': KEY[=VALUE][:WEIGHT]"),
+        (["--spread", "rack"], "argument --spread: invalid choice: 'rack'"),
+        (["--spread"], "argument --spread: expected one argument"),
     ):
         code, _, err = run(capsys, "submit", "c-2", *flags, *bad)
         assert code == 2, bad
         assert says in err
         assert err.count("\n") == 1, err
     assert len(logged(log_dir)) == 1
+    code, _, err = run(capsys, "submit", "c-3", *flags, "--gpus", "1")
+    assert (code, err) == (0, "")
+    plain = logged(log_dir)[-1].event
+    assert isinstance(plain, JobSubmitted)
+    assert (plain.spread, plain.task_groups[0].preferred_affinity) == (None, ())

@@ -24,6 +24,10 @@ VALIDATOR = jsonschema.Draft202012Validator(json_schema())
 ABSENT = object()
 
 
+def _present(**fields: object) -> dict[str, object]:
+    return {k: v for k, v in fields.items() if v is not ABSENT}
+
+
 def wrapped(event: dict[str, Any]) -> dict[str, Any]:
     return {"schema_version": 1, "producer_id": "p", "event": event}
 
@@ -50,6 +54,19 @@ def job(*groups: dict[str, Any]) -> dict[str, Any]:
     return wrapped({"type": "JobSubmitted", "job_id": "j", "tenant": "t", "task_groups": list(groups)})
 
 
+def preferring(weight: object, term: object = ABSENT) -> dict[str, Any]:
+    """A task group with one soft affinity term of ``weight`` (on ``term``, else zone In a)."""
+    if term is ABSENT:
+        term = {"match_expressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    return {**group(), "preferred_affinity": [_present(weight=weight, preference=term)]}
+
+
+def spread(level: object) -> dict[str, Any]:
+    doc = job(group(count=2))
+    doc["event"]["spread"] = level
+    return doc
+
+
 def node(gpu_count: object = ABSENT, gpu_model: object = ABSENT) -> dict[str, Any]:
     found: dict[str, Any] = {"type": "NodeHeartbeat", "cell": "c", "node": "n", "cpu_milli": 1, "mem_mib": 1}
     if gpu_count is not ABSENT:
@@ -69,6 +86,12 @@ REFUSED_BY_BOTH = [
     pytest.param(job(group(64, 999)), id="64-gpus-not-whole"),
     pytest.param(node(2), id="node-gpus-without-model"),
     pytest.param(node(1, ""), id="node-gpus-empty-model"),
+    pytest.param(job(preferring(0)), id="preferred-weight-0"),
+    pytest.param(job(preferring(101)), id="preferred-weight-101"),
+    pytest.param(job(preferring(ABSENT)), id="preferred-weight-absent"),
+    pytest.param(job(preferring(1, {"match_expressions": []})), id="preferred-empty-term"),
+    pytest.param(spread("rack"), id="spread-rack"),
+    pytest.param(spread(""), id="spread-empty"),
 ]
 
 
@@ -86,6 +109,9 @@ def test_the_schema_refuses_what_the_service_refuses(doc: dict[str, Any]) -> Non
         pytest.param(node(), id="cpu-node"),
         pytest.param(node(8, "A100"), id="gpu-node"),
         pytest.param(node(0, ""), id="no-gpus-no-model"),
+        pytest.param(job(preferring(1), preferring(100)), id="preferred-weights-1-and-100"),
+        pytest.param(spread("host"), id="spread-host"),
+        pytest.param(spread(None), id="spread-null"),
     ],
 )
 def test_the_schema_takes_what_the_service_takes(doc: dict[str, Any]) -> None:
@@ -141,10 +167,6 @@ def test_the_schema_command_prints_what_is_validated_here() -> None:
 MAYBE = st.sampled_from([ABSENT, "", "k", "nvidia.com/gpu"])
 
 
-def _present(**fields: object) -> dict[str, object]:
-    return {k: v for k, v in fields.items() if v is not ABSENT}
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     key=MAYBE,
@@ -153,19 +175,33 @@ def _present(**fields: object) -> dict[str, object]:
     effect=st.sampled_from([ABSENT, "", "NoSchedule", "NoExecute", "Never"]),
     req_op=st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt"]),
     values=st.sampled_from([ABSENT, [], ["a"], ["a", "b"]]),
+    weight=st.sampled_from([ABSENT, -1, 0, 1, 50, 100, 101, 1.5, "1", None]),
+    level=st.sampled_from([ABSENT, None, "host", "rack", "block", "", "Host", 1]),
 )
 def test_schema_and_service_agree_on_generated_constraints(
-    key: object, operator: object, value: object, effect: object, req_op: str, values: object
+    key: object,
+    operator: object,
+    value: object,
+    effect: object,
+    req_op: str,
+    values: object,
+    weight: object,
+    level: object,
 ) -> None:
-    """Tolerations (empty key only with Exists, Exists without a value) and affinity
-    requirements (In/NotIn with values, Exists/DoesNotExist without): the schema says what the
-    service does."""
+    """Tolerations (empty key only with Exists, Exists without a value), affinity requirements
+    (In/NotIn with values, Exists/DoesNotExist without), soft affinity (a weight 1..100, given,
+    and a term of such requirements) and a job's spread (``"host"`` or null): the schema says
+    what the service does."""
     toleration = _present(key=key, operator=operator, value=value, effect=effect)
     requirement = _present(key="zone", operator=req_op, values=values)
     for extra in (
         {"tolerations": [toleration]},
         {"node_affinity": [{"match_expressions": [requirement]}]},
         {"node_selector": [{"key": "zone", "value": "a"}], "node_affinity": []},
+        {"preferred_affinity": [_present(weight=weight, preference={"match_expressions": [requirement]})]},
     ):
         doc = job({**group(), **extra})
         assert VALIDATOR.is_valid(doc) == service_accepts(doc), doc
+    doc = job(group(count=2))
+    doc["event"] |= _present(spread=level)
+    assert VALIDATOR.is_valid(doc) == service_accepts(doc), doc
