@@ -22,6 +22,7 @@
 - ``gangs_spread_per_s``: gangs of 8 one-GPU tasks, ``spread="host"`` (one task a node), no
   required topology, on the plain fleet at the largest constrained size (10k nodes; 1k with
   --smoke); ``gangs_unspread_per_s`` the same gangs without the spread (the baseline);
+  ``gangs_spread_rack_per_s`` spread gangs that must also share a rack (every rack tried);
 - ``decide_pending_100k_s``: one decide over 100,000 pending jobs on a full 1k-node fleet
   (the failed-shape cache at work);
 - ``bytes_per_node``, ``bytes_per_pending_job``: state memory (numpy columns; interned names
@@ -197,12 +198,13 @@ def bench_preferred(nodes: int, scoring: str) -> tuple[float, float]:
     return count / elapsed, hits / count
 
 
-def bench_spread(nodes: int, spread: bool) -> float:
-    """Gangs of 8 one-GPU tasks, ``spread="host"`` or none, no required topology, half the fleet's
-    GPUs; with the spread, every gang's tasks are checked to be on 8 distinct nodes."""
+def bench_spread(nodes: int, spread: bool, rack: bool = False) -> float:
+    """Gangs of 8 one-GPU tasks, ``spread="host"`` or none, half the fleet's GPUs, in one rack
+    (``rack``: every rack is a domain to try) or anywhere; with the spread, every gang's tasks
+    are checked to be on 8 distinct nodes."""
     count = nodes // 2
     stream = (
-        msgspec.structs.replace(j, spread="host" if spread else None) for j in jobs(count, 8, 1, False, "s")
+        msgspec.structs.replace(j, spread="host" if spread else None) for j in jobs(count, 8, 1, rack, "s")
     )
     state = state_with(nodes, stream)
     start = time.perf_counter()
@@ -290,6 +292,7 @@ def main() -> None:
             result[f"preferred_zone_share_{scoring}_{n // 1000}k_nodes"] = share
     result["gangs_spread_per_s"] = bench_spread(sizes[:2][-1], True)
     result["gangs_unspread_per_s"] = bench_spread(sizes[:2][-1], False)
+    result["gangs_spread_rack_per_s"] = bench_spread(sizes[:2][-1], True, rack=True)
     result |= bench_pending(args.quick, args.smoke)
     result |= bench_reference(200 if args.smoke else 2_000)
     emit(result, args.json)

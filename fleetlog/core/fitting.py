@@ -149,93 +149,56 @@ def preferred_gang(
 def spread_gang(
     sc: Scratch, job: int, cands: Array, level: int
 ) -> tuple[int, int, tuple[np.ndarray, ...]]:
-    """:func:`run_gang` for a gang spread one task a node (``JobSubmitted.spread``): in each
-    domain of ``level`` (the cell when 0), ascending, the tasks in order, each on the best
-    node (by the policy, then soft affinity, then index) of the domain's candidates its class
-    may use and no earlier task took; the domain whose placement of every task scores best
-    (:func:`gang_score`'s sum), then the lowest. ``(domain or -1, the most tasks placed in one
-    domain, arrays as run_gang's)``."""
+    """:func:`run_gang` for a gang spread one task a node (``JobSubmitted.spread``), by
+    ``kernels.place_spread``: in each domain of ``level`` (the cell when 0), ascending, the
+    tasks in order, each on the best node (by the policy, then soft affinity, then index) of
+    the domain's candidates its class may use and no earlier task took; the domain whose
+    placement of every task scores best, then the lowest. ``(domain or -1, the most tasks
+    placed in one domain, arrays as run_gang's)``."""
     state = sc.state
     idx, cpu, mem, gpus, milli, models = task_arrays(state, job)
     out_node = np.full(idx.size, -1, dtype=np.int32)
     out_mask = np.zeros(idx.size, dtype=np.uint64)
     arrays = (idx, out_node, out_mask, cpu, mem, gpus, milli)
-    task_cls = state.tasks.cols["cls"][idx]
-    allowed = {int(c): eligible(state, int(c)) if sc.constrained else None for c in np.unique(task_cls)}
-    weights = {c: preference_weights(state, c) if sc.constrained else None for c in allowed}
     domain = np.zeros(cands.size, np.int64)
     if level:
-        domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands]
-    best: tuple[tuple[int, int], int, list[int], list[int]] | None = None
-    most = 0
-    for d in np.unique(domain[domain >= 0]).tolist():
-        free = cands[domain == d]
-        nodes: list[int] = []
-        masks: list[int] = []
-        primary = secondary = 0
-        for i in range(idx.size):
-            c = int(task_cls[i])
-            mine = free if allowed[c] is None else free[allowed[c][free]]  # type: ignore[index]
-            task = (int(cpu[i]), int(mem[i]), int(gpus[i]), int(milli[i]), models[i])
-            n = best_of(sc, mine, task, weights[c])
-            if n < 0:
-                break
-            a, b = node_score_of(sc, n, task)
-            primary, secondary = primary + a, secondary + b
-            mask = int(kernels.pick_gpus(sc.gpu_free[n], int(sc.gpu_count[n]), task[2], task[3]))
-            sc.take(n, np.uint64(mask), task[0], task[1], task[3], -1)
-            nodes.append(n)
-            masks.append(mask)
-            free = free[free != n]
-        for n, mask, i in zip(nodes, masks, range(len(nodes)), strict=False):
-            sc.take(n, np.uint64(mask), int(cpu[i]), int(mem[i]), int(milli[i]), 1)
-        most = max(most, len(nodes))
-        if len(nodes) == idx.size and (best is None or (primary, secondary) < best[0]):
-            best = ((primary, secondary), d, nodes, masks)
-    if best is None:
-        return -1, most, arrays
-    out_node[:] = best[2]
-    out_mask[:] = best[3]
-    return best[1], idx.size, arrays
+        domain = state.nodes.cols[LEVELS[level]][: state.nodes.size][cands].astype(np.int64)
+    order = np.lexsort((cands, domain))
+    order = order[domain[order] >= 0]
+    nodes, domain = cands[order].astype(np.int64), domain[order]
+    starts = np.flatnonzero(np.diff(domain, prepend=-2, append=-1)).astype(np.int64)
+    classes, t_class = np.unique(state.tasks.cols["cls"][idx], return_inverse=True)
+    allowed = np.ones((classes.size, nodes.size), dtype=np.bool_)
+    weight = np.zeros((classes.size, nodes.size), dtype=np.int64)
+    if sc.constrained:
+        for k, c in enumerate(classes.tolist()):
+            ok, w = eligible(state, c), preference_weights(state, c)
+            if ok is not None:
+                allowed[k] = ok[nodes]
+            if w is not None:
+                weight[k] = w[nodes]
+    pos = np.full(idx.size, -1, dtype=np.int64)
+    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
+    run, most = kernels.place_spread(
+        nodes, starts, *free, cpu, mem, gpus, milli, models, t_class.reshape(-1).astype(np.int64),
+        allowed, weight, sc.policy_id, sc.shapes, pos,
+    )  # fmt: skip
+    if run < 0:
+        return -1, int(most), arrays
+    out_node[:] = nodes[pos]
+    for i, n in enumerate(out_node.tolist()):  # (one task a node: each node's GPUs as they are)
+        out_mask[i] = kernels.pick_gpus(sc.gpu_free[n], int(sc.gpu_count[n]), int(gpus[i]), int(milli[i]))
+    return int(domain[starts[run]]), idx.size, arrays
 
 
 Task = tuple[int, int, int, int, np.uint64]
 
 
-def node_score_of(sc: Scratch, n: int, task: Task) -> tuple[int, int]:
-    """``kernels.node_score`` of ``task`` on node ``n`` in the working copy."""
-    a, b = kernels.node_score(
-        n, sc.cpu_free, sc.gpu_free, sc.gpu_count, task[0], task[2], task[3], sc.policy_id, sc.shapes
-    )
-    return int(a), int(b)
-
-
-def best_of(sc: Scratch, cands: Array, task: Task, weights: Array | None) -> int:
-    """The best node of ``cands`` for one task by the policy (``kernels.best_node``), the tie
-    broken by soft affinity (:func:`preferred`), or -1."""
-    free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
-    node = int(kernels.best_node(cands, *free, *task, sc.policy_id, sc.shapes)) if cands.size else -1
-    return node if weights is None else preferred(sc, cands, task, weights, node)
-
-
 def preferred(sc: Scratch, cands: Array, task: Task, weights: Array, node: int) -> int:
-    """Soft affinity for one task: of the candidates that score as ``node`` does (the best),
-    the one whose weight is highest, then the lowest index. The weights above ``node``'s are
-    tried highest first, the kernel run over the candidates of that weight alone: the first
-    whose best node ties is the answer (a better score there would have been ``node``)."""
-    if node < 0:
-        return node
-    w = weights[cands]
-    levels = np.unique(w[w > weights[node]])[::-1]
-    if not levels.size:
-        return node
-    score = node_score_of(sc, node, task)
+    """Soft affinity for one task (``kernels.preferred_node``): of the candidates that score
+    as ``node`` does (the best), the one whose weight is highest, then the lowest index."""
     free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
-    for level in levels.tolist():
-        n = int(kernels.best_node(cands[w == level], *free, *task, sc.policy_id, sc.shapes))
-        if n >= 0 and node_score_of(sc, n, task) == score:
-            return n
-    return node
+    return int(kernels.preferred_node(cands, weights, node, *free, *task, sc.policy_id, sc.shapes))
 
 
 def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | None:

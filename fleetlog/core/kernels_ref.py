@@ -12,6 +12,7 @@ every public kernel has one, with the same parameters, and that the two agree.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from fleetlog.core.kernels import (
     BEST_FIT,
@@ -63,6 +64,8 @@ __all__ = [
     "place_gang",
     "place_gang_memo",
     "place_run",
+    "place_spread",
+    "preferred_node",
     "row_totals",
     "versions_after",
 ]
@@ -227,6 +230,38 @@ def best_node(
             score = node_score(n, cpu_free, gpu_free, gpu_count, cpu, gpus, milli, policy, shapes)
             ranked.append((*score, n))
     return min(ranked)[2] if ranked else NO_NODE
+
+
+def preferred_node(
+    cands: I64,
+    weights: I64,
+    node: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+    policy: int,
+    shapes: I64,
+) -> int:
+    """Of the feasible candidates (and ``node``) scoring as ``node`` does, the one with the
+    highest weight, then the lowest index; -1 when ``node`` is."""
+    if node < 0:
+        return node
+    free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    want = node_score(node, cpu_free, gpu_free, gpu_count, cpu, gpus, milli, policy, shapes)
+    tied = [
+        (-int(weights[n]), n)
+        for n in {*cands.tolist(), node}
+        if fits(n, *free, cpu, mem, gpus, milli, models)
+        and node_score(n, cpu_free, gpu_free, gpu_count, cpu, gpus, milli, policy, shapes) == want
+    ]
+    return min(tied, default=(0, node))[1]
 
 
 # ---------------------------------------------------------------- a floor under the FGD increase
@@ -523,3 +558,62 @@ def place_gang_memo(
     free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
     tasks = (t_cpu, t_mem, t_gpus, t_milli, t_models)
     return place_gang(cands, domain, *free, *tasks, policy, shapes, out_node, out_mask)
+
+
+# ---------------------------------------------------------------- gangs spread one task a node
+
+
+def place_spread(
+    cands: I64,
+    starts: I64,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    t_cpu: I64,
+    t_mem: I64,
+    t_gpus: I32,
+    t_milli: I32,
+    t_models: U64,
+    t_class: I64,
+    allowed: npt.NDArray[np.bool_],
+    weight: I64,
+    policy: int,
+    shapes: I64,
+    out_pos: I64,
+) -> tuple[int, int]:
+    """Each run of ``cands`` (a domain) in turn; in it the tasks in order, each on the best
+    allowed candidate whose node no earlier task took: every such candidate ranked by (score,
+    -weight, node). The run whose full placement has the lowest summed score, then the earliest."""
+    out_pos[:] = -1
+    free = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    best: tuple[Score, int, list[int]] | None = None
+    most = 0
+    for k in range(len(starts) - 1):
+        taken: set[int] = set()
+        chosen: list[int] = []
+        total = (0, 0)
+        for i in range(len(t_cpu)):
+            task = (int(t_cpu[i]), int(t_mem[i]), int(t_gpus[i]), int(t_milli[i]), np.uint64(t_models[i]))
+            c = int(t_class[i])
+            ranked = []
+            for j in range(int(starts[k]), int(starts[k + 1])):
+                n = int(cands[j])
+                if n in taken or not allowed[c, j] or not fits(n, *free, *task):
+                    continue
+                p, s = node_score(n, cpu_free, gpu_free, gpu_count, task[0], task[2], task[3], policy, shapes)
+                ranked.append((p, s, -int(weight[c, j]), n, j))
+            if not ranked:
+                break
+            p, s, _, n, j = min(ranked)
+            taken.add(n)
+            chosen.append(j)
+            total = (total[0] + p, total[1] + s)
+        most = max(most, len(chosen))
+        if len(chosen) == len(t_cpu) and (best is None or total < best[0]):
+            best = (total, k, chosen)
+    if best is None:
+        return -1, most
+    out_pos[:] = best[2]
+    return best[1], most

@@ -1044,3 +1044,155 @@ def test_place_run_in_calls_over_kept_memos_matches_reference(
             for arrays, version in ((fast, versions[0]), (plain, versions[1])):
                 arrays[0][node] = max(0, int(arrays[0][node]) - 1000)
                 version[node] += 1
+
+
+# ---------------------------------------------------------------- place_spread
+
+
+def spread(
+    kernels: Any,
+    cands: Array,
+    starts: Array,
+    arrays: tuple[Array, ...],
+    tasks: list[Task],
+    classes: list[int],
+    allowed: npt.NDArray[np.bool_],
+    weight: Array,
+    policy: int = BEST_FIT,
+    shapes: Array = NO_SHAPES,
+) -> tuple[tuple[int, int], list[int]]:
+    out = np.full(len(tasks), 7, dtype=np.int64)
+    t_class = np.array(classes, dtype=np.int64)
+    got = kernels.place_spread(
+        cands, starts, *arrays, *gang_arrays(tasks), t_class, allowed, weight, policy, shapes, out
+    )
+    return (int(got[0]), int(got[1])), out.tolist()
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_spread_takes_a_node_a_task_and_the_domain_that_scores_best(kernels: Any) -> None:
+    """Domain 0 has two roomy nodes, domain 1 three nodes of which two are half full (a
+    better best fit): three tasks need domain 1; two tasks go there too (it scores better)."""
+    half = (0,) * 4 + (1000,) * 4
+    cluster = Cluster().node(gpus=8).node(gpus=8).node(gpus=8).node(gpus=half).node(gpus=half)
+    cands, starts = np.arange(5, dtype=np.int64), np.array([0, 2, 5], dtype=np.int64)
+    yes, none = np.ones((1, 5), dtype=np.bool_), np.zeros((1, 5), dtype=np.int64)
+    three = [gpu_task()] * 3
+    fleet = (cands, starts, cluster.arrays())
+    assert spread(kernels, *fleet, three, [0] * 3, yes, none) == ((1, 3), [3, 4, 2])
+    assert spread(kernels, *fleet, three[:2], [0] * 2, yes, none) == ((1, 2), [3, 4])
+    assert spread(kernels, *fleet, [gpu_task()] * 4, [0] * 4, yes, none) == ((-1, 3), [-1] * 4)
+    prefer_2 = np.array([[0, 0, 5, 0, 0]], dtype=np.int64)  # (n2 ties nobody: no change)
+    assert spread(kernels, *fleet, three[:1], [0], yes, prefer_2)[1] == [3]
+    prefer_4 = np.array([[0, 0, 0, 0, 5]], dtype=np.int64)  # (n3 and n4 tie: the weight decides)
+    assert spread(kernels, *fleet, three[:1], [0], yes, prefer_4)[1] == [4]
+    not_3 = np.array([[True, True, True, False, True]])
+    assert spread(kernels, *fleet, three, [0] * 3, not_3, none) == ((-1, 2), [-1] * 3)
+
+
+@st.composite
+def spread_inputs(draw: st.DrawFn, size: int) -> tuple[Array, Array]:
+    """Candidates grouped in runs (a node may repeat), and the runs' starts."""
+    runs = draw(st.lists(st.lists(st.integers(0, size - 1), max_size=6), max_size=4))
+    cands = np.array([n for run in runs for n in run], dtype=np.int64)
+    starts = np.array([0, *np.cumsum([len(r) for r in runs]).tolist()], dtype=np.int64)
+    return cands, starts
+
+
+@PROPERTY
+@given(
+    cluster=clusters(),
+    gang_tasks=gangs(),
+    shapes=shape_mixes(),
+    policy=st.sampled_from(POLICIES),
+    data=st.data(),
+)
+def test_place_spread_matches_reference(
+    cluster: Cluster, gang_tasks: list[Task], shapes: Array, policy: int, data: st.DataObject
+) -> None:
+    """Random fleets, gangs, runs (repeated nodes among them), classes, allowed candidates and
+    weights (ties broken by them); inputs untouched; no node takes two tasks."""
+    cands, starts = data.draw(spread_inputs(len(cluster.gpus)))
+    n_classes = data.draw(st.integers(1, 3))
+    classes = [data.draw(st.integers(0, n_classes - 1)) for _ in gang_tasks]
+    allowed = np.array(
+        data.draw(st.lists(st.booleans(), min_size=n_classes * cands.size, max_size=n_classes * cands.size)),
+        dtype=np.bool_,
+    ).reshape(n_classes, cands.size)
+    weight = np.array(
+        data.draw(st.lists(st.sampled_from([0, 0, 1, 5, 100]), min_size=allowed.size, max_size=allowed.size)),
+        dtype=np.int64,
+    ).reshape(n_classes, cands.size)
+    arrays = cluster.arrays()
+    inputs = (cands, starts, *arrays, allowed, weight)
+    before = snapshot(inputs)
+    args = (cands, starts, arrays, gang_tasks, classes, allowed, weight, policy, shapes)
+    got = [spread(k, *args) for k in (nb, ref)]
+    assert got[0] == got[1]
+    assert all(np.array_equal(a, b) for a, b in zip(before, inputs, strict=True))
+    (run, most), pos = got[0]
+    if run < 0:
+        assert pos == [-1] * len(gang_tasks)
+        return
+    assert most == len(gang_tasks)
+    nodes = [int(cands[p]) for p in pos]
+    assert len(set(nodes)) == len(nodes)
+    assert all(starts[run] <= p < starts[run + 1] for p in pos)
+    assert all(allowed[c, p] for p, c in zip(pos, classes, strict=True))
+
+
+# ---------------------------------------------------------------- preferred_node
+
+
+@PROPERTY
+@given(cluster=clusters(), task=tasks(), shapes=shape_mixes(), data=st.data())
+def test_preferred_node_matches_reference(
+    cluster: Cluster, task: Task, shapes: Array, data: st.DataObject
+) -> None:
+    """Random weights (many alike: ties among tied nodes), the best node of random candidates
+    (repeats, any order): the twins agree, the order of the candidates does not count, and
+    the answer scores as the best node does and weighs at least as much."""
+    arrays = cluster.arrays()
+    cands = data.draw(candidates(len(cluster.gpus)))
+    size = len(cluster.gpus)
+    drawn = data.draw(st.lists(st.sampled_from([0, 0, 1, 7]), min_size=size, max_size=size))
+    weights = np.array(drawn, dtype=np.int64)
+    for policy in POLICIES:
+        node = int(nb.best_node(cands, *arrays, *task.args(), policy, shapes))
+        args = (*arrays, *task.args(), policy, shapes)
+        got = int(nb.preferred_node(cands, weights, node, *args))
+        assert got == int(ref.preferred_node(cands, weights, node, *args))
+        assert got == int(nb.preferred_node(cands[::-1].copy(), weights, node, *args))
+        if node < 0:
+            assert got == -1
+            continue
+        score = (arrays[0], arrays[2], arrays[3], task.cpu, task.gpus, task.milli, policy, shapes)
+        assert tuple(nb.node_score(got, *score)) == tuple(nb.node_score(node, *score))
+        assert weights[got] >= weights[node]
+
+
+@pytest.mark.parametrize("kernels", [nb, ref], ids=["numba", "ref"])
+def test_preferred_node_takes_the_heaviest_tied_node(kernels: Any) -> None:
+    """Four empty alike nodes and a fuller one (best fit: the fuller wins on score alone)."""
+    cluster = Cluster().node(gpus=8).node(gpus=8).node(gpus=8).node(gpus=8)
+    arrays, task = cluster.arrays(), gpu_task()
+    cands = cluster.all()
+    node = int(kernels.best_node(cands, *arrays, *task.args(), BEST_FIT, NO_SHAPES))
+    assert node == 0
+
+    def pick(weights: list[int], at: int = node) -> int:
+        w = np.array(weights, dtype=np.int64)
+        return int(kernels.preferred_node(cands, w, at, *arrays, *task.args(), BEST_FIT, NO_SHAPES))
+
+    assert pick([0, 0, 0, 0]) == 0
+    assert pick([0, 0, 3, 5]) == 3
+    assert pick([0, 5, 3, 5]) == 1  # (two as heavy: the lower index)
+    assert pick([9, 5, 3, 5]) == 0
+    assert pick([0, 0, 0, 0], -1) == -1
+    fuller = Cluster().node(gpus=8).node(gpus=(0, 1000)).node(gpus=8)
+    f_arrays, f_cands = fuller.arrays(), fuller.all()
+    best = int(kernels.best_node(f_cands, *f_arrays, *task.args(), BEST_FIT, NO_SHAPES))
+    heavy = np.array([9, 0, 9], dtype=np.int64)
+    assert best == 1
+    got = kernels.preferred_node(f_cands, heavy, best, *f_arrays, *task.args(), BEST_FIT, NO_SHAPES)
+    assert int(got) == 1  # (a preference never beats a better score)

@@ -50,7 +50,8 @@ The package follows the sections of the kernels, each module importing only thos
 ``allocate``), ``summary`` (best fit with a node summary), ``memo`` (one node, one task,
 remembered: ``best_node_memo``, ``place_run``), ``domains``, ``domain`` and ``gangs`` (a gang's
 domains, one domain, all domains: ``place_gang``). This module re-exports every public name, so
-``kernels.best_node`` and ``from fleetlog.core.kernels import best_node`` work as before; private
+``kernels.best_node`` and ``from fleetlog.core.kernels import best_node`` work as before
+(``spread``, a gang spread one task a node over every domain, stands after the gangs); private
 helpers are reached through their module (``kernels.floor._fgd_floor``). The plain twins stay one
 module, ``fleetlog.core.kernels_ref`` (read as one definition, under the same section headings;
 same public names and parameters).
@@ -163,6 +164,10 @@ from fleetlog.core.kernels.node import (
     best_node,
     fits,
     node_score,
+    preferred_node,
+)
+from fleetlog.core.kernels.spread import (
+    place_spread,
 )
 from fleetlog.core.kernels.summary import (
     best_node_summary,
@@ -255,6 +260,8 @@ __all__ = [
     "place_gang",
     "place_gang_memo",
     "place_run",
+    "place_spread",
+    "preferred_node",
     "row_totals",
     "versions_after",
 ]

@@ -196,3 +196,45 @@ def _best_of(cands: I64, nodes: NodeArrays, task: Task, use_fgd: bool, shapes: I
         if ok and _better(primary, secondary, n, best_p, best_s, best):
             best, best_p, best_s = n, primary, secondary
     return best
+
+
+@_jit
+def preferred_node(
+    cands: I64,
+    weights: I64,
+    node: int,
+    cpu_free: I64,
+    mem_free: I64,
+    gpu_free: I16,
+    gpu_count: I32,
+    node_model: I32,
+    cpu: int,
+    mem: int,
+    gpus: int,
+    milli: int,
+    models: np.uint64,
+    policy: int,
+    shapes: I64,
+) -> int:
+    """Soft affinity for one task: of the feasible candidates that score exactly as ``node``
+    does (the best node, as ``best_node`` finds it), the one with the highest ``weights[n]``,
+    then the lowest index — ``node`` itself when none weighs more (or -1 when ``node`` is).
+    Only the candidates that could win (a higher weight, or as high and a lower index) are
+    scored."""
+    if node < 0:
+        return node
+    task = _task(cpu, mem, gpus, milli, models)
+    use_fgd = _uses_fgd(policy, shapes)
+    _, want_p, want_s = _eval_node(
+        node, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+    )
+    best, best_w = node, weights[node]
+    for j in range(cands.shape[0]):
+        n = int(cands[j])
+        w = weights[n]
+        if w < best_w or (w == best_w and n >= best):
+            continue
+        ok, p, s = _eval_node(n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes)
+        if ok and p == want_p and s == want_s:
+            best, best_w = n, w
+    return best
