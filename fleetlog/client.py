@@ -53,6 +53,7 @@ from fleetlog.events.model import (
     NodeHeartbeat,
     NodeRemoved,
     QuotaSet,
+    SpreadLevel,
     TaskFailed,
     TaskFinished,
     TaskGroup,
@@ -679,6 +680,7 @@ class Client:
         allowed_cells: Iterable[str] = (),
         required_topology: TopologyLevel | None = None,
         expected_duration_ms: int | None = None,
+        spread: SpreadLevel | None = None,
         key: str | None = None,
     ) -> int:
         """Submit a gang job: a :class:`JobSubmitted`, or its fields.  Returns the offset."""
@@ -695,6 +697,7 @@ class Client:
                 allowed_cells=tuple(allowed_cells),
                 required_topology=required_topology,
                 expected_duration_ms=expected_duration_ms,
+                spread=spread,
             )
         return await self.transport.append([self.wrap(job, key)])
 

@@ -117,7 +117,7 @@ def test_core() -> None:
         positive(r, *keys_like(r, rf"decide_gang_8x8_rack_\d+k_nodes_{name}_per_s"))
     for key in keys_like(r, r"preferred_zone_share_(best-fit|fgd)_\d+k_nodes"):
         assert 0 < r[key] <= 1, (key, r[key])
-    positive(r, "gangs_spread_per_s", "gangs_unspread_per_s", "gangs_spread_rack_per_s")  # (spread checked one task a node)
+    positive(r, "gangs_spread_per_s", "gangs_unspread_per_s", "gangs_spread_rack_per_s")  # (spread checked)
     assert len(keys_like(r, r"decide_pending_\d+k_jobs_s")) == 2
     positive(r, *keys_like(r, r"decide_pending_\d+k_jobs_s"))
     positive(r, "bytes_per_node", "bytes_per_pending_job", "python_bytes_per_job")

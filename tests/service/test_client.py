@@ -68,7 +68,7 @@ def envelopes(records: list[Record]) -> list[Envelope]:
 async def test_submit_builds_a_checked_keyed_envelope(store: LogStore) -> None:
     client = Client(store, producer_id="billing")
     offset = await client.submit(
-        "train-1", "vision", [GPU8], queue="gpu", priority=7, required_topology="rack"
+        "train-1", "vision", [GPU8], queue="gpu", priority=7, required_topology="rack", spread="host"
     )
     (record,) = await inputs(store)
     assert record.offset == offset
@@ -81,6 +81,7 @@ async def test_submit_builds_a_checked_keyed_envelope(store: LogStore) -> None:
         queue="gpu",
         priority=7,
         required_topology="rack",
+        spread="host",
     )
     assert decode(record.value) == envelope(expected, "billing", "submit/train-1")
 
