@@ -124,6 +124,35 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
     submit.add_argument("--topology", choices=("block", "rack", "host"), help="all tasks in one of these")
     submit.add_argument("--cell", action="append", default=[], help="an allowed cell (repeat)")
     submit.add_argument("--duration-ms", type=_count(0), help="expected duration, for backfill")
+    _add_placement_flags(submit)
+    _add_common(submit)
+    submit.set_defaults(func=_reporting(cmd_submit, usage_error))
+    send = sub.add_parser(
+        "send",
+        help="send input events of any kind (heartbeats, task events, quotas, ...)",
+        description='Send input events from a JSON file: an envelope or a bare event with its "type", a '
+        "JSON array of them, or JSON lines (- reads stdin). With a [cells] map each goes to its partition; "
+        "task events to --cell's.",
+    )
+    send.add_argument("--file", required=True, metavar="EVENTS.json", help="the events; - for stdin")
+    send.add_argument(
+        "--cell",
+        dest="cell_of_producer",
+        metavar="CELL",
+        help="the producer's cell: where its task events go when the config has a [cells] map",
+    )
+    _add_common(send)
+    send.set_defaults(func=_reporting(cmd_send, usage_error))
+    cancel = sub.add_parser("cancel", help="cancel a job, pending or running")
+    cancel.add_argument("job_id", metavar="JOB_ID")
+    cancel.add_argument("--reason", default="", help="why (kept in the log)")
+    _add_common(cancel)
+    cancel.set_defaults(func=_reporting(cmd_cancel, usage_error))
+
+
+def _add_placement_flags(submit: argparse.ArgumentParser) -> None:
+    """``fleetlog submit``'s placement constraints: selector, tolerations, Slurm features, soft
+    affinity and spread (docs/scheduling.md)."""
     submit.add_argument(
         "--selector",
         action="append",
@@ -157,29 +186,6 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
         choices=SPREAD_LEVELS,
         help="host: at most one task of the gang on any node",
     )
-    _add_common(submit)
-    submit.set_defaults(func=_reporting(cmd_submit, usage_error))
-    send = sub.add_parser(
-        "send",
-        help="send input events of any kind (heartbeats, task events, quotas, ...)",
-        description='Send input events from a JSON file: an envelope or a bare event with its "type", a '
-        "JSON array of them, or JSON lines (- reads stdin). With a [cells] map each goes to its partition; "
-        "task events to --cell's.",
-    )
-    send.add_argument("--file", required=True, metavar="EVENTS.json", help="the events; - for stdin")
-    send.add_argument(
-        "--cell",
-        dest="cell_of_producer",
-        metavar="CELL",
-        help="the producer's cell: where its task events go when the config has a [cells] map",
-    )
-    _add_common(send)
-    send.set_defaults(func=_reporting(cmd_send, usage_error))
-    cancel = sub.add_parser("cancel", help="cancel a job, pending or running")
-    cancel.add_argument("job_id", metavar="JOB_ID")
-    cancel.add_argument("--reason", default="", help="why (kept in the log)")
-    _add_common(cancel)
-    cancel.set_defaults(func=_reporting(cmd_cancel, usage_error))
 
 
 # -- the commands -------------------------------------------------------------------------------

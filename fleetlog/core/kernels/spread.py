@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from fleetlog.core.kernels.base import I16, I32, I64, U64, _hot, _jit
+from fleetlog.core.kernels.base import I16, I32, I64, U64, NodeArrays, TaskArrays, _hot, _jit
+from fleetlog.core.kernels.domain import _same_task
 from fleetlog.core.kernels.frag import _uses_fgd
 from fleetlog.core.kernels.node import _eval_node, _task
 
@@ -44,54 +45,20 @@ def place_spread(
     whose every task is placed with the lowest summed (primary, secondary) wins, then the
     earliest. ``out_pos``: each task's position in ``cands`` in the winning run (else -1).
     Returns (the winning run or -1, the most tasks placed in one run)."""
-    use_fgd = _uses_fgd(policy, shapes)
+    nodes = (cpu_free, mem_free, gpu_free, gpu_count, node_model)
+    tasks = (t_cpu, t_mem, t_gpus, t_milli, t_models)
     n_tasks = t_cpu.shape[0]
     used = np.zeros(cpu_free.shape[0], dtype=np.bool_)
     pos = np.full(n_tasks, -1, dtype=np.int64)
-    fit = np.zeros(cands.shape[0], dtype=np.int64)
-    prim = np.zeros(cands.shape[0], dtype=np.int64)
-    sec = np.zeros(cands.shape[0], dtype=np.int64)
+    size = cands.shape[0]
+    work = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.int64))
     best_run, most = -1, 0
     best_p, best_s = 0, 0
     for k in range(starts.shape[0] - 1):
-        lo, hi = starts[k], starts[k + 1]
-        total_p, total_s, placed = 0, 0, 0
-        i = 0
-        while i < n_tasks and placed == i:
-            # a run of tasks alike (shape and class): each candidate scored once for all of them
-            # (a node takes one task, so no task of the run changes another's score)
-            end = i + 1
-            while end < n_tasks and _alike(i, end, t_cpu, t_mem, t_gpus, t_milli, t_models, t_class):
-                end += 1
-            task = _task(t_cpu[i], t_mem[i], t_gpus[i], t_milli[i], t_models[i])
-            may, wc = allowed[t_class[i]], weight[t_class[i]]
-            fits = 0  # (the candidates that fit, listed in fit[:fits])
-            for j in range(lo, hi):
-                n = int(cands[j])
-                if used[n] or not may[j]:
-                    continue
-                ok, p, s = _eval_node(
-                    n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
-                )
-                if ok:
-                    fit[fits], prim[j], sec[j] = j, p, s
-                    fits += 1
-            for t in range(i, end):
-                found = -1
-                for f in range(fits):
-                    j = fit[f]
-                    if used[cands[j]]:
-                        continue
-                    if found < 0 or _before(j, found, prim, sec, wc, cands):
-                        found = j
-                if found < 0:
-                    break
-                used[cands[found]] = True
-                pos[t] = found
-                total_p += prim[found]
-                total_s += sec[found]
-                placed += 1
-            i = end
+        placed, total_p, total_s = _in_run(
+            starts[k], starts[k + 1], cands, nodes, tasks, t_class, allowed, weight, policy, shapes,
+            used, pos, work,
+        )  # fmt: skip
         for t in range(placed):
             used[cands[pos[t]]] = False
         most = max(most, placed)
@@ -105,18 +72,64 @@ def place_spread(
 
 
 @_hot
-def _alike(
-    a: int, b: int, t_cpu: I64, t_mem: I64, t_gpus: I32, t_milli: I32, t_models: U64, t_class: I64
-) -> bool:
-    """Tasks ``a`` and ``b`` ask alike (shape, models, class)."""
-    return bool(
-        t_cpu[a] == t_cpu[b]
-        and t_mem[a] == t_mem[b]
-        and t_gpus[a] == t_gpus[b]
-        and t_milli[a] == t_milli[b]
-        and t_models[a] == t_models[b]
-        and t_class[a] == t_class[b]
-    )
+def _in_run(
+    lo: int,
+    hi: int,
+    cands: I64,
+    nodes: NodeArrays,
+    tasks: TaskArrays,
+    t_class: I64,
+    allowed: Bools,
+    weight: I64,
+    policy: int,
+    shapes: I64,
+    used: Bools,
+    pos: I64,
+    work: tuple[I64, I64, I64],
+) -> tuple[int, int, int]:
+    """The tasks in order on the candidates ``cands[lo:hi]`` (one run), each on the best one
+    whose node is not ``used`` (marked as it is taken; ``pos``: its position): (tasks placed
+    before the first that fits nowhere, their summed primary and secondary scores). A run of
+    alike tasks (shape and class) scores each candidate once for all of them: a node takes one
+    task, so no task of the run changes another's score."""
+    cpu_free, mem_free, gpu_free, gpu_count, node_model = nodes
+    t_cpu, t_mem, t_gpus, t_milli, t_models = tasks
+    fit, prim, sec = work  # (the candidates that fit, listed in fit[:fits]; their scores)
+    use_fgd = _uses_fgd(policy, shapes)
+    n_tasks = t_cpu.shape[0]
+    total_p, total_s, placed, i = 0, 0, 0, 0
+    while i < n_tasks and placed == i:
+        end = i + 1
+        while end < n_tasks and t_class[end] == t_class[i] and _same_task(tasks, i, end):
+            end += 1
+        task = _task(t_cpu[i], t_mem[i], t_gpus[i], t_milli[i], t_models[i])
+        may, wc = allowed[t_class[i]], weight[t_class[i]]
+        fits = 0
+        for j in range(lo, hi):
+            n = int(cands[j])
+            if used[n] or not may[j]:
+                continue
+            ok, p, s = _eval_node(
+                n, cpu_free, mem_free, gpu_free, gpu_count, node_model, task, use_fgd, shapes
+            )
+            if ok:
+                fit[fits], prim[j], sec[j] = j, p, s
+                fits += 1
+        for t in range(i, end):
+            found = -1
+            for f in range(fits):
+                j = fit[f]
+                if not used[cands[j]] and (found < 0 or _before(j, found, prim, sec, wc, cands)):
+                    found = j
+            if found < 0:
+                break
+            used[cands[found]] = True
+            pos[t] = found
+            total_p += prim[found]
+            total_s += sec[found]
+            placed += 1
+        i = end
+    return placed, total_p, total_s
 
 
 @_hot
