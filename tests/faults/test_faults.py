@@ -31,7 +31,7 @@ from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.memory import MemoryLogStore
 from tests.faults.checker import check, max_stall_s, read_logs
 from tests.faults.harness import SCENARIOS, run_scenario, wait_replicated
-from tests.kafka_cluster import NODES, REPO, KafkaCluster
+from tests.kafka_cluster import NODES, PORTS_SPAN, REPO, KafkaCluster, free_port_range
 
 pytestmark = pytest.mark.kafka
 
@@ -210,3 +210,14 @@ def test_the_benchmark_runs_the_baseline_and_a_cut_and_prints_every_key(cluster:
     assert cut["acked_inputs"] > 1000
     assert 9 <= cut["max_stall_s"] <= STALL_LIMIT_S["cut-service"]  # the cut lasts 10 s
     assert set(cluster.status().values()) == {"running"}  # not stopped: it was not the benchmark's
+
+
+def test_the_cluster_ports_are_free_and_below_the_ephemeral_range() -> None:
+    """No "any free port" of another process can take a killed node's port before it restarts."""
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        base = free_port_range()
+        assert base + PORTS_SPAN <= first_ephemeral
+        for k in range(PORTS_SPAN):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", base + k))
