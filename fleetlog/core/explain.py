@@ -59,7 +59,8 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
     if not eligible_exists(sc, cells, int(models[0]), int(gpus[0])):
         wanted = ", ".join(state.names["model"].names[m] for m in range(64) if int(models[0]) >> m & 1)
         return Outcome("no_eligible_nodes", f"no up node with GPU model {wanted or 'any'} in cells {names}")
-    level = int(state.jobs.cols["topology"][job]) & LEVEL_MASK
+    topology = int(state.jobs.cols["topology"][job])
+    level = topology & LEVEL_MASK
     never = sc.fleet().never_fits_job(state, job)
     if never is not None:
         return Outcome("never_fits", f"can never fit on the current fleet: {never}")
@@ -71,7 +72,7 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
             if fit > best:
                 best, best_cell = fit, cell
     where = state.names["cell"].names[best_cell]
-    spread = " (spread: one task a node)" if int(state.jobs.cols["topology"][job]) & SPREAD_HOST else ""
+    spread = " (spread: one task a node)" if topology & SPREAD_HOST else ""
     if level:
         return Outcome(
             "gang_does_not_fit_topology",

@@ -191,10 +191,7 @@ def spread_gang(
     return int(domain[starts[run]]), idx.size, arrays
 
 
-Task = tuple[int, int, int, int, np.uint64]
-
-
-def preferred(sc: Scratch, cands: Array, task: Task, weights: Array, node: int) -> int:
+def preferred(sc: Scratch, cands: Array, task: kernels.Task, weights: Array, node: int) -> int:
     """Soft affinity for one task (``kernels.preferred_node``): of the candidates that score
     as ``node`` does (the best), the one whose weight is highest, then the lowest index."""
     free = (sc.cpu_free, sc.mem_free, sc.gpu_free, sc.gpu_count, sc.model)
