@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import threading
@@ -392,10 +393,21 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _typed_command(argv: Sequence[str]) -> str:
+    """The command as typed (``fleetlog replay state-at``), before the arguments are parsed: what
+    Ctrl-C during start-up (imports on a busy machine can take seconds) names."""
+    words = ["fleetlog"]
+    for word in argv[:2]:
+        if word.startswith("-") or (len(words) == 2 and words[1] != "replay"):
+            break
+        words.append(word)
+    return " ".join(words)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command.  Ctrl-C anywhere: one line on stderr and exit code 130, no traceback
     (``fleetlog run`` stops cleanly on it instead, and ``simulate`` writes what it has)."""
-    prog = where = "fleetlog"
+    prog, where = "fleetlog", _typed_command(sys.argv[1:] if argv is None else argv)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _interrupt) if main_thread else None
     try:
@@ -418,5 +430,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
+def run() -> None:
+    """The ``fleetlog`` program: :func:`main`, then exit with its code.  After Ctrl-C the process
+    ends at once (``os._exit``), its output flushed: an import that Ctrl-C cut short can leave the
+    interpreter to end by SIGINT while it shuts down (seen when numba's import was interrupted in
+    a busy CI run: the one line printed, then exit status -2 instead of 130)."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

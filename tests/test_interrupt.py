@@ -128,3 +128,29 @@ def test_run_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     assert child.returncode == 0, err
     assert "Traceback" not in err
     assert '"service_stopped"' in err
+
+
+def test_ctrl_c_before_the_arguments_are_parsed_names_the_command_typed(tmp_path: Path) -> None:
+    """Imports on a busy machine take seconds: Ctrl-C then still names the command, through the
+    program's own entry point (``run``, the console script), and the exit status is 130 — not a
+    death by SIGINT while the interpreter shuts down after an interrupted import."""
+    code = (
+        "import sys\n"
+        "from fleetlog import cli\n"
+        "def parser():\n"
+        "    exec('raise KeyboardInterrupt')  # as when Ctrl-C lands in an import's exec\n"
+        "cli.build_parser = parser\n"
+        "sys.argv = ['fleetlog', 'replay', 'state-at', '--log', 'x', '3']\n"
+        "cli.run()\n"
+    )
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=path), timeout=120, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "fleetlog replay state-at: interrupted\n")
+
+
+def test_the_console_script_is_the_entry_that_exits_130() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "fleetlog"]
+    assert script.value == "fleetlog.cli:run"

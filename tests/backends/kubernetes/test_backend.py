@@ -274,7 +274,17 @@ async def test_api_server_away_and_back_loses_nothing(rig: Rig) -> None:
     names = [f"{p}-{i}" for p in "xy" for i in range(5)]
     await rig.until("x and y bound", lambda: len(bound(rig, names)) == 10, timeout_s=90)
     await rig.until("all running", lambda: all(p["status"]["phase"] == "Running" for p in pods(rig).values()))
-    await rig.backend.observer.emitter.flush()  # type: ignore[union-attr]
+    observer = rig.backend.observer  # type: ignore[union-attr]
+
+    async def all_started() -> bool:  # the observer's watch may still be backing off: it reports late
+        await observer.emitter.flush()
+        return await rig.count(TaskStarted) >= 10
+
+    await rig.until_async("the backend reported all ten running", all_started)
+    pod_watch = observer.pod_watch
+    relister = pod_watch.__class__(observer.api, pod_watch.kind, pod_watch.handlers)
+    await relister.relist()  # what a reconnect does: it must add nothing now
+    await observer.emitter.flush()
     events = await rig.events()
     assert Counter(type(e).__name__ for e in events if not isinstance(e, NodeHeartbeat)) == Counter(
         {"JobSubmitted": 10, "TaskStarted": 10}
