@@ -64,6 +64,10 @@ class Request(msgspec.Struct, frozen=True):
     """Percent-decoded, without the query."""
     headers: dict[str, str]
     body: bytes
+    query: dict[str, list[str]] = {}
+    """Each query parameter with every value it was given, in order."""
+    raw_path: str = ""
+    """As sent (percent-encoded): a ``%2F`` inside one segment is not a ``/`` between two."""
 
 
 class Response(msgspec.Struct, frozen=True):
@@ -77,10 +81,17 @@ def json_response(status: int, value: object, headers: dict[str, str] | None = N
     return Response(status, msgspec.json.encode(value) + b"\n", headers=headers or {})
 
 
-def refusal(status: int, reason: str, error: str, **extra: object) -> Response:
-    """A JSON ``{"error", "reason", ...}`` answer; 429 and 503 carry ``Retry-After``."""
+def refusal(
+    status: int, reason: str, error: str, field: str | None = None, extra: dict[str, object] | None = None
+) -> Response:
+    """The API's one error shape, ``{"code", "message", "field"}`` (fleetlog.api.routes.Error),
+    with the same code and message also under the names the first API used (``reason``,
+    ``error``) and any ``extra``; 429 and 503 carry ``Retry-After``."""
     retry = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
-    return json_response(status, {"error": error, "reason": reason, **extra}, retry)
+    body: dict[str, object] = {"code": reason, "message": error, "field": field}
+    body.update(error=error, reason=reason)
+    body.update(extra or {})
+    return json_response(status, body, retry)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -216,7 +227,7 @@ class HttpServer:
         """The whole body, or a 413/408 refusal: a body over the limit is refused as soon as its
         ``Content-Length`` (or, chunked, its running size) shows it."""
         limit = self.limits.max_body_bytes
-        too_large = refusal(413, "too_large", f"request body over {limit} bytes", limit=limit)
+        too_large = refusal(413, "too_large", f"request body over {limit} bytes", extra={"limit": limit})
         if raw.content_length is not None and raw.content_length > limit:
             return too_large
         parts, size = [], 0
@@ -234,4 +245,7 @@ class HttpServer:
 
 def _request(raw: web.BaseRequest, body: bytes) -> Request:
     headers = {name.lower(): value for name, value in raw.headers.items()}
-    return Request(raw.method.upper(), raw.path, headers, body)
+    query: dict[str, list[str]] = {}
+    for name, value in raw.rel_url.query.items():
+        query.setdefault(name, []).append(value)
+    return Request(raw.method.upper(), raw.path, headers, body, query, raw.rel_url.raw_path)

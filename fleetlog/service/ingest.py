@@ -194,7 +194,7 @@ def never_fitting(state: State, events: list[InputEvent]) -> Response | None:
         why = judged[key]
         if why is not None:
             return refusal(422, "never_fits", f"job {job.job_id!r} can never fit on the current fleet: {why}",
-                           job_id=job.job_id)
+                           extra={"job_id": job.job_id})
     return None
 
 
@@ -250,7 +250,7 @@ class IngestGate:
         if pending + tasks <= limit:
             return None
         return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
-                       f"the limit of {limit}", pending=pending, limit=limit)
+                       f"the limit of {limit}", extra={"pending": pending, "limit": limit})
 
     def unfolded_jobs(self, loop: SchedulerLoop) -> dict[str, JobSubmitted]:
         """The jobs appended through ingest that the loop has not folded yet, with their submission
@@ -298,14 +298,14 @@ class IngestGate:
                 batch = await asyncio.get_running_loop().run_in_executor(
                     self.executor, ingest_batch, request.body, content_type, self.settings)
         except IngestError as exc:
-            return refusal(exc.status, exc.reason, str(exc), **exc.extra)
+            return refusal(exc.status, exc.reason, str(exc), extra=exc.extra)
         store, loop = leading()
         if store is None or loop is None:
             return refusal(503, "standby", "this process is not leading")
         try:
             batch, duplicates = screened(loop.state, self.unfolded_jobs(loop), batch)
         except IngestError as exc:
-            return refusal(exc.status, exc.reason, str(exc), **exc.extra)
+            return refusal(exc.status, exc.reason, str(exc), extra=exc.extra)
         refused = self.admit(loop, batch.tasks)
         if refused is not None:
             return refused

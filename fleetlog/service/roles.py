@@ -36,7 +36,7 @@ from fleetlog.service.cellrunner import RETRY_S, CellShards
 from fleetlog.service.cellshard import shard_snapshots
 from fleetlog.service.config import Config
 from fleetlog.service.dispatcher import DispatcherConfig, DispatcherLoop
-from fleetlog.service.http import HttpServer, PortInUseError, Request, Response, json_response
+from fleetlog.service.http import HttpServer, PortInUseError, Request, Response, json_response, refusal
 from fleetlog.service.ingest import http_limits
 from fleetlog.service.leader import KafkaElection
 from fleetlog.service.loop import keep_recovered
@@ -331,10 +331,9 @@ class RoleService:
         if path == "/readyz":
             return json_response(200 if health["status"] == "leading" else 503, health)
         if path.startswith("/v1/"):
-            return json_response(404, {"error": f"--role {self.role} with a [cells] map takes no ingest: "
-                                       "producers write the global and cell partitions (docs/scale-out.md)",
-                                       "reason": "not_served_by_role"})
-        return json_response(404, {"error": f"no route {path}", "reason": "not_found"})
+            return refusal(404, "not_served_by_role", f"--role {self.role} with a [cells] map takes no "
+                           "ingest: producers write the global and cell partitions (docs/scale-out.md)")
+        return refusal(404, "no_route", f"no route {path}")
 
 
 async def open_fenced(config: Config, shard: Shard) -> LogStore:

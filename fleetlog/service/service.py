@@ -31,6 +31,8 @@ import msgspec
 import structlog
 from tenacity import RetryCallState
 
+from fleetlog.api.resources import ApiError
+from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
 from fleetlog.core.policy import policy_named
 from fleetlog.core.views import job_status, pending_by_reason
 from fleetlog.log import errorpolicy
@@ -38,7 +40,15 @@ from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
 from fleetlog.service.config import Config
-from fleetlog.service.http import BindError, HttpServer, PortInUseError, Request, Response, json_response
+from fleetlog.service.http import (
+    BindError,
+    HttpServer,
+    PortInUseError,
+    Request,
+    Response,
+    json_response,
+    refusal,
+)
 from fleetlog.service.ingest import IngestGate, http_limits
 from fleetlog.service.leadership import Leadership
 from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, StepResult, keep_recovered
@@ -332,9 +342,25 @@ class Service:
             if request.method != "POST":
                 return _not_allowed()
             return await self.ingest.serve(request, self._leading)
-        if path.startswith("/v1/jobs/") and request.method == "GET":
-            return self._job(path.removeprefix("/v1/jobs/"))
-        return json_response(404, {"error": f"no route {path}", "reason": "not_found"})
+        if request.method == "GET" and path == "/v1/openapi.json":
+            return json_response(200, openapi())
+        if request.method == "GET" and path in LISTS:
+            return self._list(path, request.query)
+        route, found, elsewhere = route_for(request.method, request.raw_path or path)
+        if route is not None and route.path == "/v1/jobs/{job_id}":
+            return self._job(found["job_id"])
+        if elsewhere:
+            return refusal(405, "method_not_allowed", f"{request.method} {path}: see /v1/openapi.json")
+        return refusal(404, "no_route", f"no route {path} (the routes: /v1/openapi.json)")
+
+    def _list(self, path: str, query: dict[str, list[str]]) -> Response:
+        """A read-only list (fleetlog.api) of the live state."""
+        if self.loop is None:
+            return refusal(503, "standby", "this process is not leading")
+        try:
+            return json_response(200, answer_list(self.loop.state, path, query))
+        except ApiError as exc:
+            return refusal(exc.status, exc.code, exc.message, exc.field)
 
     def health(self) -> dict[str, Any]:
         """``leading``, ``standby`` (another process leads), ``retrying`` or ``stalled`` (with the
@@ -355,15 +381,15 @@ class Service:
 
     def _job(self, job_id: str) -> Response:
         if self.loop is None:
-            return json_response(503, {"error": "this process is not leading", "reason": "standby"})
+            return refusal(503, "standby", "this process is not leading")
         state = self.loop.state
         found = job_status(state, job_id)
         if found is None and job_id in state.retired:  # (docs/retention.md: the logs hold the rest)
             at = state.retired[job_id]
-            return json_response(404, {"error": f"job {job_id!r} retired from the state at log time {at} ms "
-                                       "(`fleetlog status` reads it from the logs)", "reason": "retired"})
+            return refusal(404, "retired", f"job {job_id!r} retired from the state at log time {at} ms "
+                           "(`fleetlog status` reads it from the logs)")
         if found is None:
-            return json_response(404, {"error": f"unknown job {job_id!r}", "reason": "unknown_job"})
+            return refusal(404, "unknown_job", f"unknown job {job_id!r}")
         return json_response(200, found)
 
     def _leading(self) -> tuple[LogStore | None, SchedulerLoop | None]:
@@ -371,4 +397,4 @@ class Service:
 
 
 def _not_allowed() -> Response:
-    return json_response(405, {"error": "use POST", "reason": "method_not_allowed"})
+    return refusal(405, "method_not_allowed", "use POST")

@@ -1,0 +1,406 @@
+"""The read-only resources of the HTTP API (``/v1/jobs``, ``/v1/nodes``, ``/v1/tenants``,
+``/v1/queues``, ``/v1/cells``) over one :class:`~fleetlog.core.state.State`: pure functions of
+the state and a query, shared by the live service and by anything that folds the logs.
+
+Lists are filtered with column masks (no row is turned into an object before it is selected) and
+paged by an opaque token: the row to go on from.  Rows are only ever appended, so paging through
+a changing state neither skips nor repeats a job that was there when the first page was read.
+A filter may be repeated (``state=pending&state=running``: either); an unknown parameter, a
+value outside a closed set and a bad ``limit`` or ``page_token`` are :class:`ApiError` 400s
+naming the parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import msgspec
+import numpy as np
+
+from fleetlog.core.order import dominant_share, fleet_capacity
+from fleetlog.core.shares import SCALE
+from fleetlog.core.state import JobState, NodeStatus, State, TaskState
+from fleetlog.core.views import job_phase, pending_reason
+
+Query = Mapping[str, Sequence[str]]
+"""A request's query parameters, each with every value it was given."""
+
+DEFAULT_LIMIT: Final = 1000
+MAX_LIMIT: Final = 10_000
+JOB_STATES: Final = (
+    "pending", "placed", "running", "succeeded", "failed", "cancelled", "rejected", "returned",
+)
+"""A job's ``state`` as listed: ``placed`` until a backend saw every task start, then ``running``."""
+NODE_STATUSES: Final = ("up", "down", "removed")
+
+
+class ApiError(Exception):
+    """A request the API refuses: ``status``, a machine-readable ``code``, a message and the
+    query parameter or body field at fault (``None``: the request as a whole)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+    def body(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message, "field": self.field}
+
+
+# --- what the API answers (its OpenAPI schemas come from these) ----------------------------
+
+
+class JobItem(msgspec.Struct, frozen=True):
+    job_id: str
+    state: str
+    tenant: str
+    queue: str
+    priority: int
+    tasks: int
+    tasks_started: int
+    gpu_milli: int
+    """GPU thousandths the job asks for, all tasks together."""
+    cell: str
+    """Where it was placed (``""``: not placed)."""
+    submitted_at_ms: int
+    placed_at_ms: int | None
+    reason: str
+    """A pending job's reason code (``docs/scheduling.md``); ``""`` for others."""
+
+
+class JobPage(msgspec.Struct, frozen=True):
+    items: list[JobItem]
+    total: int
+    """How many jobs match the filters (all pages)."""
+    next_page_token: str | None
+
+
+class NodeItem(msgspec.Struct, frozen=True):
+    node: str
+    cell: str
+    status: str
+    gpu_model: str
+    gpus: int
+    gpu_free_milli: int
+    cpu_milli: int
+    cpu_free_milli: int
+    mem_mib: int
+    mem_free_mib: int
+    last_heartbeat_ms: int
+
+
+class NodePage(msgspec.Struct, frozen=True):
+    items: list[NodeItem]
+    total: int
+    next_page_token: str | None
+
+
+class Resources(msgspec.Struct, frozen=True):
+    cpu_milli: int
+    mem_mib: int
+    gpu_milli: int
+
+
+class TenantItem(msgspec.Struct, frozen=True):
+    tenant: str
+    running: int
+    pending: int
+    used: Resources
+    nominal: Resources | None
+    """Its fleet-wide quota (``None``: none set)."""
+    borrowing_limit: Resources | None
+    borrowed: Resources
+    """What it uses past its nominal quota (zero without one)."""
+    cohort: str
+    weight_milli: int
+    dominant_share: float
+    """Its weighted dominant share (DRF): of its nominal quota if it has one, else of the fleet."""
+
+
+class QueueItem(msgspec.Struct, frozen=True):
+    queue: str
+    pending: int
+    running: int
+    pending_gpu_milli: int
+    pending_by_reason: dict[str, int]
+
+
+class ModelAllocation(msgspec.Struct, frozen=True):
+    gpus: int
+    allocated_milli: int
+
+
+class CellItem(msgspec.Struct, frozen=True):
+    cell: str
+    nodes_up: int
+    nodes_down: int
+    gpus: int
+    """GPUs on the cell's up nodes."""
+    gpu_allocated_milli: int
+    cpu_milli: int
+    cpu_allocated_milli: int
+    by_model: dict[str, ModelAllocation]
+
+
+class TenantList(msgspec.Struct, frozen=True):
+    items: list[TenantItem]
+
+
+class QueueList(msgspec.Struct, frozen=True):
+    items: list[QueueItem]
+
+
+class CellList(msgspec.Struct, frozen=True):
+    items: list[CellItem]
+
+
+# --- queries -------------------------------------------------------------------------------
+
+
+def check_params(query: Query, allowed: Sequence[str]) -> None:
+    for name in sorted(query):
+        if name not in allowed:
+            takes = ", ".join(allowed) or "no parameters"
+            raise ApiError(400, "unknown_parameter", f"unknown query parameter {name!r}; this takes {takes}",
+                           name)
+
+
+def one_of(query: Query, name: str, allowed: Sequence[str]) -> list[str]:
+    values = list(query.get(name, ()))
+    for value in values:
+        if value not in allowed:
+            raise ApiError(400, "invalid_value", f"{name}={value!r}: use one of {', '.join(allowed)}", name)
+    return values
+
+
+def paging(query: Query) -> tuple[int, int]:
+    """(first row, limit) from ``page_token`` and ``limit``."""
+    limit, start = _single(query, "limit"), _single(query, "page_token")
+    try:
+        count = DEFAULT_LIMIT if limit is None else int(limit)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_LIMIT:
+        raise ApiError(400, "invalid_value", f"limit={limit!r}: an integer from 1 to {MAX_LIMIT}", "limit")
+    if start is None:
+        return 0, count
+    if not start.isdigit() or len(start) > 12:
+        raise ApiError(400, "invalid_value", f"page_token={start!r} is not a token this API gave",
+                       "page_token")
+    return int(start), count
+
+
+def _single(query: Query, name: str) -> str | None:
+    values = query.get(name, ())
+    if len(values) > 1:
+        raise ApiError(400, "invalid_value", f"{name} given {len(values)} times: give it once", name)
+    return values[0] if values else None
+
+
+def _ids(state: State, table: str, names: Sequence[str]) -> list[int]:
+    """The ids of ``names`` in the state's name table (a name never seen matches nothing)."""
+    return [state.names[table].get(name) for name in names]
+
+
+def _page(mask: np.ndarray, start: int, limit: int) -> tuple[np.ndarray, int, str | None]:
+    """The rows of ``mask`` from ``start``, at most ``limit``; the total; the next token."""
+    rows = np.flatnonzero(mask)
+    first = int(np.searchsorted(rows, start))
+    chosen = rows[first:first + limit]
+    more = first + limit < rows.size
+    return chosen, int(rows.size), str(int(chosen[-1]) + 1) if more else None
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+JOB_PARAMS: Final = ("tenant", "queue", "state", "reason", "cell", "limit", "page_token")
+
+
+def started_counts(state: State) -> np.ndarray:
+    """Per job row, how many of its tasks a backend has seen start (or end)."""
+    n, cols = state.jobs.size, state.jobs.cols
+    seen = state.tasks.cols["state"][: state.tasks.size] >= TaskState.STARTED
+    sums = np.concatenate(([0], np.cumsum(seen, dtype=np.int64)))
+    first, count = cols["first_task"][:n].astype(np.int64), cols["ntasks"][:n].astype(np.int64)
+    first = np.clip(first, 0, sums.size - 1)
+    started: np.ndarray = sums[np.clip(first + count, 0, sums.size - 1)] - sums[first]
+    return started
+
+
+def list_jobs(state: State, query: Query) -> JobPage:
+    check_params(query, JOB_PARAMS)
+    phases = one_of(query, "state", JOB_STATES)
+    start, limit = paging(query)
+    n, c = state.jobs.size, state.jobs.cols
+    status = c["state"][:n]
+    started = started_counts(state)
+    mask = status != JobState.RETIRED
+    for column, table in (("tenant", "tenant"), ("queue", "queue"), ("cell", "cell")):
+        if column in query:
+            mask &= np.isin(c[column][:n], _ids(state, table, query[column]))
+    if phases:
+        mask &= _phase_mask(status, started, c["ntasks"][:n], phases)
+    if "reason" in query:
+        wanted = set(query["reason"])
+        pending = np.flatnonzero(mask & (status == JobState.PENDING))
+        keep = [row for row in pending.tolist() if pending_reason(state, row)[0] in wanted]
+        mask = np.zeros(n, np.bool_)
+        mask[keep] = True
+    rows, total, token = _page(mask, start, limit)
+    return JobPage([_job_item(state, int(row), int(started[row])) for row in rows], total, token)
+
+
+def _phase_mask(status: np.ndarray, started: np.ndarray, ntasks: np.ndarray, phases: list[str]) -> np.ndarray:
+    mask = np.zeros(status.size, np.bool_)
+    for phase in phases:
+        if phase in ("placed", "running"):
+            all_started = started == ntasks
+            mask |= (status == JobState.RUNNING) & (all_started if phase == "running" else ~all_started)
+        else:
+            mask |= status == JobState[phase.upper()]
+    return mask
+
+
+def _job_item(state: State, row: int, started: int) -> JobItem:
+    c, names = state.jobs.cols, state.names
+    status = JobState(int(c["state"][row]))
+    cell, placed = int(c["cell"][row]), int(c["placed_at_ms"][row])
+    return JobItem(
+        job_id=names["job"].names[row],
+        state=job_phase(state, row, status),
+        tenant=names["tenant"].names[int(c["tenant"][row])],
+        queue=names["queue"].names[int(c["queue"][row])],
+        priority=int(c["priority"][row]),
+        tasks=int(c["ntasks"][row]),
+        tasks_started=started,
+        gpu_milli=int(c["req_gpu"][row]),
+        cell=names["cell"].names[cell] if cell >= 0 else "",
+        submitted_at_ms=int(c["submitted_at"][row]),
+        placed_at_ms=placed if placed >= 0 and status != JobState.PENDING else None,
+        reason=pending_reason(state, row)[0] if status == JobState.PENDING else "",
+    )
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+NODE_PARAMS: Final = ("cell", "model", "status", "limit", "page_token")
+
+
+def list_nodes(state: State, query: Query) -> NodePage:
+    check_params(query, NODE_PARAMS)
+    statuses = one_of(query, "status", NODE_STATUSES)
+    start, limit = paging(query)
+    n, c = state.nodes.size, state.nodes.cols
+    mask = np.ones(n, np.bool_)
+    if "cell" in query:
+        mask &= np.isin(c["cell"][:n], _ids(state, "cell", query["cell"]))
+    if "model" in query:
+        mask &= np.isin(c["model"][:n], _ids(state, "model", query["model"]))
+    if statuses:
+        mask &= np.isin(c["status"][:n], [NodeStatus[s.upper()] for s in statuses])
+    rows, total, token = _page(mask, start, limit)
+    return NodePage([_node_item(state, int(row)) for row in rows], total, token)
+
+
+def _node_item(state: State, row: int) -> NodeItem:
+    c, names = state.nodes.cols, state.names
+    count, model = int(c["gpu_count"][row]), int(c["model"][row])
+    return NodeItem(
+        node=state.node_name(row),
+        cell=names["cell"].names[int(c["cell"][row])],
+        status=NodeStatus(int(c["status"][row])).name.lower(),
+        gpu_model=names["model"].names[model] if model >= 0 else "",
+        gpus=count,
+        gpu_free_milli=int(c["gpu_free"][row, :count].sum()),
+        cpu_milli=int(c["cpu_alloc"][row]),
+        cpu_free_milli=int(c["cpu_free"][row]),
+        mem_mib=int(c["mem_alloc"][row]),
+        mem_free_mib=int(c["mem_free"][row]),
+        last_heartbeat_ms=int(c["last_heartbeat_ms"][row]),
+    )
+
+
+# --- tenants, queues, cells ----------------------------------------------------------------
+
+
+def list_tenants(state: State, query: Query) -> TenantList:
+    check_params(query, ())
+    n, c = state.jobs.size, state.jobs.cols
+    tenant_col, status = c["tenant"][:n], c["state"][:n]
+    running = np.bincount(tenant_col[status == JobState.RUNNING], minlength=len(state.names["tenant"].names))
+    pending = np.bincount(tenant_col[status == JobState.PENDING], minlength=len(state.names["tenant"].names))
+    fleet = fleet_capacity(state)
+    items = []
+    for tid, tenant in enumerate(state.names["tenant"].names):
+        used = state.usage.get((tid, -1), [0, 0, 0])
+        quota = state.quotas.get((tid, -1))
+        nominal = quota.nominal if quota is not None else None
+        limit = quota.borrowing_limit if quota is not None else None
+        items.append(TenantItem(
+            tenant=tenant,
+            running=int(running[tid]),
+            pending=int(pending[tid]),
+            used=Resources(*map(int, used)),
+            nominal=Resources(*nominal) if nominal is not None else None,
+            borrowing_limit=Resources(*limit) if limit is not None else None,
+            borrowed=Resources(*(max(0, int(u) - b) for u, b in zip(used, nominal or (0, 0, 0), strict=True)))
+            if nominal is not None else Resources(0, 0, 0),
+            cohort=quota.cohort if quota is not None else "",
+            weight_milli=quota.weight_milli if quota is not None else 1000,
+            dominant_share=dominant_share(state, state.usage, tid, fleet) / SCALE,
+        ))
+    return TenantList(items)
+
+
+def list_queues(state: State, query: Query) -> QueueList:
+    check_params(query, ())
+    n, c = state.jobs.size, state.jobs.cols
+    queue_col, status, gpu = c["queue"][:n], c["state"][:n], c["req_gpu"][:n]
+    reasons: dict[int, dict[str, int]] = {}
+    for row in np.flatnonzero(status == JobState.PENDING).tolist():
+        by = reasons.setdefault(int(queue_col[row]), {})
+        reason = pending_reason(state, row)[0]
+        by[reason] = by.get(reason, 0) + 1
+    items = []
+    for qid, queue in enumerate(state.names["queue"].names):
+        pending = (queue_col == qid) & (status == JobState.PENDING)
+        items.append(QueueItem(
+            queue=queue,
+            pending=int(np.count_nonzero(pending)),
+            running=int(np.count_nonzero((queue_col == qid) & (status == JobState.RUNNING))),
+            pending_gpu_milli=int(gpu[pending].sum()),
+            pending_by_reason=dict(sorted(reasons.get(qid, {}).items())),
+        ))
+    return QueueList(items)
+
+
+def list_cells(state: State, query: Query) -> CellList:
+    check_params(query, ())
+    n, c = state.nodes.size, state.nodes.cols
+    cell_col, status, models = c["cell"][:n], c["status"][:n], c["model"][:n]
+    counts = c["gpu_count"][:n].astype(np.int64)
+    slots = np.arange(c["gpu_free"].shape[1]) < counts[:, None]  # (a slot past a node's count is no GPU)
+    free = (c["gpu_free"][:n].astype(np.int64) * slots).sum(axis=1)
+    allocated = counts * 1000 - free
+    items = []
+    for cid, cell in enumerate(state.names["cell"].names):
+        mine = cell_col == cid
+        up = mine & (status == NodeStatus.UP)
+        by_model = {}
+        for model in sorted(set(models[up].tolist())):
+            if model < 0:
+                continue
+            of = up & (models == model)
+            by_model[state.names["model"].names[model]] = ModelAllocation(
+                int(counts[of].sum()), int(allocated[of].sum()))
+        items.append(CellItem(
+            cell=cell,
+            nodes_up=int(np.count_nonzero(up)),
+            nodes_down=int(np.count_nonzero(mine & (status == NodeStatus.DOWN))),
+            gpus=int(counts[up].sum()),
+            gpu_allocated_milli=int(allocated[up].sum()),
+            cpu_milli=int(c["cpu_alloc"][:n][up].sum()),
+            cpu_allocated_milli=int((c["cpu_alloc"][:n][up] - c["cpu_free"][:n][up]).sum()),
+            by_model=dict(sorted(by_model.items())),
+        ))
+    return CellList(items)
