@@ -26,6 +26,8 @@ __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 """Ctrl-C: 128 + SIGINT, what shells report for a command a SIGINT ended."""
+EXIT_BROKEN_PIPE = 141
+"""Its reader went away (``| head``): 128 + SIGPIPE, as shells report for a command SIGPIPE ended."""
 DEMO_LOG = ".fleetlog/demo"
 SIMULATE_LOG = ".fleetlog/simulate/log"
 SIMULATE_REPORT = ".fleetlog/simulate/report"
@@ -339,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetlog.replay.command import add_replay_commands
 
     add_replay_commands(sub, UsageError, _replay_place)
+    from fleetlog.reads_cli import add_read_commands
+
+    add_read_commands(sub, UsageError, _replay_place)
     for command in walk(parser):  # every command: its own defaults, or human lines from warnings up
         if command.get_default("func") is not None and "--log-format" not in command._option_string_actions:
             add_logging_options(command)
@@ -425,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{where}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `fleetlog jobs | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no error at exit's flush)
+        return EXIT_BROKEN_PIPE
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)

@@ -172,6 +172,25 @@ def test_http_ingest() -> None:
     assert cpu >= 0
 
 
+def test_api() -> None:
+    """The read API over HTTP against an embedded service holding only pending jobs (200 at
+    --smoke): every job in one page, the first default page, one tenant's tenth; the in-process
+    baseline and the ratio. The watch endpoint's keys are not printed until it exists."""
+    r = smoke("api")
+    assert (r["benchmark"], r["size"], r["jobs"], r["tenants"], r["requests"]) == ("api", "smoke", 200, 10, 3)
+    positive(r, "list_10k_p50_ms", "list_10k_p99_ms", "list_10k_max_ms", "list_10k_bytes",
+             "list_page_1k_p50_ms", "filtered_tenant_p50_ms", "jobs_table_10k_ms", "list_vs_jobs_table",
+             "list_jobs_10k_ms", "client_decode_10k_ms", "target_ms")
+    assert r["list_10k_p50_ms"] <= r["list_10k_p99_ms"] <= r["list_10k_max_ms"] + 1e-9
+    assert r["list_10k_bytes"] > 100 * r["jobs"]  # (every job's item is in the one page)
+    assert r["filtered_tenant_jobs"] == r["jobs"] // r["tenants"]
+    assert r["list_vs_jobs_table"] == pytest.approx(r["list_10k_p50_ms"] / r["jobs_table_10k_ms"], rel=0.01)
+    assert isinstance(r["target_met_p50"], bool)
+    assert isinstance(r["target_met_p99"], bool)
+    assert "watch_decisions_per_s" not in r
+    assert "throughput_ratio_with_watchers" not in r
+
+
 def test_slurm() -> None:
     r = smoke("slurm")
     positive(r, "backend_jobs_running_per_s", "raw_sbatch_jobs_running_per_s", "ratio")

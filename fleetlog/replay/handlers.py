@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import msgspec
 from rich.table import Table
 
+from fleetlog.api.resources import ApiError
+from fleetlog.api.routes import answer_list
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
 from fleetlog.display import console, describe, log_time, print_sections
@@ -344,6 +346,23 @@ async def cmd_dump(args: argparse.Namespace, source: Source) -> int:
     return 0
 
 
+async def cmd_list(args: argparse.Namespace, source: Source) -> int:
+    """``fleetlog jobs|nodes|...`` without a service: the API's list (``args.list_path``) of the
+    state at the end of the logs, every page (``args.read_list``), kept in ``args.listed``."""
+    end = await src.end_offset(source.store, INPUTS)
+    state = (await state_at(source, Point(offset=end))).state
+
+    def fetch(query: dict[str, list[str]]) -> dict[str, Any]:
+        try:
+            page: dict[str, Any] = msgspec.to_builtins(answer_list(state, args.list_path, query))
+        except ApiError as exc:
+            raise ReplayError(exc.message) from None
+        return page
+
+    args.listed = args.read_list(fetch)
+    return 0
+
+
 async def run(name: str, place: Place, args: argparse.Namespace) -> int:
     """Open the logs at ``place`` and run the handler of subcommand ``name``: across the shards of
     a deployment with a ``[cells]`` map (or on the one ``--shard`` names), else on the one log."""
@@ -367,5 +386,6 @@ HANDLERS: dict[str, Handler] = {
     "timeline": cmd_timeline,
     "report": cmd_report,
     "dump": cmd_dump,
+    "list": cmd_list,
 }
 

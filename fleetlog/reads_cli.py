@@ -1,0 +1,220 @@
+"""``fleetlog jobs | nodes | queues | tenants | cells``: what the scheduler holds now, the way
+``kubectl get`` or ``squeue`` shows it.
+
+Each reads the running service's HTTP API (``--url``, or the service a file log's
+``service.json`` announces) and otherwise folds the logs to their end (newest snapshot and the
+tail, as ``fleetlog replay state-at`` does) and answers with the very same functions
+(:mod:`fleetlog.api`): the output is the same either way.  ``-o json`` and ``-o yaml`` print what
+the API answers (``/v1/openapi.json`` describes it); tables are for people, full width when piped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from fleetlog.api.resources import JOB_STATES, MAX_LIMIT, NODE_STATUSES
+from fleetlog.display import console, human_row
+from fleetlog.usage import add_log_options
+
+Fetch = Callable[[dict[str, list[str]]], dict[str, Any]]
+"""One page of a list for a query (parameters with every value)."""
+Locate = Callable[[argparse.Namespace], Any]
+
+
+class Listing(msgspec.Struct, frozen=True):
+    path: str
+    help: str
+    filters: tuple[tuple[str, str, tuple[str, ...]], ...]
+    """(flag and query parameter, help, closed set of values or ())."""
+    columns: tuple[str, ...]
+    """The table's columns (``-o wide``: every field)."""
+
+
+LISTINGS: Final = {
+    "jobs": Listing(
+        "/v1/jobs", "jobs: state, tenant, queue, placement or why they wait",
+        (("tenant", "only this tenant's (repeat: any of them)", ()), ("queue", "only this queue's", ()),
+         ("state", "only jobs in this state", JOB_STATES),
+         ("reason", "only pending jobs with this reason", ()), ("cell", "only jobs placed in this cell", ())),
+        ("job_id", "state", "tenant", "queue", "priority", "tasks", "gpu_milli", "cell", "reason",
+         "submitted_at_ms"),
+    ),
+    "nodes": Listing(
+        "/v1/nodes", "nodes: status, capacity and what is free",
+        (("cell", "only this cell's", ()), ("model", "only nodes with this GPU model", ()),
+         ("status", "only nodes in this status", NODE_STATUSES)),
+        ("node", "cell", "status", "gpu_model", "gpus", "gpu_free_milli", "cpu_free_milli", "mem_free_mib"),
+    ),
+    "queues": Listing("/v1/queues", "queues: pending and running jobs, pending by reason", (),
+                      ("queue", "pending", "running", "pending_gpu_milli", "pending_by_reason")),
+    "tenants": Listing(
+        "/v1/tenants", "tenants: usage, quota, borrowing and DRF share", (),
+        ("tenant", "running", "pending", "used_gpu_milli", "nominal_gpu_milli", "borrowed_gpu_milli",
+         "dominant_share"),
+    ),
+    "cells": Listing("/v1/cells", "cells: nodes, capacity and GPU allocation by model", (),
+                     ("cell", "nodes_up", "nodes_down", "gpus", "gpu_allocated_milli", "by_model")),
+}
+
+
+class ReadError(Exception):
+    """A refused query or an unreachable ``--url``: one line, exit code 2."""
+
+
+def add_read_commands(sub: Any, usage_error: type[Exception], locate: Locate) -> None:
+    for name, listing in LISTINGS.items():
+        parser = sub.add_parser(name, help=listing.help, description=f"List {listing.help}. " + (
+            "Reads the running service's API (--url, or the one the file log announces), else the logs."))
+        for flag, text, values in listing.filters:
+            parser.add_argument(f"--{flag}", action="append", default=[], choices=values or None, help=text)
+        if listing.path in ("/v1/jobs", "/v1/nodes"):
+            parser.add_argument("--limit", type=_positive, help="at most this many (default: all)")
+        parser.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
+                            help="table (default), wide (every field), json or yaml (what the API answers)")
+        parser.add_argument("--json", action="store_const", const="json", dest="output", help="-o json")
+        parser.add_argument("--url", metavar="URL", help="the service's HTTP address (http://host:port)")
+        add_log_options(parser)
+        parser.set_defaults(func=_command(name, listing, usage_error, locate))
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _command(name: str, listing: Listing, usage_error: type[Exception], locate: Locate) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        query = {flag: getattr(args, flag) for flag, _, _ in listing.filters if getattr(args, flag)}
+        try:
+            found = _read(args, listing.path, query, locate)
+        except ReadError as exc:
+            raise usage_error(f"{exc}") from None
+        show(name, listing, found, args.output)
+        return 0
+
+    return run
+
+
+def _read(args: argparse.Namespace, path: str, query: dict[str, list[str]], locate: Locate) -> dict[str, Any]:
+    limit = getattr(args, "limit", None)
+    place = None if args.url else locate(args)
+    url = args.url or _announced(place)
+    if url is not None:
+        return collect(_http(url.rstrip("/") + path), query, limit)
+    if args.topology is not None:
+        raise ReadError("with a [cells] map the state is split across shards: read the running "
+                        "service's API (--url)")
+    from fleetlog.replay import handlers
+    from fleetlog.replay.source import ReplayError
+
+    args.read_list = lambda fetch: collect(fetch, query, limit)
+    args.list_path = path
+    assert place is not None
+    try:
+        asyncio.run(handlers.run("list", place, args))
+    except ReplayError as exc:
+        raise ReadError(str(exc)) from None
+    found: dict[str, Any] = args.listed
+    return found
+
+
+def _announced(place: Any) -> str | None:
+    """The service a file log's ``service.json`` announces, while its process lives."""
+    if not isinstance(place, Path):
+        return None
+    from fleetlog.log.discovery import running_service
+
+    found = running_service(place)
+    return None if found is None else f"http://{found[0]}:{found[1]}"
+
+
+def _http(url: str) -> Fetch:
+    def fetch(query: dict[str, list[str]]) -> dict[str, Any]:
+        where = url + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
+        try:
+            with urllib.request.urlopen(where, timeout=30) as answer:
+                body: dict[str, Any] = json.loads(answer.read())
+                return body
+        except urllib.error.HTTPError as exc:
+            raise ReadError(f"{url} answered {exc.code}: {_message(exc.read())}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ReadError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
+
+    return fetch
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode(errors="replace")
+
+
+def collect(fetch: Fetch, query: Mapping[str, list[str]], limit: int | None = None) -> dict[str, Any]:
+    """Every page of a list (at most ``limit`` items), as one answer of the API's shape:
+    ``total`` and ``next_page_token`` kept for a paged list (the token set when ``limit`` cut it)."""
+    items: list[Any] = []
+    token: str | None = None
+    while True:
+        ask = dict(query)
+        if token is not None:
+            ask["page_token"] = [token]
+        if limit is not None:
+            ask["limit"] = [str(min(MAX_LIMIT, limit - len(items)))]
+        page = fetch(ask)
+        items += page["items"]
+        if "next_page_token" not in page:
+            return {"items": items}
+        token = page["next_page_token"]
+        if token is None or (limit is not None and len(items) >= limit):
+            return {"items": items, "total": page["total"], "next_page_token": token}
+
+
+def show(name: str, listing: Listing, found: dict[str, Any], output: str) -> None:
+    if output == "json":
+        print(json.dumps(found))
+        return
+    if output == "yaml":
+        sys.stdout.write(msgspec.yaml.encode(found).decode())
+        return
+    rows = [flat(item) for item in found["items"]]
+    columns = list(rows[0]) if rows and output == "wide" else list(listing.columns)
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in columns:
+        table.add_column(column.removesuffix("_ms").upper())
+    for row in rows:
+        human = human_row({c: row.get(c) for c in columns})
+        table.add_row(*human.values())
+    screen = console()
+    screen.print(table)
+    total = found.get("total")
+    if total is not None and total > len(rows):
+        screen.print(f"({len(rows):,} of {total:,} {name}; --limit shows more)")
+
+
+def flat(item: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested objects of one item as columns: ``used.gpu_milli`` -> ``used_gpu_milli``, except a
+    map keyed by names (``by_model``, ``pending_by_reason``), shown whole."""
+    out: dict[str, Any] = {}
+    for key, value in item.items():
+        if isinstance(value, Mapping) and key in ("used", "nominal", "borrowing_limit", "borrowed"):
+            out |= flat(value, f"{prefix}{key}_")
+        elif value is None and key in ("nominal", "borrowing_limit"):
+            out |= {f"{prefix}{key}_{r}": None for r in ("cpu_milli", "mem_mib", "gpu_milli")}
+        else:
+            out[prefix + key] = value
+    return out

@@ -1,0 +1,123 @@
+"""``fleetlog jobs | nodes | queues | tenants | cells``: the same answer from the running
+service's API and from the logs once it stopped; ``-o json`` valid against the OpenAPI schema;
+tables for people; a bad address or filter is one line and exit code 2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import msgspec
+import pytest
+
+from fleetlog.api.routes import openapi
+from fleetlog.cli import main
+from fleetlog.reads_cli import LISTINGS, collect
+from tests.core.builders import job, node
+from tests.service.test_service import events_body, serving
+
+SCHEMAS = {"jobs": "JobPage", "nodes": "NodePage", "queues": "QueueList", "tenants": "TenantList",
+           "cells": "CellList"}
+
+
+def schema_of(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}", "components": openapi()["components"]}
+
+
+def events() -> list[Any]:
+    fleet: list[Any] = [node("a1", gpus=8, cell="c1"), node("a2", gpus=8, cell="c2")]
+    work = [job(f"j{i}", tenant=f"t{i % 3}", gpus=4) for i in range(9)]
+    return [*fleet, *work, msgspec.structs.replace(job("q", gpus=1), queue="batch")]
+
+
+async def listed_live(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    """As :func:`listed`, beside the in-process service (whose loop must go on answering)."""
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, list(argv)) == 0
+    (line,) = [out for out in capsys.readouterr().out.splitlines() if out.startswith('{"items"')]
+    return json.loads(line)  # (the service beside it logs to stdout too)
+
+
+async def test_the_service_and_the_logs_answer_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "log"
+    live: dict[str, Any] = {}
+    async with serving(log) as running:
+        body = events()
+        assert (await running.request("/v1/events", events_body(*body)))[0] == 200
+        loop = running.service.loop
+        assert loop is not None
+        await running.until(lambda: loop.offset == len(body) and loop.committed == len(body))
+        for name in LISTINGS:  # through the API the file log announces (service.json)
+            live[name] = await listed_live(capsys, name, "--log", str(log), "-o", "json")
+            jsonschema.validate(live[name], schema_of(SCHEMAS[name]))
+        via_url = await listed_live(
+            capsys, "jobs", "--url", running.url, "--json", "--tenant", "t1", "--limit", "2")
+    assert not (log / "service.json").exists()
+    for name in LISTINGS:  # the service stopped: the same, folded from the logs
+        assert await listed_live(capsys, name, "--log", str(log), "-o", "json") == live[name], name
+    jobs = live["jobs"]
+    assert jobs["total"] == 10
+    assert sum(j["state"] == "placed" for j in jobs["items"]) == 4  # two four-GPU jobs a node; q waits
+    assert [j["job_id"] for j in via_url["items"]] == ["j1", "j4"]
+    assert (via_url["total"], via_url["next_page_token"] is not None) == (4, True)  # j1, j4, j7, q
+    from_logs = await listed_live(
+        capsys, "jobs", "--log", str(log), "--json", "--tenant", "t1", "--limit", "2")
+    assert from_logs == via_url
+
+
+async def test_tables_and_yaml_for_people(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "log"
+    async with serving(log) as running:
+        body = events()
+        assert (await running.request("/v1/events", events_body(*body)))[0] == 200
+        loop = running.service.loop
+        assert loop is not None
+        await running.until(lambda: loop.offset == len(body) and loop.committed == len(body))
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["jobs", "--log", str(log), "--state", "pending"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["JOB_ID", "STATE", "TENANT", "QUEUE", "PRIORITY", "TASKS", "GPU_MILLI",
+                                "CELL", "REASON", "SUBMITTED_AT"]
+    assert len(lines) == 1 + 6  # five four-GPU jobs and q wait
+    assert all(" pending " in line for line in lines[1:])
+    assert await asyncio.to_thread(main, ["nodes", "--log", str(log), "-o", "wide"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert "LAST_HEARTBEAT" in wide[0].split()
+    assert len(wide) == 3
+    assert await asyncio.to_thread(main, ["tenants", "--log", str(log), "-o", "yaml"]) == 0
+    import yaml
+
+    tenants = yaml.safe_load(capsys.readouterr().out)
+    assert [t["tenant"] for t in tenants["items"]] == ["t0", "t1", "t2"]
+
+
+def test_an_unreachable_url_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobs", "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetlog jobs: ")
+    assert "cannot read http://127.0.0.1:9/v1/jobs" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_collect_pages_until_the_limit_and_keeps_the_token() -> None:
+    rows = [{"n": i} for i in range(23)]
+    asked: list[dict[str, list[str]]] = []
+
+    def fetch(query: dict[str, list[str]]) -> dict[str, Any]:
+        asked.append(query)
+        start, limit = int(query.get("page_token", ["0"])[0]), min(5, int(query.get("limit", ["5"])[0]))
+        end = min(start + limit, len(rows))
+        token = str(end) if end < len(rows) else None
+        return {"items": rows[start:end], "total": len(rows), "next_page_token": token}
+
+    assert collect(fetch, {}) == {"items": rows, "total": 23, "next_page_token": None}
+    assert len(asked) == 5
+    cut = collect(fetch, {"state": ["pending"]}, limit=7)
+    assert (cut["items"], cut["next_page_token"]) == (rows[:7], "7")
+    assert asked[-1] == {"state": ["pending"], "page_token": ["5"], "limit": ["2"]}
+    assert collect(lambda q: {"items": [1, 2]}, {}) == {"items": [1, 2]}  # an unpaged list
