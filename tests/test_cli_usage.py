@@ -124,7 +124,8 @@ def test_every_bad_value_and_missing_argument_is_one_line(
         if action.option_strings and (action.type is not None or action.choices is not None):
             code, out, err = run(capsys, *path, *_required(parser), action.option_strings[-1], "\x01bad")
             assert (code, out) == (EXIT_USAGE, ""), (action.dest, err)
-            assert err.startswith(f"{parser.prog}: error: argument {action.option_strings[-1]}"), err
+            named = "/".join(action.option_strings)  # (argparse's name of it: -o/--output)
+            assert err.startswith(f"{parser.prog}: error: argument {named}"), err
             assert len(err.splitlines()) == 1, err
             checked += 1
     required = _required(parser)
