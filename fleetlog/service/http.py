@@ -36,7 +36,10 @@ from aiohttp.web_protocol import RequestHandler
 # the header is the producers' (defined with them); service.py takes it from here
 
 RETRY_AFTER_S: Final = 1
-_BUSY_BODY: Final = b'{"error": "too many open connections, all busy", "reason": "overloaded"}\n'
+_BUSY_BODY: Final = (
+    b'{"code": "overloaded", "message": "too many open connections, all busy", "field": null, '
+    b'"error": "too many open connections, all busy", "reason": "overloaded"}\n'
+)
 _OVERLOADED: Final = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
     b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY

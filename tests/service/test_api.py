@@ -204,3 +204,12 @@ async def test_a_standby_process_answers_503_in_the_error_shape(tmp_path: Path) 
         status, answer = await api.get("/v1/jobs")
         assert (status, answer["code"]) == (503, "standby")
         jsonschema.validate(answer, schema_of("Error"))
+
+
+async def test_ingest_refuses_in_the_same_shape(api: Api) -> None:
+    status, answer = await api.running.request("/v1/events", b'[{"type": "JobSubmitted"}]')
+    assert status == 400
+    jsonschema.validate(answer, schema_of("Error"))
+    assert answer["code"] == answer["reason"]
+    assert answer["message"] == answer["error"]
+    assert "event 0" in answer["message"]
