@@ -344,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetlog.reads_cli import add_read_commands
 
     add_read_commands(sub, UsageError, _replay_place)
+    from fleetlog.history_cli import add_history_command
+
+    add_history_command(sub, UsageError, _replay_place)
+    from fleetlog.ops_cli import add_ops_commands
+
+    add_ops_commands(sub, UsageError, _replay_place, build_parser)
     for command in walk(parser):  # every command: its own defaults, or human lines from warnings up
         if command.get_default("func") is not None and "--log-format" not in command._option_string_actions:
             add_logging_options(command)
