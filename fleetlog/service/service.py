@@ -260,7 +260,7 @@ class Service:
             self._failed_at = self._where(exc)  # before the loop is dropped: it knows the offsets
             raise
         finally:
-            self.metrics.leader.set(0)
+            self.metrics.stopped_leading()
             self.loop = self.store = self._recovering = None
             await self.snapshotter.finish()
             await store.close()
@@ -308,6 +308,8 @@ class Service:
     def _observe(self, result: StepResult, seconds: float) -> None:
         m = self.metrics
         m.step.observe(seconds)
+        if result.inputs:  # (decide ran: a step without inputs only polled)
+            m.decide_step.observe(seconds)
         m.input_events.inc(result.inputs)
         m.dead_letters.inc(result.dead_lettered)
         if not result.published:
@@ -327,6 +329,7 @@ class Service:
         m.offset.set(loop.offset)
         m.set_pending(pending_by_reason(loop.state))
         m.snapshot_age.set(time.time() - self.snapshotter.taken_at)
+        m.fleet.maybe_update(loop.state, time.monotonic())  # (at most 1% of the time: its cost sets when)
 
     # -- HTTP ----------------------------------------------------------------------------------
 
