@@ -5,11 +5,13 @@ cap on label values; no stale series; their refresh held to a share of the loop'
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetlog.service.metrics import MAX_LABEL_VALUES, OTHERS, STATE_GAUGES_SHARE, Metrics
@@ -69,7 +71,8 @@ def in_queue(queue: str, submitted: msgspec.Struct) -> Any:
 
 FLEET = (node("a1", cell="c1"), node("a2", cell="c1"), node("h1", gpus=4, model="H100", cell="c2"),
          node("h2", gpus=4, model="H100", cell="c2", healthy=False))
-WORK = (quota("t1", gpus=4), in_queue("qa", job("j1", "t1", gpus=8)), in_queue("qa", job("j2", "t1", gpus=2)),
+WORK = (quota("t1", gpus=4, cohort="co", borrow=8), quota("t3", gpus=8, cohort="co"),
+        in_queue("qa", job("j1", "t1", gpus=8)), in_queue("qa", job("j2", "t1", gpus=2)),
         in_queue("qb", job("j3", "t2", gpus=8)), in_queue("qb", job("j4", "t2", gpus=8, models=("A100",))),
         in_queue("qb", job("j5", "t3", tasks=2, gpus=1, milli=500, models=("H100",))))
 
@@ -114,7 +117,8 @@ async def test_the_fleet_gauges_say_what_the_read_api_says(tmp_path: Path) -> No
         assert sum(series(samples, "fleetlog_tenant_jobs", state="admitted").values()) >= 2
         assert sum(series(samples, "fleetlog_queue_jobs", state="pending").values()) >= 1
         assert series(samples, "fleetlog_nodes", cell="c2") == {("down",): 1, ("up",): 1}
-        assert series(samples, "fleetlog_tenant_nominal_gpus") == {("t1",): 4.0}
+        assert series(samples, "fleetlog_tenant_nominal_gpus") == {("t1",): 4.0, ("t3",): 8.0}
+        assert series(samples, "fleetlog_tenant_borrowed_gpus")[("t1",)] > 0  # from t3's idle quota
         assert series(samples, "fleetlog_fleet_gauges_seconds")[()] > 0
 
 
@@ -164,7 +168,7 @@ async def test_tenants_past_the_cap_are_summed_into_one_series(tmp_path: Path) -
 async def test_a_process_that_stops_leading_shows_no_state(tmp_path: Path) -> None:
     async with serving(tmp_path / "log") as running:
         assert (await running.request("/v1/events", events_body(*FLEET, *WORK)))[0] == 200
-        await eventually(running, lambda s: _has(s, "fleetlog_tenant_jobs", ("pending", "t1"), 1))
+        await eventually(running, lambda s: _has(s, "fleetlog_tenant_jobs", ("pending", "t2"), 1))
         metrics = running.service.metrics
     left = parse(metrics.exposition().decode())
     assert series(left, "fleetlog_leader") == {(): 0}
@@ -187,3 +191,18 @@ def test_the_gauges_wait_a_hundred_times_their_cost_before_the_next_update() -> 
     assert ("t9",) not in series(parse(metrics.exposition().decode()), "fleetlog_tenant_used_gpus")
     assert metrics.fleet.maybe_update(driver.state, now=100.0 + wait * 1.1)
     assert ("t9",) in series(parse(metrics.exposition().decode()), "fleetlog_tenant_used_gpus")
+
+
+def test_the_docs_table_lists_every_metric_with_its_type_and_labels() -> None:
+    """docs/service.md's metrics table is the exposition's: each metric, its type, its labels."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    rows = re.findall(r"^\| `(fleetlog_\w+)` \| (\w+) \|([^|]*)\|", text, re.M)
+    documented = {name: (kind, tuple(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
+    metrics = Metrics()
+    fleet = metrics.fleet
+    families = (fleet.tenants, fleet.queues, fleet.models, fleet.cells)
+    wrappers = [*vars(metrics).values(), *vars(fleet).values(), *(g for f in families for g, _ in f.columns)]
+    labels = {w._name: tuple(w._labelnames) for w in wrappers if isinstance(w, MetricWrapperBase)}
+    exposed = {f.name + ("_total" if f.type == "counter" else ""): (f.type, labels[f.name])
+               for f in metrics.registry.collect()}
+    assert documented == exposed
