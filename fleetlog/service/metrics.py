@@ -125,9 +125,7 @@ class FleetGauges:
         self.queues.update(queue_rows(queues_table(state)))
         cells = list_cells(state, {}).items
         self.models.update(model_rows(cells))
-        self.cells.update(sorted(
-            (((c.cell,), (c.nodes_up, c.nodes_down)) for c in cells),
-            key=lambda r: (-_total(r[1]), r[0])))
+        self.cells.update(cell_rows(cells))
 
     def clear(self) -> None:
         """No series: a process that does not lead shows nothing stale."""
@@ -136,12 +134,8 @@ class FleetGauges:
         self._due = 0.0
 
 
-def _total(values: Sequence[float | None]) -> float:
-    return sum(v for v in values if v is not None)
-
-
 def tenant_rows(items: Sequence[TenantItem]) -> list[Row]:
-    """Largest GPU use first, then most pending jobs, then by name."""
+    """Most GPUs used first, then most pending jobs, then by name."""
     ordered = sorted(items, key=lambda t: (-t.used.gpu_milli, -t.pending, t.tenant))
     return [((t.tenant,), (t.used.gpu_milli / 1000, None if t.nominal is None else t.nominal.gpu_milli / 1000,
                            t.borrowed.gpu_milli / 1000, t.pending, t.running)) for t in ordered]
@@ -149,16 +143,22 @@ def tenant_rows(items: Sequence[TenantItem]) -> list[Row]:
 
 def queue_rows(table: Sequence[dict[str, object]]) -> list[Row]:
     """Most pending jobs first, then most admitted, then by name."""
-    rows: list[Row] = [((str(q["queue"]),), (_int(q["pending"]), _int(q["running"]),
-                                              _int(q["pending_gpu_milli"]) / 1000)) for q in table]
-    return sorted(rows, key=lambda r: (-_total(r[1][:1]), -_total(r[1][1:2]), r[0]))
+    ordered = sorted(table, key=lambda q: (-_int(q["pending"]), -_int(q["running"]), str(q["queue"])))
+    return [((str(q["queue"]),), (_int(q["pending"]), _int(q["running"]),
+                                  _int(q["pending_gpu_milli"]) / 1000)) for q in ordered]
 
 
 def model_rows(cells: Sequence[CellItem]) -> list[Row]:
     """Most GPUs first, then by cell and model."""
-    rows: list[Row] = [((c.cell, model), (a.gpus, a.allocated_milli / 1000))
-                       for c in cells for model, a in c.by_model.items()]
-    return sorted(rows, key=lambda r: (-_total(r[1][:1]), r[0]))
+    pairs = sorted(((c.cell, model, a) for c in cells for model, a in c.by_model.items()),
+                   key=lambda p: (-p[2].gpus, p[0], p[1]))
+    return [((cell, model), (a.gpus, a.allocated_milli / 1000)) for cell, model, a in pairs]
+
+
+def cell_rows(cells: Sequence[CellItem]) -> list[Row]:
+    """Most nodes first, then by name."""
+    ordered = sorted(cells, key=lambda c: (-(c.nodes_up + c.nodes_down), c.cell))
+    return [((c.cell,), (c.nodes_up, c.nodes_down)) for c in ordered]
 
 
 def _int(value: object) -> int:

@@ -51,14 +51,14 @@ def test_one_update_on_10k_jobs_and_1k_nodes_is_within_its_budget() -> None:
     assert update_ms(state) < BUDGET_MS
 
 
-def test_a_hostile_number_of_tenants_still_makes_a_bounded_exposition() -> None:
+def test_a_hostile_number_of_tenants_and_queues_still_makes_a_bounded_exposition() -> None:
     state = fleet_state(tenants=2000, queues=500, nodes=100, jobs=4000)
     metrics = Metrics()
     metrics.fleet.update(state)
     text = metrics.exposition().decode()
-    tenant_series = {line.split("}")[0] for line in text.splitlines()
-                     if line.startswith("fleetlog_tenant_used_gpus{")}
-    assert len(tenant_series) == MAX_LABEL_VALUES + 1
+    for name in ("fleetlog_tenant_used_gpus", "fleetlog_queue_pending_gpus"):
+        shown = {line.split("}")[0] for line in text.splitlines() if line.startswith(name + "{")}
+        assert len(shown) == MAX_LABEL_VALUES + 1, name
 
 
 def main() -> None:
