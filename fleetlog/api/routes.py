@@ -100,6 +100,11 @@ LISTS: Final[Mapping[str, tuple[ListFn, Any, tuple[Param, ...], str]]] = {
 ROUTES: Final[tuple[Route, ...]] = (
     *(Route("GET", path, summary, answer, params) for path, (_, answer, params, summary) in LISTS.items()),
     Route("GET", "/v1/jobs/{job_id}", "One job: its state, tasks and nodes, or why it waits"),
+    Route("GET", "/v1/watch", "The decisions (or inputs) log as Server-Sent Events from an offset; "
+          "resumable with Last-Event-ID (docs/api.md)", params=(
+              Param("from", "an offset, start or end (default: end)", repeated=False),
+              Param("log", "decisions (default) or inputs", ("decisions", "inputs"), repeated=False)),
+          content_type="text/event-stream"),
     Route("POST", "/v1/events", "Ingest: one event or a JSON array of them (docs/producers.md)"),
     Route("GET", "/v1/openapi.json", "This description"),
     Route("GET", "/healthz", "Alive: leading, standby, retrying or stalled"),

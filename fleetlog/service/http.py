@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import errno
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -97,7 +97,18 @@ def refusal(
     return json_response(status, body, retry)
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+class Stream:
+    """A 200 answer written as it is produced (Server-Sent Events): each chunk of ``chunks`` is
+    written, and the client has taken it (TCP back-pressure), before the next is asked for, so
+    one client holds at most a chunk in the server's memory however slowly it reads.  The stream
+    ends when ``chunks`` ends, the client goes away, or the server stops."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], content_type: str = "text/event-stream",
+                 headers: dict[str, str] | None = None) -> None:
+        self.chunks, self.content_type, self.headers = chunks, content_type, headers or {}
+
+
+Handler = Callable[[Request], Awaitable["Response | Stream"]]
 
 
 class _ClientFault(logging.Filter):
@@ -162,6 +173,7 @@ class HttpServer:
         self.body_requests = 0
         self._runner: web.ServerRunner | None = None
         self._server: _CappedServer | None = None
+        self._closing = asyncio.Event()
 
     @property
     def serving(self) -> bool:
@@ -171,6 +183,7 @@ class HttpServer:
         """Bind and serve; a :class:`BindError` (nothing left open) when the address cannot be
         bound, a :class:`PortInUseError` when another socket holds it."""
         lim = self.limits
+        self._closing = asyncio.Event()
         self._server = _CappedServer(
             self._dispatch, lim.max_connections, keepalive_timeout=lim.header_timeout_s,
             max_headers=lim.max_headers, max_line_size=lim.max_line_bytes,
@@ -191,6 +204,7 @@ class HttpServer:
         self.port = int(runner.addresses[0][1])
 
     async def stop(self) -> None:
+        self._closing.set()  # open streams end first, so cleanup does not wait on them
         runner, self._runner = self._runner, None
         if runner is not None:
             with contextlib.suppress(Exception):
@@ -206,6 +220,8 @@ class HttpServer:
         server.busy.add(raw.protocol)
         try:
             response = await self._answer(raw)
+            if isinstance(response, Stream):
+                return await self._stream(raw, response)
         finally:
             server.busy.discard(raw.protocol)
         headers = {"Content-Type": response.content_type, **response.headers}
@@ -214,7 +230,37 @@ class HttpServer:
             out.force_close()
         return out
 
-    async def _answer(self, raw: web.BaseRequest) -> Response:
+    async def _stream(self, raw: web.BaseRequest, stream: Stream) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers={
+            "Content-Type": stream.content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+            **stream.headers})
+        out.enable_chunked_encoding()
+        await out.prepare(raw)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            while True:
+                chunk = asyncio.ensure_future(anext(stream.chunks))
+                await asyncio.wait({chunk, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if not chunk.done():  # the server stops: end the stream (the client resumes elsewhere)
+                    chunk.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await chunk
+                    break
+                try:
+                    data = chunk.result()
+                except StopAsyncIteration:
+                    break
+                await out.write(data)
+        finally:
+            closing.cancel()
+            aclose = getattr(stream.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await out.write_eof()
+        return out
+
+    async def _answer(self, raw: web.BaseRequest) -> Response | Stream:
         if not raw.body_exists:
             return await self.handler(_request(raw, b""))
         if self.body_requests >= self.limits.max_body_requests:

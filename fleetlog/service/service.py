@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import msgspec
@@ -46,6 +47,7 @@ from fleetlog.service.http import (
     PortInUseError,
     Request,
     Response,
+    Stream,
     json_response,
     refusal,
 )
@@ -55,12 +57,16 @@ from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, Ste
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter, check_ends, recover, snapshot_store
 from fleetlog.service.warmup import warm_up
+from fleetlog.service.watch import events as watch_events
+from fleetlog.service.watch import resolve, where_from
 from fleetlog.waiting import event_or_timeout
 
 GAUGE_PERIOD_S: Final = 1.0
 HTTP_BIND_WAIT_S: Final = 5.0
 """How long a process that takes the lead waits for its HTTP port to be free."""
 COMMIT_EVERY: Final = 50_000
+MAX_WATCHERS: Final = 64
+"""Open ``/v1/watch`` streams at a time (each holds a connection of ``http_max_connections``)."""
 
 log = structlog.get_logger("fleetlog.service")
 
@@ -111,6 +117,7 @@ class Service:
         self._recovering: SchedulerLoop | None = None
         self._failed_at: str | None = None
         self._truncations: list[dict[str, object]] = []
+        self._watchers = 0
         self._backoff = errorpolicy.backoff()
         # Every exception of a cycle is retried (until stop), each after the wait its class calls
         # for; _report says why in health, metrics and the log first — but a leader that cannot
@@ -333,7 +340,7 @@ class Service:
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    async def _handle(self, request: Request) -> Response:
+    async def _handle(self, request: Request) -> Response | Stream:
         path = request.path
         if path == "/metrics" and request.method == "GET":
             return Response(200, self.metrics.exposition(), "text/plain; version=0.0.4")
@@ -349,12 +356,38 @@ class Service:
             return json_response(200, openapi())
         if request.method == "GET" and path in LISTS:
             return self._list(path, request.query)
+        if request.method == "GET" and path == "/v1/watch":
+            return await self._watch(request)
         route, found, elsewhere = route_for(request.method, request.raw_path or path)
         if route is not None and route.path == "/v1/jobs/{job_id}":
             return self._job(found["job_id"])
         if elsewhere:
             return refusal(405, "method_not_allowed", f"{request.method} {path}: see /v1/openapi.json")
         return refusal(404, "no_route", f"no route {path} (the routes: /v1/openapi.json)")
+
+    async def _watch(self, request: Request) -> Response | Stream:
+        """``GET /v1/watch`` (fleetlog.service.watch): at most :data:`MAX_WATCHERS` at a time."""
+        store = self.store
+        if self.loop is None or store is None:
+            return refusal(503, "standby", "this process is not leading")
+        if self._watchers >= MAX_WATCHERS:
+            return refusal(429, "too_many_watchers", f"{self._watchers} watchers already; the limit is "
+                           f"{MAX_WATCHERS}", extra={"limit": MAX_WATCHERS})
+        try:
+            name, start = where_from(request.query, request.headers.get("last-event-id"))
+            log_ = store.log(name)
+            offset = await resolve(log_, start)
+        except ApiError as exc:
+            return refusal(exc.status, exc.code, exc.message, exc.field)
+        return Stream(self._counted(watch_events(log_, offset)))
+
+    async def _counted(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        self._watchers += 1
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self._watchers -= 1
 
     def _list(self, path: str, query: dict[str, list[str]]) -> Response:
         """A read-only list (fleetlog.api) of the live state."""
