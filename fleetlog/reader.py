@@ -13,7 +13,7 @@ msgspec structs, one job, and a watch of the decisions or inputs log that resume
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -152,7 +152,7 @@ class Reader:
             await asyncio.sleep(reconnect_s)
 
 
-async def _changes(stream: aiohttp.StreamReader) -> AsyncIterator[Change]:
+async def _changes(stream: aiohttp.StreamReader) -> AsyncGenerator[Change, None]:
     """Server-Sent Events (``id``/``event``/``data`` fields, a blank line ends one) as changes."""
     kind, data = "", b""
     async for raw in stream:
