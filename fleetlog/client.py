@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol, cast
 
@@ -49,6 +49,7 @@ from fleetlog.events.model import (
     Envelope,
     InputEvent,
     JobCancelled,
+    JobPayload,
     JobSubmitted,
     NodeHeartbeat,
     NodeRemoved,
@@ -681,9 +682,15 @@ class Client:
         required_topology: TopologyLevel | None = None,
         expected_duration_ms: int | None = None,
         spread: SpreadLevel | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        payload: JobPayload | None = None,
         key: str | None = None,
     ) -> int:
-        """Submit a gang job: a :class:`JobSubmitted`, or its fields.  Returns the offset."""
+        """Submit a gang job: a :class:`JobSubmitted`, or its fields.  Returns the offset.
+        ``labels``, ``annotations`` and ``payload`` (what it runs: a command or a script, env,
+        image) travel with the job for the backends; the scheduler never reads them
+        (docs/events.md, "Labels, annotations and payload")."""
         if not isinstance(job, JobSubmitted):
             if tenant is None:
                 raise ClientError("submit needs a tenant", InvalidEventError.reason)
@@ -698,6 +705,9 @@ class Client:
                 required_topology=required_topology,
                 expected_duration_ms=expected_duration_ms,
                 spread=spread,
+                labels=dict(labels or {}),
+                annotations=dict(annotations or {}),
+                payload=payload,
             )
         return await self.transport.append([self.wrap(job, key)])
 

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,10 +29,12 @@ from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.features import constraint_terms
 from fleetlog.events.model import (
+    MAX_PAYLOAD_CHARS,
     SPREAD_LEVELS,
     TAINT_EFFECTS,
     Envelope,
     JobCancelled,
+    JobPayload,
     JobSubmitted,
     NodeLabel,
     NodeSelectorRequirement,
@@ -125,6 +128,7 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
     submit.add_argument("--cell", action="append", default=[], help="an allowed cell (repeat)")
     submit.add_argument("--duration-ms", type=_count(0), help="expected duration, for backfill")
     _add_placement_flags(submit)
+    _add_payload_flags(submit)
     _add_common(submit)
     submit.set_defaults(func=_reporting(cmd_submit, usage_error))
     send = sub.add_parser(
@@ -186,6 +190,24 @@ def _add_placement_flags(submit: argparse.ArgumentParser) -> None:
         choices=SPREAD_LEVELS,
         help="host: at most one task of the gang on any node",
     )
+
+
+def _add_payload_flags(submit: argparse.ArgumentParser) -> None:
+    """``fleetlog submit``'s labels, annotations and payload (docs/events.md): carried for the
+    backends, never read by the scheduler."""
+    for flag, what in (("--label", "a label of the job"), ("--annotation", "an annotation (free text)")):
+        submit.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=f"{what} (repeat)")
+    submit.add_argument(
+        "--command",
+        dest="run_command",  # (args.command names the fleetlog command)
+        metavar="'PROGRAM ARG...'",
+        help="what each task runs, split into arguments as a shell would split it, then run without a "
+        "shell: nothing is expanded (docs/slurm.md)",
+    )
+    submit.add_argument("--script", metavar="FILE", help="a batch script each task runs (#! line first)")
+    submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the tasks (repeat)")
+    submit.add_argument("--image", help="the container image the tasks run in")
 
 
 # -- the commands -------------------------------------------------------------------------------
@@ -299,12 +321,14 @@ def _report(args: argparse.Namespace, envelopes: list[Envelope], sent: Sent, whe
 
 # -- what to submit -----------------------------------------------------------------------------
 
-_JOB_FLAGS = ("tenant", "gpu_milli", "topology", "duration_ms")
+_JOB_FLAGS = ("tenant", "gpu_milli", "topology", "duration_ms", "run_command", "script", "image")
+_MAP_FLAGS = ("label", "annotation", "env")
 
 
 def _submission(args: argparse.Namespace) -> list[Envelope]:
     if args.file is not None:
-        if args.job_id is not None or any(getattr(args, f) is not None for f in _JOB_FLAGS):
+        if (args.job_id is not None or any(getattr(args, f) is not None for f in _JOB_FLAGS)
+                or any(getattr(args, f) for f in _MAP_FLAGS)):
             raise CommandLineError("give either --file or JOB_ID with flags, not both")
         return _from_file(args.file, args.producer_id)
     if args.job_id is None or args.tenant is None:
@@ -312,23 +336,21 @@ def _submission(args: argparse.Namespace) -> list[Envelope]:
     return [_from_flags(args)]
 
 
-def _read(path: str) -> bytes:
-    """At most :data:`MAX_FILE_BYTES`, so ``/dev/zero`` or a huge file is a one-line error, not a
+def _read(path: str, limit: int = MAX_FILE_BYTES, flag: str = "--file") -> bytes:
+    """At most ``limit`` bytes, so ``/dev/zero`` or a huge file is a one-line error, not a
     process that reads until memory runs out."""
     name = "stdin" if path == "-" else path
     try:
         if path == "-":
-            data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+            data = sys.stdin.buffer.read(limit + 1)
         else:
             with open(path, "rb") as file:
-                data = file.read(MAX_FILE_BYTES + 1)
+                data = file.read(limit + 1)
     except OSError as exc:
         raise CommandLineError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise CommandLineError(
-            f"{name} is over {MAX_FILE_BYTES} bytes, the most submit --file reads: "
-            "split it into several files"
-        )
+    if len(data) > limit:
+        hint = "split it into several files" if flag == "--file" else "a payload is bounded (docs/events.md)"
+        raise CommandLineError(f"{name} is over {limit} bytes, the most submit {flag} reads: {hint}")
     return data
 
 
@@ -430,6 +452,45 @@ def _toleration(text: str) -> Toleration:
     return Toleration(key=key, operator="Equal" if eq else "Exists", value=value, effect=effect)  # type: ignore[arg-type]
 
 
+def _pairs(flag: str, texts: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` flags as a map (the value may hold ``=``); a key given twice is an error."""
+    found: dict[str, str] = {}
+    for text in texts:
+        key, eq, value = text.partition("=")
+        if not key or not eq:
+            raise CommandLineError(f"--{flag} {text!r}: KEY=VALUE")
+        if key in found:
+            raise CommandLineError(f"--{flag} {key!r} is given twice")
+        found[key] = value
+    return found
+
+
+def _payload(args: argparse.Namespace) -> JobPayload | None:
+    """``--command``, ``--script``, ``--env`` and ``--image`` as a payload (``None``: none given)."""
+    env = _pairs("env", args.env)
+    if args.run_command is None and args.script is None and not env and args.image is None:
+        return None
+    if args.run_command is not None and args.script is not None:
+        raise CommandLineError("give either --command or --script, not both")
+    try:
+        command = tuple(shlex.split(args.run_command)) if args.run_command is not None else ()
+    except ValueError as exc:
+        raise CommandLineError(f"--command {args.run_command!r}: {exc}") from None
+    if args.run_command is not None and not command:
+        raise CommandLineError("--command is empty")
+    script = _script(args.script) if args.script is not None else ""
+    return JobPayload(command=command, script=script, env=env, image=args.image or "")
+
+
+def _script(path: str) -> str:
+    """The text of ``--script FILE``: UTF-8, read up to the payload's bound."""
+    data = _read(path, MAX_PAYLOAD_CHARS * 4, "--script")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise CommandLineError(f"--script {path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
 def _from_flags(args: argparse.Namespace) -> Envelope:
     gpu_milli = args.gpu_milli if args.gpu_milli is not None else (1000 if args.gpus else 0)
     try:
@@ -452,6 +513,9 @@ def _from_flags(args: argparse.Namespace) -> Envelope:
             required_topology=args.topology,
             expected_duration_ms=args.duration_ms,
             spread=args.spread,
+            labels=_pairs("label", args.label),
+            annotations=_pairs("annotation", args.annotation),
+            payload=_payload(args),
         )
         return keyed(job, args.producer_id)
     except (ValueError, ClientError) as exc:  # ValueError: TaskGroup's own checks

@@ -9,6 +9,7 @@ overflow deep inside the scheduler.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from itertools import pairwise
 from operator import attrgetter
@@ -162,6 +163,77 @@ SpreadLevel = Literal["host"]
 SPREAD_LEVELS: Final[tuple[SpreadLevel, ...]] = ("host",)
 
 
+# --- a job's metadata and payload: carried in the log, never read by the core -------------
+
+MAX_JOB_LABELS: Final = 64
+"""The most labels one job carries (each key a :data:`Name`, each value printable without spaces,
+at most 253 characters, maybe empty: Kubernetes' label values fit)."""
+MAX_JOB_ANNOTATIONS: Final = 64
+MAX_ANNOTATION_CHARS: Final = 65_536
+"""The most characters of one job's annotations, keys and values together (64 Ki: Kubernetes
+allows 256 KiB, but fleetlog keeps a submission well inside one record)."""
+MAX_COMMAND_ARGS: Final = 4096
+MAX_ARG_CHARS: Final = 32_000
+"""The most characters of one command argument or environment value: at four bytes a character,
+with the variable's name, still under Linux's 128 KiB bound on one exec string (MAX_ARG_STRLEN)."""
+MAX_ENV_VARS: Final = 256
+MAX_IMAGE_CHARS: Final = 1024
+MAX_PAYLOAD_CHARS: Final = 262_144
+"""The most characters of a payload: its command's arguments, script, environment names and
+values and image together (256 Ki: at most 1 MiB of UTF-8, so a submission at every bound still
+fits one record, and the Slurm backend's batch script stays under sbatch's 4 MB)."""
+ENV_NAME: Final = "^[A-Za-z_][A-Za-z0-9_]*$(?!\\n)"
+"""An environment variable's name: the portable shell name (POSIX), so no quoting is ever needed."""
+SCRIPT_START: Final = "^#![ \\t]*[^\\s\\x00]"
+"""A script names its interpreter on its first line (``#!/bin/bash``), as ``sbatch`` asks."""
+_NO_NUL: Final = {"pattern": "^[^\\x00]*$", "description": "no NUL character"}
+_NO_NUL_SCRIPT: Final = {"pattern": f"{SCRIPT_START}[^\\x00]*$", "description": "#!interpreter first; no NUL"}
+LabelKey = Name
+LabelText = OptionalName
+AnnotationValue = Annotated[str, Meta(max_length=MAX_ANNOTATION_CHARS)]
+Arg = Annotated[str, Meta(max_length=MAX_ARG_CHARS, extra_json_schema=_NO_NUL)]
+EnvName = Annotated[str, Meta(min_length=1, max_length=253, extra_json_schema={"pattern": ENV_NAME})]
+EnvValue = Annotated[str, Meta(max_length=MAX_ARG_CHARS, extra_json_schema=_NO_NUL)]
+ScriptText = Annotated[str, Meta(max_length=MAX_PAYLOAD_CHARS, extra_json_schema=_NO_NUL_SCRIPT)]
+ImageRef = Annotated[str, Meta(max_length=MAX_IMAGE_CHARS, extra_json_schema=_OPTIONAL_ID_SCHEMA)]
+_ENV_NAME_RE: Final = re.compile(ENV_NAME)
+_SCRIPT_START_RE: Final = re.compile(SCRIPT_START)
+
+
+class JobPayload(_Struct, frozen=True):
+    """What a job runs.  Opaque to the scheduler — the core never reads it, and it is no part of a
+    submission's identity (:mod:`fleetlog.events.spec`) — it is for the backends that run the
+    work (the Slurm backend: docs/slurm.md).  Every field is optional; together they hold at most
+    :data:`MAX_PAYLOAD_CHARS` characters, and no string holds a NUL (no exec or shell could pass it).
+
+    ``command`` is an argv list, run as it is — no shell, nothing expanded; ``script`` a batch
+    script whose first line names its interpreter (``#!/bin/bash``); a payload has one or the
+    other, or neither (the backend's default workload runs).  ``env`` is set for it (names are
+    portable shell names), ``image`` the container image it runs in (printable, no spaces)."""
+
+    command: Annotated[tuple[Arg, ...], Meta(max_length=MAX_COMMAND_ARGS)] = ()
+    script: ScriptText = ""
+    env: Annotated[dict[EnvName, EnvValue], Meta(max_length=MAX_ENV_VARS)] = {}
+    image: ImageRef = ""
+
+    def __post_init__(self) -> None:
+        if self.command and self.script:
+            raise ValueError("a payload has a command or a script, not both")
+        if self.command and self.command[0][:1] in ("", "-"):
+            raise ValueError("a command's program (its first argument) is not empty, nor starts with -")
+        if self.script and _SCRIPT_START_RE.match(self.script) is None:
+            raise ValueError("a script starts with #! and its interpreter (e.g. #!/bin/sh)")
+        bad = [name for name in self.env if _ENV_NAME_RE.match(name) is None]
+        if bad:
+            raise ValueError(f"env name {bad[0][:100]!r} is not a shell name ([A-Za-z_][A-Za-z0-9_]*)")
+        texts = (*self.command, self.script, *self.env.values())
+        if any("\x00" in text for text in texts):
+            raise ValueError("a payload's command, script and env values hold no NUL character")
+        chars = sum(map(len, texts)) + sum(map(len, self.env)) + len(self.image)
+        if chars > MAX_PAYLOAD_CHARS:
+            raise ValueError(f"a payload holds at most {MAX_PAYLOAD_CHARS} characters, not {chars}")
+
+
 class TaskGroup(_Struct, frozen=True):
     """``count`` identical tasks. ``gpu_milli`` is the share of *each* of the ``gpu_count`` GPUs:
     1000 for whole GPUs, less than 1000 only with ``gpu_count == 1`` (a fractional GPU)."""
@@ -210,11 +282,25 @@ class JobSubmitted(_Event, frozen=True):
     """``"host"``: at most one of the job's tasks on any one node (pod anti-affinity on the
     host level, for gangs that must not share a machine's failure or bandwidth); with
     ``required_topology`` too, the tasks are on distinct hosts of one domain."""
+    labels: Annotated[dict[LabelKey, LabelText], Meta(max_length=MAX_JOB_LABELS)] = {}
+    """What the job is, to select it by (``team``, ``app.kubernetes.io/name``): keys are
+    identifiers, values printable without spaces (both checked by the codec, like every
+    :data:`Name`).  Kept in the log; the scheduler does not read them."""
+    annotations: Annotated[dict[LabelKey, AnnotationValue], Meta(max_length=MAX_JOB_ANNOTATIONS)] = {}
+    """Free text about the job (any characters), at most :data:`MAX_ANNOTATION_CHARS` in all.
+    Kept in the log; the scheduler does not read them."""
+    payload: JobPayload | None = None
+    """What the job runs, for the backends (:class:`JobPayload`); the scheduler never reads it."""
 
     def __post_init__(self) -> None:
         tasks = sum(g.count for g in self.task_groups)
         if tasks > MAX_TASKS_PER_JOB:
             raise ValueError(f"a job may have at most {MAX_TASKS_PER_JOB} tasks, not {tasks}")
+        if self.annotations:
+            chars = sum(len(k) + len(v) for k, v in self.annotations.items())
+            if chars > MAX_ANNOTATION_CHARS:
+                raise ValueError(f"annotations hold at most {MAX_ANNOTATION_CHARS} characters "
+                                 f"(keys and values), not {chars}")
 
 
 class JobCancelled(_Event, frozen=True):
@@ -528,10 +614,11 @@ class Envelope(_Struct, frozen=True):
 
 # --- identifiers: where they are, for the codec's printable check ----------------------------
 
-IdField = tuple[str, Literal["one", "many", "keys", "groups", "job", "rows", "taints"]]
+IdField = tuple[str, Literal["one", "many", "keys", "values", "groups", "job", "rows", "taints", "image"]]
 ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     JobSubmitted: (("job_id", "one"), ("tenant", "one"), ("queue", "one"), ("allowed_cells", "many"),
-                   ("task_groups", "groups")),
+                   ("task_groups", "groups"), ("labels", "keys"), ("labels", "values"),
+                   ("annotations", "keys"), ("payload", "image")),
     JobCancelled: (("job_id", "one"),),
     NodeHeartbeat: (("cell", "one"), ("node", "one"), ("gpu_model", "one"), ("topology", "many"),
                     ("labels", "keys"), ("taints", "taints")),
@@ -546,7 +633,8 @@ ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
 }
 """The identifier fields of every input and shard event ("groups": each task group's
 ``gpu_models`` and constraint keys, :func:`group_ids`; "taints": each taint's key; "job": a
-whole nested submission; "rows": the first column of each row).
+whole nested submission; "rows": the first column of each row; "values": a map's values;
+"image": a payload's image).
 Decisions are not re-checked: the scheduler builds them from inputs that passed."""
 
 
@@ -577,7 +665,11 @@ def _group_text(g: TaskGroup) -> str:
 
 def _submitted_ids(e: JobSubmitted) -> str:
     groups = [_group_text(g) for g in e.task_groups]
-    return "".join((e.job_id, e.tenant, e.queue, *e.allowed_cells, *groups))
+    if not (e.labels or e.annotations or e.payload):
+        return "".join((e.job_id, e.tenant, e.queue, *e.allowed_cells, *groups))
+    image = e.payload.image if e.payload else ""
+    return "".join((e.job_id, e.tenant, e.queue, *e.allowed_cells, *groups, *e.labels, *e.labels.values(),
+                    *e.annotations, image))
 
 
 def _heartbeat_ids(e: NodeHeartbeat) -> str:
@@ -623,6 +715,10 @@ def unprintable_id(event: Event, is_bad: Callable[[str], object]) -> str | None:
             found = [(f"[{i}]{path}", text) for i, g in enumerate(value) for path, text in group_ids(g)]
         elif how == "taints":
             found = [(f"[{i}].key", t.key) for i, t in enumerate(value)]
+        elif how == "values":
+            found = [(f"[{k!r}]", v) for k, v in value.items()]
+        elif how == "image":
+            found = [(".image", value.image)] if value is not None else []
         else:
             found = [(f"[{i}]" if how == "many" else f"[{k!r}]", k) for i, k in enumerate(value)]
         for suffix, text in found:

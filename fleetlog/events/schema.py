@@ -6,7 +6,8 @@ does.  Readers of the decisions log validate against ``$defs/DecisionEnvelope``;
 events shards write for each other against ``$defs/ShardEnvelope``.
 
 The cross-field rules a JSON Schema can say are stated (``if``/``then`` on ``TaskGroup`` and
-``NodeHeartbeat``); the rest — a job's tasks summed over its groups, an event's encoded size,
+``NodeHeartbeat``, ``not``/``prefixItems`` on ``JobPayload``); the rest — a job's tasks summed
+over its groups, a job's annotations and payload summed, an event's encoded size,
 JSON keys repeated, nesting depth — are listed in ``x-fleetlog-rules-not-in-schema`` and in
 docs/events.md, next to each other.
 """
@@ -21,6 +22,8 @@ import msgspec
 from fleetlog.events.model import (
     EVENT_TYPES,
     INPUT_TYPES,
+    MAX_ANNOTATION_CHARS,
+    MAX_PAYLOAD_CHARS,
     MAX_TASKS_PER_JOB,
     SCHEMA_VERSION,
     SHARD_TYPES,
@@ -68,8 +71,21 @@ _TOLERATION_RULES: Final[list[dict[str, Any]]] = [
         "then": {"properties": {"operator": {"const": "Exists"}}, "required": ["operator"]},
     },
 ]
+_PAYLOAD_RULES: Final[list[dict[str, Any]]] = [
+    {  # a command or a script, not both
+        "not": {"properties": {"command": {"minItems": 1}, "script": {"minLength": 1}},
+                "required": ["command", "script"]},
+    },
+    {  # a command's program is named, and not as an option
+        "properties": {"command": {"prefixItems": [{"minLength": 1, "pattern": "^[^-]"}]}},
+    },
+]
 NOT_IN_SCHEMA: Final = (
     f"JobSubmitted: at most {MAX_TASKS_PER_JOB} tasks summed over its task_groups (reason invalid_event)",
+    f"JobSubmitted: annotations at most {MAX_ANNOTATION_CHARS} characters, keys and values together "
+    "(reason invalid_event)",
+    f"JobPayload: at most {MAX_PAYLOAD_CHARS} characters over its command, script, env names and values "
+    "and image (reason invalid_event)",
     "an encoded envelope is at most 4 MiB (reason too_large)",
     "JSON object keys are unique (reason duplicate_key)",
     "arrays and objects nest no deeper than an event does (reason too_deep)",
@@ -110,6 +126,7 @@ def _add_rules(defs: dict[str, Any]) -> None:
     defs["NodeHeartbeat"]["allOf"] = copy.deepcopy(_NODE_RULES)
     defs["NodeSelectorRequirement"]["allOf"] = copy.deepcopy(_REQUIREMENT_RULES)
     defs["Toleration"]["allOf"] = copy.deepcopy(_TOLERATION_RULES)
+    defs["JobPayload"]["allOf"] = copy.deepcopy(_PAYLOAD_RULES)
 
 
 def _split_envelopes(defs: dict[str, Any]) -> None:

@@ -12,6 +12,11 @@ and the tasks in order — each task's CPU, memory, GPU count, GPU share, *set* 
 placement constraints (selector, affinity, tolerations and soft affinity as sets: :func:`constraints_key`).
 How the tasks are split into groups (two groups of 1 or one group of 2 alike) and the groups'
 ``name`` (a label the fold does not keep) do not count; neither does the envelope (producer, key).
+
+Nor do the job's ``labels``, ``annotations`` and ``payload``: the scheduler's state keeps none of
+them (the service compares a resend with what it folded), so a resend that differs only there is
+the same spec — an idempotent duplicate that changes nothing: what the log kept first (the first
+submission's payload) is what runs.  To run something else, cancel the job and submit a new id.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from fleetlog.events import (
     FreeSlots,
     JobCancelled,
     JobDispatched,
+    JobPayload,
     JobPending,
     JobPlaced,
     JobRejected,
@@ -57,6 +58,24 @@ def job(job_id: str = "job-1", gpus: int = 8, tasks: int = 2) -> JobSubmitted:
 ALL_EVENTS: list[Event] = [
     job(),
     JobSubmitted(job_id="j2", tenant="t", task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),)),
+    JobSubmitted(
+        job_id="j3",
+        tenant="t",
+        task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),),
+        labels={"team": "vision", "app.kubernetes.io/name": "trainer", "empty": ""},
+        annotations={"owner": "Ada Lovelace <ada@example.org>", "note": "line 1\nline 2 'quoted' $(not run)"},
+        payload=JobPayload(
+            command=("python", "train.py", "--lr", "0.1", "it's \"quoted\"", "$(rm -rf /)", "two\nlines"),
+            env={"CUDA_VISIBLE_DEVICES": "0,1", "GREETING": "hello; echo injected"},
+            image="nvcr.io/nvidia/pytorch:24.01-py3",
+        ),
+    ),
+    JobSubmitted(
+        job_id="j4",
+        tenant="t",
+        task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),),
+        payload=JobPayload(script="#!/bin/bash\nset -e\necho \"$HOME\"\n"),
+    ),
     JobCancelled(job_id="job-1", reason="user asked"),
     NodeHeartbeat(
         cell="cell-a",

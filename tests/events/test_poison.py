@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from fleetlog.events import (
     Envelope,
     JobCancelled,
+    JobPayload,
     JobSubmitted,
     NodeHeartbeat,
     NodeLabel,
@@ -371,7 +372,7 @@ def _id_fields_by_schema(struct: type) -> set[str]:
 def test_the_id_table_lists_every_identifier_field_of_every_input() -> None:
     for event_type in INPUT_TYPES:
         listed = {field for field, _ in ID_FIELDS[event_type]}
-        nested = {JobSubmitted: {"task_groups"}, NodeHeartbeat: {"taints"}}.get(event_type, set())
+        nested = {JobSubmitted: {"task_groups", "payload"}, NodeHeartbeat: {"taints"}}.get(event_type, set())
         assert listed == _id_fields_by_schema(event_type) | nested, event_type.__name__
     # (group_ids: the models and the keys of its constraints)
     assert _id_fields_by_schema(TaskGroup) == {
@@ -379,6 +380,7 @@ def test_the_id_table_lists_every_identifier_field_of_every_input() -> None:
     }  # fmt: skip
     for struct in (NodeLabel, NodeSelectorRequirement, Toleration, Taint):
         assert _id_fields_by_schema(struct) == {"key"}, struct.__name__
+    assert _id_fields_by_schema(JobPayload) == {"image"}  # (ID_FIELDS: "image")
 
 
 @pytest.mark.parametrize(
@@ -399,6 +401,11 @@ def test_the_fast_check_and_the_locator_agree_on_every_identifier(event: object)
         elif how == "taints":
             taints = (Taint(key="ok", effect="NoSchedule"), Taint(key="bad\u200b", effect="NoExecute"))
             bad, path = msgspec.structs.replace(event, taints=taints), f".{field}[1].key"
+        elif how == "values":
+            bad, path = msgspec.structs.replace(event, **{field: {"ok": "v", "k": "a b"}}), f".{field}['k']"
+        elif how == "image":
+            payload = JobPayload(command=("true",), image="registry/x:1\u200b")
+            bad, path = msgspec.structs.replace(event, payload=payload), f".{field}.image"
         else:
             group = msgspec.structs.replace(value[0], gpu_models=("A100", "T4 "))
             bad, path = msgspec.structs.replace(event, task_groups=(group,)), f".{field}[0].gpu_models[1]"

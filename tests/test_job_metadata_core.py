@@ -1,0 +1,164 @@
+"""The scheduler ignores a job's labels, annotations and payload (docs/events.md, "Labels,
+annotations and payload"): the fold, its digest, its snapshot and ``decide`` are those of the same
+log without them; the dispatcher hands the whole submission on (payload included) and its
+snapshot keeps it; a running service parks a hostile producer's records past the bounds in the
+dead letters and goes on; and a resend that differs only in them is a duplicate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from fleetlog.core import dispatch as d
+from fleetlog.core.decide import decide
+from fleetlog.core.digest import digest, snapshot
+from fleetlog.core.dispatch import CellMap, DispatchState
+from fleetlog.core.dispatch_log import restore_state, snapshot_state
+from fleetlog.core.fold import fold
+from fleetlog.core.fold_batch import fold_lists
+from fleetlog.core.policy import Policy
+from fleetlog.core.state import State
+from fleetlog.events import DecisionBatch, Event, JobPayload, JobSubmitted, encode, envelope
+from fleetlog.events.codec import JSON
+from fleetlog.log.base import DEAD_LETTERS, INPUTS, Message
+from fleetlog.log.consumer import REASON_HEADER, SOURCE_HEADER
+from fleetlog.log.file import FileLogStore
+from tests.core.builders import job, node
+from tests.core.test_dispatch import summary
+from tests.service.test_service import Running, embedded, events_body, serving, start
+
+PAYLOAD = JobPayload(
+    command=("python", "train.py", "it's", "$(rm -rf /)"),
+    env={"A": "b", "PATH": "/opt/bin"},
+    image="registry/img:1",
+)
+
+
+def dressed(event: JobSubmitted, i: int) -> JobSubmitted:
+    """``event`` with labels, annotations and a payload (different per job)."""
+    return msgspec.structs.replace(
+        event,
+        labels={"team": f"t{i % 3}", "run": str(i)},
+        annotations={"note": f"job {i}\nwith 'text'"},
+        payload=msgspec.structs.replace(PAYLOAD, env={"I": str(i)}),
+    )
+
+
+def logs() -> tuple[list[Event], list[Event]]:
+    """A log of nodes and jobs, and the same log with every job dressed."""
+    plain: list[Event] = [node(f"n{i}") for i in range(4)]
+    plain += [job(f"j{i}", tasks=1 + i % 3, gpus=1 + i % 4) for i in range(40)]
+    dressed_log = [dressed(e, i) if isinstance(e, JobSubmitted) else e for i, e in enumerate(plain)]
+    return plain, dressed_log
+
+
+def folded(events: list[Event], batched: bool) -> tuple[State, list[object]]:
+    """Fold ``events`` (one by one, or as the service's batched fold does), decide, fold the
+    decisions; the state and the decisions."""
+    state = State()
+    times = list(range(1, len(events) + 1))
+    if batched:
+        fold_lists(state, events, times)
+    else:
+        for event, at in zip(events, times, strict=True):
+            fold(state, event, at)
+    decisions = tuple(decide(state, Policy()))
+    fold(state, DecisionBatch(as_of=state.offset, digest="", decisions=decisions), state.now_ms)
+    return state, list(decisions)
+
+
+def test_the_fold_digest_snapshot_and_decisions_ignore_labels_annotations_and_payload() -> None:
+    plain, dressed_log = logs()
+    for batched in (False, True):
+        bare, bare_decisions = folded(plain, batched)
+        full, full_decisions = folded(dressed_log, batched)
+        assert full_decisions == bare_decisions
+        assert digest(full) == digest(bare)
+        assert snapshot(full) == snapshot(bare)
+
+
+def test_the_dispatcher_hands_on_the_whole_submission_and_its_snapshot_keeps_it() -> None:
+    state = DispatchState(CellMap((("c000", 0),)))
+    submitted = dressed(job("g1", gpus=1), 7)
+    for event in (summary("c000", 1), submitted):
+        assert d.fold(state, event, state.now_ms + 10) == ""
+    restored = restore_state(snapshot_state(state))
+    assert restored.jobs["g1"].spec == submitted
+    assert snapshot_state(restored) == snapshot_state(state)  # the same bytes: deterministic
+    (sent,) = d.dispatch(state).dispatched
+    assert sent.job == submitted
+    assert sent.job.payload == submitted.payload
+
+
+# --- a running service: hostile records parked, the next ones folded --------------------------
+
+BAD = [  # what a hostile producer writes straight to the log, past a bound each
+    {"labels": {f"k{i}": "v" for i in range(65)}},
+    {"labels": {"k": "two words"}},
+    {"annotations": {"k": "v" * 65_536}},
+    {"payload": {"command": ["p", "a\u0000b"]}},
+    {"payload": {"env": {"A;rm -rf /": "x"}}},
+    {"payload": {"script": "echo no interpreter"}},
+    {"payload": {"command": ["p"], "script": "#!/bin/sh\n"}},
+    {"payload": {"command": ["p", *["a" * 32_000] * 9]}},
+]
+
+
+def bad_record(i: int, fields: dict[str, Any], as_json: bool) -> Message:
+    event = {"type": "JobSubmitted", "job_id": f"bad-{i}", "tenant": "t1",
+             "task_groups": [{"count": 1, "cpu_milli": 1000, "mem_mib": 1024}], **fields}
+    doc = {"schema_version": 1, "producer_id": "hostile", "event": event}
+    if as_json:
+        return Message(json.dumps(doc).encode(), headers=(("content-type", JSON),))
+    return Message(msgspec.msgpack.encode(doc))
+
+
+async def test_the_service_parks_records_past_the_bounds_and_goes_on(tmp_path: Path) -> None:
+    directory = tmp_path / "log"
+    good = dressed(job("good", gpus=1), 1)
+    async with FileLogStore(directory, fsync="never") as store:
+        await store.log(INPUTS).append([
+            Message(encode(envelope(node("n1"), "t"))),
+            *(bad_record(i, fields, as_json=i % 2 == 0) for i, fields in enumerate(BAD)),
+            Message(encode(envelope(good, "t"))),
+        ])
+    running: Running = await start(embedded(directory))
+    try:
+        await running.until(lambda: running.task.done() or _committed(running) == 2 + len(BAD))
+        assert not running.task.done(), "the service stopped"
+        status, found = await running.request("/v1/jobs/good")
+        assert (status, found["state"]) == (200, "placed")
+        for i in range(len(BAD)):
+            assert (await running.request(f"/v1/jobs/bad-{i}"))[0] == 404
+    finally:
+        await running.stop()
+    async with FileLogStore(directory, fsync="never") as store:
+        parked = await store.log(DEAD_LETTERS).read(0, timeout_ms=100)
+    assert [(r.header(REASON_HEADER), r.header(SOURCE_HEADER)) for r in parked] == [
+        (b"invalid_event", f"inputs@{1 + i}".encode()) for i in range(len(BAD))
+    ]
+
+
+def _committed(running: Running) -> int:
+    loop = running.service.loop
+    return -1 if loop is None else loop.committed
+
+
+async def test_a_resend_with_another_payload_is_a_duplicate_and_the_first_is_kept(tmp_path: Path) -> None:
+    first = dressed(job("j1", gpus=1), 1)
+    other = dressed(job("j1", gpus=1), 2)  # other labels, annotations, payload: the same spec
+    assert first.payload != other.payload
+    async with serving(tmp_path / "log") as service:
+        assert (await service.request("/v1/events", events_body(node("n1"), first)))[0] == 200
+        for _ in range(2):  # appended, maybe not folded yet; then folded
+            status, answer = await service.request("/v1/events", events_body(other))
+            assert (status, answer["appended"], answer["duplicates"]) == (
+                200, 0, [{"index": 0, "job_id": "j1"}])
+            await service.until(lambda: service.service.loop is not None and service.service.loop.offset >= 2)
+        changed = msgspec.structs.replace(other, priority=5)  # the scheduling spec still counts
+        status, answer = await service.request("/v1/events", events_body(changed))
+        assert (status, answer["code"]) == (409, "already_exists")
+        assert await service.inputs_end() == 2
