@@ -10,6 +10,7 @@ Identity rules (written down in docs/kubernetes.md):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Final
 
@@ -38,8 +39,12 @@ from fleetlog.events import (
     TaskStarted,
 )
 from fleetlog.events.model import (
+    MAX_ANNOTATION_CHARS,
     MAX_CONSTRAINT_ITEMS,
     MAX_GPUS_PER_NODE,
+    MAX_JOB_ANNOTATIONS,
+    MAX_JOB_LABELS,
+    NOT_PRINTABLE,
     TAINT_EFFECTS,
     TOPOLOGY_LEVELS,
     NodeLabel,
@@ -53,6 +58,8 @@ from fleetlog.events.model import (
 )
 
 MAX_PRIORITY: Final = 1_000_000
+MAX_NAME: Final = 253
+_UNPRINTABLE: Final = re.compile(f"[{NOT_PRINTABLE}]").search
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 """The label a ``matchFields`` requirement on ``metadata.name`` is read against (the kubelet
 sets it to the node's name)."""
@@ -377,7 +384,36 @@ def job_submitted(job_id: str, pods: Sequence[Pod], cfg: KubeBackendConfig) -> J
         required_topology=topology_level(level),
         expected_duration_ms=int(duration) if duration.isdigit() else None,
         spread=spread,
+        labels=kept_labels(labels),
+        annotations=kept_annotations(notes),
     )
+
+
+def _is_name(text: str) -> bool:
+    return 0 < len(text) <= MAX_NAME and _UNPRINTABLE(text) is None
+
+
+def kept_labels(labels: dict[str, str]) -> dict[str, str]:
+    """A pod's labels as its job carries them: in key order, the first 64 of those within a job
+    label's bounds (a key of 1..253 characters: a prefixed Kubernetes key can be longer).  The
+    rest are left out: a pod is never refused for its labels (docs/kubernetes.md)."""
+    kept = [(k, v) for k, v in sorted(labels.items()) if _is_name(k) and (not v or _is_name(v))]
+    return dict(kept[:MAX_JOB_LABELS])
+
+
+def kept_annotations(notes: dict[str, str]) -> dict[str, str]:
+    """A pod's annotations as its job carries them: in key order, each whose key is within
+    bounds and that still fits the job's 64 entries and 65,536 characters; one that does not fit
+    (a large ``kubectl.kubernetes.io/last-applied-configuration``) is left out, the next may fit."""
+    kept: dict[str, str] = {}
+    chars = 0
+    for key, value in sorted(notes.items()):
+        if len(kept) == MAX_JOB_ANNOTATIONS:
+            break
+        if _is_name(key) and chars + len(key) + len(value) <= MAX_ANNOTATION_CHARS:
+            kept[key] = value
+            chars += len(key) + len(value)
+    return kept
 
 
 def topology_level(text: str) -> TopologyLevel | None:

@@ -1,0 +1,64 @@
+"""A pod's labels and annotations become its job's (docs/kubernetes.md, "Labels and annotations"):
+those within a job's bounds, in key order; the rest left out, never a refused pod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetlog.backends.kubernetes.translate import job_submitted, kept_annotations, kept_labels
+from fleetlog.events.model import MAX_ANNOTATION_CHARS, MAX_JOB_ANNOTATIONS, MAX_JOB_LABELS
+from tests.backends.kubernetes.manifests import pod
+from tests.backends.kubernetes.test_translate import CFG, as_pod, round_trip
+
+
+def with_notes(manifest: dict[str, Any], notes: dict[str, str]) -> dict[str, Any]:
+    meta = manifest["metadata"]
+    return {**manifest, "metadata": {**meta, "annotations": {**meta.get("annotations", {}), **notes}}}
+
+
+def test_a_pods_labels_and_annotations_become_its_jobs() -> None:
+    manifest = with_notes(pod("p", labels={"app": "train", "team": "vision"}),
+                          {"owner": "Ada Lovelace", "note": "two\nlines"})
+    job = round_trip(job_submitted("pod/default/p/01234567", [as_pod(manifest)], CFG))
+    assert job.labels == {"app": "train", "team": "vision"}
+    assert job.annotations == {"note": "two\nlines", "owner": "Ada Lovelace"}
+    assert job.payload is None  # (the pod's own spec is what runs)
+
+
+def test_a_gang_takes_the_first_pods() -> None:
+    first = pod("a", group="g", labels={"role": "first"})
+    second = pod("b", group="g", labels={"role": "second"})
+    job = job_submitted("group/default/g", [as_pod(first), as_pod(second)], CFG)
+    assert job.labels == {"role": "first", "scheduling.x-k8s.io/pod-group": "g"}
+
+
+def test_labels_past_the_bounds_are_left_out() -> None:
+    many = {f"k{i:03d}": "v" for i in range(MAX_JOB_LABELS + 10)}
+    long_key = "example.com/" + "k" * 242  # 254 characters: a prefixed Kubernetes key may be 317
+    at_bound = "k" * 253
+    labels = kept_labels({**many, long_key: "v", "z" + at_bound[1:]: "v" * 253})
+    assert list(labels) == [f"k{i:03d}" for i in range(MAX_JOB_LABELS)]  # the first 64 by key
+    kept = kept_labels({long_key: "v", at_bound: "", "ok": "v", "spaced": "a b", "v": "w" * 254})
+    assert kept == {at_bound: "", "ok": "v"}
+
+
+def test_annotations_past_the_bounds_are_left_out_and_the_next_may_fit() -> None:
+    applied = "{" + "x" * 70_000 + "}"  # kubectl's last-applied-configuration of a large pod
+    notes = {"a": "1", "kubectl.kubernetes.io/last-applied-configuration": applied, "z": "2", "bad key": "x"}
+    assert kept_annotations(notes) == {"a": "1", "z": "2"}
+    exact = {"a": "x" * (MAX_ANNOTATION_CHARS - 2), "b": ""}  # 65,535 + 1 characters: every one fits
+    assert kept_annotations(exact) == exact
+    over = {"a": "x" * (MAX_ANNOTATION_CHARS - 2), "b": "y"}  # one more character: "b" is left out
+    assert kept_annotations(over) == {"a": "x" * (MAX_ANNOTATION_CHARS - 2)}
+    many = {f"n{i:03d}": "v" for i in range(MAX_JOB_ANNOTATIONS + 1)}
+    assert list(kept_annotations(many)) == [f"n{i:03d}" for i in range(MAX_JOB_ANNOTATIONS)]
+
+
+def test_a_pod_with_labels_and_annotations_past_every_bound_still_submits() -> None:
+    labels = {f"l{i:03d}": "v" for i in range(100)} | {"example.com/" + "k" * 300: "v"}
+    notes = {f"n{i:03d}": "w" * 2000 for i in range(100)}
+    manifest = with_notes(pod("p", labels=labels), notes)
+    job = round_trip(job_submitted("pod/default/p/01234567", [as_pod(manifest)], CFG))  # the codec takes it
+    assert len(job.labels) == MAX_JOB_LABELS
+    assert sum(len(k) + len(v) for k, v in job.annotations.items()) <= MAX_ANNOTATION_CHARS
+    assert len(job.annotations) == MAX_ANNOTATION_CHARS // 2004
