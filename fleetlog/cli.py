@@ -282,6 +282,26 @@ def _add_service_commands(sub: Any) -> None:
     status.set_defaults(func=cmd_status)
 
 
+def _add_module_commands(sub: Any) -> None:
+    """The commands each module of its own registers: producers, replay, the reads of the API,
+    accounting, ``top`` and shell completion."""
+    from fleetlog.client_cli import add_client_commands
+
+    add_client_commands(sub, UsageError)
+    from fleetlog.replay.command import add_replay_commands
+
+    add_replay_commands(sub, UsageError, _replay_place)
+    from fleetlog.reads_cli import add_read_commands
+
+    add_read_commands(sub, UsageError, _replay_place)
+    from fleetlog.history_cli import add_history_command
+
+    add_history_command(sub, UsageError, _replay_place)
+    from fleetlog.ops_cli import add_ops_commands
+
+    add_ops_commands(sub, UsageError, _replay_place, build_parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fleetlog", description="An event-sourced scheduler for ML and batch fleets.")
     parser.add_argument("--version", action="version", version=f"fleetlog {_version()}")
@@ -335,21 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_simulate)
     _add_service_commands(sub)
     _add_log_commands(sub)
-    from fleetlog.client_cli import add_client_commands
-
-    add_client_commands(sub, UsageError)
-    from fleetlog.replay.command import add_replay_commands
-
-    add_replay_commands(sub, UsageError, _replay_place)
-    from fleetlog.reads_cli import add_read_commands
-
-    add_read_commands(sub, UsageError, _replay_place)
-    from fleetlog.history_cli import add_history_command
-
-    add_history_command(sub, UsageError, _replay_place)
-    from fleetlog.ops_cli import add_ops_commands
-
-    add_ops_commands(sub, UsageError, _replay_place, build_parser)
+    _add_module_commands(sub)
     for command in walk(parser):  # every command: its own defaults, or human lines from warnings up
         if command.get_default("func") is not None and "--log-format" not in command._option_string_actions:
             add_logging_options(command)

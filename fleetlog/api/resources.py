@@ -21,7 +21,7 @@ import numpy as np
 from fleetlog.core.order import dominant_share, fleet_capacity
 from fleetlog.core.shares import SCALE
 from fleetlog.core.state import JobState, NodeStatus, State, TaskState
-from fleetlog.core.views import job_phase, pending_reason
+from fleetlog.core.views import pending_reason
 
 Query = Mapping[str, Sequence[str]]
 """A request's query parameters, each with every value it was given."""
@@ -198,8 +198,10 @@ def _single(query: Query, name: str) -> str | None:
 
 
 def _ids(state: State, table: str, names: Sequence[str]) -> list[int]:
-    """The ids of ``names`` in the state's name table (a name never seen matches nothing)."""
-    return [state.names[table].get(name) for name in names]
+    """The ids of ``names`` in the state's name table (a name never seen matches nothing: it has
+    no id, and -1 must not match the rows whose column says "none", a job placed nowhere)."""
+    found = (state.names[table].get(name) for name in names)
+    return [i for i in found if i >= 0]
 
 
 def _page(mask: np.ndarray, start: int, limit: int) -> tuple[np.ndarray, int, str | None]:
@@ -247,7 +249,7 @@ def list_jobs(state: State, query: Query) -> JobPage:
         mask = np.zeros(n, np.bool_)
         mask[keep] = True
     rows, total, token = _page(mask, start, limit)
-    return JobPage([_job_item(state, int(row), int(started[row])) for row in rows], total, token)
+    return JobPage(_job_items(state, rows, started[rows]), total, token)
 
 
 def _phase_mask(status: np.ndarray, started: np.ndarray, ntasks: np.ndarray, phases: list[str]) -> np.ndarray:
@@ -261,24 +263,31 @@ def _phase_mask(status: np.ndarray, started: np.ndarray, ntasks: np.ndarray, pha
     return mask
 
 
-def _job_item(state: State, row: int, started: int) -> JobItem:
+_STATE_NAMES: Final = {int(s): s.name.lower() for s in JobState}
+
+
+def _job_items(state: State, rows: np.ndarray, started: np.ndarray) -> list[JobItem]:
+    """The items of job ``rows``: each column read once for them all (10,000 rows in a few ms)."""
     c, names = state.jobs.cols, state.names
-    status = JobState(int(c["state"][row]))
-    cell, placed = int(c["cell"][row]), int(c["placed_at_ms"][row])
-    return JobItem(
-        job_id=names["job"].names[row],
-        state=job_phase(state, row, status),
-        tenant=names["tenant"].names[int(c["tenant"][row])],
-        queue=names["queue"].names[int(c["queue"][row])],
-        priority=int(c["priority"][row]),
-        tasks=int(c["ntasks"][row]),
-        tasks_started=started,
-        gpu_milli=int(c["req_gpu"][row]),
-        cell=names["cell"].names[cell] if cell >= 0 else "",
-        submitted_at_ms=int(c["submitted_at"][row]),
-        placed_at_ms=placed if placed >= 0 and status != JobState.PENDING else None,
-        reason=pending_reason(state, row)[0] if status == JobState.PENDING else "",
-    )
+    job_names, tenants = names["job"].names, names["tenant"].names
+    queues, cells = names["queue"].names, names["cell"].names
+    columns = ("state", "tenant", "queue", "priority", "ntasks", "req_gpu", "cell", "submitted_at",
+               "placed_at_ms")
+    values = zip(rows.tolist(), started.tolist(), *(c[name][rows].tolist() for name in columns), strict=True)
+    items = []
+    for row, up, status, tenant, queue, priority, ntasks, gpu, cell, submitted, placed in values:
+        pending = status == JobState.PENDING
+        phase = _STATE_NAMES[status]
+        if status == JobState.RUNNING:  # (views.job_phase: placed until every task started)
+            phase = "running" if up == ntasks else "placed"
+        items.append(JobItem(
+            job_id=job_names[row], state=phase, tenant=tenants[tenant], queue=queues[queue],
+            priority=priority, tasks=ntasks, tasks_started=up, gpu_milli=gpu,
+            cell=cells[cell] if cell >= 0 else "", submitted_at_ms=submitted,
+            placed_at_ms=placed if placed >= 0 and not pending else None,
+            reason=pending_reason(state, row)[0] if pending else "",
+        ))
+    return items
 
 
 # --- nodes ---------------------------------------------------------------------------------
