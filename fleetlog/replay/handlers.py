@@ -35,6 +35,7 @@ from fleetlog.replay import source as src
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
+from fleetlog.replay.history import command as cmd_history
 from fleetlog.replay.jobend import retired_status, with_run_facts
 from fleetlog.replay.shards import Topology, open_shard
 from fleetlog.replay.source import ReplayError, Source
@@ -387,5 +388,6 @@ HANDLERS: dict[str, Handler] = {
     "report": cmd_report,
     "dump": cmd_dump,
     "list": cmd_list,
+    "history": cmd_history,
 }
 
