@@ -106,6 +106,8 @@ ROUTES: Final[tuple[Route, ...]] = (
               Param("log", "decisions (default) or inputs", ("decisions", "inputs"), repeated=False)),
           content_type="text/event-stream"),
     Route("POST", "/v1/events", "Ingest: one event or a JSON array of them (docs/producers.md)"),
+    Route("PUT", "/v1/quotas/{tenant}", "Set a tenant's quota: the body is a QuotaSet without type and "
+          "tenant (nominal, cell, cohort, borrowing_limit, weight_milli); appended as a QuotaSet"),
     Route("GET", "/v1/openapi.json", "This description"),
     Route("GET", "/healthz", "Alive: leading, standby, retrying or stalled"),
     Route("GET", "/readyz", "Ready: 200 while leading, 503 otherwise"),

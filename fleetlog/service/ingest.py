@@ -6,6 +6,7 @@ the fleet (a job that can never fit: 422) and appended; the answer names the fir
 from __future__ import annotations
 
 import asyncio
+import re
 import resource
 from collections import deque
 from collections.abc import Callable
@@ -48,6 +49,24 @@ class IngestError(Exception):
     def __init__(self, message: str, reason: str, status: int = 400, **extra: object) -> None:
         super().__init__(message)
         self.reason, self.status, self.extra = reason, status, extra
+
+
+_PATH: Final = re.compile(r"at `\$((?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*)`")
+_NAMED: Final = re.compile(r"(?:unknown|missing required) field `([^`]+)`")
+
+
+def field_of(message: str) -> str | None:
+    """The field a decode error names, as a path in the envelope (``event.nominal.gpu_milli``,
+    ``event.task_groups[0].cpu_milli``); an unknown or missing field's own name appended;
+    ``None`` if the message names none."""
+    found = _PATH.search(message)
+    if found is None:
+        return None
+    path = found.group(1).lstrip(".")
+    named = _NAMED.search(message)
+    if named is not None:
+        path = f"{path}.{named.group(1)}" if path else named.group(1)
+    return path or None
 
 
 class IngestBatch(msgspec.Struct, frozen=True):
@@ -298,7 +317,7 @@ class IngestGate:
                 batch = await asyncio.get_running_loop().run_in_executor(
                     self.executor, ingest_batch, request.body, content_type, self.settings)
         except IngestError as exc:
-            return refusal(exc.status, exc.reason, str(exc), extra=exc.extra)
+            return refusal(exc.status, exc.reason, str(exc), field_of(str(exc)), exc.extra)
         store, loop = leading()
         if store is None or loop is None:
             return refusal(503, "standby", "this process is not leading")

@@ -36,6 +36,7 @@ from fleetlog.api.resources import ApiError
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
 from fleetlog.core.policy import policy_named
 from fleetlog.core.views import job_status, pending_by_reason
+from fleetlog.events import SCHEMA_VERSION
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
@@ -65,6 +66,8 @@ GAUGE_PERIOD_S: Final = 1.0
 HTTP_BIND_WAIT_S: Final = 5.0
 """How long a process that takes the lead waits for its HTTP port to be free."""
 COMMIT_EVERY: Final = 50_000
+API_PRODUCER: Final = "fleetlog-api"
+"""The producer id of what the API appends for its callers (a quota set by ``PUT /v1/quotas``)."""
 MAX_WATCHERS: Final = 64
 """Open ``/v1/watch`` streams at a time (each holds a connection of ``http_max_connections``)."""
 
@@ -361,6 +364,8 @@ class Service:
         route, found, elsewhere = route_for(request.method, request.raw_path or path)
         if route is not None and route.path == "/v1/jobs/{job_id}":
             return self._job(found["job_id"])
+        if route is not None and route.path == "/v1/quotas/{tenant}":
+            return await self._put_quota(found["tenant"], request)
         if elsewhere:
             return refusal(405, "method_not_allowed", f"{request.method} {path}: see /v1/openapi.json")
         return refusal(404, "no_route", f"no route {path} (the routes: /v1/openapi.json)")
@@ -388,6 +393,25 @@ class Service:
                 yield chunk
         finally:
             self._watchers -= 1
+
+    async def _put_quota(self, tenant: str, request: Request) -> Response:
+        """``PUT /v1/quotas/TENANT``: the body as a ``QuotaSet`` for the tenant the path names,
+        through ingest (the same checks, the same answer; its errors name the field)."""
+        try:
+            fields = msgspec.json.decode(request.body or b"{}")
+        except msgspec.DecodeError as exc:
+            return refusal(400, "undecodable", f"body is not JSON: {exc}")
+        if not isinstance(fields, dict):
+            return refusal(400, "undecodable", "the body must be a JSON object (a QuotaSet's fields)")
+        for name in ("type", "tenant"):
+            if name in fields:
+                return refusal(400, "invalid_event", f"{name!r} comes from the path, not the body", name)
+        event = {"type": "QuotaSet", "tenant": tenant, **fields}
+        body = msgspec.json.encode({"schema_version": SCHEMA_VERSION, "producer_id": API_PRODUCER,
+                                    "event": event})
+        as_json = msgspec.structs.replace(request, body=body, headers={"content-type": "application/json"})
+        answer = await self.ingest.serve(as_json, self._leading)
+        return _quota_fields(answer)
 
     def _list(self, path: str, query: dict[str, list[str]]) -> Response:
         """A read-only list (fleetlog.api) of the live state."""
@@ -430,6 +454,19 @@ class Service:
 
     def _leading(self) -> tuple[LogStore | None, SchedulerLoop | None]:
         return self.store, self.loop
+
+
+def _quota_fields(answer: Response) -> Response:
+    """Ingest's answer to a ``PUT /v1/quotas``, its ``field`` relative to the body
+    (``event.nominal.gpu_milli`` -> ``nominal.gpu_milli``)."""
+    if answer.status < 400:
+        return answer
+    body = msgspec.json.decode(answer.body)
+    field = body.get("field")
+    if isinstance(field, str) and field.startswith("event."):
+        body["field"] = field.removeprefix("event.")
+        return json_response(answer.status, body, answer.headers)
+    return answer
 
 
 def _not_allowed() -> Response:

@@ -217,3 +217,52 @@ async def test_ingest_refuses_in_the_same_shape(api: Api) -> None:
     assert answer["code"] == answer["reason"]
     assert answer["message"] == answer["error"]
     assert "event 0" in answer["message"]
+    bad_gpus = (b'[{"schema_version": 1, "producer_id": "p", "event": {"type": "QuotaSet", "tenant": "t",'
+                b' "nominal": {"gpu_milli": "x"}}}]')
+    status, answer = await api.running.request("/v1/events", bad_gpus)
+    assert (status, answer["field"]) == (400, "event.nominal.gpu_milli")
+
+
+async def put(api: Api, path: str, body: bytes) -> tuple[int, Any]:
+    async with api.session.put(api.running.url + path, data=body,
+                               headers={"content-type": "application/json"}) as r:
+        return r.status, await r.json()
+
+
+async def test_put_quota_appends_a_quota_set_the_tenants_list_shows(api: Api) -> None:
+    status, answer = await put(api, "/v1/quotas/t1", b'{"nominal": {"gpu_milli": 8000}, "cohort": "ml",'
+                                                     b' "borrowing_limit": {"gpu_milli": 2000}}')
+    assert (status, answer["appended"]) == (200, 1)
+    await api.settled(1)
+    _, tenants = await api.get("/v1/tenants")
+    (t1,) = tenants["items"]
+    assert (t1["tenant"], t1["nominal"]["gpu_milli"], t1["borrowing_limit"]["gpu_milli"], t1["cohort"]) == (
+        "t1", 8000, 2000, "ml")
+    status, answer = await put(api, "/v1/quotas/a%2Fb", b'{"nominal": {"gpu_milli": 1000}}')  # one segment
+    assert status == 200
+    await api.settled(2)
+    _, tenants = await api.get("/v1/tenants")
+    assert [t["tenant"] for t in tenants["items"]] == ["t1", "a/b"]
+    status, answer = await put(api, "/v1/quotas/a%20b", b'{"nominal": {"gpu_milli": 1000}}')
+    assert status == 400  # no identifier: refused by the event's own checks, naming the field
+    assert answer["field"] == "tenant", answer
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"nominal": {"gpu_milli": "lots"}}', "nominal.gpu_milli"),
+        (b'{"nominal": {"gpu_milli": -1}}', "nominal.gpu_milli"),
+        (b'{"nominal": {}, "colour": "blue"}', "colour"),
+        (b'{"weight_milli": 1000}', "nominal"),
+        (b'{"tenant": "t2", "nominal": {}}', "tenant"),
+        (b'[1, 2]', None),
+        (b'{"nominal": ', None),
+    ],
+)
+async def test_a_bad_quota_is_a_400_naming_the_field(api: Api, body: bytes, field: str | None) -> None:
+    status, answer = await put(api, "/v1/quotas/t1", body)
+    assert status == 400
+    jsonschema.validate(answer, schema_of("Error"))
+    assert answer["field"] == field, answer
+    assert await api.running.inputs_end() == 0  # nothing appended
