@@ -237,22 +237,24 @@ class HttpServer:
         out.enable_chunked_encoding()
         await out.prepare(raw)
         closing = asyncio.ensure_future(self._closing.wait())
+        chunk: asyncio.Future[bytes] | None = None
         try:
             while True:
                 chunk = asyncio.ensure_future(anext(stream.chunks))
                 await asyncio.wait({chunk, closing}, return_when=asyncio.FIRST_COMPLETED)
                 if not chunk.done():  # the server stops: end the stream (the client resumes elsewhere)
-                    chunk.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                        await chunk
                     break
                 try:
                     data = chunk.result()
                 except StopAsyncIteration:
                     break
                 await out.write(data)
-        finally:
+        finally:  # (also when the client went away: aiohttp cancels this handler)
             closing.cancel()
+            if chunk is not None and not chunk.done():  # the producer waits (a long-poll read): stop it
+                chunk.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await chunk
             aclose = getattr(stream.chunks, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -16,11 +16,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from fleetlog.api.resources import ApiError
 from fleetlog.events import decode
 from fleetlog.log.base import DECISIONS, INPUTS, Message
 from fleetlog.log.file import FileLogStore
 from fleetlog.reader import Change, Reader, ReaderError
 from fleetlog.service import watch
+from fleetlog.service.service import MAX_WATCHERS
 from tests.core.builders import job, node
 from tests.service.process import REPO
 from tests.service.test_service import Running, events_body, serving
@@ -207,3 +209,42 @@ def _collected() -> Iterator[None]:
     fixed in 3.11.8)."""
     yield
     gc.collect()
+
+
+async def test_a_pruned_offset_is_410_gone(tmp_path: Path) -> None:
+    store = FileLogStore(tmp_path / "log", segment_bytes=1024, fsync="never")
+    await store.open()
+    try:
+        for i in range(40):
+            await store.log(INPUTS).append([Message(b"x" * 100 + str(i).encode())])
+        assert store.prune(INPUTS, 30)  # whole segments before offset 30 are gone
+        first = await store.log(INPUTS).start_offset()
+        assert 0 < first <= 30
+        with pytest.raises(ApiError) as gone:
+            await watch.resolve(store.log(INPUTS), "0")
+        assert (gone.value.status, gone.value.code, gone.value.field) == (410, "gone", "from")
+        assert await watch.resolve(store.log(INPUTS), "start") == first
+        assert await watch.resolve(store.log(INPUTS), str(first)) == first
+        assert await watch.resolve(store.log(INPUTS), "end") == 40
+    finally:
+        await store.close()
+
+
+async def test_at_most_64_watchers(running: Running) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        opened = []
+        for _ in range(MAX_WATCHERS):
+            r = await session.get(running.url + "/v1/watch")
+            assert r.status == 200
+            await r.content.readuntil(b"\n\n")  # the stream has begun: it counts
+            opened.append(r)
+        async with session.get(running.url + "/v1/watch") as refused:
+            answer = await refused.json()
+            found = (refused.status, answer["code"], answer["limit"])
+            assert found == (429, "too_many_watchers", MAX_WATCHERS)
+        opened.pop().close()  # one goes away: its slot is free at once (not at its next keepalive)
+        await asyncio.sleep(0.5)
+        async with session.get(running.url + "/v1/watch") as again:
+            assert again.status == 200
+        for r in opened:
+            r.close()
