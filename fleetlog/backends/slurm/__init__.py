@@ -2,7 +2,8 @@
 
 - :mod:`.client` — Slurm's client commands (``sinfo``/``squeue`` JSON, ``sbatch``, ``scancel``) as
   asyncio subprocesses, with clear errors (unavailable: retry; rejected: report).
-- :mod:`.mapping` — pure translations: job names, node health, job states, sbatch options.
+- :mod:`.mapping` — pure translations: job names, node health, job states, sbatch options, the
+  batch script (a job's payload, quoted).
 - :mod:`.backend` — the backend: decisions log in, Slurm effects out, observations to the inputs log.
 
 See ``docs/slurm.md``.
@@ -15,10 +16,16 @@ from fleetlog.backends.slurm.client import (
     SlurmRejectedError,
     SlurmUnavailableError,
 )
-from fleetlog.backends.slurm.mapping import SubmitSettings, Workload, sleep_for_expected_duration
+from fleetlog.backends.slurm.mapping import (
+    PayloadError,
+    SubmitSettings,
+    Workload,
+    sleep_for_expected_duration,
+)
 
 __all__ = [
     "Backoff",
+    "PayloadError",
     "SlurmBackend",
     "SlurmClient",
     "SlurmConfig",

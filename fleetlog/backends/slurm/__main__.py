@@ -2,12 +2,15 @@
 
     python -m fleetlog.backends.slurm [--config FILE] [--log DIR | --kafka HOST:PORT]
         [--topic-prefix PREFIX] [--slurm-conf PATH] [--cell NAME] [--prefix NAME] [--partition NAME]
-        [--gpu-type TYPE] [--output PATTERN] [--command SHELL] [--log-format json|console]
-        [--log-level LEVEL]
+        [--gpu-type TYPE] [--output PATTERN] [--command SHELL] [--image-option OPTION]
+        [--log-format json|console] [--log-level LEVEL]
 
-Every task runs ``--command`` (a shell line; ``$FLEETLOG_JOB_ID``, ``$FLEETLOG_TASK_INDEX``,
-``$FLEETLOG_NODE`` and ``$FLEETLOG_GPU_INDICES`` are set), by default a sleep for the job's
-expected duration.  Where the logs are is configured as for ``fleetlog run`` (the same
+A task runs its job's payload (``JobSubmitted.payload``: a command or a script, with its env) and
+a job without one runs ``--command`` (a shell line), by default a sleep for the job's expected
+duration; ``$FLEETLOG_JOB_ID``, ``$FLEETLOG_TASK_INDEX``, ``$FLEETLOG_NODE`` and
+``$FLEETLOG_GPU_INDICES`` are set for both.  A payload's image is passed as ``--image-option``
+(``--image-option=--container-image`` for pyxis); without it a job that names an image fails.
+Where the logs are is configured as for ``fleetlog run`` (the same
 ``--config`` file and ``FLEETLOG_*`` variables, Kafka security included); next to ``fleetlog run
 --log DIR`` it reads the file log and sends its observations to the service.  SIGTERM or SIGINT
 stops it; a bad option or configuration exits 2, a failure that stops it exits 1 (one line).
@@ -45,7 +48,12 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--partition", default="", help="submit to this partition (default: Slurm's default)")
     parser.add_argument("--gpu-type", default="", help="request GPUs as gpu:TYPE:N (default gpu:N)")
     parser.add_argument("--output", default="/dev/null", help="sbatch --output pattern (default /dev/null)")
-    parser.add_argument("--command", default="", help="the shell line every task runs")
+    parser.add_argument("--command", default="", help="the shell line a task of a job without a payload runs")
+    parser.add_argument(
+        "--image-option", default="", metavar="OPTION",
+        help="the sbatch option that runs a payload's image, e.g. =--container-image (default: none; such "
+        "jobs fail)",
+    )
     return parser.parse_args(argv)
 
 
@@ -60,7 +68,9 @@ def workload(command: str) -> Workload:
 
 
 def config(args: argparse.Namespace) -> SlurmConfig:
-    submit = SubmitSettings(partition=args.partition, gpu_type=args.gpu_type, output=args.output)
+    submit = SubmitSettings(
+        partition=args.partition, gpu_type=args.gpu_type, output=args.output, image_option=args.image_option
+    )
     return SlurmConfig(cell=args.cell, prefix=args.prefix, slurm_conf=args.slurm_conf, submit=submit)
 
 

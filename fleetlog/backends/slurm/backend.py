@@ -41,6 +41,7 @@ from fleetlog.backends.slurm.mapping import (
     ACTIVE_STATES,
     Held,
     Kind,
+    PayloadError,
     SubmitSettings,
     Workload,
     event_key,
@@ -58,6 +59,7 @@ from fleetlog.events import (
     JobCancelled,
     JobDispatched,
     JobPlaced,
+    JobRejected,
     JobSubmitted,
     NodeHeartbeat,
     NodeRemoved,
@@ -273,8 +275,8 @@ class SlurmBackend:
     def apply_input(self, d: Delivered) -> None:
         event = d.envelope.event
         match event:
-            case JobSubmitted():
-                self.specs[event.job_id] = event
+            case JobSubmitted():  # the first: the fold ignores a resend, whatever its payload
+                self.specs.setdefault(event.job_id, event)
             case JobDispatched(job=job):  # a cell partition's: the whole submission, as dispatched
                 self.specs[job.job_id] = job
             case JobCancelled():
@@ -323,6 +325,8 @@ class SlurmBackend:
                     by, cause = decision.by_job_id, decision.cause
                     why = f"preempted by {by} ({cause}; TaskPreempted at decisions@{offset})"
                     self.end_run(decision.job_id, why)
+                case JobRejected():  # it will never run: a later submission of its id is a new job
+                    self.specs.pop(decision.job_id, None)
                 case _:
                     pass
 
@@ -408,8 +412,9 @@ class SlurmBackend:
             run.started.add(index)
             return
         run.started.add(index)
-        if kind == "failed" or exit_code != 0:
+        if kind == "failed" or exit_code != 0:  # the scheduler fails the job: it never runs again
             self.end_run(job_id, f"task {index} {kind} (exit code {exit_code})")
+            self.specs.pop(job_id, None)
             return
         run.done.add(index)
         if len(run.done) == len(run.placement.tasks):
@@ -480,11 +485,14 @@ class SlurmBackend:
             reason = "the Slurm backend never read this job's JobSubmitted"
             failed = TaskFailed(job_id=job_id, task_index=task.task_index, reason=reason)
             return self.report(run, name, "failed", failed)
+        try:
+            sbatch = submission(name, spec, task, self.workload, self.config.submit)
+        except PayloadError as e:
+            failed = TaskFailed(job_id=job_id, task_index=task.task_index, reason=str(e)[:4000])
+            return self.report(run, name, "failed", failed)
         async with gate:
             try:
-                slurm_id = await self.client.submit(
-                    submission(name, spec, task, self.workload, self.config.submit)
-                )
+                slurm_id = await self.client.submit(sbatch)
             except SlurmRejectedError as e:
                 failed = TaskFailed(job_id=job_id, task_index=task.task_index, reason=str(e)[:4000])
                 return self.report(run, name, "failed", failed)

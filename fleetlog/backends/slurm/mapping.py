@@ -17,7 +17,7 @@ from typing import Final, Literal
 import msgspec
 
 from fleetlog.backends.slurm.client import SlurmJob, SlurmNode, Submission
-from fleetlog.events import JobSubmitted, NodeHeartbeat, TaskGroup, TaskPlacement
+from fleetlog.events import JobPayload, JobSubmitted, NodeHeartbeat, TaskGroup, TaskPlacement
 from fleetlog.events.features import FEATURE_LABEL, PARTITION_LABEL
 from fleetlog.events.model import MAX_CONSTRAINT_ITEMS
 
@@ -180,6 +180,14 @@ class SubmitSettings(msgspec.Struct, frozen=True):
     gpu_type: str = ""
     output: str = "/dev/null"
     extra_options: tuple[str, ...] = ()
+    image_option: str = ""
+    """The sbatch option that runs a job in its payload's ``image`` (``--container-image``
+    with NVIDIA's pyxis plugin): ``<image_option>=<image>``.  Empty: a job whose payload names
+    an image is not run (its tasks fail, saying so) — never run outside the image it asked for."""
+
+
+class PayloadError(ValueError):
+    """A job's payload this backend cannot run as asked (an image, without ``image_option``)."""
 
 
 def task_group(job: JobSubmitted, task_index: int) -> TaskGroup:
@@ -195,7 +203,8 @@ def task_group(job: JobSubmitted, task_index: int) -> TaskGroup:
 def submission(
     name: str, job: JobSubmitted, task: TaskPlacement, workload: Workload, settings: SubmitSettings
 ) -> Submission:
-    """``sbatch`` for one task: exactly its node, CPUs (whole, rounded up), memory and GPUs."""
+    """``sbatch`` for one task: exactly its node, CPUs (whole, rounded up), memory and GPUs; the
+    payload's image as ``settings.image_option`` (:class:`PayloadError` without one)."""
     group = task_group(job, task.task_index)
     options = [
         f"--job-name={name}",
@@ -208,9 +217,24 @@ def submission(
         f"--output={settings.output}",
         *([f"--partition={settings.partition}"] if settings.partition else []),
         *gres_options(group, settings.gpu_type),
+        *image_options(job, settings.image_option),
         *settings.extra_options,
     ]
     return Submission(tuple(options), script(job, task, workload))
+
+
+def image_options(job: JobSubmitted, image_option: str) -> list[str]:
+    """``[<image_option>=<image>]`` for a payload with an image (one argument: no shell reads
+    it), ``[]`` without; :class:`PayloadError` when the backend has no way to run images."""
+    image = job.payload.image if job.payload is not None else ""
+    if not image:
+        return []
+    if not image_option:
+        raise PayloadError(
+            f"the payload asks for the image {image!r}, and this Slurm backend runs no images "
+            "(start it with --image-option=OPTION, e.g. --image-option=--container-image for pyxis)"
+        )
+    return [f"{image_option}={image}"]
 
 
 def gres_options(group: TaskGroup, gpu_type: str) -> list[str]:
@@ -220,15 +244,69 @@ def gres_options(group: TaskGroup, gpu_type: str) -> list[str]:
     return [f"--gres=gpu:{gpu_type + ':' if gpu_type else ''}{group.gpu_count}"]
 
 
+SCRIPT_FD: Final = 9
+"""The descriptor a payload's script is read from by its interpreter (``/dev/fd/9``)."""
+
+
+def sh_quote(text: str) -> str:
+    """``text`` as one shell word, taken literally whatever it holds (quotes, ``$()``, backquotes,
+    newlines): single-quoted.  A CR before a LF is split off into its own quotes (``'\\r''\\n'``):
+    sbatch refuses a script with DOS line breaks, and the word still means the same text."""
+    return shlex.quote(text).replace("\r\n", "\r''\n")
+
+
 def script(job: JobSubmitted, task: TaskPlacement, workload: Workload) -> str:
-    env = {
+    """The batch script of one task: fleetlog's variables first (so sbatch reads no ``#SBATCH``
+    line past them), then the payload's script put aside (:func:`script_setup`), its ``env``
+    (every value quoted; fleetlog's own names are not overridden), then what runs: the
+    payload's command or script (:func:`payload_run`), or else the backend's workload."""
+    ours = {
         "FLEETLOG_JOB_ID": job.job_id,
         "FLEETLOG_TASK_INDEX": str(task.task_index),
         "FLEETLOG_NODE": task.node,
         "FLEETLOG_GPU_INDICES": ",".join(str(g) for g in task.gpu_indices),
     }
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    return f"#!/bin/sh\n{exports}{workload(job, task.task_index)}\n"
+    payload = job.payload
+    env = {k: v for k, v in payload.env.items() if k not in ours} if payload is not None else {}
+    lines = ["#!/bin/sh", *(f"export {k}={sh_quote(v)}" for k, v in ours.items())]
+    lines += script_setup(payload.script) if payload is not None and payload.script else []
+    lines += [f"export {k}={sh_quote(v)}" for k, v in env.items()]  # (names: [A-Za-z_][A-Za-z0-9_]*)
+    run = payload_run(payload) if payload is not None else ""
+    lines.append(run or workload(job, task.task_index))
+    return "\n".join(lines) + "\n"
+
+
+def script_setup(text: str) -> list[str]:
+    """Shell lines that write a payload's script to a temporary file, open it as descriptor 8
+    and remove the file (the open descriptor keeps it readable: nothing is left behind, even if
+    the job is killed).  They run before the payload's ``env`` is set, which cannot change them."""
+    return [
+        'fleetlog_script=$(mktemp "${TMPDIR:-/tmp}/fleetlog-script.XXXXXXXX") || exit 1',
+        f"printf '%s' {sh_quote(text)} > \"$fleetlog_script\" && exec 8< \"$fleetlog_script\" "
+        '|| { rm -f "$fleetlog_script"; exit 1; }',
+        'rm -f "$fleetlog_script"; unset fleetlog_script',
+    ]
+
+
+def payload_run(payload: JobPayload) -> str:
+    """The line that runs a payload: ``exec`` of its command, every argument quoted (no shell
+    reads them), or of its script's interpreter (its ``#!`` line, read as Linux reads it) on
+    ``/dev/fd/9``; ``""`` for a payload with neither."""
+    if payload.command:
+        return "exec " + " ".join(sh_quote(arg) for arg in payload.command)
+    if payload.script:
+        program = " ".join(sh_quote(a) for a in interpreter(payload.script))
+        return f"exec {program} /dev/fd/{SCRIPT_FD} {SCRIPT_FD}<&8 8<&-"
+    return ""
+
+
+def interpreter(text: str) -> list[str]:
+    """The interpreter a script's ``#!`` line names and its one optional argument, as Linux's
+    ``binfmt_script`` reads them (blanks around both trimmed; a trailing CR too)."""
+    line = text[2:].split("\n", 1)[0].rstrip(" \t\r").lstrip(" \t")
+    cut = next((i for i, c in enumerate(line) if c in " \t"), len(line))
+    program, argument = line[:cut], line[cut:].lstrip(" \t")
+    return [program, argument] if argument else [program]
 
 
 def sleep_for_expected_duration(job: JobSubmitted, task_index: int) -> str:
