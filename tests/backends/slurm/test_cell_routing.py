@@ -1,6 +1,7 @@
 """The Slurm backend of one cell of a ``[cells]`` map, on a real Slurm cluster and file log: it
 reads its cell partition's decisions and the dispatched job's spec there (``JobDispatched``: the
-cell partition never holds the submission) and reports its heartbeats and task events there."""
+cell partition never holds the submission; its payload comes with it) and reports its heartbeats
+and task events there."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
+
 from fleetlog.backends.slurm import SlurmBackend, SlurmConfig
 from fleetlog.backends.store_args import open_store
 from fleetlog.events import (
     DecisionBatch,
+    JobPayload,
     JobPlaced,
     NodeHeartbeat,
     TaskFinished,
@@ -36,7 +40,9 @@ async def test_a_dispatched_job_runs_and_is_reported_in_its_cells_partition(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     base = tmp_path / "log"
-    spec = job("routed", tasks=1)
+    ran = tmp_path / "ran"
+    spec = msgspec.structs.replace(job("routed", tasks=1), payload=JobPayload(command=(
+        "/bin/sh", "-c", f'echo "$FLEETLOG_JOB_ID" > {ran}')))  # (run in place of the workload below)
     async with FileLogStore(base, shard=Shard.cell(1)) as cell:  # the dispatcher's and the cell shard's
         await cell.log(INPUTS).append([Message(encode(envelope(
             JobDispatched(job=spec, cell=CELL, attempt=1, seq=1, as_of=0), "dispatcher")))])
@@ -49,7 +55,7 @@ async def test_a_dispatched_job_runs_and_is_reported_in_its_cells_partition(
     settings = SlurmConfig(cell=CELL, prefix=prefix, slurm_conf=str(slurm_cluster.conf),
                            heartbeat_ms=1000, poll_ms=100)
     async with open_store(config, CELL) as store:
-        backend = SlurmBackend(store, settings, lambda spec, index: "sleep 1")
+        backend = SlurmBackend(store, settings, lambda spec, index: "exit 5")
         deadline = time.monotonic() + 60
         while not any(isinstance(e, TaskFinished) for e in (await on_disk(base)).get("cells-1", [])):
             assert time.monotonic() < deadline, (await on_disk(base))
@@ -63,3 +69,4 @@ async def test_a_dispatched_job_runs_and_is_reported_in_its_cells_partition(
     started = [e for e in ours if isinstance(e, TaskStarted)]
     assert started == [TaskStarted(job_id="routed", task_index=0, node="n2")]
     assert [(e.job_id, e.exit_code) for e in ours if isinstance(e, TaskFinished)] == [("routed", 0)]
+    assert ran.read_text() == "routed\n"  # the dispatched payload ran
