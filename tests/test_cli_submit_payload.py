@@ -144,3 +144,19 @@ def test_client_submit_takes_labels_annotations_and_a_payload(tmp_path: Path) ->
     job = submitted(tmp_path / "log")
     assert (job.job_id, job.labels, job.annotations) == ("c-1", {"team": "a"}, {"n": "x y"})
     assert job.payload == payload
+
+
+def test_a_resubmission_with_another_payload_appends_nothing_on_a_file_log(capsys: Capsys,
+                                                                           tmp_path: Path) -> None:
+    """``fleetlog submit`` on a file log screens as the service does: the scheduling spec alone
+    makes a submission's identity, so another command, label or env is a duplicate."""
+    log_dir = tmp_path / "log"
+    base = ["submit", "j1", "--tenant", "t", "--log", str(log_dir), "--create"]
+    assert run(capsys, *base, "--command", "python a.py", "--label", "v=1")[0] == 0
+    code, out, _ = run(capsys, *base, "--command", "python b.py", "--label", "v=2", "--env", "X=1")
+    assert code == 0
+    assert "submitted already, same spec: nothing appended" in out
+    assert submitted(log_dir).payload == JobPayload(command=("python", "a.py"))
+    code, _, err = run(capsys, *base, "--command", "python b.py", "--priority", "3")
+    assert code == 1
+    assert "already exists with another spec (priority: 0 -> 3)" in err
