@@ -291,6 +291,9 @@ def _add_module_commands(sub: Any) -> None:
     from fleetlog.replay.command import add_replay_commands
 
     add_replay_commands(sub, UsageError, _replay_place)
+    from fleetlog.replay_serve import attach
+
+    attach(sub)
     from fleetlog.reads_cli import add_read_commands
 
     add_read_commands(sub, UsageError, _replay_place)

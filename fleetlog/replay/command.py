@@ -173,6 +173,11 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1")
+    parser.add_argument("--http-port", type=int, default=0, help="default 0: any free port (printed)")
+
+
 _COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
     ("verify", "re-run every decision and compare; exit 1 at the first divergence", _verify_args),
     ("state-at", "the state at an inputs offset or a log time", _state_at_args),
@@ -181,4 +186,5 @@ _COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...
     ("timeline", "a Chrome/Perfetto trace JSON of the run (ui.perfetto.dev)", _out_args),
     ("report", "PNG plots and summary.json of the run", _out_args),
     ("dump", "a range of a log as JSON lines", _dump_args),
+    ("serve", "the read API (docs/api.md) of the logs at any point: ?at=OFFSET|TIME", _serve_args),
 )

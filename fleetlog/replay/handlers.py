@@ -364,6 +364,15 @@ async def cmd_list(args: argparse.Namespace, source: Source) -> int:
     return 0
 
 
+async def cmd_serve(args: argparse.Namespace, source: Source) -> int:
+    """``fleetlog replay serve``: the server is the CLI's (``args.serve``, fleetlog.replay_serve:
+    replay imports no HTTP server); it answers from states this replay folds."""
+    serve: Callable[[argparse.Namespace, Source], Awaitable[int]] | None = getattr(args, "serve", None)
+    if serve is None:
+        raise ReplayError("replay serve runs from the fleetlog command")
+    return await serve(args, source)
+
+
 async def run(name: str, place: Place, args: argparse.Namespace) -> int:
     """Open the logs at ``place`` and run the handler of subcommand ``name``: across the shards of
     a deployment with a ``[cells]`` map (or on the one ``--shard`` names), else on the one log."""
@@ -389,5 +398,6 @@ HANDLERS: dict[str, Handler] = {
     "dump": cmd_dump,
     "list": cmd_list,
     "history": cmd_history,
+    "serve": cmd_serve,
 }
 

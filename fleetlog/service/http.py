@@ -108,6 +108,14 @@ class Stream:
         self.chunks, self.content_type, self.headers = chunks, content_type, headers or {}
 
 
+def unrouted(request: Request, elsewhere: bool) -> Response:
+    """404 ``no_route``, or 405 when the path is a route for another method
+    (fleetlog.api.routes.route_for)."""
+    if elsewhere:
+        return refusal(405, "method_not_allowed", f"{request.method} {request.path}: see /v1/openapi.json")
+    return refusal(404, "no_route", f"no route {request.path} (the routes: /v1/openapi.json)")
+
+
 Handler = Callable[[Request], Awaitable["Response | Stream"]]
 
 

@@ -51,6 +51,7 @@ from fleetlog.service.http import (
     Stream,
     json_response,
     refusal,
+    unrouted,
 )
 from fleetlog.service.ingest import IngestGate, http_limits
 from fleetlog.service.leadership import Leadership
@@ -366,9 +367,7 @@ class Service:
             return self._job(found["job_id"])
         if route is not None and route.path == "/v1/quotas/{tenant}":
             return await self._put_quota(found["tenant"], request)
-        if elsewhere:
-            return refusal(405, "method_not_allowed", f"{request.method} {path}: see /v1/openapi.json")
-        return refusal(404, "no_route", f"no route {path} (the routes: /v1/openapi.json)")
+        return unrouted(request, elsewhere)
 
     async def _watch(self, request: Request) -> Response | Stream:
         """``GET /v1/watch`` (fleetlog.service.watch): at most :data:`MAX_WATCHERS` at a time."""
