@@ -1,14 +1,17 @@
 """``fleetlog history`` on a log built by hand: every field of every record against the timeline
 below, worked out by hand (docs/replay.md, "history"; fleetlog/replay/history.py defines them).
 
-Nodes n1, n2, n3 (8 GPUs each) beat every round. Decisions are written by hand too (the fold
-takes them as recorded), each at the time of the round's inputs.
+Nodes n1, n2, n3 (cell c1) and n4 (cell c2), 8 GPUs each, beat every round. Decisions are
+written by hand too (the fold takes them as recorded), each at the time of the round's inputs.
 
 =====  ======================================================================================
  0 s   every job submitted
- 5 s   placed: ok, exit3, gangfail, cancelrun, twice, still, frac, lost, lost2; reject rejected
-10 s   every placed task reports started (gangfail's task 2 at 12 s); still resent: a duplicate
-20 s   ok task 0 exits 0; exit3 exits 3
+ 5 s   placed: ok, exit3, gangfail, cancelrun, twice, still, frac, lost, lost2, nostart, noexit;
+       reject rejected
+10 s   every placed task but nostart's reports started (gangfail's task 2 at 12 s); still resent:
+       a duplicate
+20 s   ok task 0 exits 0; exit3 exits 3; nostart exits 0 (never reported started); noexit fails
+       with no exit code
 30 s   gangfail task 1 fails (137, OOM); at 35 s its task 0 exits 2: the gang had already failed
 40 s   cancelrun and cancelwait cancelled
 45 s   lost3 (2 tasks) placed on n3
@@ -20,7 +23,7 @@ takes them as recorded), each at the time of the round's inputs.
 70 s   ok task 1 exits 0: ok succeeded
 80 s   twice preempted again (task 1 only: the whole gang)
 85 s   lost, lost2, lost3 finish
-90 s   twice placed a third time, starts at 95 s
+90 s   twice placed a third time, in cell c2 (node n4), starts at 95 s
 100 s  twice task 0 and frac finish; ok resent after it ended: a duplicate
 110 s  twice task 1 finishes
 120 s  still runs: not listed
@@ -87,6 +90,8 @@ def _jobs() -> list[JobSubmitted]:
         job("lost"),
         job("lost2", tenant="t2"),
         job("lost3", tasks=2),
+        job("nostart"),
+        job("noexit"),
     ]
 
 
@@ -111,13 +116,16 @@ ROUNDS: list[tuple[float, list[Event], list[Any]]] = [
              place("cancelrun", "c1", ("n2", (3,))), place("twice", "c1", *TWICE),
              place("still", "c1", ("n1", ())), place("frac", "c1", ("n1", (5,))),
              place("lost", "c1", ("n3", (0,))), place("lost2", "c1", ("n3", (1,))),
+             place("nostart", "c1", ("n1", (6,))), place("noexit", "c1", ("n1", (7,))),
              JobRejected(job_id="reject", reason="never_fits", message="needs 9 GPUs on one node")]),
     (10, [*started("ok", 0, 1), *started("exit3", 0), *started("gangfail", 0, 1), *started("cancelrun", 0),
           *started("twice", 0, 1), *started("still", 0), *started("frac", 0), *started("lost", 0),
-          *started("lost2", 0), job("still", gpus=0)], []),
+          *started("lost2", 0), *started("noexit", 0), job("still", gpus=0)], []),
     (12, [*started("gangfail", 2), *started("ok", 0)], []),
     (20, [TaskFinished(job_id="ok", task_index=0),
-          TaskFinished(job_id="exit3", task_index=0, exit_code=3)], []),
+          TaskFinished(job_id="exit3", task_index=0, exit_code=3),
+          TaskFinished(job_id="nostart", task_index=0),
+          TaskFailed(job_id="noexit", task_index=0, reason="evicted")], []),
     (30, [TaskFailed(job_id="gangfail", task_index=1, reason="OOM killed", exit_code=137)], []),
     (35, [TaskFinished(job_id="gangfail", task_index=0, exit_code=2)], []),
     (40, [JobCancelled(job_id="cancelrun", reason="user"), JobCancelled(job_id="cancelwait")], []),
@@ -131,7 +139,7 @@ ROUNDS: list[tuple[float, list[Event], list[Any]]] = [
     (80, [], preempt("twice", 1)),
     (85, [TaskFinished(job_id="lost", task_index=0), TaskFinished(job_id="lost2", task_index=0),
           TaskFinished(job_id="lost3", task_index=0), TaskFinished(job_id="lost3", task_index=1)], []),
-    (90, [], [place("twice", "c1", *TWICE)]),
+    (90, [], [place("twice", "c2", ("n4", (0, 1)), ("n4", (2, 3)))]),
     (95, started("twice", 0, 1), []),
     (100, [TaskFinished(job_id="twice", task_index=0), TaskFinished(job_id="frac", task_index=0),
            job("ok", tasks=2, gpus=2, cpu=4000)], []),
@@ -150,7 +158,7 @@ async def write_log(directory: Path, rounds: list[tuple[float, list[Event], list
     try:
         for seconds, inputs, decisions in rounds:
             clock.now_ms = at(seconds)
-            beats: list[Event] = [node("n1"), node("n2")]
+            beats: list[Event] = [node("n1"), node("n2"), node("n4", cell="c2")]
             if not any(isinstance(e, type(beats[0])) and e.node == "n3" for e in inputs):
                 beats.append(node("n3"))
             events = [*beats, *inputs]
@@ -174,11 +182,12 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def record(job_id: str, state: str, ended: float, end: str, *, tenant: str = "t1", queue: str = "default",
            tasks: int = 1, placed: float | None = 5, started: float | None = 10, exit_code: int | None = None,
-           preemptions: int = 0, requeues: int = 0, gpu_s: float = 0, cpu_s: float = 0) -> dict[str, Any]:
-    """The record the timeline gives (submitted at 0 s, in cell c1 once placed)."""
+           preemptions: int = 0, requeues: int = 0, gpu_s: float = 0, cpu_s: float = 0,
+           cell: str = "c1") -> dict[str, Any]:
+    """The record the timeline gives (submitted at 0 s, in ``cell`` once placed)."""
     return {
         "job_id": job_id, "state": state, "tenant": tenant, "queue": queue, "priority": 0, "tasks": tasks,
-        "cell": None if placed is None else "c1", "submitted_at_ms": at(0),
+        "cell": None if placed is None else cell, "submitted_at_ms": at(0),
         "placed_at_ms": None if placed is None else at(placed),
         "started_at_ms": None if started is None else at(started), "ended_at_ms": at(ended),
         "wait_ms": None if placed is None else round(placed * 1000),
@@ -193,6 +202,9 @@ EXPECTED = [
            placed=None, started=None),
     # one GPU and one core from 10 s to 20 s
     record("exit3", "failed", 20, "task 0 exited 3", exit_code=3, gpu_s=10, cpu_s=10),
+    # its task never reported started: no start, no hours
+    record("nostart", "succeeded", 20, "every task exited 0", started=None, exit_code=0),
+    record("noexit", "failed", 20, "task 0 failed: evicted", gpu_s=10, cpu_s=10),
     # three 1-GPU tasks from 10, 10 and 12 s until the gang failed at 30 s (task 0's exit 2 at 35 s: too late)
     record("gangfail", "failed", 30, "task 1 failed: OOM killed", tenant="t2", tasks=3, exit_code=137,
            gpu_s=20 + 20 + 18, cpu_s=58),
@@ -211,7 +223,7 @@ EXPECTED = [
     # half a GPU and 2 cores from 10 to 100 s
     record("frac", "succeeded", 100, "every task exited 0", exit_code=0, gpu_s=0.5 * 90, cpu_s=2 * 90),
     # 2 tasks x 2 GPUs (1 core): 10 -> 50, 60 -> 80, then task 0 95 -> 100 and task 1 95 -> 110
-    record("twice", "succeeded", 110, "every task exited 0", queue="batch", tasks=2, exit_code=0,
+    record("twice", "succeeded", 110, "every task exited 0", queue="batch", tasks=2, exit_code=0, cell="c2",
            preemptions=2, requeues=2, gpu_s=2 * 2 * 40 + 2 * 2 * 20 + 2 * 5 + 2 * 15,
            cpu_s=2 * 40 + 2 * 20 + 5 + 15),
 ]
@@ -252,7 +264,7 @@ async def test_the_fold_agrees_at_every_step(log_dir: Path) -> None:
         outcome = await account(source, out.append, check=True)
     finally:
         await source.close()
-    assert (outcome.listed, outcome.ended, outcome.in_progress, outcome.stopped_early) == (11, 11, 1, False)
+    assert (outcome.listed, outcome.ended, outcome.in_progress, outcome.stopped_early) == (13, 13, 1, False)
 
 
 def test_status_says_the_same_of_each_job(capsys: pytest.CaptureFixture[str], log_dir: Path) -> None:
@@ -296,7 +308,7 @@ def test_filters(
 
 
 def test_limit_keeps_the_first_to_end(capsys: pytest.CaptureFixture[str], log_dir: Path) -> None:
-    assert [r["job_id"] for r in listed(capsys, log_dir, "--limit", "3")] == ["reject", "exit3", "gangfail"]
+    assert [r["job_id"] for r in listed(capsys, log_dir, "--limit", "3")] == ["reject", "exit3", "nostart"]
     assert [r["job_id"] for r in listed(capsys, log_dir, "--tenant", "t2", "--limit", "2")] == [
         "reject", "gangfail"]
 
@@ -311,7 +323,7 @@ async def test_limit_and_until_stop_the_replay_early(log_dir: Path) -> None:
     finally:
         await source.close()
     assert (first.listed, first.stopped_early) == (2, True)
-    assert (until.listed, until.stopped_early) == (2, True)  # reject, exit3: gangfail ended at 30 s
+    assert (until.listed, until.stopped_early) == (4, True)  # reject, exit3, nostart, noexit: not gangfail
     assert first.ended < everything.ended
     assert until.ended < everything.ended
     assert not everything.stopped_early
