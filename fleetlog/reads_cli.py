@@ -84,6 +84,8 @@ def add_read_commands(sub: Any, usage_error: type[Exception], locate: Locate) ->
                             help="table (default), wide (every field), json or yaml (what the API answers)")
         parser.add_argument("--json", action="store_const", const="json", dest="output", help="-o json")
         parser.add_argument("--url", metavar="URL", help="the service's HTTP address (http://host:port)")
+        parser.add_argument("-w", "--watch", action="store_true",
+                            help="then each item that changes, until Ctrl-C (needs the running service)")
         add_log_options(parser)
         parser.set_defaults(func=_command(name, listing, usage_error, locate))
 
@@ -98,6 +100,8 @@ def _command(name: str, listing: Listing, usage_error: type[Exception], locate: 
     def run(args: argparse.Namespace) -> int:
         query = {flag: getattr(args, flag) for flag, _, _ in listing.filters if getattr(args, flag)}
         try:
+            if args.watch:
+                return _watch(args, listing, query, locate)
             found = _read(args, listing.path, query, locate)
         except ReadError as exc:
             raise usage_error(f"{exc}") from None
@@ -128,6 +132,42 @@ def _read(args: argparse.Namespace, path: str, query: dict[str, list[str]], loca
         raise ReadError(str(exc)) from None
     found: dict[str, Any] = args.listed
     return found
+
+
+def _watch(args: argparse.Namespace, listing: Listing, query: dict[str, list[str]], locate: Locate) -> int:
+    """``--watch`` (fleetlog.reads_watch): the list, then each item that changes, one line each."""
+    from fleetlog.reads_watch import ReaderError, follow, line
+
+    if args.output == "yaml":
+        raise ReadError("--watch prints a line per change: -o table, wide or json")
+    url = args.url or _announced(locate(args))
+    if url is None:
+        raise ReadError("--watch follows the running service: give --url, or the --log a service holds")
+    fetch = _http(url.rstrip("/") + listing.path)
+    found = collect(fetch, query, getattr(args, "limit", None))
+    rows = [flat(item) for item in found["items"]]
+    columns = list(rows[0]) if rows and args.output == "wide" else list(listing.columns)
+    widths = {c: max([len(_header(c))] + [len(next(iter(human_row({c: r.get(c)}).values()))) for r in rows])
+              for c in columns}
+    as_json = args.output == "json"
+    if not as_json:
+        print("  ".join(_header(c).ljust(widths[c]) for c in columns).rstrip())
+    for row in rows:
+        print(line(row, columns, widths, as_json), flush=True)
+
+    def emit(items: list[dict[str, Any]]) -> None:
+        for item in items:
+            print(line(flat(item), columns, widths, as_json), flush=True)
+
+    try:
+        asyncio.run(follow(url, lambda: collect(fetch, query, getattr(args, "limit", None)), found, emit))
+    except ReaderError as exc:
+        raise ReadError(str(exc)) from None
+    return 0
+
+
+def _header(column: str) -> str:
+    return column.removesuffix("_ms").upper()
 
 
 def _announced(place: Any) -> str | None:
@@ -195,7 +235,7 @@ def show(name: str, listing: Listing, found: dict[str, Any], output: str) -> Non
 
     table = Table(box=None, pad_edge=False)
     for column in columns:
-        table.add_column(column.removesuffix("_ms").upper())
+        table.add_column(_header(column))
     for row in rows:
         human = human_row({c: row.get(c) for c in columns})
         table.add_row(*human.values())

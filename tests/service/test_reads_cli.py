@@ -121,3 +121,51 @@ def test_collect_pages_until_the_limit_and_keeps_the_token() -> None:
     assert (cut["items"], cut["next_page_token"]) == (rows[:7], "7")
     assert asked[-1] == {"state": ["pending"], "page_token": ["5"], "limit": ["2"]}
     assert collect(lambda q: {"items": [1, 2]}, {}) == {"items": [1, 2]}  # an unpaged list
+
+
+async def test_watch_prints_each_job_that_changes_until_ctrl_c(tmp_path: Path) -> None:
+    import os
+    import signal
+    import sys
+
+    from tests.service.process import REPO
+
+    async with serving(tmp_path / "log") as running:
+        assert (await running.request("/v1/events", events_body(job("old", gpus=1))))[0] == 200
+        loop = running.service.loop
+        assert loop is not None
+        await running.until(lambda: loop.offset == 1 and loop.committed == 1)
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fleetlog.cli", "jobs", "--url", running.url, "--watch", "-o", "json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert child.stdout is not None
+        assert child.stderr is not None
+
+        async def next_item() -> dict[str, Any]:
+            item: dict[str, Any] = json.loads(await asyncio.wait_for(child.stdout.readline(), 60))
+            return item
+
+        try:
+            assert (await next_item())["job_id"] == "old"  # the list first
+            await asyncio.sleep(2)  # the watches are on
+            assert (await running.request("/v1/events", events_body(job("new", gpus=1))))[0] == 200
+            assert ((await next_item())["job_id"], "pending") == ("new", "pending")
+            assert (await running.request("/v1/events", events_body(node("n1", gpus=8))))[0] == 200
+            placed = {(await next_item())["job_id"] for _ in range(2)}  # both get placed: both change
+            assert placed == {"old", "new"}
+            child.send_signal(signal.SIGINT)
+            await asyncio.wait_for(child.wait(), 60)
+            assert child.returncode == 130
+            assert (await child.stderr.read()).decode() == "fleetlog jobs: interrupted\n"
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+
+
+def test_watch_needs_the_running_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobs", "--watch", "--log", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--watch follows the running service" in err
+    assert len(err.strip().splitlines()) == 1
