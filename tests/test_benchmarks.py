@@ -175,7 +175,9 @@ def test_http_ingest() -> None:
 def test_api() -> None:
     """The read API over HTTP against an embedded service holding only pending jobs (200 at
     --smoke): every job in one page, the first default page, one tenant's tenth; the in-process
-    baseline and the ratio. The watch endpoint's keys are not printed until it exists."""
+    baseline and the ratio.  The watch part: 10 watchers of ``GET /v1/watch`` in the process and
+    in a child process, each receiving every decision of a burst of 400 jobs (one round of the
+    three modes at --smoke), and the service's decisions/s with and without them."""
     r = smoke("api")
     assert (r["benchmark"], r["size"], r["jobs"], r["tenants"], r["requests"]) == ("api", "smoke", 200, 10, 3)
     positive(r, "list_10k_p50_ms", "list_10k_p99_ms", "list_10k_max_ms", "list_10k_bytes",
@@ -187,8 +189,20 @@ def test_api() -> None:
     assert r["list_vs_jobs_table"] == pytest.approx(r["list_10k_p50_ms"] / r["jobs_table_10k_ms"], rel=0.01)
     assert isinstance(r["target_met_p50"], bool)
     assert isinstance(r["target_met_p99"], bool)
-    assert "watch_decisions_per_s" not in r
-    assert "throughput_ratio_with_watchers" not in r
+    assert (r["watchers"], r["watch_jobs"], r["watch_nodes"], r["watch_rounds"]) == (10, 400, 50, 1)
+    assert r["watch_order"] == "ABC"
+    positive(r, "decisions_per_s_without_watchers")
+    for suffix in ("", "_out_of_process"):
+        positive(r, *(f"{k}{suffix}" for k in (
+            "watch_decisions_per_s", "watch_records_per_s", "watch_records", "watch_lag_ms_p50",
+            "watch_lag_ms_p99", "decisions_per_s_with_watchers", "throughput_ratio_with_watchers")))
+        assert r[f"watch_lag_ms_p50{suffix}"] <= r[f"watch_lag_ms_p99{suffix}"]
+        assert r[f"throughput_ratio_with_watchers{suffix}"] == pytest.approx(
+            r[f"decisions_per_s_with_watchers{suffix}"] / r["decisions_per_s_without_watchers"], rel=0.01)
+    for mode in ("none", "in_process", "out_of_process"):
+        (run,) = r["watch_runs"][mode]
+        positive(run, "decisions_per_s", "seconds")
+    assert isinstance(r["watch_streams_cut_at_stop"], int)
 
 
 def test_slurm() -> None:
