@@ -9,7 +9,9 @@ the truth where events alone cannot tell: a job requeued because its node was lo
 unhealthy, reshaped, removed or tainted has no event of its own, and the fold's requeue note
 says when; a submission is a new job only if the fold made it one (a resend is a duplicate).
 Only the jobs still pending or running are held in memory: a record is handed on (``emit``) at
-the job's end, in the order the jobs ended.
+the job's end, in the order the jobs ended.  (One thing the fold's state cannot tell afterwards:
+a running job requeued by its node and cancelled at the same log time, with no other input of
+it in between, ends cancelled as it should, but that requeue is not counted.)
 
 Definitions (log times, in the fold's clock: an input's append time; a decision takes the time
 of the last input folded before it, as ``placed_at_ms`` in ``fleetlog status``):
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
 import msgspec
+import numpy as np
 
 from fleetlog.core.state import JobState, State, TaskState
 from fleetlog.events.model import (
@@ -338,13 +341,12 @@ class Accounting:
 
     def seed(self, state: State) -> None:
         """Hold the jobs a snapshot start has in progress (``partial``: their start was cut)."""
-        cols = state.jobs.cols
-        for row in range(state.jobs.size):
-            code = int(cols["state"][row])
-            if code in (JobState.PENDING, JobState.RUNNING):
-                job = self._seeded(state, row, code == JobState.RUNNING)
-                self.jobs[job.job_id] = job
-                self.pending += code == JobState.PENDING
+        codes = state.jobs.view("state")
+        for row in np.flatnonzero((codes == JobState.PENDING) | (codes == JobState.RUNNING)).tolist():
+            running = int(codes[row]) == JobState.RUNNING
+            job = self._seeded(state, row, running)
+            self.jobs[job.job_id] = job
+            self.pending += not running
 
     def _seeded(self, state: State, row: int, running: bool) -> _Job:
         cols, tc, names = state.jobs.cols, state.tasks.cols, state.names
