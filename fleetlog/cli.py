@@ -291,11 +291,9 @@ def _add_module_commands(sub: Any) -> None:
     from fleetlog.replay.command import add_replay_commands
 
     add_replay_commands(sub, UsageError, _replay_place)
-    from fleetlog.replay_serve import attach
+    from fleetlog.reads_cli import add_read_commands, attach_replay_serve
 
-    attach(sub)
-    from fleetlog.reads_cli import add_read_commands
-
+    attach_replay_serve(sub)
     add_read_commands(sub, UsageError, _replay_place)
     from fleetlog.history_cli import add_history_command
 

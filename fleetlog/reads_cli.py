@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import msgspec
 
-from fleetlog.api.resources import JOB_STATES, MAX_LIMIT, NODE_STATUSES
+from fleetlog.api.names import JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.display import console, human_row
 from fleetlog.usage import add_log_options
 
@@ -258,3 +258,18 @@ def flat(item: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[prefix + key] = value
     return out
+
+
+def attach_replay_serve(sub: Any) -> None:
+    """Give ``fleetlog replay serve`` (registered by fleetlog.replay.command) its HTTP server,
+    imported only when it runs (fleetlog.replay_serve; replay itself imports no server)."""
+    replay = sub.choices["replay"]
+    for action in replay._actions:
+        if isinstance(action, argparse._SubParsersAction) and "serve" in action.choices:
+            action.choices["serve"].set_defaults(serve=_serve_logs)
+
+
+async def _serve_logs(args: argparse.Namespace, source: Any) -> int:
+    from fleetlog.replay_serve import serve_logs
+
+    return await serve_logs(args, source)

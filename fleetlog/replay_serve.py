@@ -21,7 +21,7 @@ import json
 import signal
 import sys
 from collections import OrderedDict
-from typing import Any, Final
+from typing import Final
 
 from fleetlog.api.resources import ApiError
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
@@ -109,11 +109,3 @@ async def serve_logs(args: argparse.Namespace, source: Source) -> int:
         await server.stop()
     print("stopped", file=sys.stderr)
     return 0
-
-
-def attach(sub: Any) -> None:
-    """Give ``fleetlog replay serve`` (registered by fleetlog.replay.command) its server."""
-    replay = sub.choices["replay"]
-    for action in replay._actions:
-        if isinstance(action, argparse._SubParsersAction) and "serve" in action.choices:
-            action.choices["serve"].set_defaults(serve=serve_logs)

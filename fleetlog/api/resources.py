@@ -18,21 +18,17 @@ from typing import Final
 import msgspec
 import numpy as np
 
+from fleetlog.api.names import DEFAULT_LIMIT, JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.core.order import dominant_share, fleet_capacity
 from fleetlog.core.shares import SCALE
 from fleetlog.core.state import JobState, NodeStatus, State, TaskState
 from fleetlog.core.views import pending_reason
 
+__all__ = ["DEFAULT_LIMIT", "JOB_STATES", "MAX_LIMIT", "NODE_STATUSES"]  # (from .names, for the API's users)
+
 Query = Mapping[str, Sequence[str]]
 """A request's query parameters, each with every value it was given."""
 
-DEFAULT_LIMIT: Final = 1000
-MAX_LIMIT: Final = 10_000
-JOB_STATES: Final = (
-    "pending", "placed", "running", "succeeded", "failed", "cancelled", "rejected", "returned",
-)
-"""A job's ``state`` as listed: ``placed`` until a backend saw every task start, then ``running``."""
-NODE_STATUSES: Final = ("up", "down", "removed")
 
 
 class ApiError(Exception):

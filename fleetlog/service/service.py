@@ -59,8 +59,8 @@ from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, Ste
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter, check_ends, recover, snapshot_store
 from fleetlog.service.warmup import warm_up
+from fleetlog.service.watch import Frames, resolve, where_from
 from fleetlog.service.watch import events as watch_events
-from fleetlog.service.watch import resolve, where_from
 from fleetlog.waiting import event_or_timeout
 
 GAUGE_PERIOD_S: Final = 1.0
@@ -122,6 +122,7 @@ class Service:
         self._failed_at: str | None = None
         self._truncations: list[dict[str, object]] = []
         self._watchers = 0
+        self._frames: dict[str, Frames] = {}  # log name -> the frames its watchers share
         self._backoff = errorpolicy.backoff()
         # Every exception of a cycle is retried (until stop), each after the wait its class calls
         # for; _report says why in health, metrics and the log first — but a leader that cannot
@@ -383,7 +384,8 @@ class Service:
             offset = await resolve(log_, start)
         except ApiError as exc:
             return refusal(exc.status, exc.code, exc.message, exc.field)
-        return Stream(self._counted(watch_events(log_, offset)))
+        frames = self._frames.setdefault(name, Frames())
+        return Stream(self._counted(watch_events(log_, offset, frames=frames)))
 
     async def _counted(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         self._watchers += 1

@@ -17,11 +17,12 @@ import aiohttp
 import pytest
 
 from fleetlog.api.resources import ApiError
-from fleetlog.events import decode
-from fleetlog.log.base import DECISIONS, INPUTS, Message
+from fleetlog.events import DecisionBatch, JobPlaced, TaskPlacement, decode, encode, envelope
+from fleetlog.log.base import DECISIONS, INPUTS, Message, Record
 from fleetlog.log.file import FileLogStore
 from fleetlog.reader import Change, Reader, ReaderError
 from fleetlog.service import watch
+from fleetlog.service.http import HttpServer, Request, Stream
 from fleetlog.service.service import MAX_WATCHERS
 from tests.core.builders import job, node
 from tests.service.process import REPO
@@ -248,3 +249,55 @@ async def test_at_most_64_watchers(running: Running) -> None:
             assert again.status == 200
         for r in opened:
             r.close()
+
+
+async def test_a_step_of_ten_thousand_placements_reaches_the_reader_whole(tmp_path: Path) -> None:
+    """One record, one SSE line of about a megabyte: past aiohttp's default line limit."""
+    store = FileLogStore(tmp_path / "log", fsync="never")
+    await store.open()
+    placed = tuple(JobPlaced(job_id=f"job-{i:06}", cell="c1",
+                             tasks=(TaskPlacement(0, f"node-{i % 997:04}", (0,)),)) for i in range(10_000))
+    batch = DecisionBatch(as_of=1, digest="d" * 64, decisions=placed)
+    await store.log(DECISIONS).append([Message(encode(envelope(batch, "test")))])
+    frames = watch.Frames()
+
+    async def handler(request: Request) -> Stream:
+        return Stream(watch.events(store.log(DECISIONS), 0, frames=frames))
+
+    server = HttpServer(handler)
+    await server.start()
+    try:
+        async with Reader(f"http://127.0.0.1:{server.port}") as api:
+            changes = api.watch(start="start")
+            (change,) = await take(changes, 1)
+            await changes.aclose()
+        assert change.type == "DecisionBatch"
+        assert len(change.event["decisions"]) == 10_000  # type: ignore[index]
+        assert len(frames.made[0]) > 600_000
+    finally:
+        await server.stop()
+        await store.close()
+
+
+def test_frames_are_made_once_and_bounded() -> None:
+    records = [Record(i, 1000 + i, encode(envelope(node(f"n{i}"), "test"))) for i in range(5)]
+    frames = watch.Frames(max_bytes=len(watch.frame(records[0])) * 3)
+    first = frames.of(records[0])
+    assert frames.of(records[0]) is first  # the second watcher gets the same bytes
+    for r in records[1:]:
+        frames.of(r)
+    assert list(frames.made) == [2, 3, 4]  # the oldest went first
+    assert frames.size == sum(len(f) for f in frames.made.values())
+    assert frames.of(records[0]) == first  # made again when asked after it went
+
+
+async def test_a_stream_ends_when_its_log_is_closed(tmp_path: Path) -> None:
+    store = FileLogStore(tmp_path / "log", fsync="never")
+    await store.open()
+    stream = watch.events(store.log(INPUTS), 0, keepalive_s=30)
+    assert await anext(stream) == b"retry: 1000\n\n"
+    waiting = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.2)
+    await store.close()  # the process stops leading
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiting, 10)
