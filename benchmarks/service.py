@@ -38,6 +38,7 @@ from typing import Any
 import structlog
 import uvloop
 
+from benchmarks import auth as auth_bench
 from benchmarks.common import emit, machine, parse
 from fleetlog.core.policy import policy_named
 from fleetlog.events import JobPlaced, JobSubmitted, NodeHeartbeat, TaskGroup, encode, envelope
@@ -254,6 +255,7 @@ async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str,
     size = 1_000 if smoke else 10_000
     lat = await latency(bootstrap, size, size, 3 if smoke else 10 if quick else 30)
     rst = await restart(bootstrap, 20_000 if smoke else 200_000 if quick else 1_000_000)
+    auth = await _auth(quick, smoke)
     return {
         "benchmark": "service",
         "machine": machine(),
@@ -261,7 +263,19 @@ async def measure(bootstrap: str, quick: bool, smoke: bool = False) -> dict[str,
                        "target_events_per_s": 100_000, "warm_up": warm_up},
         "latency": {**lat, "target_p99_ms": 50},
         "restart": {**rst, "target_s": 2.0},
+        **auth,
     }
+
+
+async def _auth(quick: bool, smoke: bool) -> dict[str, Any]:
+    """``ingest_auth_ratio`` (HTTP ingest with bearer tokens on over off, alternated runs, same
+    process) and ``authz_check_p99_us`` (one authentication check): benchmarks.auth."""
+    requests, rounds = (20, 2) if smoke else (200, 4) if quick else (500, 6)
+    with tempfile.TemporaryDirectory(prefix="fleetlog-auth-bench-") as tmp:
+        ingest = await auth_bench.ingest_ratio(Path(tmp), requests, rounds)
+        p99 = auth_bench.check_p99_us(Path(tmp), 1_000 if smoke else 100_000)
+    return {"ingest_auth_ratio": ingest["ingest_auth_ratio"], "authz_check_p99_us": p99,
+            "auth": {**ingest, "authz_check_is": "authentication only; authorization comes later"}}
 
 
 def run(quick: bool, smoke: bool = False) -> dict[str, Any]:

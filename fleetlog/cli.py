@@ -298,9 +298,15 @@ def _add_module_commands(sub: Any) -> None:
     from fleetlog.history_cli import add_history_command
 
     add_history_command(sub, UsageError, _replay_place)
+    from fleetlog.admin_cli import add_admin_commands
+
+    add_admin_commands(sub, UsageError, _replay_place)
     from fleetlog.ops_cli import add_ops_commands
 
     add_ops_commands(sub, UsageError, _replay_place, build_parser)
+    from fleetlog.auth_cli import add_auth_commands
+
+    add_auth_commands(sub, UsageError)
 
 
 def build_parser() -> argparse.ArgumentParser:

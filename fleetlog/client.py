@@ -32,6 +32,7 @@ import aiohttp
 import msgspec
 import yarl
 
+from fleetlog.auth_client import auth_headers, refused_why
 from fleetlog.events.codec import (
     CONTENT_TYPE_HEADER,
     JSON,
@@ -51,6 +52,7 @@ from fleetlog.events.model import (
     JobCancelled,
     JobPayload,
     JobSubmitted,
+    NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
     QuotaSet,
@@ -109,6 +111,8 @@ def _stem(event: InputEvent) -> str:
             return f"heartbeat/{cell}/{node}"
         case NodeRemoved(cell=cell, node=node):
             return f"removed/{cell}/{node}"
+        case NodeDrained(cell=cell, node=node):
+            return f"drained/{cell}/{node}"
         case TaskStarted(job_id=job_id, task_index=index):
             return f"started/{job_id}/{index}"
         case TaskFailed(job_id=job_id, task_index=index):
@@ -275,6 +279,7 @@ class HttpTransport:
         self.host, self.port, self.timeout_s = host, port, timeout_s
         self.headers = dict(headers or {})
         """Sent with every ingest request (a backend's :data:`ACCEPT_NEVER_FITS`)."""
+        self._auth = auth_headers()  # FLEETLOG_TOKEN, sent with every request
         self._session: aiohttp.ClientSession | None = None
 
     def _url(self, path: str) -> yarl.URL:
@@ -322,12 +327,15 @@ class HttpTransport:
                     ) -> tuple[int, dict[str, Any], float | None]:
         """Status, JSON answer and the delay to retry after (429/503 with ``Retry-After``)."""
         headers = {"Content-Type": JSON.decode(), **self.headers} if body is not None else {}
+        headers.update(self._auth)
         try:
             async with self._client().request(method, self._url(path), data=body, headers=headers) as r:
                 raw = await r.read()
                 retry = r.headers.get("Retry-After", "") if r.status in (429, 503) else ""
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ClientError(f"cannot reach {self.describe()}: {exc!r}", "unreachable") from None
+        if r.status == 401:
+            raise ClientError(refused_why(401, str(_answer(raw).get("message", ""))), "unauthenticated")
         return r.status, _answer(raw), min(float(retry), RETRY_MAX_S) if retry.isdigit() else None
 
     async def close(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from fleetlog import submit_modes as modes
 from fleetlog.client import Client, ClientError, Sent, envelope_from_json, keyed
 from fleetlog.events.codec import MAX_EVENT_BYTES
 from fleetlog.events.features import constraint_terms
@@ -130,6 +131,7 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
     _add_placement_flags(submit)
     _add_payload_flags(submit)
     _add_common(submit)
+    modes.add_mode_flags(submit)
     submit.set_defaults(func=_reporting(cmd_submit, usage_error))
     send = sub.add_parser(
         "send",
@@ -214,7 +216,19 @@ def _add_payload_flags(submit: argparse.ArgumentParser) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    return _send(args, _submission(args))
+    try:
+        modes.check_flags(args)
+        envelopes = _submission(args)
+        if args.dry_run or args.wait:
+            config = configured(args)
+            check_log_dir(config, args.create and not args.dry_run)
+        if args.dry_run:
+            return modes.dry_run(args, envelopes, config)
+        url = modes.wait_url(args, config) if args.wait else None
+        code = _send(args, envelopes)
+        return code if url is None or code != 0 else modes.wait(args, envelopes, url)
+    except modes.ModeError as exc:
+        raise CommandLineError(str(exc)) from None
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

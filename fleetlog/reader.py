@@ -34,6 +34,7 @@ from fleetlog.api.resources import (
     TenantItem,
     TenantList,
 )
+from fleetlog.auth_client import auth_headers, refused_why
 
 READ_BUFSIZE: Final = 64 << 20
 """The longest line a watch may carry (aiohttp's read buffer: a line past twice this is refused)."""
@@ -77,7 +78,7 @@ class Reader:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:  # a watched record is one line: a step of 10,000 placements is 0.8 MB
-            self._session = aiohttp.ClientSession(read_bufsize=READ_BUFSIZE)
+            self._session = aiohttp.ClientSession(read_bufsize=READ_BUFSIZE, headers=auth_headers())
         return self._session
 
     async def _get(self, path: str, params: list[tuple[str, str]]) -> bytes:
@@ -178,8 +179,8 @@ def _many(value: Any) -> list[Any]:
 def _refused(status: int, body: bytes) -> ReaderError:
     try:
         answer = msgspec.json.decode(body)
-        return ReaderError(str(answer.get("message", answer)), status, str(answer.get("code", "")),
-                           answer.get("field"))
+        message = refused_why(status, str(answer.get("message", answer)))
+        return ReaderError(message, status, str(answer.get("code", "")), answer.get("field"))
     except (msgspec.DecodeError, AttributeError):
         return ReaderError(f"HTTP {status}: {body[:200]!r}", status)
 

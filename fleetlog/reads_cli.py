@@ -24,6 +24,7 @@ from typing import Any, Final
 import msgspec
 
 from fleetlog.api.names import JOB_STATES, MAX_LIMIT, NODE_STATUSES
+from fleetlog.auth_client import auth_headers, refused_why
 from fleetlog.display import console, human_row
 from fleetlog.usage import add_log_options
 
@@ -46,9 +47,10 @@ LISTINGS: Final = {
         "/v1/jobs", "jobs: state, tenant, queue, placement or why they wait",
         (("tenant", "only this tenant's (repeat: any of them)", ()), ("queue", "only this queue's", ()),
          ("state", "only jobs in this state", JOB_STATES),
-         ("reason", "only pending jobs with this reason", ()), ("cell", "only jobs placed in this cell", ())),
+         ("reason", "only pending jobs with this reason", ()), ("cell", "only jobs placed in this cell", ()),
+         ("label", "only jobs with this label, KEY=VALUE (repeat: all of them)", ())),
         ("job_id", "state", "tenant", "queue", "priority", "tasks", "gpu_milli", "cell", "reason",
-         "submitted_at_ms"),
+         "queue_position", "submitted_at_ms"),
     ),
     "nodes": Listing(
         "/v1/nodes", "nodes: status, capacity and what is free",
@@ -166,8 +168,12 @@ def _watch(args: argparse.Namespace, listing: Listing, query: dict[str, list[str
     return 0
 
 
+_SHORT: Final = {"queue_position": "POS"}
+"""Headers shorter than their field's name."""
+
+
 def _header(column: str) -> str:
-    return column.removesuffix("_ms").upper()
+    return _SHORT.get(column) or column.removesuffix("_ms").upper()
 
 
 def _announced(place: Any) -> str | None:
@@ -184,11 +190,13 @@ def _http(url: str) -> Fetch:
     def fetch(query: dict[str, list[str]]) -> dict[str, Any]:
         where = url + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
         try:
-            with urllib.request.urlopen(where, timeout=30) as answer:
+            with urllib.request.urlopen(urllib.request.Request(where, headers=auth_headers()),
+                                        timeout=30) as answer:
                 body: dict[str, Any] = json.loads(answer.read())
                 return body
         except urllib.error.HTTPError as exc:
-            raise ReadError(f"{url} answered {exc.code}: {_message(exc.read())}") from None
+            raise ReadError(f"{url} answered {exc.code}: {refused_why(exc.code, _message(exc.read()))}"
+                            ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise ReadError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
 

@@ -21,6 +21,9 @@ from fleetlog.reader import Reader, ReaderError
 SETTLE_S: Final = 0.2
 """After a change, wait this long for the rest of its burst (a step's inputs, then its decisions)."""
 KEYS: Final = ("job_id", "node", "tenant", "queue", "cell")
+VOLATILE: Final = ("queue_position",)
+"""Fields that move for many items at once (a placement renumbers its queue's waiting jobs): an
+item whose only change is in them is not printed again (a line shows them as they are then)."""
 
 
 def key_of(item: Mapping[str, Any]) -> str:
@@ -32,9 +35,9 @@ def changed(seen: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str,
     """The items new or different since ``seen`` (which is updated), in list order."""
     out = []
     for item in items:
-        key = key_of(item)
-        if seen.get(key) != item:
-            seen[key] = item
+        key, steady = key_of(item), {k: v for k, v in item.items() if k not in VOLATILE}
+        if seen.get(key) != steady:
+            seen[key] = steady
             out.append(item)
     return out
 

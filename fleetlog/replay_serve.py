@@ -23,15 +23,18 @@ import sys
 from collections import OrderedDict
 from typing import Final
 
+from fleetlog.api.detail import job_detail
+from fleetlog.api.dryrun import dry_run, parse_jobs
 from fleetlog.api.resources import ApiError
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
+from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.state import State
-from fleetlog.core.views import job_status
 from fleetlog.log.base import INPUTS
 from fleetlog.replay import source as src
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, resolve, state_at
 from fleetlog.replay.terminal import parse_point
+from fleetlog.service.auth import is_loopback
 from fleetlog.service.http import HttpServer, Request, Response, json_response, refusal, unrouted
 
 KEPT: Final = 4
@@ -41,8 +44,8 @@ KEPT: Final = 4
 class LogApi:
     """The read routes over the states of ``source``."""
 
-    def __init__(self, source: Source) -> None:
-        self.source = source
+    def __init__(self, source: Source, policy: Policy | None = None) -> None:
+        self.source, self.policy = source, policy or policy_named("default")
         self.states: OrderedDict[int, State] = OrderedDict()
         self._lock = asyncio.Lock()  # one fold at a time: a second request for it waits, then reuses it
 
@@ -69,7 +72,7 @@ class LogApi:
             return unrouted(request, elsewhere)
         if route.path == "/v1/openapi.json":
             return json_response(200, openapi())
-        if route.path not in LISTS and route.path != "/v1/jobs/{job_id}":
+        if route.path not in LISTS and route.path not in ("/v1/jobs/{job_id}", "/v1/dry-run"):
             return refusal(404, "not_served", f"{route.method} {route.path} is the live service's: replay "
                            "serve answers the reads of recorded logs")
         query = dict(request.query)
@@ -78,9 +81,11 @@ class LogApi:
             headers = {"Fleetlog-Offset": str(offset)}
             if route.path in LISTS:
                 return json_response(200, answer_list(state, route.path, query), headers)
+            if route.path == "/v1/dry-run":
+                return json_response(200, dry_run(state, self.policy, parse_jobs(request.body)), headers)
         except ApiError as exc:
             return refusal(exc.status, exc.code, exc.message, exc.field)
-        status = job_status(state, found["job_id"])
+        status = job_detail(state, found["job_id"])
         if status is None:
             return refusal(404, "unknown_job", f"no job {found['job_id']!r} at inputs offset {offset}")
         return json_response(200, status, headers)
@@ -88,7 +93,15 @@ class LogApi:
 
 async def serve_logs(args: argparse.Namespace, source: Source) -> int:
     """Serve until SIGINT or SIGTERM (exit 0); the address on stdout (``--json``: one object)."""
-    api = LogApi(source)
+    try:
+        policy = policy_named(getattr(args, "policy", None) or "default")
+    except UnknownPolicyError as exc:
+        raise ReplayError(f"--policy: {str(exc).strip(chr(34) + chr(39))}") from None
+    if not is_loopback(args.http_host):  # no tokens here: a public bind would serve the logs to anyone
+        raise ReplayError(f"--http-host {args.http_host}: replay serve has no authentication and listens on "
+                          "loopback only (127.0.0.1, ::1, localhost); share it through an authenticating "
+                          "proxy")
+    api = LogApi(source, policy)
     server = HttpServer(api.handle, args.http_host, args.http_port)
     await server.start()
     where = f"http://{args.http_host}:{server.port}"

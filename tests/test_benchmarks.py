@@ -161,6 +161,13 @@ def test_service(kafka_bootstrap: str) -> None:
     assert r["latency"]["p50_ms"] <= r["latency"]["p99_ms"] <= r["latency"]["max_ms"] + 1e-9
     positive(r, "restart.recover_from_snapshot_s", "restart.recover_full_replay_s", "restart.speedup")
     positive(r, "restart.process_spawn_to_leading_s", "restart.process_recovery_s")
+    positive(r, "ingest_auth_ratio", "authz_check_p99_us")
+
+
+def test_auth() -> None:
+    r = smoke("auth")
+    positive(r, "ingest_auth_ratio", "authz_check_p99_us", "target_ingest_auth_ratio")
+    assert len(r["ingest_events_per_s"]["on"]) == len(r["ingest_events_per_s"]["off"]) == r["rounds"]
 
 
 def test_http_ingest() -> None:

@@ -43,14 +43,14 @@ def _long_options(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _required(parser: argparse.ArgumentParser) -> list[str]:
-    """Arguments that satisfy ``parser``'s required positionals and options (the value ``x``),
-    so that the flag under test is the only thing wrong."""
+    """Arguments that satisfy ``parser``'s required positionals and options (the value ``x``,
+    ``1`` for a typed option), so that the flag under test is the only thing wrong."""
     argv: list[str] = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             continue
         if action.option_strings and action.required:
-            argv += [action.option_strings[-1], "x"]
+            argv += [action.option_strings[-1], "x" if action.type is None else "1"]
         elif not action.option_strings and action.nargs in (None, 1):
             argv.append("x")
     return argv

@@ -14,7 +14,7 @@ import msgspec
 
 from fleetlog.core import dispatch as d
 from fleetlog.core.decide import decide
-from fleetlog.core.digest import digest, snapshot
+from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.dispatch import CellMap, DispatchState
 from fleetlog.core.dispatch_log import restore_state, snapshot_state
 from fleetlog.core.fold import fold
@@ -71,13 +71,25 @@ def folded(events: list[Event], batched: bool) -> tuple[State, list[object]]:
 
 
 def test_the_fold_digest_snapshot_and_decisions_ignore_labels_annotations_and_payload() -> None:
+    """Nothing a decision reads changes; the state keeps the labels and annotations (for the read
+    API: ``State.job_meta``) and its snapshot carries them, under one key of their own."""
     plain, dressed_log = logs()
+    kept = []
     for batched in (False, True):
         bare, bare_decisions = folded(plain, batched)
         full, full_decisions = folded(dressed_log, batched)
         assert full_decisions == bare_decisions
         assert digest(full) == digest(bare)
-        assert snapshot(full) == snapshot(bare)
+        without = msgspec.msgpack.decode(snapshot(full))
+        assert without["scalars"].pop("job_meta")
+        assert "job_meta" not in msgspec.msgpack.decode(snapshot(bare))["scalars"]
+        assert msgspec.msgpack.encode(without) == snapshot(bare)
+        assert bare.job_meta == {}
+        j7 = full.job_row("j7")  # (event 11 of the log: dressed as the 11th)
+        assert full.job_meta[j7] == ({"team": "t2", "run": "11"}, {"note": "job 11\nwith 'text'"})
+        assert restore(snapshot(full)).job_meta == full.job_meta
+        kept.append(full.job_meta)
+    assert kept[0] == kept[1]  # the batched fold keeps what the plain one keeps
 
 
 def test_the_dispatcher_hands_on_the_whole_submission_and_its_snapshot_keeps_it() -> None:
@@ -162,3 +174,28 @@ async def test_a_resend_with_another_payload_is_a_duplicate_and_the_first_is_kep
         status, answer = await service.request("/v1/events", events_body(changed))
         assert (status, answer["code"]) == (409, "already_exists")
         assert await service.inputs_end() == 2
+
+
+def test_labels_retire_with_their_job_and_follow_it_through_a_compaction() -> None:
+    """``State.job_meta`` is keyed by job row: a retired job's entry goes, and a compaction (rows
+    renumbered) moves each live job's entry to its new row; the invariants check both."""
+    from fleetlog.core.invariants import check
+    from fleetlog.core.state import CoreConfig
+    from fleetlog.events import JobCancelled
+
+    config = CoreConfig(node_timeout_ms=4_000, retain_finished_ms=1_000, dedup_window_ms=2_000,
+                        compact_min_rows=8)
+    state, at = State(config), 0
+    fold(state, node("n0", gpus=8), 0)
+    for k in range(40):
+        at += 10
+        fold(state, dressed(job(f"j{k}", gpus=0), k), at)
+        if k < 30:
+            fold(state, JobCancelled(job_id=f"j{k}"), at)
+    fold(state, node("n0", gpus=8), at + 3_000)  # a sweep: the cancelled ones retire, the table compacts
+    check(state)
+    assert state.jobs.size == 10  # (compacted: the 10 live jobs' rows only)
+    assert sorted(state.job_meta) == list(range(10))
+    for k in range(30, 40):
+        assert state.job_meta[state.job_row(f"j{k}")][0] == {"team": f"t{k % 3}", "run": str(k)}
+    assert restore(snapshot(state)).job_meta == state.job_meta

@@ -19,9 +19,10 @@ import msgspec
 import numpy as np
 
 from fleetlog.api.names import DEFAULT_LIMIT, JOB_STATES, MAX_LIMIT, NODE_STATUSES
-from fleetlog.core.order import dominant_share, fleet_capacity
+from fleetlog.core.constraints import NO_ATTRS
+from fleetlog.core.order import dominant_share, fleet_capacity, waiting_order
 from fleetlog.core.shares import SCALE
-from fleetlog.core.state import JobState, NodeStatus, State, TaskState
+from fleetlog.core.state import JobMeta, JobState, NodeStatus, State, TaskState
 from fleetlog.core.views import pending_reason
 
 __all__ = ["DEFAULT_LIMIT", "JOB_STATES", "MAX_LIMIT", "NODE_STATUSES"]  # (from .names, for the API's users)
@@ -46,7 +47,7 @@ class ApiError(Exception):
 # --- what the API answers (its OpenAPI schemas come from these) ----------------------------
 
 
-class JobItem(msgspec.Struct, frozen=True):
+class JobItem(msgspec.Struct, frozen=True, omit_defaults=True):
     job_id: str
     state: str
     tenant: str
@@ -62,6 +63,14 @@ class JobItem(msgspec.Struct, frozen=True):
     placed_at_ms: int | None
     reason: str
     """A pending job's reason code (``docs/scheduling.md``); ``""`` for others."""
+    queue_position: int | None
+    """A pending job's place (from 1) among its queue's pending jobs in the order decide
+    considers them (``docs/api.md``: priority, DRF turns as the shares are now, FIFO);
+    ``None`` for others."""
+    labels: dict[str, str] = {}
+    """Its submission's labels (left out when it has none)."""
+    annotations: dict[str, str] = {}
+    """Its submission's annotations (left out when it has none)."""
 
 
 class JobPage(msgspec.Struct, frozen=True):
@@ -83,6 +92,11 @@ class NodeItem(msgspec.Struct, frozen=True):
     mem_mib: int
     mem_free_mib: int
     last_heartbeat_ms: int
+    cordoned: bool = False
+    """No new task is placed on it: the backend cordoned it, or an operator drained it."""
+    drained: str | None = None
+    """An operator's drain (``fleetlog node drain``): its reason (``""``: none given); ``None``: not
+    drained."""
 
 
 class NodePage(msgspec.Struct, frozen=True):
@@ -211,7 +225,7 @@ def _page(mask: np.ndarray, start: int, limit: int) -> tuple[np.ndarray, int, st
 
 # --- jobs ----------------------------------------------------------------------------------
 
-JOB_PARAMS: Final = ("tenant", "queue", "state", "reason", "cell", "limit", "page_token")
+JOB_PARAMS: Final = ("tenant", "queue", "state", "reason", "cell", "label", "limit", "page_token")
 
 
 def started_counts(state: State) -> np.ndarray:
@@ -238,6 +252,8 @@ def list_jobs(state: State, query: Query) -> JobPage:
             mask &= np.isin(c[column][:n], _ids(state, table, query[column]))
     if phases:
         mask &= _phase_mask(status, started, c["ntasks"][:n], phases)
+    if "label" in query:
+        mask &= _labelled(state, query["label"])
     if "reason" in query:
         wanted = set(query["reason"])
         pending = np.flatnonzero(mask & (status == JobState.PENDING))
@@ -245,7 +261,38 @@ def list_jobs(state: State, query: Query) -> JobPage:
         mask = np.zeros(n, np.bool_)
         mask[keep] = True
     rows, total, token = _page(mask, start, limit)
-    return JobPage(_job_items(state, rows, started[rows]), total, token)
+    return JobPage(_job_items(state, rows, started[rows], queue_positions(state)), total, token)
+
+
+def queue_positions(state: State) -> np.ndarray:
+    """Per job row, its ``queue_position`` (0: not pending): where it comes among its queue's
+    pending jobs in :func:`~fleetlog.core.order.waiting_order` (one sort for them all)."""
+    positions = np.zeros(state.jobs.size, np.int64)
+    order = waiting_order(state)
+    if order.size == 0:
+        return positions
+    queues = state.jobs.cols["queue"][order]
+    by_queue = np.argsort(queues, kind="stable")  # (stable: each queue's jobs keep decide's order)
+    grouped = queues[by_queue]
+    starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+    first = np.repeat(starts, np.diff(np.append(starts, grouped.size)))
+    positions[order[by_queue]] = np.arange(grouped.size) - first + 1
+    return positions
+
+
+def _labelled(state: State, given: Sequence[str]) -> np.ndarray:
+    """The rows whose job has every label of ``given`` (``key=value`` each)."""
+    wanted = []
+    for value in given:
+        key, equals, label = value.partition("=")
+        if not key or not equals:
+            raise ApiError(400, "invalid_value", f"label={value!r}: give KEY=VALUE (a label and its value)",
+                           "label")
+        wanted.append((key, label))
+    mask = np.zeros(state.jobs.size, np.bool_)
+    rows = [row for row, (labels, _) in state.job_meta.items() if all(labels.get(k) == v for k, v in wanted)]
+    mask[rows] = True
+    return mask
 
 
 def _phase_mask(status: np.ndarray, started: np.ndarray, ntasks: np.ndarray, phases: list[str]) -> np.ndarray:
@@ -262,28 +309,36 @@ def _phase_mask(status: np.ndarray, started: np.ndarray, ntasks: np.ndarray, pha
 _STATE_NAMES: Final = {int(s): s.name.lower() for s in JobState}
 
 
-def _job_items(state: State, rows: np.ndarray, started: np.ndarray) -> list[JobItem]:
+def _job_items(state: State, rows: np.ndarray, started: np.ndarray, positions: np.ndarray) -> list[JobItem]:
     """The items of job ``rows``: each column read once for them all (10,000 rows in a few ms)."""
     c, names = state.jobs.cols, state.names
     job_names, tenants = names["job"].names, names["tenant"].names
     queues, cells = names["queue"].names, names["cell"].names
     columns = ("state", "tenant", "queue", "priority", "ntasks", "req_gpu", "cell", "submitted_at",
                "placed_at_ms")
-    values = zip(rows.tolist(), started.tolist(), *(c[name][rows].tolist() for name in columns), strict=True)
-    items = []
-    for row, up, status, tenant, queue, priority, ntasks, gpu, cell, submitted, placed in values:
+    values = zip(rows.tolist(), started.tolist(), positions[rows].tolist(),
+                 *(c[name][rows].tolist() for name in columns), strict=True)
+    items: list[JobItem] = []
+    for row, up, position, status, tenant, queue, priority, ntasks, gpu, cell, submitted, placed in values:
         pending = status == JobState.PENDING
         phase = _STATE_NAMES[status]
         if status == JobState.RUNNING:  # (views.job_phase: placed until every task started)
             phase = "running" if up == ntasks else "placed"
-        items.append(JobItem(
+        item = JobItem(
             job_id=job_names[row], state=phase, tenant=tenants[tenant], queue=queues[queue],
             priority=priority, tasks=ntasks, tasks_started=up, gpu_milli=gpu,
             cell=cells[cell] if cell >= 0 else "", submitted_at_ms=submitted,
             placed_at_ms=placed if placed >= 0 and not pending else None,
             reason=pending_reason(state, row)[0] if pending else "",
-        ))
+            queue_position=position or None,
+        )
+        items.append(item if row not in state.job_meta else _with_meta(item, state.job_meta[row]))
     return items
+
+
+def _with_meta(item: JobItem, meta: JobMeta) -> JobItem:
+    """``item`` with its job's labels and annotations (a job without any: the item leaves them out)."""
+    return msgspec.structs.replace(item, labels=meta[0], annotations=meta[1])
 
 
 # --- nodes ---------------------------------------------------------------------------------
@@ -322,6 +377,8 @@ def _node_item(state: State, row: int) -> NodeItem:
         mem_mib=int(c["mem_alloc"][row]),
         mem_free_mib=int(c["mem_free"][row]),
         last_heartbeat_ms=int(c["last_heartbeat_ms"][row]),
+        cordoned=state.node_attrs.get(row, NO_ATTRS)[2],
+        drained=state.drained[row][0] if row in state.drained else None,
     )
 
 

@@ -13,6 +13,8 @@ from urllib.parse import unquote
 
 import msgspec
 
+from fleetlog.api.detail import JobDetail
+from fleetlog.api.dryrun import DryRun
 from fleetlog.api.resources import (
     DEFAULT_LIMIT,
     JOB_PARAMS,
@@ -72,6 +74,7 @@ ListFn = Callable[[State, Query], msgspec.Struct]
 _DESCRIBED: Final = {
     "tenant": "only this tenant's", "queue": "only this queue's", "state": "only those in this state",
     "reason": "only pending jobs with this reason code", "cell": "only this cell's",
+    "label": "only jobs with this label, as KEY=VALUE (repeated: every one of them)",
     "model": "only nodes with this GPU model", "status": "only nodes in this status",
     "limit": f"at most this many items (1 to {MAX_LIMIT}, default {DEFAULT_LIMIT})",
     "page_token": "the next_page_token of the previous page",
@@ -99,13 +102,16 @@ LISTS: Final[Mapping[str, tuple[ListFn, Any, tuple[Param, ...], str]]] = {
 
 ROUTES: Final[tuple[Route, ...]] = (
     *(Route("GET", path, summary, answer, params) for path, (_, answer, params, summary) in LISTS.items()),
-    Route("GET", "/v1/jobs/{job_id}", "One job: its state, tasks and nodes, or why it waits"),
+    Route("GET", "/v1/jobs/{job_id}", "One job: its state, tasks and nodes, queue position, labels and "
+          "annotations, or why it waits; with its story (docs/api.md)", JobDetail),
     Route("GET", "/v1/watch", "The decisions (or inputs) log as Server-Sent Events from an offset; "
           "resumable with Last-Event-ID (docs/api.md)", params=(
               Param("from", "an offset, start or end (default: end)", repeated=False),
               Param("log", "decisions (default) or inputs", ("decisions", "inputs"), repeated=False)),
           content_type="text/event-stream"),
     Route("POST", "/v1/events", "Ingest: one event or a JSON array of them (docs/producers.md)"),
+    Route("POST", "/v1/dry-run", "Would these jobs be placed now, where, and if not why: the body is a "
+          "JobSubmitted (or envelope) or a JSON array of them; nothing is appended (docs/api.md)", DryRun),
     Route("PUT", "/v1/quotas/{tenant}", "Set a tenant's quota: the body is a QuotaSet without type and "
           "tenant (nominal, cell, cohort, borrowing_limit, weight_milli); appended as a QuotaSet"),
     Route("GET", "/v1/openapi.json", "This description"),
@@ -163,7 +169,10 @@ def openapi() -> dict[str, Any]:
         "info": {"title": "fleetlog", "version": API_VERSION,
                  "description": "The fleetlog scheduler's HTTP API (docs/api.md)."},
         "paths": paths,
-        "components": {"schemas": components},
+        "components": {"schemas": components, "securitySchemes": {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "When [auth] tokens_file is set (docs/service.md, Authentication)"}}},
+        "security": [{"bearer": []}],
     }
 
 
@@ -176,13 +185,17 @@ def _operation(route: Route) -> dict[str, Any]:
     parameters = [_parameter(p) for p in route.params]
     parameters += [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                    for name in match(route.path, route.path) or {}]
+    exempt: dict[str, Any] = {"security": []} if route.path in ("/healthz", "/readyz") else {}  # no token
     return {
+        **exempt,
         "summary": route.summary,
         "operationId": route.method.lower() + "".join(c if c.isalnum() else "_" for c in route.path),
         "parameters": parameters,
         "responses": {
             "200": {"description": "OK", "content": {route.content_type: {"schema": ok}}},
             "400": {"description": "A bad query parameter or body, named in `field`", "content": error},
+            "401": {"description": "No, unknown, expired or revoked bearer token (`unauthenticated`)",
+                    "content": error},
             "404": {"description": "No such resource", "content": error},
             "503": {"description": "This process is not leading (standby)", "content": error},
         },

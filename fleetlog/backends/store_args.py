@@ -28,7 +28,7 @@ from fleetlog.logsetup import configure_logging
 
 EXIT_OPERATIONAL: Final = 1
 EXIT_USAGE: Final = 2
-OTHER_TABLES: Final = ("service",)
+OTHER_TABLES: Final = ("service", "auth")
 """Tables of the file that are not the backend's: ``fleetlog run`` reads (and checks) them."""
 log = logging.getLogger("fleetlog.backends")
 

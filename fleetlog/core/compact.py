@@ -48,6 +48,7 @@ def compact(state: State) -> None:
     state.job_cells = _renumbered(state.job_cells, new_row)
     state.reason_text = _renumbered(state.reason_text, new_row)
     state.requeues = _renumbered(state.requeues, new_row)
+    state.job_meta = _renumbered(state.job_meta, new_row)
     state.dispatches = _renumbered(state.dispatches, new_row)
     state.returned = _renumbered(state.returned, new_row)
     state.held = _renumbered(state.held, new_row)

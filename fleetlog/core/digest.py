@@ -73,7 +73,13 @@ def _small_scalars(state: State, full: bool = True) -> dict[str, Any]:
         "shape_mix_due": [state.shapes_seen, state.mix_due],
         "counters": [state.pending_count, state.duplicates, state.ignored, state.retired_rows],
         "retired_counts": sorted(state.retired_counts.items()),
-    } | _cell_shard(state, full) | _constraints(state, full) | _foreign(state, full)
+    } | _cell_shard(state, full) | _constraints(state, full) | _foreign(state, full) | _drained(state)
+
+
+def _drained(state: State) -> dict[str, Any]:
+    """The nodes an operator drained, in full (a few; only when any is: a log without drains
+    digests as before)."""
+    return {"drained": sorted([row, list(d)] for row, d in state.drained.items())} if state.drained else {}
 
 
 def _foreign(state: State, full: bool) -> dict[str, Any]:
@@ -142,7 +148,16 @@ def _scalars(state: State) -> dict[str, Any]:
         "retired": list(state.retired_order),  # ((at, id) tuples: the bytes of [at, id] lists)
         # why waiting jobs were requeued: snapshotted for status, not digested (no decision reads it)
         "requeues": sorted([row, msgspec.to_builtins(r)] for row, r in state.requeues.items()),
-    } | _summaries(state)
+    } | _summaries(state) | _job_meta(state)
+
+
+def _job_meta(state: State) -> dict[str, Any]:
+    """The jobs' labels and annotations, each map's items sorted (snapshotted, not digested: no
+    decision reads them; a state with none has no key, and its snapshot is what it was)."""
+    if not state.job_meta:
+        return {}
+    return {"job_meta": [[row, sorted(labels.items()), sorted(notes.items())]
+                         for row, (labels, notes) in sorted(state.job_meta.items())]}
 
 
 def _summaries(state: State) -> dict[str, Any]:
@@ -368,6 +383,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
         count_shape(state, shape, 1)
     state.reason_text = dict(s["reason_text"])
     state.requeues = {row: msgspec.convert(r, Requeue) for row, r in s.get("requeues", ())}
+    state.job_meta = {row: (dict(labels), dict(notes)) for row, labels, notes in s.get("job_meta", ())}
     state.derived = Derived.of(state)
     state.dispatches = {row: (a, b, c, d) for row, (a, b, c, d) in s.get("dispatches", ())}
     state.dispatched_seq = dict(s.get("dispatched_seq", ()))
@@ -380,6 +396,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.retired = {name: at for at, name in order}  # (a later entry of the same id: the later time)
     state.node_attrs = {row: _attrs(a) for row, a in s.get("node_attrs", ())}
     state.node_foreign = {row: (a, b, c, d, e, f) for row, (a, b, c, d, e, f) in s.get("node_foreign", ())}
+    state.drained = {row: (str(reason), bool(own)) for row, (reason, own) in s.get("drained", ())}
     for key in s.get("classes", ()):
         state.class_ids[_class(key)] = len(state.classes)
         state.classes.append(_class(key))

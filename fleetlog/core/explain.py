@@ -143,6 +143,9 @@ def exclusions(sc: Scratch, cls: int, nodes: Array) -> dict[str, int]:
         state, seen = sc.state, dict[NodeAttrs, str]()
         spec, attrs, counts = state.classes[cls], state.node_attrs, collections.Counter[str]()
         for row in nodes.tolist():
+            if row in state.drained:  # (an operator's cordon, named as such)
+                counts["drained"] += 1
+                continue
             node = attrs.get(row, NO_ATTRS)
             why = seen.get(node)
             if why is None:

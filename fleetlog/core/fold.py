@@ -66,6 +66,7 @@ from fleetlog.events.model import (
     JobRejected,
     JobReturned,
     JobSubmitted,
+    NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
     QuotaSet,
@@ -113,6 +114,8 @@ def fold(state: State, event: Event, at_ms: int) -> None:
             on_cancelled(state, event)
         case NodeRemoved():
             on_node_removed(state, event)
+        case NodeDrained():
+            on_node_drained(state, event)
         case TaskStarted():
             on_task_started(state, event)
         case TaskFinished():
@@ -205,6 +208,7 @@ def retire(state: State) -> None:
         counts[RETIRABLE.index(code)] += 1
         drop_reason_text(state, row)
         state.requeues.pop(row, None)
+        state.job_meta.pop(row, None)
         state.held.pop(row, None)
         cells = state.job_cells.pop(row, None)
         if cells is not None:
@@ -280,6 +284,9 @@ def on_heartbeat(state: State, e: NodeHeartbeat) -> None:
         nodes.cols["status"][row] = _UP
     if e.labels or e.taints or e.unschedulable or row in state.node_attrs:  # (most fleets: none)
         attrs = node_attrs_of(e)
+        if row in state.drained:  # (an operator's drain holds whatever the heartbeat says)
+            state.drained[row] = (state.drained[row][0], e.unschedulable)
+            attrs = (attrs[0], attrs[1], True)
         if attrs != state.node_attrs.get(row, NO_ATTRS):
             set_node_attrs(state, row, attrs)
     held = True
@@ -416,6 +423,14 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     if state.shapes_seen >= state.mix_due:
         take_shape_mix(state)
     state.pending_count += 1
+    keep_meta(state, job, e)
+
+
+def keep_meta(state: State, job: int, e: JobSubmitted) -> None:
+    """Job ``job``'s labels and annotations, if it has any (``State.job_meta``: nothing kept,
+    no cost, for a job without them)."""
+    if e.labels or e.annotations:
+        state.job_meta[job] = (e.labels, e.annotations)
 
 
 def topology_code(e: JobSubmitted) -> int:
@@ -529,10 +544,30 @@ def on_node_removed(state: State, e: NodeRemoved) -> None:
         state.ignored += 1
         return
     node_down(state, row, NodeStatus.REMOVED, "node_removed")
+    state.drained.pop(row, None)  # (a node that comes back is not drained: kubectl's way)
     if row in state.node_attrs:
         set_node_attrs(state, row, NO_ATTRS)
     if row in state.node_foreign:
         set_node_foreign(state, row, 0, 0, 0)
+
+
+def on_node_drained(state: State, e: NodeDrained) -> None:
+    """An operator's drain (or its undoing): the node's cordon is the heartbeat's own or the
+    drain's; ``state.drained`` keeps the reason and the heartbeat's own cordon to go back to."""
+    row = state.node_row(e.cell, e.node)
+    if row < 0 or int(state.nodes.cols["status"][row]) == NodeStatus.REMOVED:
+        state.ignored += 1
+        return
+    labels, taints, cordoned = state.node_attrs.get(row, NO_ATTRS)
+    if e.drained:
+        own = state.drained[row][1] if row in state.drained else cordoned
+        state.drained[row] = (e.reason, own)
+        cordoned = True
+    elif row in state.drained:
+        cordoned = state.drained.pop(row)[1]
+    attrs = (labels, taints, cordoned)
+    if attrs != state.node_attrs.get(row, NO_ATTRS):
+        set_node_attrs(state, row, attrs)
 
 
 def task_row(state: State, job_id: str, index: int) -> int:

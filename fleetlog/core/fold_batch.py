@@ -30,6 +30,7 @@ from fleetlog.core.fold import (
     drop_reason_text,
     fold,
     fold_decision,
+    keep_meta,
     models_mask,
     next_due,
     on_placed,
@@ -212,6 +213,7 @@ class NewJobs:
             self.cell_entries.append((job, cells))
         self.tasks += self.shapes(state, kind)
         state.pending_count += 1
+        keep_meta(state, job, e)
         return job
 
     def shapes(self, state: State, kind: int) -> int:
@@ -461,6 +463,8 @@ def dispatch_run(state: State, events: Sequence[JobSubmitted | JobDispatched], t
     state.held.update(zip(rows, [now + config.hold_ms for now in nows], strict=True))  # (new: never held)
     state.next_return_ms = min(state.next_return_ms, nows[0] + config.hold_ms)
     state.pending_count += len(ids)
+    for job, spec in zip(rows, specs, strict=True):
+        keep_meta(state, job, spec)
     state.now_ms, state.offset = nows[-1], offset + len(ids)
     new.write(state)
     return True

@@ -165,7 +165,7 @@ def retired_rows_released(state: State) -> str:
     if wrong:
         return f"job id {wrong[0]!r} maps to a row not its own or retired"
     gone = set(retired.tolist())
-    for what in ("job_cells", "reason_text", "requeues", "dispatches", "held"):
+    for what in ("job_cells", "reason_text", "requeues", "job_meta", "dispatches", "held"):
         kept = gone.intersection(getattr(state, what))
         if kept:
             return f"{what} keeps retired job row {min(kept)}"
@@ -186,7 +186,10 @@ def constraints_consistent(state: State) -> str:
         return f"{len(state.class_ids)} class ids for {len(state.classes)} classes"
     size = state.nodes.size
     bad = [row for row, attrs in state.node_attrs.items() if not 0 <= row < size or attrs == NO_ATTRS]
-    return f"node_attrs has an entry for row {bad[0]}" if bad else ""
+    if bad:
+        return f"node_attrs has an entry for row {bad[0]}"
+    loose = [row for row in state.drained if not state.node_attrs.get(row, NO_ATTRS)[2]]
+    return f"node row {loose[0]} is drained but not cordoned" if loose else ""
 
 
 def spread_gangs_spread(state: State) -> str:

@@ -38,6 +38,30 @@ def dominant_share(
     return weighted_share(state.quotas.get((tenant, -1)), usage.get((tenant, -1), [0, 0, 0]), fleet)
 
 
+def waiting_order(state: State) -> Array:
+    """Pending job rows in the order decide considers them while none of them is placed (what
+    :func:`drf_runs` yields then): priority first (higher first); within a priority the tenants
+    by their weighted dominant share now (ties: the tenant's id, as the turns' heap breaks them),
+    each tenant's whole queue in one turn (no placement, no share moves); FIFO (log order)
+    within a tenant. A placement re-ranks its tenant, so this is the order up to the first job
+    placed (``docs/api.md``, ``queue_position``)."""
+    jc = state.jobs.cols
+    pending = np.flatnonzero(state.jobs.view("state") == int(JobState.PENDING))
+    if pending.size == 0:
+        return pending
+    prio, tenant, seq = jc["priority"][pending], jc["tenant"][pending], jc["seq"][pending]
+    tenants = np.unique(tenant)
+    turn = np.zeros(pending.size, np.int64)
+    if tenants.size > 1:
+        fleet = fleet_capacity(state)
+        ranked = sorted((dominant_share(state, state.usage, t, fleet), t) for t in tenants.tolist())
+        rank = np.zeros(int(tenants.max()) + 1, np.int64)
+        rank[[t for _, t in ranked]] = np.arange(len(ranked))
+        turn = rank[tenant]
+    order: Array = pending[np.lexsort((seq, turn, -prio.astype(np.int64)))]
+    return order
+
+
 CONTESTED: Final = 0
 """A run of the front tenant's queue, other tenants waiting: consider it until one is placed."""
 ALONE: Final = 1

@@ -20,6 +20,8 @@ from fleetlog.events.spec import NO_CONSTRAINTS as NO_CLASS
 from fleetlog.events.spec import ConstraintsKey as ClassKey
 from fleetlog.events.spec import NodeAttrs
 
+JobMeta = tuple[dict[str, str], dict[str, str]]
+"""A job's labels and annotations (``State.job_meta``)."""
 Foreign = tuple[int, int, int, int, int, int]
 """A node's foreign work: wanted cpu, mem, GPUs; held cpu, mem, GPU mask (``State.node_foreign``)."""
 
@@ -367,6 +369,10 @@ class State:
         self.pending_count = 0
         self.requeues: dict[int, Requeue] = {}
         """job row -> why it was last requeued, while it waits (see :class:`Requeue`)."""
+        self.job_meta: dict[int, JobMeta] = {}
+        """job row -> its submission's (labels, annotations), for the jobs that have any: what
+        the read API shows (docs/api.md). Kept by fold and snapshotted, never digested: no
+        decision reads it (docs/events.md, "Labels, annotations and payload")."""
         self.dispatches: dict[int, tuple[int, int, int, int]] = {}
         """Cell shards: job row -> (cell id, attempt, seq, log time) of its latest accepted
         ``JobDispatched``."""
@@ -403,6 +409,9 @@ class State:
         self.node_attrs: dict[int, NodeAttrs] = {}
         self.classes: list[ClassKey] = [NO_CLASS]
         self.class_ids: dict[ClassKey, int] = {NO_CLASS: 0}
+        self.drained: dict[int, tuple[str, bool]] = {}
+        """node row -> (reason, the heartbeat's own cordon) of the nodes an operator drained
+        (``NodeDrained``): their cordon in ``node_attrs`` holds until the drain is undone."""
         self.node_foreign: dict[int, Foreign] = {}
         """node row -> what work this scheduler does not own holds on it (the heartbeat's
         ``foreign_*``): wanted (cpu, mem, GPUs) and held (cpu, mem, GPU mask) — held is what the

@@ -351,6 +351,18 @@ class NodeRemoved(_Event, frozen=True):
     node: Name
 
 
+class NodeDrained(_Event, frozen=True):
+    """An operator's drain (``fleetlog node drain``): no new task is placed on the node until a
+    ``NodeDrained`` with ``drained=false`` undoes it; what runs there stays. Unlike a heartbeat's
+    ``unschedulable`` (the backend's view, which its next heartbeat restates), a drain holds
+    whatever the heartbeats say, until undone or the node is removed."""
+
+    cell: Name
+    node: Name
+    drained: bool = True
+    reason: Text = ""
+
+
 class TaskStarted(_Event, frozen=True):
     job_id: Name
     task_index: TaskIndex
@@ -580,6 +592,7 @@ InputEvent = (
     | JobCancelled
     | NodeHeartbeat
     | NodeRemoved
+    | NodeDrained
     | TaskStarted
     | TaskFinished
     | TaskFailed
@@ -590,6 +603,7 @@ INPUT_TYPES: Final = (
     JobCancelled,
     NodeHeartbeat,
     NodeRemoved,
+    NodeDrained,
     TaskStarted,
     TaskFinished,
     TaskFailed,
@@ -623,6 +637,7 @@ ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     NodeHeartbeat: (("cell", "one"), ("node", "one"), ("gpu_model", "one"), ("topology", "many"),
                     ("labels", "keys"), ("taints", "taints")),
     NodeRemoved: (("cell", "one"), ("node", "one")),
+    NodeDrained: (("cell", "one"), ("node", "one")),
     TaskStarted: (("job_id", "one"), ("node", "one")),
     TaskFinished: (("job_id", "one"),),
     TaskFailed: (("job_id", "one"),),
@@ -685,6 +700,7 @@ ID_TEXT: Final[dict[type, Callable[[Any], str]]] = {
     JobCancelled: attrgetter("job_id"),
     NodeHeartbeat: _heartbeat_ids,
     NodeRemoved: lambda e: e.cell + e.node,
+    NodeDrained: lambda e: e.cell + e.node,
     TaskStarted: lambda e: e.job_id + e.node,
     TaskFinished: attrgetter("job_id"),
     TaskFailed: attrgetter("job_id"),

@@ -8,7 +8,7 @@ changes.  With a map:
 - ``JobSubmitted``, ``JobCancelled``, ``QuotaSet`` -> the global partition (the dispatcher's; it
   forwards a cancel or a cell's quota to the cell that needs it; a quota of a cell the map does
   not name is refused here, not dead-lettered there);
-- ``NodeHeartbeat``, ``NodeRemoved`` -> the partition the map gives their ``cell``;
+- ``NodeHeartbeat``, ``NodeRemoved``, ``NodeDrained`` -> the partition the map gives their ``cell``;
 - ``TaskStarted``, ``TaskFinished``, ``TaskFailed`` carry no cell: they go to the partition of
   the **producer's** cell (a backend serves one cell; the client takes ``--cell``).
 
@@ -28,6 +28,7 @@ from fleetlog.events.model import (
     InputEvent,
     JobCancelled,
     JobSubmitted,
+    NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
     QuotaSet,
@@ -39,7 +40,7 @@ from fleetlog.log.base import Shard
 
 GLOBAL_EVENTS: Final = (JobSubmitted, JobCancelled, QuotaSet)
 """What clients say about jobs and tenants: the dispatcher's partition."""
-CELL_EVENTS: Final = (NodeHeartbeat, NodeRemoved)
+CELL_EVENTS: Final = (NodeHeartbeat, NodeRemoved, NodeDrained)
 """What a cell says about its nodes: routed by the event's own ``cell``."""
 TASK_EVENTS: Final = (TaskStarted, TaskFinished, TaskFailed)
 """What a cell says about tasks: no cell in the event, routed by the producer's cell."""

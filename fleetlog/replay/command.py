@@ -176,6 +176,9 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 def _serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1")
     parser.add_argument("--http-port", type=int, default=0, help="default 0: any free port (printed)")
+    parser.add_argument("--policy", default="default", metavar="SPEC",
+                        help="the policy POST /v1/dry-run decides with: give the service's service.policy "
+                        "(default: default)")
 
 
 _COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (

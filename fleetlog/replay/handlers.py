@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 from rich.table import Table
 
+from fleetlog.api.dryrun import dry_run
 from fleetlog.api.resources import ApiError
 from fleetlog.api.routes import answer_list
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
@@ -364,6 +365,16 @@ async def cmd_list(args: argparse.Namespace, source: Source) -> int:
     return 0
 
 
+async def cmd_dry_run(args: argparse.Namespace, source: Source) -> int:
+    """``fleetlog submit --dry-run`` without a service: :func:`fleetlog.api.dryrun.dry_run` of
+    ``args.dry_jobs`` with ``args.dry_policy`` on the state at the end of the logs, kept in
+    ``args.dry_answer`` (the API's shape)."""
+    end = await src.end_offset(source.store, INPUTS)
+    state = (await state_at(source, Point(offset=end))).state
+    args.dry_answer = msgspec.to_builtins(dry_run(state, args.dry_policy, args.dry_jobs))
+    return 0
+
+
 async def cmd_serve(args: argparse.Namespace, source: Source) -> int:
     """``fleetlog replay serve``: the server is the CLI's (``args.serve``, fleetlog.replay_serve:
     replay imports no HTTP server); it answers from states this replay folds."""
@@ -397,6 +408,7 @@ HANDLERS: dict[str, Handler] = {
     "report": cmd_report,
     "dump": cmd_dump,
     "list": cmd_list,
+    "dry-run": cmd_dry_run,
     "history": cmd_history,
     "serve": cmd_serve,
 }

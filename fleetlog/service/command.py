@@ -12,6 +12,7 @@ from typing import Any
 import uvloop
 
 from fleetlog.log.location import ConfigError
+from fleetlog.service.auth import AuthError, authenticator
 from fleetlog.service.config import Config, load_config
 from fleetlog.service.roles import RoleService
 from fleetlog.service.service import Service
@@ -39,6 +40,10 @@ def check_role(config: Config) -> None:
     if config.kafka is None and config.service.role != "all":
         raise CommandError(f"--role {config.service.role} runs on Kafka (processes share the partitions); "
                            "on the file log one process runs every role: --role all with the [cells] map")
+    try:  # the bind rule and the tokens file's mode, before anything starts
+        authenticator(config.auth.tokens_file, config.service.http_host)
+    except AuthError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def run_service(config: Config) -> None:

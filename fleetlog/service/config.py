@@ -111,6 +111,13 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gets 429 with ``Retry-After``."""
 
 
+class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``[auth]`` table (fleetlog.service.auth)."""
+
+    tokens_file: str | None = None
+    """The bearer tokens (hashed) the API accepts; none: no authentication (loopback only)."""
+
+
 class Config(msgspec.Struct, frozen=True):
     """Where the logs are and how the service runs.  ``repr`` masks the SASL password."""
 
@@ -119,6 +126,7 @@ class Config(msgspec.Struct, frozen=True):
     service: ServiceSettings = ServiceSettings()
     cells: CellPartitions = ()
     """The ``[cells]`` map: each cell's partition of the cells topic, sorted by cell."""
+    auth: AuthSettings = AuthSettings()
 
     @property
     def cell_map(self) -> CellMap:
@@ -133,7 +141,8 @@ class Config(msgspec.Struct, frozen=True):
         return data
 
 
-SCHEMA: Final = Schema({"log": LogConfig, "kafka": KafkaConfig, "service": ServiceSettings})
+SCHEMA: Final = Schema({"log": LogConfig, "kafka": KafkaConfig, "service": ServiceSettings,
+                        "auth": AuthSettings})
 """The service's tables (the reader itself, shared with the backends', is :mod:`fleetlog.log.settings`)."""
 
 
@@ -161,7 +170,8 @@ def _build(raw: Raw) -> Config:
     log, kafka = located(raw)
     cells = cells_of(raw, kafka)
     _check_cells(service, cells)
-    return Config(log=log, kafka=kafka, service=service, cells=cells)
+    auth = msgspec.convert(raw.get("auth", {}), AuthSettings)
+    return Config(log=log, kafka=kafka, service=service, cells=cells, auth=auth)
 
 
 def load_config(

@@ -33,6 +33,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from fleetlog.service.auth import EXEMPT, Authenticator
+
 # the header is the producers' (defined with them); service.py takes it from here
 
 RETRY_AFTER_S: Final = 1
@@ -71,6 +73,9 @@ class Request(msgspec.Struct, frozen=True):
     """Each query parameter with every value it was given, in order."""
     raw_path: str = ""
     """As sent (percent-encoded): a ``%2F`` inside one segment is not a ``/`` between two."""
+    principal: str | None = None
+    """Who the bearer token names (fleetlog.service.auth); ``None``: no authentication configured,
+    or an exempt route (health)."""
 
 
 class Response(msgspec.Struct, frozen=True):
@@ -175,8 +180,10 @@ class HttpServer:
     """Serves ``handler`` on ``host:port`` (port 0: any free port, see :attr:`port`)."""
 
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
-                 limits: HttpLimits | None = None) -> None:
+                 limits: HttpLimits | None = None, auth: Authenticator | None = None,
+                 unauthenticated: Callable[[], None] | None = None) -> None:
         self.handler, self.host, self.port = handler, host, port
+        self.auth, self.unauthenticated = auth, unauthenticated
         self.limits = limits or HttpLimits()
         self.body_requests = 0
         self._runner: web.ServerRunner | None = None
@@ -271,14 +278,22 @@ class HttpServer:
         return out
 
     async def _answer(self, raw: web.BaseRequest) -> Response | Stream:
+        principal = None
+        if self.auth is not None and raw.path not in EXEMPT:  # before any body is read
+            verdict = self.auth.check(raw.headers.get("Authorization"))
+            if verdict.principal is None:
+                if self.unauthenticated is not None:
+                    self.unauthenticated()
+                return _unauthenticated(verdict.problem)
+            principal = verdict.principal
         if not raw.body_exists:
-            return await self.handler(_request(raw, b""))
+            return await self.handler(_request(raw, b"", principal))
         if self.body_requests >= self.limits.max_body_requests:
             return refusal(429, "busy", f"{self.body_requests} requests with a body in hand; retry later")
         self.body_requests += 1
         try:
             body = await self._read_body(raw)
-            return body if isinstance(body, Response) else await self.handler(_request(raw, body))
+            return body if isinstance(body, Response) else await self.handler(_request(raw, body, principal))
         finally:
             self.body_requests -= 1
 
@@ -302,9 +317,14 @@ class HttpServer:
         return b"".join(parts)
 
 
-def _request(raw: web.BaseRequest, body: bytes) -> Request:
+def _unauthenticated(problem: str) -> Response:
+    answer = refusal(401, "unauthenticated", problem)
+    return Response(401, answer.body, headers={"WWW-Authenticate": 'Bearer realm="fleetlog"'})
+
+
+def _request(raw: web.BaseRequest, body: bytes, principal: str | None = None) -> Request:
     headers = {name.lower(): value for name, value in raw.headers.items()}
     query: dict[str, list[str]] = {}
     for name, value in raw.rel_url.query.items():
         query.setdefault(name, []).append(value)
-    return Request(raw.method.upper(), raw.path, headers, body, query, raw.rel_url.raw_path)
+    return Request(raw.method.upper(), raw.path, headers, body, query, raw.rel_url.raw_path, principal)

@@ -173,6 +173,9 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         self.input_events = Counter("fleetlog_input_events", "Input events folded", registry=r)
         self.decisions = Counter("fleetlog_decisions", "Decisions published", registry=r)
+        self.unauthenticated = Counter(
+            "fleetlog_http_unauthenticated", "HTTP requests refused 401 (no, unknown, expired or revoked "
+            "token)", registry=r)
         self.batches = Counter("fleetlog_decision_batches", "Decision batches published", registry=r)
         self.dead_letters = Counter(
             "fleetlog_dead_letters", "Input records parked in the dead-letter log", registry=r

@@ -32,6 +32,7 @@ from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.file import LockedError
 from fleetlog.log.kafka import FencedError, KafkaLogStore, shard_config
 from fleetlog.log.location import make_store
+from fleetlog.service.auth import authenticator
 from fleetlog.service.cellrunner import RETRY_S, CellShards
 from fleetlog.service.cellshard import shard_snapshots
 from fleetlog.service.config import Config
@@ -168,7 +169,9 @@ class RoleService:
         self.metrics = Metrics()
         self.stopping = stopping or asyncio.Event()
         self.http = HttpServer(self._handle, self.settings.http_host, self.settings.http_port,
-                               http_limits(self.settings))
+                               http_limits(self.settings),
+                               authenticator(config.auth.tokens_file, self.settings.http_host),
+                               self.metrics.unauthenticated.inc)
         self.dispatching = Dispatching(config, self.stopping, self.metrics) if self.role != "cell" else None
         self.cells: CellShards | None = None
         self.ownership: Ownership | None = None

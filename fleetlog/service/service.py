@@ -32,15 +32,18 @@ import msgspec
 import structlog
 from tenacity import RetryCallState
 
+from fleetlog.api.detail import job_detail
+from fleetlog.api.dryrun import dry_run, parse_jobs
 from fleetlog.api.resources import ApiError
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
 from fleetlog.core.policy import policy_named
-from fleetlog.core.views import job_status, pending_by_reason
+from fleetlog.core.views import pending_by_reason
 from fleetlog.events import SCHEMA_VERSION
 from fleetlog.log import errorpolicy
 from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
+from fleetlog.service.auth import authenticator
 from fleetlog.service.config import Config
 from fleetlog.service.http import (
     BindError,
@@ -108,7 +111,9 @@ class Service:
         self.policy = policy_named(self.settings.policy)
         self.metrics = Metrics()
         self.http = HttpServer(self._handle, self.settings.http_host, self.settings.http_port,
-                               http_limits(self.settings))
+                               http_limits(self.settings),
+                               authenticator(config.auth.tokens_file, self.settings.http_host),
+                               self.metrics.unauthenticated.inc)
         self.ingest = IngestGate(self.settings)
         self.snapshots = snapshot_store(config)
         self.snapshotter = Snapshotter(self.snapshots, self.settings, self.policy.name, self.metrics)
@@ -368,6 +373,8 @@ class Service:
             return self._job(found["job_id"])
         if route is not None and route.path == "/v1/quotas/{tenant}":
             return await self._put_quota(found["tenant"], request)
+        if route is not None and route.path == "/v1/dry-run":
+            return self._dry_run(request)
         return unrouted(request, elsewhere)
 
     async def _watch(self, request: Request) -> Response | Stream:
@@ -444,7 +451,7 @@ class Service:
         if self.loop is None:
             return refusal(503, "standby", "this process is not leading")
         state = self.loop.state
-        found = job_status(state, job_id)
+        found = job_detail(state, job_id)
         if found is None and job_id in state.retired:  # (docs/retention.md: the logs hold the rest)
             at = state.retired[job_id]
             return refusal(404, "retired", f"job {job_id!r} retired from the state at log time {at} ms "
@@ -452,6 +459,16 @@ class Service:
         if found is None:
             return refusal(404, "unknown_job", f"unknown job {job_id!r}")
         return json_response(200, found)
+
+    def _dry_run(self, request: Request) -> Response:
+        """``POST /v1/dry-run`` (fleetlog.api.dryrun): decided on a copy of the live state, with
+        the service's policy; nothing is appended and the live state is not changed."""
+        if self.loop is None:
+            return refusal(503, "standby", "this process is not leading")
+        try:
+            return json_response(200, dry_run(self.loop.state, self.policy, parse_jobs(request.body)))
+        except ApiError as exc:
+            return refusal(exc.status, exc.code, exc.message, exc.field)
 
     def _leading(self) -> tuple[LogStore | None, SchedulerLoop | None]:
         return self.store, self.loop

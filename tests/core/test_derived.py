@@ -112,9 +112,9 @@ def test_snapshots_and_digests_hold_no_derived_cache() -> None:
 SNAPSHOTTED = {
     "config", "now_ms", "offset", "next_sweep_ms", "nodes", "jobs", "tasks", "names", "job_cells",
     "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shapes_seen", "mix_due",
-    "reason_text", "reason_codes", "pending_count", "requeues", "duplicates", "ignored",
+    "reason_text", "reason_codes", "pending_count", "requeues", "job_meta", "duplicates", "ignored",
     "dispatches", "dispatched_seq", "returned", "summaries", "retired_order", "retired_rows",
-    "retired_counts", "node_attrs", "classes", "node_foreign",
+    "retired_counts", "node_attrs", "classes", "node_foreign", "drained",
 }  # fmt: skip
 REBUILT_ON_RESTORE = {
     "shape_stats",

@@ -25,6 +25,7 @@ from fleetlog.events import (
     JobCancelled,
     JobPlaced,
     JobSubmitted,
+    NodeDrained,
     NodeRemoved,
     TaskFailed,
     TaskFinished,
@@ -172,6 +173,8 @@ def test_runs_of_submissions_fold_as_one_by_one() -> None:
         elif kind == 1:
             event = JobSubmitted(
                 job_id=f"j{k}",
+                labels={"k": str(k)},
+                annotations={"why": "a gang"} if k % 4 == 1 else {},
                 tenant=f"t{k % 4}",
                 queue=f"q{k % 3}",
                 priority=k % 5,
@@ -208,6 +211,8 @@ def test_runs_of_submissions_fold_as_one_by_one() -> None:
     assert at_once.duplicates == one_by_one.duplicates > 10
     assert at_once.shape_mix == one_by_one.shape_mix
     assert digest(at_once) == digest(one_by_one)
+    assert at_once.job_meta == one_by_one.job_meta
+    assert len(at_once.job_meta) == 10  # (kind 1: every sixth event, labelled)
 
 
 # --- chunking: fold one by one == fold_many == fold_lists, however the log is cut -------------
@@ -263,7 +268,7 @@ def _unknown(draw: st.DrawFn) -> Event:
 def _submission(draw: st.DrawFn, w: _LogWriter) -> Event:
     w.jobs += 1
     gpus = draw(st.sampled_from([0, 1, 2, 4, 8]))
-    return job(
+    submitted = job(
         f"j{w.jobs - 1}",
         tenant=draw(st.sampled_from(["a", "b"])),
         tasks=draw(st.integers(1, 3)),
@@ -271,6 +276,8 @@ def _submission(draw: st.DrawFn, w: _LogWriter) -> Event:
         milli=draw(st.sampled_from([250, 500, 1000])) if gpus == 1 else 1000,
         priority=draw(st.integers(0, 3)),  # (higher ones preempt when the fleet is full)
     )
+    meta = draw(st.sampled_from([{}, {"labels": {"team": "a"}}, {"annotations": {"note": f"j {w.jobs}"}}]))
+    return msgspec.structs.replace(submitted, **meta)  # (State.job_meta: kept, compacted, retired alike)
 
 
 @st.composite
@@ -286,7 +293,7 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
     w.decide()
     beat_weight = draw(st.sampled_from([1, 6, 30]))  # (fold_lists' fast path and its fallback)
     for _ in range(draw(st.integers(10, 120))):
-        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGddDuTC"))
+        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGddDuTCN"))
         name = draw(st.sampled_from(NODES))
         step, back = draw(st.integers(0, 40)), draw(st.sampled_from([0, 0, 0, 50]))
         if kind == "b":
@@ -323,6 +330,8 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
                 )
             )
             w.put(msgspec.structs.replace(hb, **attrs), step, back)
+        elif kind == "N":  # an operator's drain, or its undoing (also of a node never drained)
+            w.put(NodeDrained(cell="c1", node=name, drained=draw(st.booleans()), reason="ops"), step, back)
         elif kind == "C":  # a submission with constraints
             base = _submission(draw, w)
             assert isinstance(base, JobSubmitted)
@@ -366,6 +375,7 @@ def _readable(state: State) -> tuple[object, ...]:
         state.pending_count,
         state.nodes.view("last_heartbeat_ms").tolist(),
         state.shape_mix,
+        state.job_meta,
     )
 
 

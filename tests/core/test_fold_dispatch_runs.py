@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from fleetlog.core import fold_batch
@@ -31,8 +32,9 @@ SHAPES = [(1, 1000), (2, 1000), (1, 500), (0, 0), (8, 1000)]
 
 def spec(rng: random.Random, name: str, mode: str) -> JobSubmitted:
     """One job: the steady shape, any of several tenants and shapes, or a gang of two groups."""
-    if mode == "steady":
-        return job(name, tenant="t0", gpus=1)
+    if mode == "steady":  # (every seventh labelled: ``State.job_meta``, kept by the whole-run fold too)
+        steady = job(name, tenant="t0", gpus=1)
+        return msgspec.structs.replace(steady, labels={"run": name}) if name.endswith("7") else steady
     gpus, milli = rng.choice(SHAPES)
     if mode == "mixed":
         return job(name, tenant=f"t{rng.randint(0, 3)}", gpus=gpus, milli=milli, tasks=rng.choice((1, 1, 2)),
@@ -91,7 +93,7 @@ def everything(state: State) -> tuple[object, ...]:
             list(state.returned.items()), list(state.job_cells.items()), list(state.dispatched_seq.items()),
             list(state.usage.items()), state.ignored, state.duplicates, state.pending_count,
             state.next_return_ms, state.recent_shapes, state.recent_next, list(state.shape_stats.items()),
-            state.shape_mix, state.shapes_seen, state.mix_due, list(state.sums),
+            state.shape_mix, state.shapes_seen, state.mix_due, list(state.sums), list(state.job_meta.items()),
             {k: (v.names, v.running_hash()) for k, v in state.names.items()})
 
 

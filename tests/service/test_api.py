@@ -148,6 +148,8 @@ async def test_ten_thousand_pending_jobs_in_one_page(api: Api) -> None:
     assert status == 200
     assert (len(page["items"]), page["total"], page["next_page_token"]) == (10_000, 10_000, None)
     assert page["items"][-1]["job_id"] == "p9999"
+    # one tenant, one queue, one priority: decide takes them FIFO, and their positions say so
+    assert [i["queue_position"] for i in page["items"]] == list(range(1, 10_001))
 
 
 @pytest.mark.parametrize(

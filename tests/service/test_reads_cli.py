@@ -82,9 +82,12 @@ async def test_tables_and_yaml_for_people(tmp_path: Path, capsys: pytest.Capture
     assert await asyncio.to_thread(main, ["jobs", "--log", str(log), "--state", "pending"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["JOB_ID", "STATE", "TENANT", "QUEUE", "PRIORITY", "TASKS", "GPU_MILLI",
-                                "CELL", "REASON", "SUBMITTED_AT"]
+                                "CELL", "REASON", "POS", "SUBMITTED_AT"]
     assert len(lines) == 1 + 6  # five four-GPU jobs and q wait
     assert all(" pending " in line for line in lines[1:])
+    positions = {line.split()[0]: int(line.split()[-2]) for line in lines[1:]}
+    assert positions["q"] == 1  # alone in queue batch; the others in decide's turns (t0..t2 alike)
+    assert sorted(p for j, p in positions.items() if j != "q") == [1, 2, 3, 4, 5]
     assert await asyncio.to_thread(main, ["nodes", "--log", str(log), "-o", "wide"]) == 0
     wide = capsys.readouterr().out.splitlines()
     assert "LAST_HEARTBEAT" in wide[0].split()

@@ -29,7 +29,7 @@ from tests.service.test_service import Running, events_body, serving
 
 async def answers(url: str, session: aiohttp.ClientSession, at: int | None = None) -> dict[str, Any]:
     out = {}
-    for path in [*LISTS, "/v1/jobs/j1"]:
+    for path in [*LISTS, "/v1/jobs/j0", "/v1/jobs/j1", "/v1/jobs/j4", "/v1/jobs?label=team=vision"]:
         params = {"at": str(at)} if at is not None else {}
         async with session.get(url + path, params=params) as r:
             assert r.status == 200, (path, await r.text())
@@ -46,7 +46,10 @@ async def settle(running: Running, inputs: int) -> None:
 async def test_the_logs_answer_what_the_service_answered(tmp_path: Path) -> None:
     log = tmp_path / "log"
     first = [node("a1", gpus=8, cell="c1"), node("b1", gpus=4, model="H100", cell="c2"),
-             *(job(f"j{i}", tenant=f"t{i % 2}", gpus=4) for i in range(5))]
+             *(msgspec.structs.replace(job(f"j{i}", tenant=f"t{i % 2}", gpus=4), labels={"team": f"t{i % 3}"})
+               for i in range(4)),
+             msgspec.structs.replace(job("j4", tenant="t0", gpus=4), labels={"team": "vision", "run": "4"},
+                                     annotations={"owner": "Ada <ada@example.org>"})]
     later = [TaskStarted(job_id="j0", task_index=0, node="a1"), job("k1", gpus=1),
              msgspec.structs.replace(node("b1", gpus=4, model="H100", cell="c2"), healthy=False)]
     async with serving(log) as running, aiohttp.ClientSession() as session:
@@ -57,6 +60,11 @@ async def test_the_logs_answer_what_the_service_answered(tmp_path: Path) -> None
         await settle(running, len(first) + len(later))
         at_end = await answers(running.url, session)
     assert at_first != at_end
+    j4 = at_end["/v1/jobs/j4"]  # (waits: the detail, its story, position and labels, both ways alike)
+    assert (j4["queue_position"], j4["story"][-1]["what"]) == (2, "waiting")  # (after t0's j2)
+    assert j4["labels"] == {"team": "vision", "run": "4"}
+    assert [j["job_id"] for j in at_end["/v1/jobs?label=team=vision"]["items"]] == ["j4"]
+    assert at_first["/v1/jobs/j0"]["story"] != at_end["/v1/jobs/j0"]["story"]  # (j0's task started)
     source = await open_shard(log, Shard.SINGLE, None, True)
     server = HttpServer(LogApi(source).handle)
     await server.start()

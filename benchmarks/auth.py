@@ -1,0 +1,130 @@
+"""Authentication's cost (issue 22): ``ingest_auth_ratio`` and ``authz_check_p99_us``.
+
+* ``ingest_auth_ratio`` — HTTP ingest events/s with bearer-token authentication on over off: two
+  embedded services (file log, ``fsync = "never"``) in this process, one with a tokens file of
+  ``TOKENS`` entries and one without, fed the same requests (``EVENTS`` heartbeats each, one
+  keep-alive connection) in alternated runs; the ratio of the medians (target >= 0.9).
+* ``authz_check_p99_us`` — p99 of one :meth:`Authenticator.check` (parse the header, SHA-256 the
+  token, look it up, check expiry and revocation), in microseconds.  Today this is the
+  *authentication* check only; authorization (roles) comes later and will be timed under this key.
+
+Client and services share this process and its cores, so the rates are lower than
+``benchmarks.http_ingest``'s; only their ratio is the measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+import uvloop
+
+from benchmarks.common import emit, machine, parse
+from fleetlog.events import NodeHeartbeat, encode, envelope
+from fleetlog.service.auth import Authenticator, entry_toml, new_token
+from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
+from fleetlog.service.service import Service
+
+TOKENS = 1_000
+EVENTS = 100
+
+
+def _tokens(path: Path) -> str:
+    token = new_token()
+    path.write_text("".join(entry_toml(f"tenant:{i}", new_token(), None) for i in range(TOKENS - 1))
+                    + entry_toml("tenant:bench", token, None))
+    path.chmod(0o600)
+    return token
+
+
+def _body(run: int, request: int) -> bytes:
+    beats = [NodeHeartbeat(cell="c1", node=f"n{run}-{request}-{i}", cpu_milli=96_000, mem_mib=786_432,
+                           gpu_count=8, gpu_model="A100") for i in range(EVENTS)]
+    return b"[" + b",".join(encode(envelope(b, f"bench-{run}-{request}"), "json") for b in beats) + b"]"
+
+
+async def _ingest(url: str, headers: dict[str, str], bodies: list[bytes]) -> float:
+    """Events per second of POSTing ``bodies`` one after another on one connection."""
+    async with aiohttp.ClientSession(headers={"Content-Type": "application/json", **headers}) as http:
+        started = time.perf_counter()
+        for body in bodies:
+            async with http.post(url + "/v1/events", data=body) as answer:
+                await answer.read()
+                assert answer.status == 200, answer.status
+        return len(bodies) * EVENTS / (time.perf_counter() - started)
+
+
+async def _started(config: Config) -> tuple[Service, asyncio.Task[None]]:
+    service = Service(config)
+    task = asyncio.create_task(service.run())
+    while service.loop is None:
+        await asyncio.sleep(0.05)
+    return service, task
+
+
+async def ingest_ratio(root: Path, requests: int, rounds: int) -> dict[str, Any]:
+    token = _tokens(root / "tokens.toml")
+    settings = ServiceSettings(http_port=0, idle_wait_ms=20)
+    off = await _started(Config(log=LogConfig(dir=str(root / "off"), fsync="never"), service=settings))
+    on = await _started(Config(log=LogConfig(dir=str(root / "on"), fsync="never"), service=settings,
+                               auth=AuthSettings(tokens_file=str(root / "tokens.toml"))))
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for run in range(rounds):
+            order = ("off", "on") if run % 2 == 0 else ("on", "off")
+            for mode in order:
+                service = off[0] if mode == "off" else on[0]
+                headers = {"Authorization": f"Bearer {token}"} if mode == "on" else {}
+                bodies = [_body(run * 2 + (mode == "on"), i) for i in range(requests)]
+                url = f"http://127.0.0.1:{service.http.port}"
+                rates[mode].append(await _ingest(url, headers, bodies))
+    finally:
+        for service, task in (off, on):
+            service.stop()
+            await task
+    ratio = statistics.median(rates["on"]) / statistics.median(rates["off"])
+    return {"ingest_auth_ratio": ratio, "ingest_events_per_s": rates, "target_ingest_auth_ratio": 0.9}
+
+
+def check_p99_us(root: Path, checks: int) -> float:
+    """p99 of one authentication check against a file of :data:`TOKENS` tokens, microseconds."""
+    token = _tokens(root / "check.toml")
+    auth = Authenticator(root / "check.toml")
+    header = f"Bearer {token}"
+    times = []
+    for _ in range(checks):
+        started = time.perf_counter_ns()
+        auth.check(header)
+        times.append(time.perf_counter_ns() - started)
+    times.sort()
+    return times[min(len(times) - 1, int(len(times) * 0.99))] / 1000
+
+
+def measure(quick: bool, smoke: bool) -> dict[str, Any]:
+    requests, rounds = (20, 2) if smoke else (200, 4) if quick else (500, 6)
+    with tempfile.TemporaryDirectory(prefix="fleetlog-auth-bench-") as tmp:
+        root = Path(tmp)
+        ingest = uvloop.run(ingest_ratio(root, requests, rounds))
+        p99 = check_p99_us(root, 1_000 if smoke else 100_000)
+    return {"benchmark": "auth", "machine": machine(), **ingest, "authz_check_p99_us": p99,
+            "authz_check_is": "authentication only (bearer token lookup); authorization comes later",
+            "requests_per_run": requests, "events_per_request": EVENTS, "rounds": rounds}
+
+
+def main() -> None:
+    args = parse(__doc__ or "")
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    emit(measure(args.quick, args.smoke), args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Authentication of the HTTP API: bearer tokens checked against a tokens file (issue 22, first slice).
+
+The file (config ``[auth] tokens_file``, ``FLEETLOG_AUTH_TOKENS_FILE``) is TOML::
+
+    [[token]]
+    principal = "tenant:a"
+    sha256 = "<hex of sha256(token)>"
+    expires = "2027-01-01T00:00:00Z"   # optional
+    revoked = true                     # optional
+
+Only hashes are kept at rest.  Tokens are random (``secrets.token_urlsafe(32)``: 256 bits), so a
+plain SHA-256 suffices: a slow password hash (bcrypt, scrypt) defends low-entropy secrets against
+guessing, and there is nothing to guess in 256 random bits; a fast hash keeps each check in
+microseconds.  A presented token is hashed and looked up in a dict keyed by hash: the timing of
+that lookup depends on the *hash* of the attacker's input, which the attacker cannot steer toward a
+stored hash (preimage resistance), so it leaks nothing usable; the stored digest is then compared
+with :func:`hmac.compare_digest` all the same.
+
+The file is re-read when its inode, size or mtime changes (looked at most once a second), so a
+token is rotated without a restart; a rewrite that does not parse keeps the last good tokens and
+logs an error naming the file (never a token or hash).  At start, a file that is group- or
+world-readable or -writable, or not owned by this process's user, is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import secrets
+import stat
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+LOG: Final = logging.getLogger("fleetlog.auth")
+EXEMPT: Final = frozenset({"/healthz", "/readyz"})
+"""The routes answered without a token (probes carry none)."""
+RECHECK_S: Final = 1.0
+LOOPBACK_NAMES: Final = frozenset({"localhost", "ip6-localhost"})
+
+
+class AuthError(Exception):
+    """The tokens file cannot be used (one line: the file and the problem, never a secret)."""
+
+
+class TokenEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    principal: str
+    sha256: str
+    expires: dt.datetime | None = None
+    revoked: bool = False
+
+
+class TokensFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    token: list[TokenEntry] = []
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    principal: str | None
+    """Who presented the token (``None``: refused)."""
+    problem: str = ""
+    """Why it was refused (never the token)."""
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_mode(path: Path) -> os.stat_result:
+    """The file's stat, or an :class:`AuthError` when others may read or write it."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise AuthError(f"auth.tokens_file {path}: {exc.strerror or exc}") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise AuthError(f"auth.tokens_file {path}: mode {stat.filemode(st.st_mode)} lets others read or "
+                        f"write it; chmod 600 {path}")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise AuthError(f"auth.tokens_file {path}: owned by uid {st.st_uid}, not this process's user")
+    return st
+
+
+def parse(path: Path, data: bytes) -> dict[str, TokenEntry]:
+    """The entries by hash, or an :class:`AuthError` (the message names no token and no hash)."""
+    try:
+        raw = tomllib.loads(data.decode())
+        entries = msgspec.convert(raw, TokensFile).token
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+        raise AuthError(f"auth.tokens_file {path}: {exc}") from None
+    by_hash: dict[str, TokenEntry] = {}
+    for i, entry in enumerate(entries):
+        digest = entry.sha256.lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise AuthError(f"auth.tokens_file {path}: token[{i}] ({entry.principal}): sha256 is not "
+                            "64 hex digits")
+        if entry.expires is not None and entry.expires.tzinfo is None:
+            raise AuthError(f"auth.tokens_file {path}: token[{i}] ({entry.principal}): expires needs a "
+                            "time zone (e.g. 2027-01-01T00:00:00Z)")
+        by_hash[digest] = entry
+    return by_hash
+
+
+class Authenticator:
+    """Checks ``Authorization`` headers against the tokens file, re-read when it changes."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.path, self._clock, self._monotonic = path, clock, monotonic
+        st = check_mode(path)
+        self._tokens = parse(path, path.read_bytes())
+        self._seen = _identity(st)
+        self._looked = monotonic()
+
+    def check(self, authorization: str | None) -> Verdict:
+        """The principal of a ``Bearer`` header, or why it is refused."""
+        self._maybe_reload()
+        if not authorization:
+            return Verdict(None, "no token: send Authorization: Bearer <token>")
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return Verdict(None, "the Authorization header is not 'Bearer <token>'")
+        digest = token_hash(token.strip())
+        entry = self._tokens.get(digest)
+        if entry is None or not hmac.compare_digest(entry.sha256.lower(), digest):
+            return Verdict(None, "the token is not known")
+        if entry.revoked:
+            return Verdict(None, "the token is revoked")
+        if entry.expires is not None and entry.expires.timestamp() <= self._clock():
+            return Verdict(None, "the token has expired")
+        return Verdict(entry.principal)
+
+    def _maybe_reload(self) -> None:
+        now = self._monotonic()
+        if now - self._looked < RECHECK_S:
+            return
+        self._looked = now
+        try:
+            st = self.path.stat()
+        except OSError as exc:
+            LOG.error("auth.tokens_file %s: %s; keeping the last good tokens", self.path, exc.strerror)
+            return
+        if _identity(st) == self._seen:
+            return
+        self._seen = _identity(st)
+        try:
+            check_mode(self.path)
+            self._tokens = parse(self.path, self.path.read_bytes())
+        except (AuthError, OSError) as exc:
+            LOG.error("%s; keeping the last good tokens", exc)
+            return
+        LOG.info("auth.tokens_file %s re-read: %d tokens", self.path, len(self._tokens))
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+
+
+def entry_toml(principal: str, token: str, expires: str | None) -> str:
+    """The ``[[token]]`` entry to paste into the tokens file for ``token``."""
+    lines = ["[[token]]", f"principal = {_quoted(principal)}", f'sha256 = "{token_hash(token)}"']
+    if expires:
+        lines.append(f"expires = {_quoted(expires)}")
+    return "\n".join(lines) + "\n"
+
+
+def _quoted(text: str) -> str:
+    return msgspec.json.encode(text).decode()
+
+
+def authenticator(tokens_file: str | None, host: str) -> Authenticator | None:
+    """The service's authenticator (``None``: none configured), or an :class:`AuthError` when the
+    tokens file is unusable or ``host`` is not loopback and there is no authentication."""
+    if tokens_file is None:
+        if not is_loopback(host):
+            raise AuthError(f"http_host = {host} listens beyond this machine without authentication: "
+                            "set [auth] tokens_file (FLEETLOG_AUTH_TOKENS_FILE) or bind 127.0.0.1")
+        return None
+    return Authenticator(Path(tokens_file))
