@@ -125,7 +125,7 @@ def test_usage_and_configuration_errors_exit_2_in_one_line(module: str, tmp_path
          "FLEETLOG_KAFKA_SECURITY_PROTOCOL: kafka.security_protocol = 'TLS'"),
         (("--log", str(tmp_path / "log"), "--topic-prefix", "p"), {}, "--topic-prefix applies to Kafka only"),
         (("--config", str(tmp_path / "missing.toml")), {}, "cannot read config file"),
-        (("--config", str(typo)), {}, "unknown table [servce]; expected log, kafka, cells, service"),
+        (("--config", str(typo)), {}, "unknown table [servce]; expected log, kafka, cells, auth, service"),
     ]
     for argv, env, message in cases:
         done = run(module, *argv, env=env)
