@@ -110,10 +110,14 @@ def test_a_port_held_by_another_program_is_one_line_and_exit_1(tmp_path: Path) -
 
 
 def test_an_address_that_cannot_be_bound_is_one_line_and_exit_1_at_start(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"  # (a host beyond this machine needs authentication first)
+    tokens.write_text(f'[[token]]\nprincipal = "operator"\nsha256 = "{"0" * 64}"\n')
+    tokens.chmod(0o600)
     done = subprocess.run(
         [sys.executable, "-m", "fleetlog.cli", "run", "--log", str(tmp_path / "log"), "--http-port", "9"],
         check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={**os.environ, **ENV, "FLEETLOG_SERVICE_HTTP_HOST": "no-such-host.invalid"},
+        env={**os.environ, **ENV, "FLEETLOG_SERVICE_HTTP_HOST": "no-such-host.invalid",
+             "FLEETLOG_AUTH_TOKENS_FILE": str(tokens)},
     )
     assert done.returncode == 1, done.stderr
     said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
