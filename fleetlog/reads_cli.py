@@ -189,18 +189,24 @@ def _announced(place: Any) -> str | None:
 def _http(url: str) -> Fetch:
     def fetch(query: dict[str, list[str]]) -> dict[str, Any]:
         where = url + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
-        try:
-            with urllib.request.urlopen(urllib.request.Request(where, headers=auth_headers()),
-                                        timeout=30) as answer:
-                body: dict[str, Any] = json.loads(answer.read())
-                return body
-        except urllib.error.HTTPError as exc:
-            raise ReadError(f"{url} answered {exc.code}: {refused_why(exc.code, _message(exc.read()))}"
-                            ) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ReadError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
+        return call_api(where, url)
 
     return fetch
+
+
+def call_api(where: str, url: str, body: bytes | None = None, verb: str = "read") -> dict[str, Any]:
+    """The JSON answer of the API at ``where`` (``body``: POSTed as JSON), with the token the
+    environment names; a refusal or an unreachable ``url`` is a :class:`ReadError` of one line."""
+    headers = {"content-type": "application/json", **auth_headers()} if body is not None else auth_headers()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(where, data=body, headers=headers),
+                                    timeout=30) as answer:
+            found: dict[str, Any] = json.loads(answer.read())
+            return found
+    except urllib.error.HTTPError as exc:
+        raise ReadError(f"{url} answered {exc.code}: {refused_why(exc.code, _message(exc.read()))}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ReadError(f"cannot {verb} {url}: {getattr(exc, 'reason', exc)}") from None
 
 
 def _message(body: bytes) -> str:

@@ -145,16 +145,12 @@ def _line(item: dict[str, Any]) -> str:
 
 
 def _call(url: str, body: bytes | None = None) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=body, headers={"content-type": "application/json",
-                                                              **auth_headers()})
+    from fleetlog.reads_cli import ReadError, call_api
+
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            found: dict[str, Any] = json.loads(answer.read())
-            return found
-    except urllib.error.HTTPError as exc:
-        raise ModeError(f"{url} answered {exc.code}: {refused_why(exc.code, _message(exc.read()))}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ModeError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+        return call_api(url, url, body, verb="reach")
+    except ReadError as exc:
+        raise ModeError(str(exc)) from None
 
 
 def _message(body: bytes) -> str:
