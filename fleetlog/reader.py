@@ -1,5 +1,6 @@
 """A Python client that reads the service's API (docs/api.md): lists typed with the API's own
-msgspec structs, one job, and a watch of the decisions or inputs log that resumes by itself.
+msgspec structs, one job, finished jobs' accounting (``/v1/history``, which ``fleetlog replay
+serve`` answers), and a watch of the decisions or inputs log that resumes by itself.
 
     async with Reader("http://127.0.0.1:9464") as api:
         pending = await api.jobs(state="pending", tenant="t1")
@@ -21,6 +22,8 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from fleetlog.api.detail import JobDetail
+from fleetlog.api.history import Finished, HistoryPage
 from fleetlog.api.resources import (
     MAX_LIMIT,
     CellItem,
@@ -116,9 +119,19 @@ class Reader:
         """Nodes in first-seen order; filters ``cell``, ``model``, ``status``."""
         return await self._pages("/v1/nodes", NodePage, filters, limit)
 
-    async def job(self, job_id: str) -> dict[str, Any]:
-        found: dict[str, Any] = msgspec.json.decode(await self._get(f"/v1/jobs/{quote(job_id, safe='')}", []))
-        return found
+    async def job(self, job_id: str) -> JobDetail:
+        """One job, its story included (``GET /v1/jobs/JOB``)."""
+        return msgspec.json.decode(await self._get(f"/v1/jobs/{quote(job_id, safe='')}", []), type=JobDetail)
+
+    async def history(self, limit: int | None = None, **filters: Any) -> list[Finished]:
+        """Finished jobs' accounting records in the order they ended (``GET /v1/history``, which
+        ``fleetlog replay serve`` answers); filters ``tenant``, ``queue``, ``state`` (each a value
+        or a list of values: any of them), ``since`` and ``until`` (an ISO 8601 time, or epoch
+        milliseconds: an int, or a string ending in ``ms``); every page up to ``limit``."""
+        for name in ("since", "until"):
+            if isinstance(filters.get(name), int):
+                filters[name] = f"{filters[name]}ms"
+        return await self._pages("/v1/history", HistoryPage, filters, limit)
 
     async def tenants(self) -> list[TenantItem]:
         return msgspec.json.decode(await self._get("/v1/tenants", []), type=TenantList).items
@@ -210,8 +223,11 @@ class SyncReader:
     def nodes(self, limit: int | None = None, **filters: Any) -> list[NodeItem]:
         return self._loop.run_until_complete(self._reader.nodes(limit, **filters))
 
-    def job(self, job_id: str) -> dict[str, Any]:
+    def job(self, job_id: str) -> JobDetail:
         return self._loop.run_until_complete(self._reader.job(job_id))
+
+    def history(self, limit: int | None = None, **filters: Any) -> list[Finished]:
+        return self._loop.run_until_complete(self._reader.history(limit, **filters))
 
     def tenants(self) -> list[TenantItem]:
         return self._loop.run_until_complete(self._reader.tenants())

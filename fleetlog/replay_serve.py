@@ -9,6 +9,11 @@ state ``replay state-at`` folds (newest snapshot, then the tail).  The answer's
 paging through one point folds it once.  Writes (ingest, quotas) and the watch are the live
 service's: here they are 404 ``not_served``.
 
+``/v1/history`` (fleetlog.api.history) is served here only: ``fleetlog history``'s records
+(:func:`fleetlog.replay.history.account`, one replay of the retained logs to their end) with its
+filters, paged.  The records the filters keep are kept for the end offset they were folded to
+(one list), so paging through them replays once; a grown log or other filters fold again.
+
 It lives outside :mod:`fleetlog.replay` because it serves HTTP (the service's server), which
 replay never imports; replay's ``serve`` subcommand calls :func:`serve_logs`.
 """
@@ -25,12 +30,14 @@ from typing import Final
 
 from fleetlog.api.detail import job_detail
 from fleetlog.api.dryrun import dry_run, parse_jobs
+from fleetlog.api.history import Finished, HistoryQuery, history_page, history_query
 from fleetlog.api.resources import ApiError
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
 from fleetlog.core.state import State
 from fleetlog.log.base import INPUTS
 from fleetlog.replay import source as src
+from fleetlog.replay.history import Filters, account, log_time_ms
 from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, resolve, state_at
 from fleetlog.replay.terminal import parse_point
@@ -44,9 +51,13 @@ KEPT: Final = 4
 class LogApi:
     """The read routes over the states of ``source``."""
 
-    def __init__(self, source: Source, policy: Policy | None = None) -> None:
+    def __init__(self, source: Source, policy: Policy | None = None, sharded: bool = False) -> None:
         self.source, self.policy = source, policy or policy_named("default")
+        self.sharded = sharded
+        """One shard of a deployment with a ``[cells]`` map: no history (``fleetlog history``'s refusal)."""
         self.states: OrderedDict[int, State] = OrderedDict()
+        self.history: tuple[tuple[int, Filters], list[Finished]] | None = None
+        """(inputs end offset, filters) -> the records they keep: the last history folded."""
         self._lock = asyncio.Lock()  # one fold at a time: a second request for it waits, then reuses it
 
     async def state(self, at: list[str]) -> tuple[int, State]:
@@ -66,12 +77,40 @@ class LogApi:
             self.states.move_to_end(offset)
             return offset, self.states[offset]
 
+    async def records(self, query: HistoryQuery) -> tuple[int, list[Finished]]:
+        """(the inputs end offset, every record ``query``'s filters keep up to it), in the order
+        the jobs ended: folded once per end offset and filters."""
+        filters = Filters(query.tenants, query.queues, query.states, query.since_ms, query.until_ms)
+        async with self._lock:
+            end = await src.end_offset(self.source.store, INPUTS)
+            if self.history is None or self.history[0] != (end, filters):
+                found: list[Finished] = []
+                await account(self.source, found.append, filters, stop=end)
+                self.history = (end, filters), found
+            return end, self.history[1]
+
+    async def answer_history(self, request: Request) -> Response:
+        """``GET /v1/history``: a page of ``fleetlog history``'s records."""
+        if self.sharded:
+            return refusal(404, "not_served", "GET /v1/history reads a single-shard log, as `fleetlog "
+                           "history` does: this deployment has a [cells] map, whose jobs' events are split "
+                           "across the dispatcher's and the cells' partitions (not supported yet)")
+        try:
+            query = history_query(request.query, _log_time_ms)
+            end, found = await self.records(query)
+        except ApiError as exc:
+            return refusal(exc.status, exc.code, exc.message, exc.field)
+        page = history_page(found, query.start, query.limit)
+        return json_response(200, page, {"Fleetlog-Offset": str(end)})
+
     async def handle(self, request: Request) -> Response:
         route, found, elsewhere = route_for(request.method, request.raw_path or request.path)
         if route is None:
             return unrouted(request, elsewhere)
         if route.path == "/v1/openapi.json":
             return json_response(200, openapi())
+        if route.path == "/v1/history":
+            return await self.answer_history(request)
         if route.path not in LISTS and route.path not in ("/v1/jobs/{job_id}", "/v1/dry-run"):
             return refusal(404, "not_served", f"{route.method} {route.path} is the live service's: replay "
                            "serve answers the reads of recorded logs")
@@ -91,6 +130,14 @@ class LogApi:
         return json_response(200, status, headers)
 
 
+def _log_time_ms(text: str) -> int:
+    """``fleetlog history --since``'s parser, its refusal a :class:`ValueError` (for the API)."""
+    try:
+        return log_time_ms(text)
+    except ReplayError as exc:
+        raise ValueError(str(exc)) from None
+
+
 async def serve_logs(args: argparse.Namespace, source: Source) -> int:
     """Serve until SIGINT or SIGTERM (exit 0); the address on stdout (``--json``: one object)."""
     try:
@@ -101,7 +148,7 @@ async def serve_logs(args: argparse.Namespace, source: Source) -> int:
         raise ReplayError(f"--http-host {args.http_host}: replay serve has no authentication and listens on "
                           "loopback only (127.0.0.1, ::1, localhost); share it through an authenticating "
                           "proxy")
-    api = LogApi(source, policy)
+    api = LogApi(source, policy, sharded=getattr(args, "topology", None) is not None)
     server = HttpServer(api.handle, args.http_host, args.http_port)
     await server.start()
     where = f"http://{args.http_host}:{server.port}"

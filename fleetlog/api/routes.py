@@ -15,6 +15,7 @@ import msgspec
 
 from fleetlog.api.detail import JobDetail
 from fleetlog.api.dryrun import DryRun
+from fleetlog.api.history import ENDED, HISTORY_PARAMS, HistoryPage
 from fleetlog.api.resources import (
     DEFAULT_LIMIT,
     JOB_PARAMS,
@@ -80,16 +81,26 @@ _DESCRIBED: Final = {
     "page_token": "the next_page_token of the previous page",
 }
 _CLOSED: Final = {"state": JOB_STATES, "status": NODE_STATUSES}
+_HISTORY: Final = {
+    "tenant": "only this tenant's jobs", "queue": "only this queue's jobs",
+    "state": "only jobs that ended in this state",
+    "since": "only jobs that ended at or after this log time: ISO 8601 (no zone: UTC) or epoch "
+             "milliseconds with ms (1700000000000ms), as fleetlog history --since takes it",
+    "until": "only jobs that ended before this log time (as since)",
+}
 
 
-def _params(names: tuple[str, ...]) -> tuple[Param, ...]:
+def _params(names: tuple[str, ...], described: Mapping[str, str] = _DESCRIBED,
+            closed: Mapping[str, tuple[str, ...]] = _CLOSED) -> tuple[Param, ...]:
     """The query parameters a list takes (the list's own tuple of names is the authority)."""
-    single = ("limit", "page_token")
-    return tuple(Param(name, _DESCRIBED[name], _CLOSED.get(name, ()), name == "limit", name not in single)
+    single = ("limit", "page_token", "since", "until")
+    return tuple(Param(name, described.get(name) or _DESCRIBED[name], closed.get(name, ()), name == "limit",
+                       name not in single)
                  for name in names)
 
 
 _JOB_PARAMS, _NODE_PARAMS = _params(JOB_PARAMS), _params(NODE_PARAMS)
+_HISTORY_PARAMS: Final = _params(HISTORY_PARAMS, _HISTORY, {"state": ENDED})
 
 LISTS: Final[Mapping[str, tuple[ListFn, Any, tuple[Param, ...], str]]] = {
     "/v1/jobs": (list_jobs, JobPage, _JOB_PARAMS, "Jobs in submission order, filtered and paged"),
@@ -104,6 +115,9 @@ ROUTES: Final[tuple[Route, ...]] = (
     *(Route("GET", path, summary, answer, params) for path, (_, answer, params, summary) in LISTS.items()),
     Route("GET", "/v1/jobs/{job_id}", "One job: its state, tasks and nodes, queue position, labels and "
           "annotations, or why it waits; with its story (docs/api.md)", JobDetail),
+    Route("GET", "/v1/history", "Accounting of finished jobs (fleetlog history: submission, wait, elapsed, "
+          "exit code, preemptions, GPU-hours), in the order they ended, filtered and paged; answered by "
+          "fleetlog replay serve, not the live service (docs/api.md)", HistoryPage, _HISTORY_PARAMS),
     Route("GET", "/v1/watch", "The decisions (or inputs) log as Server-Sent Events from an offset; "
           "resumable with Last-Event-ID (docs/api.md)", params=(
               Param("from", "an offset, start or end (default: end)", repeated=False),

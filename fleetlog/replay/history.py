@@ -47,9 +47,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-import msgspec
 import numpy as np
 
+from fleetlog.api.history import ENDED, Finished
 from fleetlog.core.state import JobState, State, TaskState
 from fleetlog.events.model import (
     DecisionBatch,
@@ -65,12 +65,12 @@ from fleetlog.events.model import (
 from fleetlog.log.base import INPUTS
 from fleetlog.replay.engine import replay
 from fleetlog.replay.jobend import _Walk as Walk
-from fleetlog.replay.source import Chunk, Input, Progress, Source, end_offset
+from fleetlog.replay.source import Chunk, Input, Progress, ReplayError, Source, end_offset
 from fleetlog.replay.state_at import first_start
-from fleetlog.replay.terminal import progress_bar
+from fleetlog.replay.terminal import parse_point, progress_bar
 
-ENDED: Final = ("succeeded", "failed", "cancelled", "rejected")
-"""The end states a record can have (the ``--state`` choices)."""
+__all__ = ["ENDED", "Finished"]  # (from fleetlog.api.history: the API describes the record, this folds it)
+
 STATE_NAMES: Final = {JobState.SUCCEEDED: "succeeded", JobState.FAILED: "failed",
                       JobState.CANCELLED: "cancelled", JobState.REJECTED: "rejected"}
 MILLI_MS_PER_HOUR: Final = 1000 * 3_600_000
@@ -80,29 +80,14 @@ HOURS_DIGITS: Final = 6
 _JOB_INPUTS: Final = frozenset({JobSubmitted, JobCancelled, TaskStarted, TaskFinished, TaskFailed})
 
 
-class Finished(msgspec.Struct, frozen=True):
-    """One finished job's accounting record (the module's docstring defines the fields)."""
-
-    job_id: str
-    state: str
-    tenant: str
-    queue: str
-    priority: int
-    tasks: int
-    cell: str | None
-    submitted_at_ms: int
-    placed_at_ms: int | None
-    started_at_ms: int | None
-    ended_at_ms: int
-    wait_ms: int | None
-    elapsed_ms: int | None
-    exit_code: int | None
-    end: str
-    preemptions: int
-    requeues: int
-    gpu_hours: float
-    cpu_hours: float
-    partial: bool
+def log_time_ms(text: str) -> int:
+    """A log time (``--since``, ``--until``; ``since``, ``until`` of ``GET /v1/history``): ISO 8601
+    (no zone: UTC) or epoch milliseconds with ``ms``; not an offset (a :class:`ReplayError`)."""
+    point = parse_point(text)
+    if point.time_ms is None:
+        raise ReplayError(f"{text!r} is an offset; history takes a log time: epoch "
+                          "milliseconds (1700000000000ms) or ISO 8601 (2026-11-30T01:00:00Z)")
+    return point.time_ms
 
 
 @dataclass(frozen=True)
@@ -396,16 +381,17 @@ class Outcome:
 
 async def account(source: Source, emit: Callable[[Finished], None], filters: Filters | None = None,
                   limit: int | None = None, progress: Progress | None = None,
-                  check: bool = False) -> Outcome:
-    """Replay the retained history once, calling ``emit`` with each finished job's record that
-    ``filters`` keeps (at most ``limit``), in the order the jobs ended."""
+                  check: bool = False, stop: int | None = None) -> Outcome:
+    """Replay the retained history once (to inputs offset ``stop``; ``None``: the end of the
+    log), calling ``emit`` with each finished job's record that ``filters`` keeps (at most
+    ``limit``), in the order the jobs ended."""
     start = await first_start(source)
     accounting = Accounting(emit, filters, limit, check)
     if start.snapshot is not None:
         accounting.seed(start.state)
     early = False
     try:
-        await replay(source, start, observers=(accounting,), progress=progress)
+        await replay(source, start, stop, observers=(accounting,), progress=progress)
     except Enough:
         early = True
     return Outcome(accounting.listed, accounting.ended, len(accounting.jobs), early)
