@@ -25,6 +25,8 @@ from fleetlog.usage import add_log_options
 COLUMNS: Final = ("job_id", "state", "tenant", "queue", "ended_at_ms", "wait_ms", "elapsed_ms", "exit_code",
                   "preemptions", "gpu_hours")
 """The table's columns (``-o wide``: every field)."""
+AUDIT_COLUMNS: Final = ("offset", "at_ms", "principal", "type", "job_id", "tenant", "cell", "node")
+"""The columns of ``--audit`` (``-o wide``: every field)."""
 SHARDED: Final = ("history reads a single-shard log; this configuration has a [cells] map, whose jobs' "
                   "events are split across the dispatcher's and the cells' partitions (not supported yet)")
 
@@ -49,6 +51,16 @@ def add_history_command(
     parser.add_argument("--since", type=log_time_ms, metavar="TIME",
                         help="only jobs that ended at or after TIME (ISO 8601, or epoch ms: 1700000000000ms)")
     parser.add_argument("--until", type=log_time_ms, metavar="TIME", help="only jobs that ended before TIME")
+    audit = parser.add_argument_group("the audit trail (--audit)")
+    audit.add_argument("--audit", action="store_true",
+                       help="who did what when instead: one entry per submission, cancel, quota change, "
+                       "drain or node removal, with the principal that appended it (docs/service.md)")
+    audit.add_argument("--principal", action="append", default=[],
+                       help="only this principal's entries (- for none; repeat: any of them)")
+    audit.add_argument("--type", action="append", default=[], metavar="EVENT",
+                       help="only this event type (JobSubmitted, QuotaSet…; repeat: any of them)")
+    audit.add_argument("--all", action="store_true", dest="every",
+                       help="the backends' observations too (heartbeats, task reports)")
     parser.add_argument("--limit", type=_positive,
                         help="at most this many: the first to end (default: all)")
     parser.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
@@ -60,18 +72,15 @@ def add_history_command(
 
 
 def log_time_ms(text: str) -> int:
-    """A log time: ISO 8601 (no zone: UTC) or epoch milliseconds with ``ms``; not an offset."""
+    """A log time: ISO 8601 (no zone: UTC) or epoch milliseconds with ``ms``; not an offset
+    (:func:`fleetlog.replay.history.log_time_ms`, which ``GET /v1/history`` parses with too)."""
+    from fleetlog.replay.history import log_time_ms as parse
     from fleetlog.replay.source import ReplayError
-    from fleetlog.replay.terminal import parse_point
 
     try:
-        point = parse_point(text)
+        return parse(text)
     except ReplayError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if point.time_ms is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is an offset; history takes a log time: epoch "
-                                         "milliseconds (1700000000000ms) or ISO 8601 (2026-11-30T01:00:00Z)")
-    return point.time_ms
 
 
 def _positive(text: str) -> int:
@@ -83,20 +92,24 @@ def _positive(text: str) -> int:
 def _command(usage_error: type[Exception], locate: Callable[[argparse.Namespace], Any]) -> Any:
     def run(args: argparse.Namespace) -> int:
         from fleetlog.replay import handlers
+        from fleetlog.replay.audit import AuditFilters
         from fleetlog.replay.history import Filters
         from fleetlog.replay.source import ReplayError
 
         place = locate(args)
         if args.topology is not None:
             raise usage_error(SHARDED)
+        _check_audit(args, usage_error)
         args.history_filters = Filters(frozenset(args.tenant), frozenset(args.queue), frozenset(args.state),
                                        args.since, args.until)
-        printer = Printer(args.output, sys.stdout)
+        args.audit_filters = AuditFilters(frozenset(args.principal), frozenset(args.type), args.since,
+                                          args.until, args.every)
+        printer = Printer(args.output, sys.stdout, AUDIT_COLUMNS if args.audit else COLUMNS)
         args.history_emit = printer.add
         # a bar on stderr while records stream to the same terminal would tear: records show progress
         args.history_progress = printer.collects or not printer.out.isatty()
         try:
-            asyncio.run(handlers.run("history", place, args))
+            asyncio.run(handlers.run("audit" if args.audit else "history", place, args))
         except ReplayError as exc:
             raise usage_error(str(exc)) from None
         printer.close()
@@ -105,12 +118,27 @@ def _command(usage_error: type[Exception], locate: Callable[[argparse.Namespace]
     return run
 
 
+def _check_audit(args: argparse.Namespace, usage_error: type[Exception]) -> None:
+    """``--audit`` lists entries, not jobs: the job filters do not apply, and the entry filters
+    need it."""
+    if args.audit:
+        given = [f"--{name}" for name in ("tenant", "queue", "state") if getattr(args, name)]
+        if given:
+            raise usage_error(f"{', '.join(given)} filter finished jobs, not the audit trail: with --audit "
+                              "use --principal, --type, --since, --until")
+    else:
+        given = [flag for flag, value in (("--principal", args.principal), ("--type", args.type),
+                                          ("--all", args.every)) if value]
+        if given:
+            raise usage_error(f"{', '.join(given)} filter the audit trail: add --audit")
+
+
 class Printer:
     """Where the records go: ``json`` and ``yaml`` written one by one as they come, a table
     (``table``, ``wide``) collected and printed at the end."""
 
-    def __init__(self, output: str, out: TextIO) -> None:
-        self.output, self.out, self.count = output, out, 0
+    def __init__(self, output: str, out: TextIO, columns: tuple[str, ...] = COLUMNS) -> None:
+        self.output, self.out, self.count, self.columns = output, out, 0, columns
         self.collects = output in ("table", "wide")
         self.rows: list[dict[str, Any]] = []
 
@@ -132,6 +160,7 @@ class Printer:
         elif self.collects:
             from fleetlog.reads_cli import Listing, show
 
-            listing = Listing("", "finished jobs", (), COLUMNS)
-            show("finished jobs", listing, {"items": self.rows}, self.output)
+            what = "finished jobs" if self.columns == COLUMNS else "audit entries"
+            listing = Listing("", what, (), self.columns)
+            show(what, listing, {"items": self.rows}, self.output)
         self.out.flush()

@@ -39,6 +39,10 @@ NULL_VALUE_HEADER: Final = "fleetlog-null-value"
 """Marks a Kafka record whose value is null (a tombstone, the delete marker of compacted
 topics): :class:`Record` holds ``b""`` for it, and this header says it was null, not empty."""
 
+PRINCIPAL_HEADER: Final = "fleetlog-principal"
+"""Who appended a record through the authenticated API (fleetlog.service.auth): set by the
+service, never taken from the producer; the audit trail (``fleetlog history --audit``)."""
+
 Headers = tuple[tuple[str, bytes], ...]
 L = TypeVar("L", bound="Log")
 Clock = Callable[[], int]

@@ -33,6 +33,7 @@ from fleetlog.measures import ROWS as MEASURE_ROWS
 from fleetlog.measures import rows as measure_rows
 from fleetlog.replay import fleet_handlers
 from fleetlog.replay import source as src
+from fleetlog.replay.audit import command as cmd_audit
 from fleetlog.replay.charts import Quotas
 from fleetlog.replay.dump import dump
 from fleetlog.replay.explain import explain
@@ -410,6 +411,7 @@ HANDLERS: dict[str, Handler] = {
     "list": cmd_list,
     "dry-run": cmd_dry_run,
     "history": cmd_history,
+    "audit": cmd_audit,
     "serve": cmd_serve,
 }
 

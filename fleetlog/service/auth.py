@@ -36,7 +36,7 @@ import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import msgspec
 
@@ -44,6 +44,7 @@ LOG: Final = logging.getLogger("fleetlog.auth")
 EXEMPT: Final = frozenset({"/healthz", "/readyz"})
 """The routes answered without a token (probes carry none)."""
 RECHECK_S: Final = 1.0
+T = TypeVar("T")
 LOOPBACK_NAMES: Final = frozenset({"localhost", "ip6-localhost"})
 
 
@@ -86,17 +87,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_mode(path: Path) -> os.stat_result:
-    """The file's stat, or an :class:`AuthError` when others may read or write it."""
+def check_mode(path: Path, key: str = "auth.tokens_file") -> os.stat_result:
+    """The file's stat, or an :class:`AuthError` when others may read or write it (``key``: the
+    setting that names it, for the message)."""
     try:
         st = path.stat()
     except OSError as exc:
-        raise AuthError(f"auth.tokens_file {path}: {exc.strerror or exc}") from None
+        raise AuthError(f"{key} {path}: {exc.strerror or exc}") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise AuthError(f"auth.tokens_file {path}: mode {stat.filemode(st.st_mode)} lets others read or "
+        raise AuthError(f"{key} {path}: mode {stat.filemode(st.st_mode)} lets others read or "
                         f"write it; chmod 600 {path}")
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise AuthError(f"auth.tokens_file {path}: owned by uid {st.st_uid}, not this process's user")
+        raise AuthError(f"{key} {path}: owned by uid {st.st_uid}, not this process's user")
     return st
 
 
@@ -120,27 +122,63 @@ def parse(path: Path, data: bytes) -> dict[str, TokenEntry]:
     return by_hash
 
 
+class WatchedFile(Generic[T]):
+    """A secrets file (tokens, policy) parsed at start and re-read when its inode, size, mtime or
+    mode changes (looked at most once a second): rotated without a restart.  A rewrite that is
+    refused (mode, owner, syntax) keeps the last good content and logs the problem."""
+
+    def __init__(self, path: Path, key: str, parser: Callable[[Path, bytes], T],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.key, self._parser, self._monotonic = path, key, parser, monotonic
+        self.noun = key.removeprefix("auth.").removesuffix("_file")  # tokens, policy
+        st = check_mode(path, key)
+        self._value = parser(path, path.read_bytes())
+        self._seen = _identity(st)
+        self._looked = monotonic()
+
+    def current(self) -> T:
+        now = self._monotonic()
+        if now - self._looked >= RECHECK_S:
+            self._looked = now
+            self._reload()
+        return self._value
+
+    def _reload(self) -> None:
+        try:
+            st = self.path.stat()
+        except OSError as exc:
+            LOG.error("%s %s: %s; keeping the last good %s", self.key, self.path, exc.strerror, self.noun)
+            return
+        if _identity(st) == self._seen:
+            return
+        self._seen = _identity(st)
+        try:
+            check_mode(self.path, self.key)
+            self._value = self._parser(self.path, self.path.read_bytes())
+        except (AuthError, OSError) as exc:
+            LOG.error("%s; keeping the last good %s", exc, self.noun)
+            return
+        LOG.info("%s %s re-read", self.key, self.path)
+
+
 class Authenticator:
     """Checks ``Authorization`` headers against the tokens file, re-read when it changes."""
 
     def __init__(self, path: Path, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.path, self._clock, self._monotonic = path, clock, monotonic
-        st = check_mode(path)
-        self._tokens = parse(path, path.read_bytes())
-        self._seen = _identity(st)
-        self._looked = monotonic()
+        self.path, self._clock = path, clock
+        self._tokens = WatchedFile(path, "auth.tokens_file", parse, monotonic)
 
     def check(self, authorization: str | None) -> Verdict:
         """The principal of a ``Bearer`` header, or why it is refused."""
-        self._maybe_reload()
+        tokens = self._tokens.current()
         if not authorization:
             return Verdict(None, "no token: send Authorization: Bearer <token>")
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return Verdict(None, "the Authorization header is not 'Bearer <token>'")
         digest = token_hash(token.strip())
-        entry = self._tokens.get(digest)
+        entry = tokens.get(digest)
         if entry is None or not hmac.compare_digest(entry.sha256.lower(), digest):
             return Verdict(None, "the token is not known")
         if entry.revoked:
@@ -148,27 +186,6 @@ class Authenticator:
         if entry.expires is not None and entry.expires.timestamp() <= self._clock():
             return Verdict(None, "the token has expired")
         return Verdict(entry.principal)
-
-    def _maybe_reload(self) -> None:
-        now = self._monotonic()
-        if now - self._looked < RECHECK_S:
-            return
-        self._looked = now
-        try:
-            st = self.path.stat()
-        except OSError as exc:
-            LOG.error("auth.tokens_file %s: %s; keeping the last good tokens", self.path, exc.strerror)
-            return
-        if _identity(st) == self._seen:
-            return
-        self._seen = _identity(st)
-        try:
-            check_mode(self.path)
-            self._tokens = parse(self.path, self.path.read_bytes())
-        except (AuthError, OSError) as exc:
-            LOG.error("%s; keeping the last good tokens", exc)
-            return
-        LOG.info("auth.tokens_file %s re-read: %d tokens", self.path, len(self._tokens))
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:

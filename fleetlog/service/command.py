@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import uvloop
 
 from fleetlog.log.location import ConfigError
 from fleetlog.service.auth import AuthError, authenticator
+from fleetlog.service.authz import Authorizer
 from fleetlog.service.config import Config, load_config
 from fleetlog.service.roles import RoleService
 from fleetlog.service.service import Service
@@ -40,10 +42,18 @@ def check_role(config: Config) -> None:
     if config.kafka is None and config.service.role != "all":
         raise CommandError(f"--role {config.service.role} runs on Kafka (processes share the partitions); "
                            "on the file log one process runs every role: --role all with the [cells] map")
-    try:  # the bind rule and the tokens file's mode, before anything starts
-        authenticator(config.auth.tokens_file, config.service.http_host)
+    auth = config.auth
+    if auth.policy_file is not None and auth.tokens_file is None:
+        raise CommandError("auth.policy_file names the roles of the principals of auth.tokens_file: set "
+                           "[auth] tokens_file (FLEETLOG_AUTH_TOKENS_FILE) too")
+    try:  # the bind rule and the files' modes, before anything starts
+        authenticator(auth.tokens_file, config.service.http_host)
+        Authorizer(auth.policy_file)
     except AuthError as exc:
         raise CommandError(str(exc)) from None
+    if auth.tokens_file is not None and auth.policy_file is None:
+        print("fleetlog run: [auth] tokens_file without policy_file: every authenticated principal may do "
+              "everything (set [auth] policy_file to give roles)", file=sys.stderr)
 
 
 def run_service(config: Config) -> None:

@@ -116,6 +116,8 @@ class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     tokens_file: str | None = None
     """The bearer tokens (hashed) the API accepts; none: no authentication (loopback only)."""
+    policy_file: str | None = None
+    """Who may do what (fleetlog.service.authz); none: every authenticated principal may do all."""
 
 
 class Config(msgspec.Struct, frozen=True):

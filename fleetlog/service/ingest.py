@@ -30,8 +30,9 @@ from fleetlog.events.codec import (
 )
 from fleetlog.events.model import INPUT_TYPES, InputEvent, JobCancelled, JobSubmitted
 from fleetlog.events.spec import spec_differences, submission_spec
-from fleetlog.log.base import INPUTS, LogStore, Message
+from fleetlog.log.base import INPUTS, PRINCIPAL_HEADER, LogStore, Message
 from fleetlog.log.discovery import ACCEPT_NEVER_FITS
+from fleetlog.service.authz import Forbidden, Roles, check_events, forbidden
 from fleetlog.service.config import ServiceSettings
 from fleetlog.service.http import HttpLimits, Request, Response, json_response, refusal
 from fleetlog.service.loop import SchedulerLoop
@@ -302,7 +303,7 @@ class IngestGate:
                 self._appending.discard(event.job_id)
                 self._job_ends.append((end, event.job_id))
 
-    async def serve(self, request: Request, leading: Leading) -> Response:
+    async def serve(self, request: Request, leading: Leading, roles: Roles | None = None) -> Response:
         """``POST /v1/events``: decode and check the body in a worker thread (the loop keeps
         stepping and answering health meanwhile), then admit it against the pending work and
         append it.  ``leading()`` is asked before and after the decode: the lead may be lost
@@ -322,7 +323,11 @@ class IngestGate:
         if store is None or loop is None:
             return refusal(503, "standby", "this process is not leading")
         try:
+            if roles is not None:  # (before the checks below: a 403 reveals no other tenant's job state)
+                check_events(roles, loop.state, batch.events, self.unfolded_jobs(loop))
             batch, duplicates = screened(loop.state, self.unfolded_jobs(loop), batch)
+        except Forbidden as exc:
+            return forbidden(exc)
         except IngestError as exc:
             return refusal(exc.status, exc.reason, str(exc), extra=exc.extra)
         refused = self.admit(loop, batch.tasks)
@@ -334,7 +339,8 @@ class IngestGate:
         log_ = store.log(INPUTS)
         self.reserve(batch)  # before the await: a concurrent request sees these jobs
         try:
-            first = await log_.append(batch.messages) if batch.messages else await log_.end_offset()
+            messages = signed(batch.messages, request.principal)
+            first = await log_.append(messages) if messages else await log_.end_offset()
         except BaseException:
             self.release(batch)
             raise
@@ -343,3 +349,13 @@ class IngestGate:
         if duplicates:  # (only then: the answer stays what it always was for new events)
             answer["duplicates"] = duplicates
         return json_response(200, answer)
+
+
+def signed(messages: list[Message], principal: str | None) -> list[Message]:
+    """``messages`` with the authenticated ``principal`` in a :data:`PRINCIPAL_HEADER` (the audit
+    trail: ``fleetlog history --audit``), replacing any such header the producer sent."""
+    if principal is None:
+        return messages
+    mark = (PRINCIPAL_HEADER, principal.encode())
+    return [msgspec.structs.replace(m, headers=(*(h for h in m.headers if h[0] != PRINCIPAL_HEADER), mark))
+            for m in messages]

@@ -176,6 +176,9 @@ class Metrics:
         self.unauthenticated = Counter(
             "fleetlog_http_unauthenticated", "HTTP requests refused 401 (no, unknown, expired or revoked "
             "token)", registry=r)
+        self.forbidden = Counter(
+            "fleetlog_http_forbidden", "HTTP requests refused 403 by the authorization policy, by the event "
+            "type refused (any: a principal the policy does not name)", ["action"], registry=r)
         self.batches = Counter("fleetlog_decision_batches", "Decision batches published", registry=r)
         self.dead_letters = Counter(
             "fleetlog_dead_letters", "Input records parked in the dead-letter log", registry=r

@@ -44,6 +44,7 @@ from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
 from fleetlog.service.auth import authenticator
+from fleetlog.service.authz import Authorizer, Roles, forbidden, refused_principal
 from fleetlog.service.config import Config
 from fleetlog.service.http import (
     BindError,
@@ -115,6 +116,7 @@ class Service:
                                authenticator(config.auth.tokens_file, self.settings.http_host),
                                self.metrics.unauthenticated.inc)
         self.ingest = IngestGate(self.settings)
+        self.authz = Authorizer(config.auth.policy_file)
         self.snapshots = snapshot_store(config)
         self.snapshotter = Snapshotter(self.snapshots, self.settings, self.policy.name, self.metrics)
         self.stopping = stopping or asyncio.Event()
@@ -352,16 +354,32 @@ class Service:
 
     async def _handle(self, request: Request) -> Response | Stream:
         path = request.path
-        if path == "/metrics" and request.method == "GET":
-            return Response(200, self.metrics.exposition(), "text/plain; version=0.0.4")
         if path == "/healthz":
             return json_response(200, self.health())
         if path == "/readyz":
             return json_response(200 if self.loop is not None else 503, self.health())
+        roles = None if request.principal is None else self.authz.roles(request.principal)
+        answer = (forbidden(refused_principal(request.principal))
+                  if request.principal is not None and roles is None else await self._routed(request, roles))
+        if isinstance(answer, Response) and answer.status == 403:
+            self._refused(request, answer)
+        return answer
+
+    def _refused(self, request: Request, answer: Response) -> None:
+        """Count and log a 403 (the audit of refusals: who, what, which rule)."""
+        body = msgspec.json.decode(answer.body)
+        self.metrics.forbidden.labels(body.get("action", "any")).inc()
+        log.warning("forbidden", principal=request.principal, method=request.method, path=request.path,
+                    message=body.get("message"), rule=body.get("rule"))
+
+    async def _routed(self, request: Request, roles: Roles | None) -> Response | Stream:
+        path = request.path
+        if path == "/metrics" and request.method == "GET":
+            return Response(200, self.metrics.exposition(), "text/plain; version=0.0.4")
         if path == "/v1/events":
             if request.method != "POST":
                 return _not_allowed()
-            return await self.ingest.serve(request, self._leading)
+            return await self.ingest.serve(request, self._leading, roles)
         if request.method == "GET" and path == "/v1/openapi.json":
             return json_response(200, openapi())
         if request.method == "GET" and path in LISTS:
@@ -372,9 +390,12 @@ class Service:
         if route is not None and route.path == "/v1/jobs/{job_id}":
             return self._job(found["job_id"])
         if route is not None and route.path == "/v1/quotas/{tenant}":
-            return await self._put_quota(found["tenant"], request)
+            return await self._put_quota(found["tenant"], request, roles)
         if route is not None and route.path == "/v1/dry-run":
             return self._dry_run(request)
+        if route is not None and route.path == "/v1/history":  # (it replays the whole log: not on this loop)
+            return refusal(404, "not_served", "GET /v1/history folds the whole log, so it is served by "
+                           "`fleetlog replay serve` and `fleetlog history`, not by the live service")
         return unrouted(request, elsewhere)
 
     async def _watch(self, request: Request) -> Response | Stream:
@@ -402,7 +423,7 @@ class Service:
         finally:
             self._watchers -= 1
 
-    async def _put_quota(self, tenant: str, request: Request) -> Response:
+    async def _put_quota(self, tenant: str, request: Request, roles: Roles | None) -> Response:
         """``PUT /v1/quotas/TENANT``: the body as a ``QuotaSet`` for the tenant the path names,
         through ingest (the same checks, the same answer; its errors name the field)."""
         try:
@@ -418,7 +439,7 @@ class Service:
         body = msgspec.json.encode({"schema_version": SCHEMA_VERSION, "producer_id": API_PRODUCER,
                                     "event": event})
         as_json = msgspec.structs.replace(request, body=body, headers={"content-type": "application/json"})
-        answer = await self.ingest.serve(as_json, self._leading)
+        answer = await self.ingest.serve(as_json, self._leading, roles)
         return _quota_fields(answer)
 
     def _list(self, path: str, query: dict[str, list[str]]) -> Response:

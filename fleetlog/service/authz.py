@@ -1,0 +1,251 @@
+"""Authorization of the HTTP API (issue 22): who may do what, as data, checked before the log.
+
+The policy file (config ``[auth] policy_file``, ``FLEETLOG_AUTH_POLICY_FILE``) is TOML and maps
+each principal (what its token names, :mod:`fleetlog.service.auth`) to roles::
+
+    [[grant]]
+    principal = "ci-team-a"
+    roles = ["tenant:team-a", "tenant:team-a-batch"]
+
+    [[grant]]
+    principal = "slurm-backend"
+    roles = ["backend:cell-1"]
+
+The roles:
+
+- ``tenant:NAME``: submit jobs of tenant NAME, cancel them (and dry-run, read);
+- ``node-agent:CELL`` and ``backend:CELL``: heartbeats and removals of the nodes of cell CELL, and
+  the task observations (started, finished, failed) of jobs placed in that cell;
+- ``quota-admin``: ``QuotaSet`` (``PUT /v1/quotas``, ``fleetlog quota set``);
+- ``operator``: drain and undrain nodes, cancel any job, add and remove nodes;
+- ``reader``: the reads only (lists, job details, the watch, dry runs, metrics).
+
+Every role may read.  A principal the policy does not name may do nothing (403 on every route but
+the health probes); every refusal names the rule that refused it.  With tokens but no policy file,
+every authenticated principal holds every role (the first slice's behaviour; the service says so at
+start).  The file is kept as the tokens file is: refused when others may read or write it, re-read
+when it changes, a bad rewrite keeping the last good policy.
+
+The checks read the state only to find the tenant of a job being cancelled and the cell a job is
+placed in; they never change what is appended or what the core decides.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from fleetlog.core.state import State
+from fleetlog.events.model import (
+    InputEvent,
+    JobCancelled,
+    JobSubmitted,
+    NodeDrained,
+    NodeHeartbeat,
+    NodeRemoved,
+    QuotaSet,
+    TaskFailed,
+    TaskFinished,
+    TaskStarted,
+)
+from fleetlog.service.auth import AuthError, WatchedFile
+from fleetlog.service.http import Response, refusal
+
+NAMED_ROLES: Final = ("tenant", "node-agent", "backend")
+"""Roles that take a name: ``KIND:NAME``."""
+PLAIN_ROLES: Final = ("quota-admin", "operator", "reader")
+
+
+class Grant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    principal: str
+    roles: list[str]
+
+
+class PolicyFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    grant: list[Grant] = []
+
+
+@dataclass(frozen=True)
+class Roles:
+    """What one principal holds."""
+
+    names: tuple[str, ...]
+    """As the policy wrote them, sorted (for messages)."""
+    tenants: frozenset[str] = frozenset()
+    cells: frozenset[str] = frozenset()
+    """Of its ``node-agent:`` and ``backend:`` roles."""
+    quota_admin: bool = False
+    operator: bool = False
+
+    @staticmethod
+    def of(names: Sequence[str]) -> Roles:
+        kinds = [name.partition(":") for name in names]
+        return Roles(tuple(sorted(set(names))),
+                     frozenset(n for k, _, n in kinds if k == "tenant"),
+                     frozenset(n for k, _, n in kinds if k in ("node-agent", "backend")),
+                     "quota-admin" in names, "operator" in names)
+
+
+EVERY_ROLE: Final = Roles(("every role (no auth.policy_file)",), quota_admin=True, operator=True)
+"""What an authenticated principal holds when no policy file is configured."""
+
+
+class Forbidden(Exception):
+    """A request the principal's roles do not allow: 403 with ``rule``."""
+
+    def __init__(self, message: str, rule: str, index: int | None = None, action: str = "any") -> None:
+        super().__init__(message)
+        self.rule, self.index, self.action = rule, index, action
+        """``action``: the event type refused, or ``any`` (a principal without roles): a metric label."""
+
+
+def parse_policy(path: Path, data: bytes) -> dict[str, Roles]:
+    """Roles by principal, or an :class:`AuthError` naming the file and the grant at fault."""
+    try:
+        grants = msgspec.convert(tomllib.loads(data.decode()), PolicyFile).grant
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+        raise AuthError(f"auth.policy_file {path}: {exc}") from None
+    found: dict[str, list[str]] = {}
+    for i, grant in enumerate(grants):
+        for role in grant.roles:
+            kind, colon, name = role.partition(":")
+            if not (kind in NAMED_ROLES and colon and name) and role not in PLAIN_ROLES:
+                raise AuthError(f"auth.policy_file {path}: grant[{i}] ({grant.principal}): unknown role "
+                                f"{role!r} (tenant:NAME, node-agent:CELL, backend:CELL, "
+                                f"{', '.join(PLAIN_ROLES)})")
+        found.setdefault(grant.principal, []).extend(grant.roles)
+    return {principal: Roles.of(roles) for principal, roles in found.items()}
+
+
+class Authorizer:
+    """The policy in force: the file's (re-read when it changes), or every role for everyone."""
+
+    def __init__(self, path: str | None, monotonic: Callable[[], float] | None = None) -> None:
+        self.file = None if path is None else WatchedFile(
+            Path(path), "auth.policy_file", parse_policy, *(() if monotonic is None else (monotonic,)))
+
+    def roles(self, principal: str) -> Roles | None:
+        """``principal``'s roles; ``None`` when the policy does not name it."""
+        if self.file is None:
+            return EVERY_ROLE
+        return self.file.current().get(principal)
+
+
+def refused_principal(principal: str) -> Forbidden:
+    return Forbidden(f"principal {principal!r} has no roles in auth.policy_file",
+                     "a principal the policy does not name may do nothing")
+
+
+def forbidden(exc: Forbidden) -> Response:
+    """The 403 answer: the message, the rule that refused, the event type (and index)."""
+    extra: dict[str, object] = {"rule": exc.rule, "action": exc.action}
+    if exc.index is not None:
+        extra["index"] = exc.index
+    return refusal(403, "forbidden", str(exc), extra=extra)
+
+
+def check_events(roles: Roles, state: State, events: Sequence[InputEvent],
+                 unfolded: Mapping[str, JobSubmitted] | None = None) -> None:
+    """A :class:`Forbidden` for the first event ``roles`` may not append.  A job cancelled or
+    observed is looked up in the batch itself, then among the submissions appended but not folded
+    yet (``unfolded``), then in the state; one the service does not know passes here (ingest
+    answers 404 for it)."""
+    if roles.operator and roles.quota_admin:
+        return
+    batch = {e.job_id: e for e in events if isinstance(e, JobSubmitted)}
+    for index, event in enumerate(events):
+        rule = _RULES.get(type(event))
+        if rule is None:
+            raise Forbidden(f"event {index}: a {type(event).__name__} is not sent through the API",
+                            "only the service's own parts append it", index, type(event).__name__)
+        problem = rule(roles, state, event, batch, unfolded or {})
+        if problem is not None:
+            message, why = problem
+            raise Forbidden(f"event {index}: {message} (roles: {', '.join(roles.names) or 'none'})", why,
+                            index, type(event).__name__)
+
+
+Problem = tuple[str, str] | None
+"""What is wrong and the rule, or ``None``: allowed."""
+
+
+def _submit(roles: Roles, state: State, e: JobSubmitted, batch: object, unfolded: object) -> Problem:
+    if roles.operator or e.tenant in roles.tenants:
+        return None
+    return (f"may not submit job {e.job_id!r} for tenant {e.tenant!r}",
+            "tenant:NAME submits the jobs of tenant NAME")
+
+
+def _cancel(roles: Roles, state: State, e: JobCancelled, batch: Mapping[str, JobSubmitted],
+            unfolded: Mapping[str, JobSubmitted]) -> Problem:
+    if roles.operator:
+        return None
+    tenant = job_tenant(state, e.job_id, batch, unfolded)
+    if tenant is None or tenant in roles.tenants:
+        return None
+    return (f"may not cancel job {e.job_id!r} of tenant {tenant!r}",
+            "tenant:NAME cancels the jobs of tenant NAME; operator cancels any")
+
+
+def _node(roles: Roles, state: State, e: NodeHeartbeat | NodeRemoved, batch: object,
+          unfolded: object) -> Problem:
+    if roles.operator or e.cell in roles.cells:
+        return None
+    return (f"may not report node {e.node!r} of cell {e.cell!r}",
+            "node-agent:CELL and backend:CELL report the nodes of cell CELL; operator adds and removes nodes")
+
+
+def _drain(roles: Roles, state: State, e: NodeDrained, batch: object, unfolded: object) -> Problem:
+    if roles.operator:
+        return None
+    return (f"may not drain node {e.node!r} of cell {e.cell!r}", "operator drains and undrains nodes")
+
+
+def _quota(roles: Roles, state: State, e: QuotaSet, batch: object, unfolded: object) -> Problem:
+    if roles.quota_admin:
+        return None
+    return (f"may not set the quota of tenant {e.tenant!r}", "quota-admin sets quotas")
+
+
+def _task(roles: Roles, state: State, e: TaskStarted | TaskFinished | TaskFailed, batch: object,
+          unfolded: object) -> Problem:
+    if roles.operator:
+        return None
+    cell = job_cell(state, e.job_id)
+    if cell is not None and cell in roles.cells:
+        return None
+    where = f"placed in cell {cell!r}" if cell is not None else "not placed"
+    return (f"may not report a task of job {e.job_id!r} ({where})",
+            "node-agent:CELL and backend:CELL report the tasks of jobs placed in cell CELL")
+
+
+_RULES: Final[dict[type, Callable[..., Problem]]] = {
+    JobSubmitted: _submit, JobCancelled: _cancel, NodeHeartbeat: _node, NodeRemoved: _node,
+    NodeDrained: _drain, QuotaSet: _quota, TaskStarted: _task, TaskFinished: _task, TaskFailed: _task,
+}
+
+
+def job_tenant(state: State, job_id: str, batch: Mapping[str, JobSubmitted],
+               unfolded: Mapping[str, JobSubmitted]) -> str | None:
+    """The tenant of ``job_id``: submitted in this batch, appended but not folded, or in the state."""
+    submitted = batch.get(job_id) or unfolded.get(job_id)
+    if submitted is not None:
+        return submitted.tenant
+    row = state.job_row(job_id)
+    if row < 0:
+        return None
+    return state.names["tenant"].names[int(state.jobs.cols["tenant"][row])]
+
+
+def job_cell(state: State, job_id: str) -> str | None:
+    """The cell ``job_id`` is placed in, or ``None`` (unknown, pending or ended)."""
+    row = state.job_row(job_id)
+    if row < 0:
+        return None
+    cell = int(state.jobs.cols["cell"][row])
+    return state.names["cell"].names[cell] if cell >= 0 else None
