@@ -398,3 +398,11 @@ def test_soak_kafka(kafka_bootstrap: str) -> None:
              "step_p99_growth_ratio")
     for point in k["points"]:
         positive(point, "rss_mib", "snapshot_bytes", "restore_s", "digest_ms", "step_p99_ms", "inputs")
+
+
+def test_fuzz() -> None:
+    r = smoke("fuzz")
+    assert r["failures"] == 0, r["targets"]
+    assert set(r["targets"]) == {"envelope", "ingest_body", "config", "tokens_file", "policy_file", "http"}
+    assert all(t["examples"] > 0 and t["failure"] is None for t in r["targets"].values())
+    positive(r, "examples", "seconds_per_target")

@@ -90,12 +90,13 @@ def json_response(status: int, value: object, headers: dict[str, str] | None = N
 
 
 def refusal(
-    status: int, reason: str, error: str, field: str | None = None, extra: dict[str, object] | None = None
+    status: int, reason: str, error: str, field: str | None = None, extra: dict[str, object] | None = None,
+    retry_after_s: int = RETRY_AFTER_S,
 ) -> Response:
     """The API's one error shape, ``{"code", "message", "field"}`` (fleetlog.api.routes.Error),
     with the same code and message also under the names the first API used (``reason``,
-    ``error``) and any ``extra``; 429 and 503 carry ``Retry-After``."""
-    retry = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    ``error``) and any ``extra``; 429 and 503 carry ``Retry-After`` (``retry_after_s``)."""
+    retry = {"Retry-After": str(retry_after_s)} if status in (429, 503) else None
     body: dict[str, object] = {"code": reason, "message": error, "field": field}
     body.update(error=error, reason=reason)
     body.update(extra or {})
@@ -250,7 +251,13 @@ class HttpServer:
             "Content-Type": stream.content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
             **stream.headers})
         out.enable_chunked_encoding()
-        await out.prepare(raw)
+        try:
+            await out.prepare(raw)
+        except ConnectionError:  # the client went away before the answer began: nothing to tell it
+            aclose = getattr(stream.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            return out
         closing = asyncio.ensure_future(self._closing.wait())
         chunk: asyncio.Future[bytes] | None = None
         try:
@@ -263,7 +270,10 @@ class HttpServer:
                     data = chunk.result()
                 except StopAsyncIteration:
                     break
-                await out.write(data)
+                try:
+                    await out.write(data)
+                except ConnectionError:  # the client went away mid-stream
+                    break
         finally:  # (also when the client went away: aiohttp cancels this handler)
             closing.cancel()
             if chunk is not None and not chunk.done():  # the producer waits (a long-poll read): stop it
