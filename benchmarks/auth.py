@@ -1,12 +1,17 @@
-"""Authentication's cost (issue 22): ``ingest_auth_ratio`` and ``authz_check_p99_us``.
+"""The cost of authentication and authorization (issue 22): ``ingest_auth_ratio`` and
+``authz_check_p99_us``.
 
-* ``ingest_auth_ratio`` — HTTP ingest events/s with bearer-token authentication on over off: two
-  embedded services (file log, ``fsync = "never"``) in this process, one with a tokens file of
-  ``TOKENS`` entries and one without, fed the same requests (``EVENTS`` heartbeats each, one
-  keep-alive connection) in alternated runs; the ratio of the medians (target >= 0.9).
-* ``authz_check_p99_us`` — p99 of one :meth:`Authenticator.check` (parse the header, SHA-256 the
-  token, look it up, check expiry and revocation), in microseconds.  Today this is the
-  *authentication* check only; authorization (roles) comes later and will be timed under this key.
+* ``ingest_auth_ratio`` — HTTP ingest events/s with authentication and authorization on over off:
+  two embedded services (file log, ``fsync = "never"``) in this process, one with a tokens file of
+  ``TOKENS`` entries and a policy file granting each of them a role, one with neither, fed the
+  same requests (``EVENTS`` heartbeats each, one keep-alive connection) in alternated runs; the
+  ratio of the medians (target >= 0.9).  Every heartbeat is checked against the sender's
+  ``node-agent:c1`` role.
+* ``authz_check_p99_us`` — p99 of one request's whole check, in microseconds: the bearer token
+  (:meth:`Authenticator.check`: parse the header, SHA-256 the token, look it up, check expiry and
+  revocation), the principal's roles (:meth:`Authorizer.roles`) and the rules over one event
+  (:func:`check_events`, a heartbeat of the principal's cell).  ``authn_check_p99_us`` is the first
+  part alone.
 
 Client and services share this process and its cores, so the rates are lower than
 ``benchmarks.http_ingest``'s; only their ratio is the measurement.
@@ -28,20 +33,31 @@ import structlog
 import uvloop
 
 from benchmarks.common import emit, machine, parse
+from fleetlog.core.state import State
 from fleetlog.events import NodeHeartbeat, encode, envelope
 from fleetlog.service.auth import Authenticator, entry_toml, new_token
+from fleetlog.service.authz import Authorizer, check_events
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from fleetlog.service.service import Service
 
 TOKENS = 1_000
+CHECK_IS = "bearer token, the principal's roles and the rules over one heartbeat"
+"""What ``authz_check_p99_us`` times."""
 EVENTS = 100
 
 
 def _tokens(path: Path) -> str:
+    """A tokens file of :data:`TOKENS` principals and, beside it (``policy.toml``), a policy
+    granting each a role; the token of ``agent-bench`` (``node-agent:c1``)."""
     token = new_token()
-    path.write_text("".join(entry_toml(f"tenant:{i}", new_token(), None) for i in range(TOKENS - 1))
-                    + entry_toml("tenant:bench", token, None))
+    path.write_text("".join(entry_toml(f"agent-{i}", new_token(), None) for i in range(TOKENS - 1))
+                    + entry_toml("agent-bench", token, None))
     path.chmod(0o600)
+    policy = path.with_name("policy.toml")
+    policy.write_text("".join(f'[[grant]]\nprincipal = "agent-{i}"\nroles = ["node-agent:c{i}"]\n\n'
+                              for i in range(TOKENS - 1))
+                      + '[[grant]]\nprincipal = "agent-bench"\nroles = ["node-agent:c1"]\n')
+    policy.chmod(0o600)
     return token
 
 
@@ -75,7 +91,8 @@ async def ingest_ratio(root: Path, requests: int, rounds: int) -> dict[str, Any]
     settings = ServiceSettings(http_port=0, idle_wait_ms=20)
     off = await _started(Config(log=LogConfig(dir=str(root / "off"), fsync="never"), service=settings))
     on = await _started(Config(log=LogConfig(dir=str(root / "on"), fsync="never"), service=settings,
-                               auth=AuthSettings(tokens_file=str(root / "tokens.toml"))))
+                               auth=AuthSettings(tokens_file=str(root / "tokens.toml"),
+                                                 policy_file=str(root / "policy.toml"))))
     rates: dict[str, list[float]] = {"off": [], "on": []}
     try:
         for run in range(rounds):
@@ -94,18 +111,35 @@ async def ingest_ratio(root: Path, requests: int, rounds: int) -> dict[str, Any]
     return {"ingest_auth_ratio": ratio, "ingest_events_per_s": rates, "target_ingest_auth_ratio": 0.9}
 
 
-def check_p99_us(root: Path, checks: int) -> float:
-    """p99 of one authentication check against a file of :data:`TOKENS` tokens, microseconds."""
-    token = _tokens(root / "check.toml")
-    auth = Authenticator(root / "check.toml")
+def check_p99_us(root: Path, checks: int) -> dict[str, float]:
+    """p99 of one request's check (token, roles, one heartbeat) against :data:`TOKENS`
+    principals, and of the token check alone, in microseconds."""
+    (root / "check").mkdir()
+    token = _tokens(root / "check" / "tokens.toml")
+    auth = Authenticator(root / "check" / "tokens.toml")
+    authz = Authorizer(str(root / "check" / "policy.toml"))
     header = f"Bearer {token}"
-    times = []
+    beat = [NodeHeartbeat(cell="c1", node="n1", cpu_milli=96_000, mem_mib=786_432, gpu_count=8,
+                          gpu_model="A100")]
+    state = State()
+    whole, authn = [], []
     for _ in range(checks):
         started = time.perf_counter_ns()
-        auth.check(header)
-        times.append(time.perf_counter_ns() - started)
-    times.sort()
-    return times[min(len(times) - 1, int(len(times) * 0.99))] / 1000
+        principal = auth.check(header).principal
+        middle = time.perf_counter_ns()
+        assert principal is not None
+        roles = authz.roles(principal)
+        assert roles is not None
+        check_events(roles, state, beat)
+        ended = time.perf_counter_ns()
+        whole.append(ended - started)
+        authn.append(middle - started)
+    return {"authz_check_p99_us": _p99(whole) / 1000, "authn_check_p99_us": _p99(authn) / 1000}
+
+
+def _p99(times: list[int]) -> float:
+    times = sorted(times)
+    return times[min(len(times) - 1, int(len(times) * 0.99))]
 
 
 def measure(quick: bool, smoke: bool) -> dict[str, Any]:
@@ -114,8 +148,8 @@ def measure(quick: bool, smoke: bool) -> dict[str, Any]:
         root = Path(tmp)
         ingest = uvloop.run(ingest_ratio(root, requests, rounds))
         p99 = check_p99_us(root, 1_000 if smoke else 100_000)
-    return {"benchmark": "auth", "machine": machine(), **ingest, "authz_check_p99_us": p99,
-            "authz_check_is": "authentication only (bearer token lookup); authorization comes later",
+    return {"benchmark": "auth", "machine": machine(), **ingest, **p99,
+            "authz_check_is": CHECK_IS,
             "requests_per_run": requests, "events_per_request": EVENTS, "rounds": rounds}
 
 

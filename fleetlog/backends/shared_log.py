@@ -59,7 +59,8 @@ EVENTS_PER_REQUEST: Final = 1000
 APPEND_RETRY_S: Final = 300.0
 """How long an append waits for a place to go (a service recovering a large state, …)."""
 RETRY_SLEEP_S: Final = 0.2
-RETRIED: Final = frozenset({"unreachable", "standby", "busy", "overloaded", "too_much_pending", "timeout"})
+RETRIED: Final = frozenset({"unreachable", "standby", "busy", "overloaded", "too_much_pending", "timeout",
+                              "too_many_submissions"})
 """Reasons of a failed send that pass: nothing was appended, and sending again may work."""
 REFUSED_EVENT: Final = frozenset({
     "never_fits", "already_exists", "unknown_job", "already_ended", "not_an_input", "invalid_event",

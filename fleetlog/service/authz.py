@@ -15,7 +15,9 @@ The roles:
 
 - ``tenant:NAME``: submit jobs of tenant NAME, cancel them (and dry-run, read);
 - ``node-agent:CELL`` and ``backend:CELL``: heartbeats and removals of the nodes of cell CELL, and
-  the task observations (started, finished, failed) of jobs placed in that cell;
+  the task observations (started, finished, failed) of jobs placed in that cell; ``backend:CELL``
+  also submits jobs held to cell CELL (``allowed_cells``: the pod groups a Kubernetes cluster
+  holds);
 - ``quota-admin``: ``QuotaSet`` (``PUT /v1/quotas``, ``fleetlog quota set``);
 - ``operator``: drain and undrain nodes, cancel any job, add and remove nodes;
 - ``reader``: the reads only (lists, job details, the watch, dry runs, metrics).
@@ -36,7 +38,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -81,6 +83,8 @@ class Roles:
     """Of its ``node-agent:`` and ``backend:`` roles."""
     quota_admin: bool = False
     operator: bool = False
+    backend_cells: frozenset[str] = frozenset()
+    """Of its ``backend:`` roles alone."""
 
     @staticmethod
     def of(names: Sequence[str]) -> Roles:
@@ -88,7 +92,8 @@ class Roles:
         return Roles(tuple(sorted(set(names))),
                      frozenset(n for k, _, n in kinds if k == "tenant"),
                      frozenset(n for k, _, n in kinds if k in ("node-agent", "backend")),
-                     "quota-admin" in names, "operator" in names)
+                     "quota-admin" in names, "operator" in names,
+                     frozenset(n for k, _, n in kinds if k == "backend"))
 
 
 EVERY_ROLE: Final = Roles(("every role (no auth.policy_file)",), quota_admin=True, operator=True)
@@ -136,6 +141,13 @@ class Authorizer:
         return self.file.current().get(principal)
 
 
+def warn_unpoliced(tokens_file: str | None, policy_file: str | None, log: Any) -> None:
+    """Log at start that authenticated principals may do everything, when that is so."""
+    if tokens_file is not None and policy_file is None:
+        log.warning("auth_without_policy", detail="[auth] tokens_file without policy_file: every "
+                    "authenticated principal may do everything (set [auth] policy_file to give roles)")
+
+
 def refused_principal(principal: str) -> Forbidden:
     return Forbidden(f"principal {principal!r} has no roles in auth.policy_file",
                      "a principal the policy does not name may do nothing")
@@ -177,8 +189,10 @@ Problem = tuple[str, str] | None
 def _submit(roles: Roles, state: State, e: JobSubmitted, batch: object, unfolded: object) -> Problem:
     if roles.operator or e.tenant in roles.tenants:
         return None
+    if e.allowed_cells and roles.backend_cells.issuperset(e.allowed_cells):
+        return None  # a backend reports the jobs its cluster holds (a Kubernetes pod group)
     return (f"may not submit job {e.job_id!r} for tenant {e.tenant!r}",
-            "tenant:NAME submits the jobs of tenant NAME")
+            "tenant:NAME submits the jobs of tenant NAME; backend:CELL those held to cell CELL")
 
 
 def _cancel(roles: Roles, state: State, e: JobCancelled, batch: Mapping[str, JobSubmitted],

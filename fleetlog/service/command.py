@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +50,6 @@ def check_role(config: Config) -> None:
         Authorizer(auth.policy_file)
     except AuthError as exc:
         raise CommandError(str(exc)) from None
-    if auth.tokens_file is not None and auth.policy_file is None:
-        print("fleetlog run: [auth] tokens_file without policy_file: every authenticated principal may do "
-              "everything (set [auth] policy_file to give roles)", file=sys.stderr)
 
 
 def run_service(config: Config) -> None:

@@ -109,6 +109,12 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_pending_tasks: Positive = 1_000_000
     """Tasks of pending jobs plus tasks accepted but not yet folded; a request that would pass it
     gets 429 with ``Retry-After``."""
+    max_submissions_per_s: Annotated[float, Meta(gt=0)] | None = None
+    """Jobs one tenant may submit a second, on average (fleetlog.service.limits; more: 429
+    ``too_many_submissions`` with ``Retry-After``); none: no bound."""
+    max_submission_burst: Positive | None = None
+    """...and at once (default: a second's worth, at least 1); a request of more waits for a full
+    bucket and leaves it in debt."""
 
 
 class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -6,9 +6,11 @@ the fleet (a job that can never fit: 422) and appended; the answer names the fir
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import resource
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
@@ -35,6 +37,7 @@ from fleetlog.log.discovery import ACCEPT_NEVER_FITS
 from fleetlog.service.authz import Forbidden, Roles, check_events, forbidden
 from fleetlog.service.config import ServiceSettings
 from fleetlog.service.http import HttpLimits, Request, Response, json_response, refusal
+from fleetlog.service.limits import SubmissionRates
 from fleetlog.service.loop import SchedulerLoop
 
 INLINE_DECODE_BYTES: Final = 64 * 1024
@@ -248,8 +251,12 @@ class IngestGate:
     """Bounds the pending work ingest can create: tasks of pending jobs plus tasks appended but
     not folded yet."""
 
-    def __init__(self, settings: ServiceSettings) -> None:
+    def __init__(self, settings: ServiceSettings, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        rate = settings.max_submissions_per_s
+        self.rates = None if rate is None else SubmissionRates(
+            rate, settings.max_submission_burst or max(1, math.ceil(rate)), monotonic)
+        """Submissions per second per tenant (``max_submissions_per_s``), if bounded."""
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleetlog-ingest")
         self._unfolded: deque[tuple[int, int]] = deque()  # (end offset, tasks) of appended requests
         self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission
@@ -271,6 +278,20 @@ class IngestGate:
             return None
         return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
                        f"the limit of {limit}", extra={"pending": pending, "limit": limit})
+
+    def rate_limited(self, batch: IngestBatch, roles: Roles | None) -> Response | None:
+        """``None`` when every tenant of ``batch``'s submissions may submit them now (they are
+        taken from its bucket), else the 429.  A principal holding a ``backend:``/``node-agent:``
+        role reports jobs that exist already and is not held back."""
+        if self.rates is None or (roles is not None and roles.cells):
+            return None
+        counts = Counter(e.tenant for e in batch.events if isinstance(e, JobSubmitted))
+        limited = self.rates.take(counts) if counts else None
+        if limited is None:
+            return None
+        return refusal(429, "too_many_submissions", limited.message,
+                       extra={"tenant": limited.tenant, "limit": self.rates.rate},
+                       retry_after_s=limited.retry_after_s)
 
     def unfolded_jobs(self, loop: SchedulerLoop) -> dict[str, JobSubmitted]:
         """The jobs appended through ingest that the loop has not folded yet, with their submission
@@ -334,6 +355,9 @@ class IngestGate:
         if refused is not None:
             return refused
         refused = None if _accepts_never_fits(request) else never_fitting(loop.state, batch.events)
+        if refused is not None:
+            return refused
+        refused = self.rate_limited(batch, roles)  # (last: a request refused otherwise takes nothing)
         if refused is not None:
             return refused
         log_ = store.log(INPUTS)

@@ -179,6 +179,9 @@ class Metrics:
         self.forbidden = Counter(
             "fleetlog_http_forbidden", "HTTP requests refused 403 by the authorization policy, by the event "
             "type refused (any: a principal the policy does not name)", ["action"], registry=r)
+        self.rate_limited = Counter(
+            "fleetlog_http_rate_limited", "Ingest requests refused 429 too_many_submissions "
+            "because a tenant submitted past max_submissions_per_s", registry=r)
         self.batches = Counter("fleetlog_decision_batches", "Decision batches published", registry=r)
         self.dead_letters = Counter(
             "fleetlog_dead_letters", "Input records parked in the dead-letter log", registry=r

@@ -33,6 +33,7 @@ from fleetlog.log.file import LockedError
 from fleetlog.log.kafka import FencedError, KafkaLogStore, shard_config
 from fleetlog.log.location import make_store
 from fleetlog.service.auth import authenticator
+from fleetlog.service.authz import warn_unpoliced
 from fleetlog.service.cellrunner import RETRY_S, CellShards
 from fleetlog.service.cellshard import shard_snapshots
 from fleetlog.service.config import Config
@@ -191,6 +192,7 @@ class RoleService:
         log.info("service_started", http=address, pid=os.getpid(),
                  role=self.role, cells=len(self.config.cells), policy=self.policy.name,
                  config=self.config.redacted())
+        warn_unpoliced(self.config.auth.tokens_file, self.config.auth.policy_file, log)
         try:
             if self.config.kafka is None:
                 await self._embedded()

@@ -44,7 +44,7 @@ from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
 from fleetlog.service.auth import authenticator
-from fleetlog.service.authz import Authorizer, Roles, forbidden, refused_principal
+from fleetlog.service.authz import Authorizer, Roles, forbidden, refused_principal, warn_unpoliced
 from fleetlog.service.config import Config
 from fleetlog.service.http import (
     BindError,
@@ -154,6 +154,7 @@ class Service:
         await self._serve_http(leading=False)
         log.info("service_started", http=self._http_address(), pid=os.getpid(),
                  policy=self.policy.name, config=self.config.redacted())
+        warn_unpoliced(self.config.auth.tokens_file, self.config.auth.policy_file, log)
         try:
             while not self.stopping.is_set():
                 await self._retrier.run(self._cycle)
@@ -363,7 +364,17 @@ class Service:
                   if request.principal is not None and roles is None else await self._routed(request, roles))
         if isinstance(answer, Response) and answer.status == 403:
             self._refused(request, answer)
+        elif isinstance(answer, Response) and answer.status == 429:
+            self._limited(request, answer)
         return answer
+
+    def _limited(self, request: Request, answer: Response) -> None:
+        """Count and log a tenant held back by ``max_submissions_per_s``."""
+        body = msgspec.json.decode(answer.body)
+        if body.get("code") == "too_many_submissions":
+            self.metrics.rate_limited.inc()
+            log.warning("rate_limited", principal=request.principal, tenant=body.get("tenant"),
+                        message=body.get("message"))
 
     def _refused(self, request: Request, answer: Response) -> None:
         """Count and log a 403 (the audit of refusals: who, what, which rule)."""

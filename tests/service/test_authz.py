@@ -97,6 +97,12 @@ async def test_each_role_may_do_its_own_and_is_refused_the_rest_with_the_rule(tm
         refused(await send(running, "bob", JobCancelled(job_id="a1")), "operator cancels any",
                 "job 'a1' of tenant 'a'")
         refused(await send(running, "reader", job("r1", tenant="a")), "tenant:NAME submits")
+        # a backend reports the jobs its cluster holds, held to its own cell; a node agent does not
+        assert (await send(running, "agent2", job("k1", tenant="a", cells=("c2",))))[0] == 200
+        both = job("k2", tenant="a", cells=("c1", "c2"))
+        refused(await send(running, "agent2", both), "backend:CELL those")
+        refused(await send(running, "agent2", job("k3", tenant="a")), "backend:CELL those held to cell CELL")
+        refused(await send(running, "agent1", job("k4", tenant="a", cells=("c1",))), "tenant:NAME submits")
         refused(await send(running, "qadmin", NodeDrained(cell="c1", node="n1")), "operator drains")
         refused(await send(running, "alice", NodeDrained(cell="c1", node="n1")), "operator drains")
         assert (await send(running, "ops", NodeDrained(cell="c1", node="n1", drained=False)))[0] == 200
@@ -121,7 +127,7 @@ async def test_each_role_may_do_its_own_and_is_refused_the_rest_with_the_rule(tm
         assert (await acall(running.url + "/healthz"))[0] == 200
         metrics = (await acall(running.url + "/metrics", TOKENS["reader"]))[2].decode()
         assert 'fleetlog_http_forbidden_total{action="NodeHeartbeat"} 2.0' in metrics
-        assert 'fleetlog_http_forbidden_total{action="JobSubmitted"} 3.0' in metrics
+        assert 'fleetlog_http_forbidden_total{action="JobSubmitted"} 6.0' in metrics
         assert 'fleetlog_http_forbidden_total{action="any"} 1.0' in metrics
         for token in TOKENS.values():
             assert token not in metrics
@@ -239,3 +245,35 @@ async def test_the_audit_trail_names_who_did_what_and_when(tmp_path: Path) -> No
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert said in done.stderr
+
+
+async def test_tokens_without_a_policy_say_at_start_that_everyone_may_do_everything(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    tokens = tokens_file(tmp_path / "tokens.toml", entry_toml("alice", TOKENS["alice"], None))
+    config = Config(log=LogConfig(dir=str(tmp_path / "log"), fsync="never"),
+                    service=ServiceSettings(http_port=0, idle_wait_ms=20),
+                    auth=AuthSettings(tokens_file=str(tokens)))
+    with capture_logs() as logs:
+        running = await start(config)
+        try:
+            assert (await send(running, "alice", job("b1", tenant="b")))[0] == 200  # every role
+        finally:
+            await running.stop()
+    warned = [e for e in logs if e["event"] == "auth_without_policy"]
+    assert len(warned) == 1
+    assert warned[0]["log_level"] == "warning"
+    assert "may do everything" in warned[0]["detail"]
+    policed = await policed_(tmp_path / "policed")
+    assert policed == []
+
+
+async def policed_(tmp_path: Path) -> list[object]:
+    """The warnings ``auth_without_policy`` a service with a policy logs at start: none."""
+    from structlog.testing import capture_logs
+
+    tmp_path.mkdir()
+    with capture_logs() as logs:
+        running = await policed(tmp_path)
+        await running.stop()
+    return [e for e in logs if e["event"] == "auth_without_policy"]
