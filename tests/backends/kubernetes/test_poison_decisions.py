@@ -76,7 +76,9 @@ async def test_an_unreadable_decision_stalls_the_actuator_at_it_until_the_log_is
         rig.driver = asyncio.create_task(rig._drive())
         rig.apply(items(pod("b-0", run_ms=200)))  # its placement lands where the bad record was
         await rig.until("b-0 bound after the restore", lambda: bound(rig, "b-0"), timeout_s=30)
-        assert actuator.stalled == ""
+        # the binding shows in the watch before the actuator's step (bindings, evictions, events
+        # flushed) has returned and said it resumed: wait for that, it must come
+        await rig.until("the stall cleared", lambda: actuator.stalled == "", timeout_s=10)
         assert said(caplog, "kubernetes_actuator_resumed")
         rig.alive()
     finally:

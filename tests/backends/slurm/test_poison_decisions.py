@@ -78,7 +78,7 @@ async def test_an_unreadable_decision_stalls_the_backend_at_it_until_the_log_is_
                     break
                 await asyncio.sleep(0.1)
             assert of_type(await h.inputs(), TaskFinished, "after"), "the backend never acted again"
-            assert h.backend.stats.stalled == ""
+            await eventually(lambda: h.backend.stats.stalled == "", timeout_s=10)  # said resumed
             assert said(caplog, "slurm_backend_resumed")
         finally:
             stop.set()
