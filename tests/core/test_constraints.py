@@ -24,6 +24,7 @@ from fleetlog.events.model import (
     Taint,
     Toleration,
 )
+from tests.core.budget import examples
 from tests.core.builders import Driver, job, node
 
 GPU_TAINT = Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")
@@ -102,7 +103,7 @@ node_st = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(node_st, min_size=1, max_size=12), st.lists(group_st, min_size=1, max_size=4), st.data())
 def test_the_eligibility_kernel_equals_the_plain_spec(
     nodes: list[NodeHeartbeat], groups: list[TaskGroup], data: st.DataObject

@@ -33,6 +33,7 @@ from fleetlog.events import (
     TaskStarted,
 )
 from fleetlog.events.model import NodeLabel, Taint, Toleration
+from tests.core.budget import examples
 from tests.core.builders import job, node, quota
 
 NODES = [f"n{i}" for i in range(6)]
@@ -83,7 +84,7 @@ def _same(a: State, b: State) -> None:
     assert sorted(beats.steady_ids.values()) == sorted(row for row, _ in beats.beat_cache.values())
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(runs=chunks())
 def test_fold_lists_equals_fold_one_by_one(runs: list[tuple[list[Event], list[int]]]) -> None:
     config = CoreConfig(node_timeout_ms=3_000)
@@ -409,7 +410,8 @@ def _fold_chunked(log: Log, cuts: list[int], how: str, digests: dict[int, str]) 
 
 
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=examples(80), deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(case=chunked_logs())
 def test_every_chunking_folds_to_the_state_of_fold_one_by_one(case: tuple[Log, list[int]]) -> None:

@@ -23,6 +23,7 @@ from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import JobCancelled, JobDispatched, JobPlaced, NodeRemoved
 from fleetlog.events.model import Event, JobSubmitted, TaskGroup, TaskPlacement
+from tests.core.budget import seeds
 from tests.core.builders import fold_chunked, job, node
 
 Log = list[tuple[Event, int]]
@@ -112,7 +113,7 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return runs
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", seeds(range(12)))
 def test_runs_of_new_dispatches_fold_as_one_by_one_however_chunked(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,7 +194,7 @@ def placements(seed: int) -> tuple[CoreConfig, Log, list[JobPlaced | object]]:
     return config, log, list(decide(state, Policy()))
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", seeds(range(6)))
 def test_a_cells_placements_fold_back_as_one_by_one(seed: int) -> None:
     """``on_placed_many`` (kernels for the nodes' capacity and the usage sums) against
     ``on_placed`` one after another: every column, the usage counters in their order."""

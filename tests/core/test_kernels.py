@@ -19,10 +19,11 @@ from fleetlog.core import kernels as nb
 from fleetlog.core import kernels_ref as ref
 from fleetlog.core.kernels import BEST_FIT, FGD, FULL_GPU, MAX_GPUS
 from fleetlog.core.kernels.floor import _fgd_floor, _floor_table
+from tests.core.budget import examples
 
 Array = npt.NDArray[Any]
 POLICIES = (BEST_FIT, FGD)
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ---------------------------------------------------------------- builders
 

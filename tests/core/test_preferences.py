@@ -33,6 +33,7 @@ from fleetlog.events.model import (
     Toleration,
 )
 from fleetlog.events.spec import same_submission, submission_spec
+from tests.core.budget import examples
 from tests.core.builders import Driver, job, node
 from tests.core.test_constraints import labels_st, taints_st, term_st, with_attrs
 
@@ -53,7 +54,7 @@ preferred_st = st.lists(
 ).map(tuple)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
         st.tuples(labels_st, taints_st, st.booleans()).map(

@@ -34,6 +34,7 @@ from fleetlog.events import (
     TaskFinished,
     TaskStarted,
 )
+from tests.core.budget import examples
 from tests.core.builders import job, node, quota
 
 NODES = [f"n{i}" for i in range(6)]
@@ -248,6 +249,7 @@ class Scheduler(RuleBasedStateMachine):
 
 
 Scheduler.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(60), stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 test_scheduler_state_machine = Scheduler.TestCase
