@@ -77,7 +77,7 @@ def _add_read_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
                         help="table (default), wide (every field), json or yaml (what the API answers)")
     parser.add_argument("--json", action="store_const", const="json", dest="output", help="-o json")
-    parser.add_argument("--url", metavar="URL", help="the service's HTTP address (http://host:port)")
+    parser.add_argument("--url", metavar="URL", help="the service's address (http[s]://host:port)")
     add_log_options(parser)
 
 

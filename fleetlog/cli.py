@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from fleetlog.auth_client import TokenError
 from fleetlog.usage import EXIT_USAGE, Parser, add_log_options, add_logging_options, print_error, walk
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -443,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(args.log_format, args.log_level)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
-    except UsageError as exc:
+    except (UsageError, TokenError) as exc:  # TokenError: FLEETLOG_TOKEN_FILE, FLEETLOG_CA_FILE...
         print_error(prog, str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -15,7 +15,8 @@ counts a duplicate as a no-op.
 
 Where the events go: a :class:`~fleetlog.log.base.LogStore` (Kafka, or the file log) — or, when
 ``fleetlog run --log DIR`` holds the file log's writer lock, the running service's ingest endpoint,
-which ``DIR/service.json`` announces (``{"pid": ..., "http": "host:port"}``).
+which ``DIR/service.json`` announces (``{"pid": ..., "http": "host:port"}``, ``"scheme": "https"``
+when it serves TLS: the client then presents what :func:`fleetlog.auth_client.tls_context` holds).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import aiohttp
 import msgspec
 import yarl
 
-from fleetlog.auth_client import auth_headers, refused_why
+from fleetlog.auth_client import auth_headers, refused_why, tls_context, unreachable_why
 from fleetlog.events.codec import (
     CONTENT_TYPE_HEADER,
     JSON,
@@ -65,7 +66,7 @@ from fleetlog.events.model import (
 )
 from fleetlog.events.spec import same_submission, spec_differences, submission_spec
 from fleetlog.log.base import INPUTS, LogError, LogStore, Message, Shard, chunks
-from fleetlog.log.discovery import running_service
+from fleetlog.log.discovery import Announced, announced, running_service  # noqa: F401 (still importable here)
 from fleetlog.log.file import FileLogStore, HandOverError, LockedError
 from fleetlog.log.location import Located, make_store
 from fleetlog.log.routing import CELL_HEADER, Router, RoutingError
@@ -275,19 +276,28 @@ class HttpTransport:
     carries its idempotency key, so a resend is harmless."""
 
     def __init__(self, host: str, port: int, timeout_s: float = HTTP_TIMEOUT_S,
-                 headers: dict[str, str] | None = None) -> None:
-        self.host, self.port, self.timeout_s = host, port, timeout_s
+                 headers: dict[str, str] | None = None, scheme: str = "http") -> None:
+        self.host, self.port, self.timeout_s, self.scheme = host, port, timeout_s, scheme
         self.headers = dict(headers or {})
         """Sent with every ingest request (a backend's :data:`ACCEPT_NEVER_FITS`)."""
         self._auth = auth_headers()  # FLEETLOG_TOKEN, sent with every request
+        self._tls = tls_context() if scheme == "https" else None  # FLEETLOG_CA_FILE, client certificate
         self._session: aiohttp.ClientSession | None = None
 
+    @classmethod
+    def to(cls, found: Announced, headers: dict[str, str] | None = None) -> HttpTransport:
+        """The transport to the service a file log's ``service.json`` announces."""
+        return cls(found.host, found.port, headers=headers, scheme=found.scheme)
+
     def _url(self, path: str) -> yarl.URL:
-        return yarl.URL.build(scheme="http", host=self.host, port=self.port, path=path, encoded=True)
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host  # IPv6
+        return yarl.URL.build(scheme=self.scheme, host=host, port=self.port, path=path, encoded=True)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            connector = aiohttp.TCPConnector(ssl=self._tls or True)
+            self._session = aiohttp.ClientSession(connector=connector,
+                                                  timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._session
 
     async def append(self, envelopes: Sequence[Envelope]) -> int:
@@ -333,7 +343,8 @@ class HttpTransport:
                 raw = await r.read()
                 retry = r.headers.get("Retry-After", "") if r.status in (429, 503) else ""
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ClientError(f"cannot reach {self.describe()}: {exc!r}", "unreachable") from None
+            why = unreachable_why(f"{self.scheme}://", repr(exc))
+            raise ClientError(f"cannot reach {self.describe()}: {why}", "unreachable") from None
         if r.status == 401:
             raise ClientError(refused_why(401, str(_answer(raw).get("message", ""))), "unauthenticated")
         return r.status, _answer(raw), min(float(retry), RETRY_MAX_S) if retry.isdigit() else None
@@ -344,7 +355,7 @@ class HttpTransport:
             await session.close()
 
     def describe(self) -> str:
-        return f"the running service at http://{self.host}:{self.port}{INGEST_PATH}"
+        return f"the running service at {self.scheme}://{self.host}:{self.port}{INGEST_PATH}"
 
 
 def _answer(raw: bytes) -> dict[str, Any]:
@@ -460,9 +471,9 @@ async def _after_handover(config: Located, shard: Shard = Shard.SINGLE,
     directory = Path(str(config.log.dir))
 
     async def where() -> Transport | None:
-        found = running_service(directory)
+        found = announced(directory)
         if found is not None:
-            return HttpTransport(*found, headers=headers)
+            return HttpTransport.to(found, headers)
         try:
             return await _direct(config, shard)
         except LockedError:  # HandOverError too: the service is taking the log, wait for it
@@ -480,9 +491,9 @@ async def _after_handover(config: Located, shard: Shard = Shard.SINGLE,
 async def open_transport(config: Located) -> Transport:
     """The configured inputs log, or the running service that holds the file log."""
     if config.log.dir is not None:
-        found = running_service(Path(config.log.dir))
+        found = announced(Path(config.log.dir))
         if found is not None:
-            return HttpTransport(*found)
+            return HttpTransport.to(found)
         try:
             return FileTransport(config, await _direct(config))
         except HandOverError:
@@ -614,9 +625,9 @@ async def open_routed(config: Located, router: Router) -> Transport:
     shard's inputs log directly."""
     headers = cell_headers(router)
     if config.log.dir is not None:
-        found = running_service(Path(config.log.dir))
+        found = announced(Path(config.log.dir))
         if found is not None:
-            return RoutedTransport(router, whole=HttpTransport(*found, headers=headers))
+            return RoutedTransport(router, whole=HttpTransport.to(found, headers))
         what = f"the file log at {config.log.dir}"
     else:
         what = f"Kafka at {config.kafka.bootstrap_servers}" if config.kafka else "the logs"

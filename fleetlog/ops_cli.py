@@ -48,7 +48,7 @@ def add_ops_commands(
                      help=f"seconds between refreshes (default: {DEFAULT_INTERVAL_S:g})")
     top.add_argument("--once", action="store_true",
                      help="print one frame and exit (what it does when the output is not a terminal)")
-    top.add_argument("--url", metavar="URL", help="the service's HTTP address (http://host:port)")
+    top.add_argument("--url", metavar="URL", help="the service's address (http[s]://host:port)")
     add_log_options(top)
     top.set_defaults(func=_top(usage_error, locate))
     completion = sub.add_parser(

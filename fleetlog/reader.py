@@ -37,7 +37,7 @@ from fleetlog.api.resources import (
     TenantItem,
     TenantList,
 )
-from fleetlog.auth_client import auth_headers, refused_why
+from fleetlog.auth_client import auth_headers, refused_why, tls_for, unreachable_why
 
 READ_BUFSIZE: Final = 64 << 20
 """The longest line a watch may carry (aiohttp's read buffer: a line past twice this is refused)."""
@@ -81,7 +81,9 @@ class Reader:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:  # a watched record is one line: a step of 10,000 placements is 0.8 MB
-            self._session = aiohttp.ClientSession(read_bufsize=READ_BUFSIZE, headers=auth_headers())
+            connector = aiohttp.TCPConnector(ssl=tls_for(self.url) or True)  # https: FLEETLOG_CA_FILE...
+            self._session = aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE,
+                                                  headers=auth_headers())
         return self._session
 
     async def _get(self, path: str, params: list[tuple[str, str]]) -> bytes:
@@ -92,7 +94,7 @@ class Reader:
                     raise _refused(r.status, body)
                 return body
         except aiohttp.ClientError as exc:
-            raise ReaderError(f"cannot read {self.url}{path}: {exc}") from None
+            raise ReaderError(f"cannot read {self.url}{path}: {unreachable_why(self.url, exc)}") from None
 
     async def _pages(
         self, path: str, page: type[Any], filters: dict[str, Any], limit: int | None

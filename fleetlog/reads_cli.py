@@ -24,7 +24,7 @@ from typing import Any, Final
 import msgspec
 
 from fleetlog.api.names import JOB_STATES, MAX_LIMIT, NODE_STATUSES
-from fleetlog.auth_client import auth_headers, refused_why
+from fleetlog.auth_client import auth_headers, refused_why, tls_for, unreachable_why
 from fleetlog.display import console, human_row
 from fleetlog.usage import add_log_options
 
@@ -85,7 +85,7 @@ def add_read_commands(sub: Any, usage_error: type[Exception], locate: Locate) ->
         parser.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
                             help="table (default), wide (every field), json or yaml (what the API answers)")
         parser.add_argument("--json", action="store_const", const="json", dest="output", help="-o json")
-        parser.add_argument("--url", metavar="URL", help="the service's HTTP address (http://host:port)")
+        parser.add_argument("--url", metavar="URL", help="the service's address (http[s]://host:port)")
         parser.add_argument("-w", "--watch", action="store_true",
                             help="then each item that changes, until Ctrl-C (needs the running service)")
         add_log_options(parser)
@@ -180,10 +180,10 @@ def _announced(place: Any) -> str | None:
     """The service a file log's ``service.json`` announces, while its process lives."""
     if not isinstance(place, Path):
         return None
-    from fleetlog.log.discovery import running_service
+    from fleetlog.log.discovery import announced
 
-    found = running_service(place)
-    return None if found is None else f"http://{found[0]}:{found[1]}"
+    found = announced(place)
+    return None if found is None else found.url
 
 
 def _http(url: str) -> Fetch:
@@ -195,18 +195,19 @@ def _http(url: str) -> Fetch:
 
 
 def call_api(where: str, url: str, body: bytes | None = None, verb: str = "read") -> dict[str, Any]:
-    """The JSON answer of the API at ``where`` (``body``: POSTed as JSON), with the token the
-    environment names; a refusal or an unreachable ``url`` is a :class:`ReadError` of one line."""
+    """The JSON answer of the API at ``where`` (``body``: POSTed as JSON), with the token and (for
+    ``https://``) the TLS files the environment names; a refusal or an unreachable ``url`` is a
+    :class:`ReadError` of one line."""
     headers = {"content-type": "application/json", **auth_headers()} if body is not None else auth_headers()
     try:
         with urllib.request.urlopen(urllib.request.Request(where, data=body, headers=headers),
-                                    timeout=30) as answer:
+                                    timeout=30, context=tls_for(where)) as answer:
             found: dict[str, Any] = json.loads(answer.read())
             return found
     except urllib.error.HTTPError as exc:
         raise ReadError(f"{url} answered {exc.code}: {refused_why(exc.code, _message(exc.read()))}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ReadError(f"cannot {verb} {url}: {getattr(exc, 'reason', exc)}") from None
+        raise ReadError(f"cannot {verb} {url}: {unreachable_why(url, getattr(exc, 'reason', exc))}") from None
 
 
 def _message(body: bytes) -> str:

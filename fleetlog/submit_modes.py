@@ -26,10 +26,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from fleetlog.auth_client import auth_headers, refused_why
+from fleetlog.auth_client import auth_headers, refused_why, tls_for, unreachable_why
 from fleetlog.events.codec import encode
 from fleetlog.events.model import Envelope, JobSubmitted
-from fleetlog.log.discovery import running_service
+from fleetlog.log.discovery import announced
 from fleetlog.service.config import Config
 
 EXIT_NOT_ALL: Final = 1
@@ -89,8 +89,8 @@ def service_url(args: argparse.Namespace, config: Config) -> str | None:
         return str(args.url).rstrip("/")
     if config.log.dir is None or config.kafka is not None:
         return None
-    found = running_service(Path(config.log.dir))
-    return None if found is None else f"http://{found[0]}:{found[1]}"
+    found = announced(Path(config.log.dir))
+    return None if found is None else found.url
 
 
 # -- --dry-run ----------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def _status(url: str, job: str) -> dict[str, Any] | None:
     where = f"{url}/v1/jobs/{urllib.parse.quote(job, safe='')}"
     try:
         asking = urllib.request.Request(where, headers=auth_headers())
-        with urllib.request.urlopen(asking, timeout=10) as answer:
+        with urllib.request.urlopen(asking, timeout=10, context=tls_for(where)) as answer:
             found: dict[str, Any] = json.loads(answer.read())
             return found
     except urllib.error.HTTPError as exc:
@@ -223,7 +223,8 @@ def _status(url: str, job: str) -> dict[str, Any] | None:
             return None
         raise ModeError(f"{where} answered {exc.code}: {refused_why(exc.code, _message(body))}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ModeError(f"cannot read {where}: {getattr(exc, 'reason', exc)}") from None
+        why = unreachable_why(where, getattr(exc, "reason", exc))
+        raise ModeError(f"cannot read {where}: {why}") from None
 
 
 def _change(status: dict[str, Any], as_json: bool) -> str:

@@ -47,7 +47,7 @@ from fleetlog.log.base import (
     Record,
     Shard,
 )
-from fleetlog.log.discovery import ACCEPT_NEVER_FITS, running_service
+from fleetlog.log.discovery import ACCEPT_NEVER_FITS, announced
 from fleetlog.log.file import FileLogStore, LockedError
 from fleetlog.log.location import Located
 from fleetlog.log.routing import CELL_HEADER
@@ -211,9 +211,9 @@ class SharedFileStore(LogStore):
         """The running service's ingest endpoint, or else the log itself (a yielding writer),
         waiting while another process holds the log and no service is announced."""
         while True:
-            found = running_service(self.directory)
+            found = announced(self.directory)
             if found is not None:
-                return HttpTransport(*found, headers=self.headers)
+                return HttpTransport.to(found, self.headers)
             store = FileLogStore(self.directory, shard=self.shard, fsync=self.config.log.fsync, yields=True)
             try:
                 await store.open()

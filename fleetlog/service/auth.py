@@ -1,4 +1,5 @@
-"""Authentication of the HTTP API: bearer tokens checked against a tokens file (issue 22, first slice).
+"""Authentication of the HTTP API (issue 22): bearer tokens checked against a tokens file, and client
+certificates from a configured CA (mutual TLS).
 
 The file (config ``[auth] tokens_file``, ``FLEETLOG_AUTH_TOKENS_FILE``) is TOML::
 
@@ -20,6 +21,14 @@ The file is re-read when its inode, size or mtime changes (looked at most once a
 token is rotated without a restart; a rewrite that does not parse keeps the last good tokens and
 logs an error naming the file (never a token or hash).  At start, a file that is group- or
 world-readable or -writable, or not owned by this process's user, is refused.
+
+**Mutual TLS** (``[auth] tls_cert_file``, ``tls_key_file``: the API is served over HTTPS;
+``client_ca_file``: client certificates that CA signed are accepted, see :func:`server_tls`).  The
+client's certificate is asked for but optional (``CERT_OPTIONAL``): one that is presented and does
+not verify against the CA (another CA, expired) fails the TLS handshake; a client without one
+still reaches the health probes and may send a bearer token.  A verified certificate names its
+principal by the subject's commonName (``CN=tenant:a``, as Kubernetes takes the user from CN) and
+wins over a token.  The certificates and the key are read at start (a new one: restart).
 """
 
 from __future__ import annotations
@@ -31,18 +40,21 @@ import ipaddress
 import logging
 import os
 import secrets
+import ssl
 import stat
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import msgspec
 
+from fleetlog.service.config import AuthSettings
+
 LOG: Final = logging.getLogger("fleetlog.auth")
 EXEMPT: Final = frozenset({"/healthz", "/readyz"})
-"""The routes answered without a token (probes carry none)."""
+"""The routes answered without a token or certificate (probes carry none)."""
 RECHECK_S: Final = 1.0
 T = TypeVar("T")
 LOOPBACK_NAMES: Final = frozenset({"localhost", "ip6-localhost"})
@@ -65,9 +77,16 @@ class TokensFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class Verdict(msgspec.Struct, frozen=True):
     principal: str | None
-    """Who presented the token (``None``: refused)."""
+    """Who presented the token or the client certificate (``None``: refused)."""
     problem: str = ""
     """Why it was refused (never the token)."""
+
+
+PeerCert = Mapping[str, Any]
+"""A verified client certificate as :meth:`ssl.SSLSocket.getpeercert` gives it (the dict form)."""
+NEITHER: Final = ("no client certificate and no token: present a client certificate the auth.client_ca_file "
+                  "CA signed, or send Authorization: Bearer <token>")
+NO_CERTIFICATE: Final = "no client certificate: present one the auth.client_ca_file CA signed"
 
 
 def token_hash(token: str) -> str:
@@ -162,16 +181,27 @@ class WatchedFile(Generic[T]):
 
 
 class Authenticator:
-    """Checks ``Authorization`` headers against the tokens file, re-read when it changes."""
+    """Who a request is: its verified client certificate's commonName (``certificates``: a
+    ``client_ca_file`` is configured), else its ``Authorization`` header checked against the
+    tokens file (``path``; ``None``: no tokens), re-read when it changes."""
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.path, self._clock = path, clock
-        self._tokens = WatchedFile(path, "auth.tokens_file", parse, monotonic)
+    def __init__(self, path: Path | None, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic, certificates: bool = False) -> None:
+        self.path, self._clock, self.certificates = path, clock, certificates
+        self._tokens = None if path is None else WatchedFile(path, "auth.tokens_file", parse, monotonic)
 
-    def check(self, authorization: str | None) -> Verdict:
-        """The principal of a ``Bearer`` header, or why it is refused."""
-        tokens = self._tokens.current()
+    def check(self, authorization: str | None, peercert: PeerCert | None = None) -> Verdict:
+        """The principal of a verified client certificate (``peercert``; only verified ones reach
+        here: the handshake refuses the rest), else of a ``Bearer`` header, or why it is refused."""
+        if peercert:
+            return certificate_principal(peercert)
+        if self._tokens is None:
+            return Verdict(None, NO_CERTIFICATE)
+        if not authorization and self.certificates:
+            return Verdict(None, NEITHER)
+        return self._token(self._tokens.current(), authorization)
+
+    def _token(self, tokens: dict[str, TokenEntry], authorization: str | None) -> Verdict:
         if not authorization:
             return Verdict(None, "no token: send Authorization: Bearer <token>")
         scheme, _, token = authorization.strip().partition(" ")
@@ -186,6 +216,16 @@ class Authenticator:
         if entry.expires is not None and entry.expires.timestamp() <= self._clock():
             return Verdict(None, "the token has expired")
         return Verdict(entry.principal)
+
+
+def certificate_principal(peercert: PeerCert) -> Verdict:
+    """The subject's one commonName (``CN=tenant:a`` -> ``tenant:a``); a certificate with none, or
+    with several, names no principal."""
+    names = [value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"]
+    if len(names) != 1 or not str(names[0]).strip():
+        return Verdict(None, f"the client certificate's subject has {len(names)} commonNames: the principal "
+                             "is its one CN (e.g. CN=tenant:a)")
+    return Verdict(str(names[0]).strip())
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -204,12 +244,67 @@ def _quoted(text: str) -> str:
     return msgspec.json.encode(text).decode()
 
 
-def authenticator(tokens_file: str | None, host: str) -> Authenticator | None:
+def authenticator(tokens_file: str | None, host: str,
+                  client_ca_file: str | None = None) -> Authenticator | None:
     """The service's authenticator (``None``: none configured), or an :class:`AuthError` when the
-    tokens file is unusable or ``host`` is not loopback and there is no authentication."""
-    if tokens_file is None:
+    tokens file is unusable or ``host`` is not loopback and there is no authentication (neither
+    tokens nor client certificates)."""
+    if tokens_file is None and client_ca_file is None:
         if not is_loopback(host):
             raise AuthError(f"http_host = {host} listens beyond this machine without authentication: "
-                            "set [auth] tokens_file (FLEETLOG_AUTH_TOKENS_FILE) or bind 127.0.0.1")
+                            "set [auth] tokens_file (FLEETLOG_AUTH_TOKENS_FILE) or client_ca_file "
+                            "(FLEETLOG_AUTH_CLIENT_CA_FILE), or bind 127.0.0.1")
         return None
-    return Authenticator(Path(tokens_file))
+    return Authenticator(None if tokens_file is None else Path(tokens_file),
+                         certificates=client_ca_file is not None)
+
+
+def server_tls(cert_file: str | None, key_file: str | None,
+               client_ca_file: str | None) -> ssl.SSLContext | None:
+    """The HTTPS context of ``tls_cert_file`` (the chain) and ``tls_key_file`` (``None``: plain
+    HTTP), asking for client certificates of ``client_ca_file`` (optional ones: ``CERT_OPTIONAL``),
+    TLS 1.2 at least; an :class:`AuthError` of one line when the files do not go together, the key
+    is readable by others, or a file does not load."""
+    if cert_file is None or key_file is None:
+        if client_ca_file is not None:
+            raise AuthError("auth.client_ca_file checks client certificates over TLS: set [auth] "
+                            "tls_cert_file and tls_key_file (FLEETLOG_AUTH_TLS_CERT_FILE, "
+                            "FLEETLOG_AUTH_TLS_KEY_FILE) too")
+        if (cert_file, key_file) != (None, None):
+            given, missing = ("tls_cert_file", "tls_key_file") if key_file is None else ("tls_key_file",
+                                                                                           "tls_cert_file")
+            raise AuthError(f"auth.{given} needs auth.{missing} (the server's certificate and its key)")
+        return None
+    check_mode(Path(key_file), "auth.tls_key_file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(context.load_cert_chain, f"auth.tls_cert_file {cert_file} and auth.tls_key_file {key_file}",
+          cert_file, key_file)
+    if client_ca_file is not None:
+        context.verify_mode = ssl.CERT_OPTIONAL
+        _load(context.load_verify_locations, f"auth.client_ca_file {client_ca_file}", client_ca_file)
+    return context
+
+
+def _load(load: Callable[..., None], what: str, *paths: str) -> None:
+    """``load(*paths)``, or an :class:`AuthError` naming ``what`` (the settings and files; never a
+    key's bytes: ssl's messages name the problem only)."""
+    try:
+        load(*paths)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+        raise AuthError(f"{what}: cannot be loaded ({why})") from None
+
+
+class Security(NamedTuple):
+    """What the HTTP server is given by ``[auth]``."""
+
+    auth: Authenticator | None
+    tls: ssl.SSLContext | None
+
+
+def security(settings: AuthSettings, host: str) -> Security:
+    """The authenticator and HTTPS context of the ``[auth]`` table for a server on ``host`` (an
+    :class:`AuthError` when they cannot be used; checked before anything starts)."""
+    tls = server_tls(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
+    return Security(authenticator(settings.tokens_file, host, settings.client_ca_file), tls)

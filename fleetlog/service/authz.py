@@ -23,7 +23,8 @@ The roles:
 - ``reader``: the reads only (lists, job details, the watch, dry runs, metrics).
 
 Every role may read.  A principal the policy does not name may do nothing (403 on every route but
-the health probes); every refusal names the rule that refused it.  With tokens but no policy file,
+the health probes); every refusal names the rule that refused it.  A principal is what a token
+names or a client certificate's CN.  With tokens (or client certificates) but no policy file,
 every authenticated principal holds every role (the first slice's behaviour; the service says so at
 start).  The file is kept as the tokens file is: refused when others may read or write it, re-read
 when it changes, a bad rewrite keeping the last good policy.
@@ -56,6 +57,7 @@ from fleetlog.events.model import (
     TaskStarted,
 )
 from fleetlog.service.auth import AuthError, WatchedFile
+from fleetlog.service.config import AuthSettings
 from fleetlog.service.http import Response, refusal
 
 NAMED_ROLES: Final = ("tenant", "node-agent", "backend")
@@ -141,10 +143,16 @@ class Authorizer:
         return self.file.current().get(principal)
 
 
-def warn_unpoliced(tokens_file: str | None, policy_file: str | None, log: Any) -> None:
+def authenticates(auth: AuthSettings) -> bool:
+    """Whether ``[auth]`` authenticates anyone: bearer tokens or client certificates."""
+    return auth.tokens_file is not None or auth.client_ca_file is not None
+
+
+def warn_unpoliced(auth: AuthSettings, log: Any) -> None:
     """Log at start that authenticated principals may do everything, when that is so."""
-    if tokens_file is not None and policy_file is None:
-        log.warning("auth_without_policy", detail="[auth] tokens_file without policy_file: every "
+    if authenticates(auth) and auth.policy_file is None:
+        sources = " and ".join(k for k in ("tokens_file", "client_ca_file") if getattr(auth, k) is not None)
+        log.warning("auth_without_policy", detail=f"[auth] {sources} without policy_file: every "
                     "authenticated principal may do everything (set [auth] policy_file to give roles)")
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import uvloop
 
 from fleetlog.log.location import ConfigError
-from fleetlog.service.auth import AuthError, authenticator
-from fleetlog.service.authz import Authorizer
+from fleetlog.service.auth import AuthError, security
+from fleetlog.service.authz import Authorizer, authenticates
 from fleetlog.service.config import Config, load_config
 from fleetlog.service.roles import RoleService
 from fleetlog.service.service import Service
@@ -42,11 +42,12 @@ def check_role(config: Config) -> None:
         raise CommandError(f"--role {config.service.role} runs on Kafka (processes share the partitions); "
                            "on the file log one process runs every role: --role all with the [cells] map")
     auth = config.auth
-    if auth.policy_file is not None and auth.tokens_file is None:
-        raise CommandError("auth.policy_file names the roles of the principals of auth.tokens_file: set "
-                           "[auth] tokens_file (FLEETLOG_AUTH_TOKENS_FILE) too")
-    try:  # the bind rule and the files' modes, before anything starts
-        authenticator(auth.tokens_file, config.service.http_host)
+    if auth.policy_file is not None and not authenticates(auth):
+        raise CommandError("auth.policy_file names the roles of the principals of auth.tokens_file or of "
+                           "the client certificates of auth.client_ca_file: set [auth] tokens_file "
+                           "(FLEETLOG_AUTH_TOKENS_FILE) or client_ca_file (FLEETLOG_AUTH_CLIENT_CA_FILE) too")
+    try:  # the TLS files, the bind rule and the files' modes, before anything starts
+        security(auth, config.service.http_host)
         Authorizer(auth.policy_file)
     except AuthError as exc:
         raise CommandError(str(exc)) from None

@@ -124,6 +124,13 @@ class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The bearer tokens (hashed) the API accepts; none: no authentication (loopback only)."""
     policy_file: str | None = None
     """Who may do what (fleetlog.service.authz); none: every authenticated principal may do all."""
+    tls_cert_file: str | None = None
+    """The server's certificate chain (PEM): the API is then served over HTTPS; none: plain HTTP."""
+    tls_key_file: str | None = None
+    """Its private key (PEM; refused when others may read it)."""
+    client_ca_file: str | None = None
+    """The CA (PEM) whose client certificates the API accepts (mutual TLS; the principal is the
+    certificate's CN); needs ``tls_cert_file`` and ``tls_key_file``."""
 
 
 class Config(msgspec.Struct, frozen=True):

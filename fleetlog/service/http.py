@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
@@ -74,8 +75,8 @@ class Request(msgspec.Struct, frozen=True):
     raw_path: str = ""
     """As sent (percent-encoded): a ``%2F`` inside one segment is not a ``/`` between two."""
     principal: str | None = None
-    """Who the bearer token names (fleetlog.service.auth); ``None``: no authentication configured,
-    or an exempt route (health)."""
+    """Who the client certificate or the bearer token names (fleetlog.service.auth); ``None``: no
+    authentication configured, or an exempt route (health)."""
 
 
 class Response(msgspec.Struct, frozen=True):
@@ -178,13 +179,16 @@ class PortInUseError(BindError):
 
 
 class HttpServer:
-    """Serves ``handler`` on ``host:port`` (port 0: any free port, see :attr:`port`)."""
+    """Serves ``handler`` on ``host:port`` (port 0: any free port, see :attr:`port`); over HTTPS
+    with ``ssl_context`` (fleetlog.service.auth.server_tls: its client certificates, verified in
+    the handshake, name the principal)."""
 
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
                  limits: HttpLimits | None = None, auth: Authenticator | None = None,
-                 unauthenticated: Callable[[], None] | None = None) -> None:
+                 unauthenticated: Callable[[], None] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler, self.host, self.port = handler, host, port
-        self.auth, self.unauthenticated = auth, unauthenticated
+        self.auth, self.unauthenticated, self.ssl_context = auth, unauthenticated, ssl_context
         self.limits = limits or HttpLimits()
         self.body_requests = 0
         self._runner: web.ServerRunner | None = None
@@ -209,7 +213,8 @@ class HttpServer:
         runner = web.ServerRunner(self._server, handle_signals=False)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.host, self.port, backlog=lim.max_connections).start()
+            await web.TCPSite(runner, self.host, self.port, backlog=lim.max_connections,
+                              ssl_context=self.ssl_context).start()
         except OSError as exc:
             await runner.cleanup()
             where = f"{self.host}:{self.port}"
@@ -290,7 +295,7 @@ class HttpServer:
     async def _answer(self, raw: web.BaseRequest) -> Response | Stream:
         principal = None
         if self.auth is not None and raw.path not in EXEMPT:  # before any body is read
-            verdict = self.auth.check(raw.headers.get("Authorization"))
+            verdict = self.auth.check(raw.headers.get("Authorization"), _peercert(raw))
             if verdict.principal is None:
                 if self.unauthenticated is not None:
                     self.unauthenticated()
@@ -330,6 +335,14 @@ class HttpServer:
 def _unauthenticated(problem: str) -> Response:
     answer = refusal(401, "unauthenticated", problem)
     return Response(401, answer.body, headers={"WWW-Authenticate": 'Bearer realm="fleetlog"'})
+
+
+def _peercert(raw: web.BaseRequest) -> dict[str, Any] | None:
+    """The client certificate the TLS handshake verified (``None``: plain HTTP or none presented;
+    one that did not verify never gets this far)."""
+    transport = raw.transport
+    found = transport.get_extra_info("peercert") if transport is not None else None
+    return found if isinstance(found, dict) and found else None
 
 
 def _request(raw: web.BaseRequest, body: bytes, principal: str | None = None) -> Request:

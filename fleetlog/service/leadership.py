@@ -15,7 +15,7 @@ from typing import Final
 import structlog
 
 from fleetlog.log.base import LogStore
-from fleetlog.log.discovery import announce, withdraw
+from fleetlog.log.discovery import announce, local, withdraw
 from fleetlog.log.file import LockedError, announce_intent, withdraw_intent
 from fleetlog.log.location import make_store
 from fleetlog.service.config import Config
@@ -82,7 +82,9 @@ class Leadership:
     def advertise(self, port: int) -> None:
         """``service.json``: producers send to this process's HTTP ``port`` from now on."""
         if self.config.log.dir:  # 0600: a service.json others could rewrite would redirect producers
-            announce(Path(self.config.log.dir), os.getpid(), f"{self.settings.http_host}:{port}")
+            scheme = "http" if self.config.auth.tls_cert_file is None else "https"
+            address = f"{local(self.settings.http_host)}:{port}"
+            announce(Path(self.config.log.dir), os.getpid(), address, scheme)
 
     def unadvertise(self) -> None:
         if self.config.log.dir:

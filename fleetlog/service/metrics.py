@@ -175,7 +175,7 @@ class Metrics:
         self.decisions = Counter("fleetlog_decisions", "Decisions published", registry=r)
         self.unauthenticated = Counter(
             "fleetlog_http_unauthenticated", "HTTP requests refused 401 (no, unknown, expired or revoked "
-            "token)", registry=r)
+            "token; no client certificate; a certificate without one CN)", registry=r)
         self.forbidden = Counter(
             "fleetlog_http_forbidden", "HTTP requests refused 403 by the authorization policy, by the event "
             "type refused (any: a principal the policy does not name)", ["action"], registry=r)

@@ -32,7 +32,7 @@ from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.file import LockedError
 from fleetlog.log.kafka import FencedError, KafkaLogStore, shard_config
 from fleetlog.log.location import make_store
-from fleetlog.service.auth import authenticator
+from fleetlog.service.auth import security
 from fleetlog.service.authz import warn_unpoliced
 from fleetlog.service.cellrunner import RETRY_S, CellShards
 from fleetlog.service.cellshard import shard_snapshots
@@ -169,10 +169,10 @@ class RoleService:
         self.policy = policy_named(self.settings.policy)
         self.metrics = Metrics()
         self.stopping = stopping or asyncio.Event()
+        guard = security(config.auth, self.settings.http_host)
         self.http = HttpServer(self._handle, self.settings.http_host, self.settings.http_port,
-                               http_limits(self.settings),
-                               authenticator(config.auth.tokens_file, self.settings.http_host),
-                               self.metrics.unauthenticated.inc)
+                               http_limits(self.settings), guard.auth, self.metrics.unauthenticated.inc,
+                               guard.tls)
         self.dispatching = Dispatching(config, self.stopping, self.metrics) if self.role != "cell" else None
         self.cells: CellShards | None = None
         self.ownership: Ownership | None = None
@@ -192,7 +192,7 @@ class RoleService:
         log.info("service_started", http=address, pid=os.getpid(),
                  role=self.role, cells=len(self.config.cells), policy=self.policy.name,
                  config=self.config.redacted())
-        warn_unpoliced(self.config.auth.tokens_file, self.config.auth.policy_file, log)
+        warn_unpoliced(self.config.auth, log)
         try:
             if self.config.kafka is None:
                 await self._embedded()

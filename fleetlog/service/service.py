@@ -43,7 +43,7 @@ from fleetlog.log import errorpolicy
 from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
-from fleetlog.service.auth import authenticator
+from fleetlog.service.auth import security
 from fleetlog.service.authz import Authorizer, Roles, forbidden, refused_principal, warn_unpoliced
 from fleetlog.service.config import Config
 from fleetlog.service.http import (
@@ -111,10 +111,10 @@ class Service:
         self.config, self.settings = config, config.service
         self.policy = policy_named(self.settings.policy)
         self.metrics = Metrics()
+        guard = security(config.auth, self.settings.http_host)
         self.http = HttpServer(self._handle, self.settings.http_host, self.settings.http_port,
-                               http_limits(self.settings),
-                               authenticator(config.auth.tokens_file, self.settings.http_host),
-                               self.metrics.unauthenticated.inc)
+                               http_limits(self.settings), guard.auth, self.metrics.unauthenticated.inc,
+                               guard.tls)
         self.ingest = IngestGate(self.settings)
         self.authz = Authorizer(config.auth.policy_file)
         self.snapshots = snapshot_store(config)
@@ -154,7 +154,7 @@ class Service:
         await self._serve_http(leading=False)
         log.info("service_started", http=self._http_address(), pid=os.getpid(),
                  policy=self.policy.name, config=self.config.redacted())
-        warn_unpoliced(self.config.auth.tokens_file, self.config.auth.policy_file, log)
+        warn_unpoliced(self.config.auth, log)
         try:
             while not self.stopping.is_set():
                 await self._retrier.run(self._cycle)
