@@ -185,8 +185,8 @@ def check_http(port: int, raw: bytes) -> None:
             return
     if answer:
         status = answer.split(b"\r\n", 1)[0].split(b" ")
-        assert status[0].startswith(b"HTTP/1."), answer[:100]
-        assert int(status[1]) < 500 or int(status[1]) == 503, answer[:300]
+        assert status[0].startswith(b"HTTP/"), answer[:100]  # (aiohttp answers in the version asked)
+        assert int(status[1]) < 500 or int(status[1]) in (503, 505), answer[:300]
 
 
 class ServerErrors(logging.Handler):

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
@@ -255,7 +255,8 @@ class HttpServer:
         out = web.StreamResponse(status=200, headers={
             "Content-Type": stream.content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
             **stream.headers})
-        out.enable_chunked_encoding()
+        if raw.version == HttpVersion11:  # an HTTP/1.0 client reads the stream to the close
+            out.enable_chunked_encoding()
         try:
             await out.prepare(raw)
         except ConnectionError:  # the client went away before the answer began: nothing to tell it
@@ -293,6 +294,9 @@ class HttpServer:
         return out
 
     async def _answer(self, raw: web.BaseRequest) -> Response | Stream:
+        if raw.version not in (HttpVersion10, HttpVersion11):  # (aiohttp parses any "HTTP/x.y")
+            version = f"HTTP/{raw.version.major}.{raw.version.minor}"
+            return refusal(505, "http_version", f"{version} is not served: HTTP/1.1 or HTTP/1.0")
         principal = None
         if self.auth is not None and raw.path not in EXEMPT:  # before any body is read
             verdict = self.auth.check(raw.headers.get("Authorization"), _peercert(raw))

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,7 @@ from fleetlog.service import watch
 from fleetlog.service.http import HttpServer, Request, Stream
 from fleetlog.service.service import MAX_WATCHERS
 from tests.core.builders import job, node
+from tests.fuzzing import ServerErrors
 from tests.service.process import REPO
 from tests.service.test_service import Running, events_body, serving
 
@@ -112,6 +114,42 @@ async def test_ten_watchers_see_the_same(running: Running) -> None:
         for s in streams:
             await s.aclose()
     assert all([c.offset for c in r] == [0, 1, 2, 3, 4] for r in results)
+
+
+async def test_an_http_1_0_client_reads_the_stream_to_the_close(running: Running) -> None:
+    """Chunked encoding is HTTP/1.1's: an HTTP/1.0 client gets the same events, the body read
+    until the server closes the connection (a stopping service ends the stream); an HTTP/0.9 or
+    2.0 request line is refused with 505; nothing is logged as an error."""
+    await submit(running, node("n1", gpus=8), job("old", gpus=1))
+    port = running.service.http.port
+    with ServerErrors() as errors:
+        for version in ("HTTP/0.9", "HTTP/2.0"):
+            status, _ = await asyncio.to_thread(raw_answer, port, f"GET /v1/watch?from=0 {version}")
+            assert status.split(b" ")[1] == b"505", status
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /v1/watch?log=inputs&from=0 HTTP/1.0\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        body = b""
+        while b"id: 1\n" not in body:
+            body += await asyncio.wait_for(reader.read(65536), 10)
+        await running.stop()
+        body += await asyncio.wait_for(reader.read(), 10)  # the end of the stream: the close
+        writer.close()
+    assert head.split(b"\r\n", 1)[0].split(b" ")[:2] == [b"HTTP/1.0", b"200"], head
+    assert b"chunked" not in head.lower(), head
+    assert b"id: 0\n" in body and b"id: 1\n" in body, body[:300]
+    assert errors.seen == []
+
+
+def raw_answer(port: int, request_line: str) -> tuple[bytes, bytes]:
+    """The status line and the rest of the answer to ``request_line`` on a fresh connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request_line.encode() + b"\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := conn.recv(65536)):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    return status, rest
 
 
 @pytest.mark.parametrize(
