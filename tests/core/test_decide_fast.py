@@ -43,6 +43,7 @@ from fleetlog.events.model import (
     Taint,
     Toleration,
 )
+from tests.core.budget import seeds
 from tests.core.builders import job, node
 
 CONFIG = CoreConfig(node_timeout_ms=60_000, shape_window=64, shape_mix_every=16)
@@ -206,13 +207,13 @@ POLICIES = {
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", seeds([1, 2, 3]))
 def test_fast_paths_decide_as_the_general_path(name: str, seed: int) -> None:
     assert run_three(POLICIES[name], seed) > 20  # (the scenario does place: the test is not vacuous)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", seeds([1, 2, 3]))
 def test_merged_runs_of_several_tenants_decide_as_the_turns_one_tenant_at_a_time(
     name: str, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,19 +235,19 @@ def test_merged_runs_of_several_tenants_decide_as_the_turns_one_tenant_at_a_time
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", seeds([1, 2]))
 def test_fast_paths_decide_as_the_general_path_with_constraints(name: str, seed: int) -> None:
     """Selectors, affinity, taints, tolerations, cordons and NoExecute evictions on the way:
     one-task jobs of one class run through place_singles, gangs of two classes through node kinds."""
     assert run_three(POLICIES[name], seed, constraints=True, steps=60) > 10
 
 
-@pytest.mark.parametrize("seed", [6, 7])
+@pytest.mark.parametrize("seed", seeds([6, 7]))
 def test_two_cells_with_constraints_decide_as_the_general_path(seed: int) -> None:
     assert run_three(Policy(), seed, cells=2, constraints=True) > 10
 
 
-@pytest.mark.parametrize("seed", [4, 5])
+@pytest.mark.parametrize("seed", seeds([4, 5]))
 def test_fast_paths_with_two_cells_decide_as_the_general_path(seed: int) -> None:
     """Two cells: no fast path, but remembered scores still must not change a decision."""
     assert run_three(Policy(), seed, cells=2) > 20

@@ -43,8 +43,8 @@ STALL_LIMIT_S = {
     "kill-inputs-leader": 15, "kill-decisions-leader": 15, "kill-controller": 15,
     # the stand-by leads once the dead leader's session (6 s by default) has expired, and that
     # session starts afresh when the killed broker was the group's coordinator (measured: at
-    # most 14.9 s)
-    "kill-service-and-broker": 20,
+    # most 14.9 s alone; 20.8 s in a CI run with three other sessions on the two cores)
+    "kill-service-and-broker": 25,
     # the fault itself lasts 10 s; then the service's next try (its back-off is at most 5 s)
     "pause-broker": 20, "cut-service": 20, "blackhole-broker": 20,
     "rolling-restart": 10,

@@ -280,7 +280,7 @@ async def analyse(run: Run) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)  # 99 s alone; over 480 s in a CI run of four sessions on two cores
 async def test_soak_kill_9_across_an_outage_longer_than_the_node_timeout(tmp_path: Path) -> None:
     seed = int(os.environ.get("FLEETLOG_SOAK_SEED") or random.SystemRandom().randrange(1 << 32))
     print(f"soak seed {seed}")
