@@ -199,7 +199,7 @@ def test_api() -> None:
     assert (r["watchers"], r["watch_jobs"], r["watch_nodes"], r["watch_rounds"]) == (10, 400, 50, 1)
     assert r["watch_order"] == "ABC"
     positive(r, "decisions_per_s_without_watchers")
-    for suffix in ("", "_out_of_process"):
+    for suffix in ("", "_in_process"):
         positive(r, *(f"{k}{suffix}" for k in (
             "watch_decisions_per_s", "watch_records_per_s", "watch_records", "watch_lag_ms_p50",
             "watch_lag_ms_p99", "decisions_per_s_with_watchers", "throughput_ratio_with_watchers")))
@@ -209,6 +209,10 @@ def test_api() -> None:
     for mode in ("none", "in_process", "out_of_process"):
         (run,) = r["watch_runs"][mode]
         positive(run, "decisions_per_s", "seconds")
+    # the headline is the watchers in a process of their own (C), as clients are
+    for mode, suffix in (("out_of_process", ""), ("in_process", "_in_process")):
+        run_s = r["watch_runs"][mode][0]["decisions_per_s"]
+        assert r[f"decisions_per_s_with_watchers{suffix}"] == pytest.approx(run_s, abs=1)
     assert isinstance(r["watch_streams_cut_at_stop"], int)
 
 
