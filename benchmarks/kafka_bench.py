@@ -156,7 +156,7 @@ def run(quick: bool, smoke: bool = False) -> dict[str, Any]:
     """Start (or reuse ``FLEETLOG_KAFKA``) a broker, measure, stop it; the result as a dict."""
     events = 2_000 if smoke else 100_000 if quick else 1_000_000
     repeats, txn_batches = (1, 3) if smoke else (REPEATS, TXN_BATCHES)
-    broker = KafkaBroker(ephemeral=True, heap="1g")
+    broker = KafkaBroker(ephemeral=True, heap="1g", jvm_opts="")
     bootstrap = broker.start()
     try:
         measured = asyncio.run(_measure(bootstrap, events, repeats, txn_batches))

@@ -286,7 +286,7 @@ def on_broker(measured: Callable[[str, bool, bool], Awaitable[dict[str, Any]]], 
               smoke: bool) -> dict[str, Any]:
     """``measured(bootstrap, quick, smoke)`` on ``FLEETLOG_KAFKA``, or on a broker started for it."""
     external = os.environ.get("FLEETLOG_KAFKA")
-    broker = None if external else KafkaBroker(ephemeral=True, heap="1g")
+    broker = None if external else KafkaBroker(ephemeral=True, heap="1g", jvm_opts="")
     bootstrap = external or broker.start()  # type: ignore[union-attr]
     try:
         return uvloop.run(measured(bootstrap, quick, smoke))

@@ -241,7 +241,7 @@ def kafka_run(jobs: int, nodes: int, live: int, progress: bool) -> dict[str, Any
     folds, so the windows are seconds of it (retained 5 s, remembered 10 s more)."""
     from tests.kafka_broker import KafkaBroker
 
-    broker = KafkaBroker(ephemeral=True, heap="1g")
+    broker = KafkaBroker(ephemeral=True, heap="1g", jvm_opts="")
     bootstrap = broker.start()
     try:
         core = CoreConfig(retain_finished_ms=5_000, dedup_window_ms=10_000)

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,19 @@ def test_a_bad_revision_is_a_usage_error_and_checks_nothing_out() -> None:
     assert compare("--before", "HEAD", "--after", "HEAD", "--bench", "core,nope").returncode == 2
 
 
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Children started in the block get SIGINT as a terminal would send it: a shell without job
+    control (``cmd &`` in a script, ``nohup``) starts its background commands with SIGINT ignored,
+    which their children inherit, and Python then installs no ``KeyboardInterrupt`` handler.  A
+    handled signal is reset to its default at exec."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_while_running_removes_the_worktrees() -> None:
     """SIGINT (and SIGTERM) while a benchmark runs in a checkout: both trees are removed."""
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -122,7 +137,7 @@ def test_ctrl_c_while_running_removes_the_worktrees() -> None:
             "--bench",
             "replay",
         ]
-        with subprocess.Popen(
+        with interruptible(), subprocess.Popen(
             argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         ) as child:
             deadline = time.monotonic() + 120

@@ -23,6 +23,7 @@
 #   FLEETLOG_KAFKA_CONTROLLER_PORT  KRaft controller port on 127.0.0.1  (default client port + 1)
 #   FLEETLOG_KAFKA_DIR              data, config, log and pid file      (default <repo>/var/kafka)
 #   FLEETLOG_KAFKA_HEAP             JVM heap                            (default 512m)
+#   FLEETLOG_KAFKA_JVM_OPTS         more JVM options, split on spaces   (default none)
 #   FLEETLOG_KAFKA_START_TIMEOUT    seconds to wait for the broker      (default 60)
 #   FLEETLOG_KAFKA_SASL_PORT        also listen with SASL_SSL + SCRAM-SHA-512 on this port (default: off);
 #                                   user "fleetlog", password in <dir>/tls/password, CA in <dir>/tls/ca.pem
@@ -47,6 +48,7 @@ PORT="${FLEETLOG_KAFKA_PORT:-19092}"
 CONTROLLER_PORT="${FLEETLOG_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
 DIR="${FLEETLOG_KAFKA_DIR:-$REPO/var/kafka}"
 HEAP="${FLEETLOG_KAFKA_HEAP:-512m}"
+read -r -a JVM_OPTS <<<"${FLEETLOG_KAFKA_JVM_OPTS:-}"
 START_TIMEOUT="${FLEETLOG_KAFKA_START_TIMEOUT:-60}"
 SASL_PORT="${FLEETLOG_KAFKA_SASL_PORT:-}"
 TLS="$DIR/tls"
@@ -196,14 +198,14 @@ format_storage() {
   [[ -f "$DIR/data/meta.properties" ]] && return 0
   local scram=()
   [[ -n "$SASL_PORT" ]] && scram=(--add-scram "SCRAM-SHA-512=[name=fleetlog,password=$(cat "$TLS/password")]")
-  java -cp "$LIB/*" -Dlog4j2.configurationFile="$DIR/log4j2.properties" kafka.tools.StorageTool \
+  java "${JVM_OPTS[@]}" -cp "$LIB/*" -Dlog4j2.configurationFile="$DIR/log4j2.properties" kafka.tools.StorageTool \
     format --cluster-id "${CLUSTER_ID:-$(cluster_id)}" --config "$CONFIG" "${scram[@]}" >>"$LOG_FILE" 2>&1 \
     || { tail -n 30 "$LOG_FILE" >&2; die "formatting KRaft storage in $DIR/data failed"; }
 }
 
 launch() {
   if [[ -s "$LOG_FILE" ]]; then cat "$LOG_FILE" >>"$LOG_FILE.old"; : >"$LOG_FILE"; fi
-  setsid java "-Xms$HEAP" "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+  setsid java "-Xms$HEAP" "-Xmx$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true "${JVM_OPTS[@]}" \
     -Dlog4j2.configurationFile="$DIR/log4j2.properties" -cp "$LIB/*" kafka.Kafka "$CONFIG" \
     </dev/null >>"$LOG_FILE" 2>&1 &
   echo $! >"$PID_FILE"
