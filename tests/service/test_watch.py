@@ -8,7 +8,6 @@ import asyncio
 import gc
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +27,7 @@ from fleetlog.service.service import MAX_WATCHERS
 from tests.core.builders import job, node
 from tests.fuzzing import ServerErrors
 from tests.service.process import REPO
+from tests.service.test_http import exchange
 from tests.service.test_service import Running, events_body, serving
 
 
@@ -124,8 +124,9 @@ async def test_an_http_1_0_client_reads_the_stream_to_the_close(running: Running
     port = running.service.http.port
     with ServerErrors() as errors:
         for version in ("HTTP/0.9", "HTTP/2.0"):
-            status, _ = await asyncio.to_thread(raw_answer, port, f"GET /v1/watch?from=0 {version}")
-            assert status.split(b" ")[1] == b"505", status
+            request = f"GET /v1/watch?from=0 {version}\r\nHost: x\r\nConnection: close\r\n\r\n"
+            answer = await asyncio.to_thread(exchange, running, request.encode())
+            assert answer.split(b" ")[1] == b"505", answer[:100]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /v1/watch?log=inputs&from=0 HTTP/1.0\r\nHost: x\r\n\r\n")
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -140,17 +141,6 @@ async def test_an_http_1_0_client_reads_the_stream_to_the_close(running: Running
     assert b"id: 0\n" in body, body[:300]
     assert b"id: 1\n" in body, body[:300]
     assert errors.seen == []
-
-
-def raw_answer(port: int, request_line: str) -> tuple[bytes, bytes]:
-    """The status line and the rest of the answer to ``request_line`` on a fresh connection."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        conn.sendall(request_line.encode() + b"\r\nHost: x\r\n\r\n")
-        answer = b""
-        while b"\r\n\r\n" not in answer and (chunk := conn.recv(65536)):
-            answer += chunk
-    status, _, rest = answer.partition(b"\r\n")
-    return status, rest
 
 
 @pytest.mark.parametrize(
