@@ -10,6 +10,9 @@ change by hand, appended to the inputs log as events (docs/cli.md).
 - ``node drain NODE`` appends a ``NodeDrained``: no new task is placed on the node until
   ``node undrain``; what runs there stays, and the backend's heartbeats do not undo it.
 - ``node remove NODE`` appends a ``NodeRemoved``: its gangs are requeued.
+- ``policy set FILE`` appends a ``PolicySet``: the grants of ``FILE`` (a policy file's TOML,
+  ``[[grant]] principal roles``) become the API's authorization policy, whole, in place of the
+  configured ``auth.policy_file`` and of any earlier ``PolicySet`` (docs/service.md).
 
 ``drain``, ``undrain`` and ``remove`` first read the node from the running service or the logs: a
 node the scheduler does not know is one line and exit code 2, not an event the fold ignores.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from fleetlog.client import ClientError, keyed
@@ -29,18 +33,21 @@ from fleetlog.events.model import (
     NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
+    PolicySet,
     QuotaSet,
     Resources,
     Taint,
 )
 from fleetlog.reads_cli import Listing, ReadError, _read, show
+from fleetlog.service.auth import AuthError
+from fleetlog.service.authz import policy_set
 from fleetlog.usage import add_log_options
 
 Locate = Any
 
 
 def add_admin_commands(sub: Any, usage_error: type[Exception], locate: Locate) -> None:
-    """Register ``quota`` and ``node`` on the ``fleetlog`` subparsers."""
+    """Register ``quota``, ``node`` and ``policy`` on the ``fleetlog`` subparsers."""
     quota = sub.add_parser("quota", help="set or show a tenant's quota")
     cmds = quota.add_subparsers(dest="quota_command", required=True)
     qset = cmds.add_parser("set", help="replace a tenant's quota (a QuotaSet)", description=(
@@ -110,6 +117,17 @@ def _add_node_commands(sub: Any, usage_error: type[Exception], locate: Locate) -
         one.set_defaults(func=_reporting(_node_change(name, locate), usage_error))
     for parser in (add, *(cmds.choices[n] for n in ("drain", "undrain", "remove"))):
         _add_common(parser)
+    policy = sub.add_parser("policy", help="set the API's authorization policy (a PolicySet)")
+    pcmds = policy.add_subparsers(dest="policy_command", required=True)
+    pset = pcmds.add_parser("set", help="replace the policy with a file's grants", description=(
+        "Append a PolicySet: the grants of FILE (TOML, as auth.policy_file: [[grant]] principal = ..., "
+        "roles = [...]) become the policy in force, whole, once the service has folded it; it takes "
+        "the place of auth.policy_file and of any earlier PolicySet. At least one principal must keep "
+        "policy-admin."))
+    pset.add_argument("file", metavar="FILE", help="the policy (TOML)")
+    pset.add_argument("--reason", default="", help="why (shown by fleetlog history --audit)")
+    _add_common(pset)
+    pset.set_defaults(func=_reporting(cmd_policy_set, usage_error))
 
 
 # -- the commands -------------------------------------------------------------------------------
@@ -143,6 +161,20 @@ def _quota_get(locate: Locate) -> Any:
         return 0
 
     return run
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        event = policy_set(path, path.read_bytes())
+    except OSError as exc:
+        raise CommandLineError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except AuthError as exc:
+        raise CommandLineError(str(exc)) from None
+    if not any("policy-admin" in g.roles for g in event.grants):
+        raise CommandLineError(f"{path}: no principal keeps policy-admin: nobody could change the policy "
+                               "again through the API")
+    return _append(args, PolicySet(grants=event.grants, reason=args.reason))  # (checked there)
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:

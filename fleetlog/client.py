@@ -56,6 +56,7 @@ from fleetlog.events.model import (
     NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
+    PolicySet,
     QuotaSet,
     SpreadLevel,
     TaskFailed,
@@ -742,6 +743,10 @@ class Client:
     async def quota(self, quota: QuotaSet, *, key: str | None = None) -> int:
         """Set a tenant's quota.  Returns the offset."""
         return await self.transport.append([self.wrap(quota, key)])
+
+    async def policy(self, policy: PolicySet, *, key: str | None = None) -> int:
+        """Set the API's authorization policy, whole (a ``policy-admin``'s).  Returns the offset."""
+        return await self.transport.append([self.wrap(policy, key)])
 
     def describe(self) -> str:
         return self.transport.describe()

@@ -3,7 +3,8 @@
 The digest hashes the used rows of every table, the interned names, quotas,
 usage, the shape window and the clock — the same log gives the same digest in
 any process, whatever its hash seed.  Snapshots also carry ``State.requeues`` (why waiting
-jobs were requeued) and a cell shard's ``State.summaries`` (the last summary written per cell),
+jobs were requeued), a cell shard's ``State.summaries`` (the last summary written per cell),
+the jobs' labels and annotations and the last ``PolicySet`` (the API's authorization policy),
 which the digest leaves out: no decision reads them.
 """
 
@@ -40,7 +41,7 @@ from fleetlog.core.state import (
     State,
     collection_sums,
 )
-from fleetlog.events.model import CellSummary, JobReturned
+from fleetlog.events.model import CellSummary, JobReturned, PolicySet
 from fleetlog.events.spec import Requirement
 
 SNAPSHOT_FORMAT: Final = 5
@@ -148,7 +149,13 @@ def _scalars(state: State) -> dict[str, Any]:
         "retired": list(state.retired_order),  # ((at, id) tuples: the bytes of [at, id] lists)
         # why waiting jobs were requeued: snapshotted for status, not digested (no decision reads it)
         "requeues": sorted([row, msgspec.to_builtins(r)] for row, r in state.requeues.items()),
-    } | _summaries(state) | _job_meta(state)
+    } | _summaries(state) | _job_meta(state) | _policy(state)
+
+
+def _policy(state: State) -> dict[str, Any]:
+    """The last ``PolicySet`` (snapshotted, not digested: no decision reads it; a state with none has
+    no key, and its snapshot is what it was)."""
+    return {} if state.policy is None else {"policy": msgspec.to_builtins(state.policy)}
 
 
 def _job_meta(state: State) -> dict[str, Any]:
@@ -384,6 +391,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.reason_text = dict(s["reason_text"])
     state.requeues = {row: msgspec.convert(r, Requeue) for row, r in s.get("requeues", ())}
     state.job_meta = {row: (dict(labels), dict(notes)) for row, labels, notes in s.get("job_meta", ())}
+    state.policy = msgspec.convert(s["policy"], PolicySet) if "policy" in s else None
     state.derived = Derived.of(state)
     state.dispatches = {row: (a, b, c, d) for row, (a, b, c, d) in s.get("dispatches", ())}
     state.dispatched_seq = dict(s.get("dispatched_seq", ()))

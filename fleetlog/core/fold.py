@@ -69,6 +69,7 @@ from fleetlog.events.model import (
     NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
+    PolicySet,
     QuotaSet,
     Resources,
     TaskFailed,
@@ -124,6 +125,8 @@ def fold(state: State, event: Event, at_ms: int) -> None:
             on_task_failed(state, event)
         case QuotaSet():
             on_quota(state, event)
+        case PolicySet():
+            state.policy = event  # (the API's policy: no decision reads it)
         case JobDispatched():
             on_dispatched(state, event)
         case _:

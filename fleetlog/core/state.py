@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import Interner, Table, entries_sum
-from fleetlog.events.model import CellSummary, JobReturned
+from fleetlog.events.model import CellSummary, JobReturned, PolicySet
 from fleetlog.events.spec import NO_CONSTRAINTS as NO_CLASS
 from fleetlog.events.spec import ConstraintsKey as ClassKey
 from fleetlog.events.spec import NodeAttrs
@@ -332,6 +332,10 @@ class Derived:
 class State:
     """The whole scheduler state. Mutated only by :func:`fleetlog.core.fold.fold` (and its batch
     twins, :mod:`fleetlog.core.fold_batch`), except ``derived``, which decide writes too."""
+
+    policy: PolicySet | None = None
+    """The last ``PolicySet`` folded: the API's authorization policy (``fleetlog.service.authz``).
+    Snapshotted, never digested: no decision reads it (docs/service.md, "Who may do what")."""
 
     def __init__(self, config: CoreConfig | None = None) -> None:
         self.config = config or CoreConfig()

@@ -400,6 +400,38 @@ class QuotaSet(_Event, frozen=True):
     weight_milli: WeightMilli = 1000
 
 
+MAX_GRANTS: Final = 10_000
+"""The most principals one ``PolicySet`` names."""
+MAX_ROLES: Final = 1024
+"""The most roles one grant gives."""
+ROLE_NAMES: Final = ("tenant:NAME", "node-agent:CELL", "backend:CELL", "quota-admin", "operator", "reader",
+                     "policy-admin")
+ROLE_PATTERN: Final = (f"^(?:(?:tenant|node-agent|backend):[^{NOT_PRINTABLE}]+"
+                       "|quota-admin|operator|reader|policy-admin)$(?!\\n)")
+"""A role as ``fleetlog.service.authz`` reads it (docs/service.md, "Who may do what")."""
+Principal = Annotated[str, Meta(min_length=1, max_length=253, pattern="^[^\\x00-\\x1f\\x7f-\\x9f]+$(?!\\n)")]
+"""Who a token or a client certificate names: any text but control characters (a certificate's
+commonName may hold spaces)."""
+Role = Annotated[str, Meta(max_length=253, pattern=ROLE_PATTERN)]
+
+
+class PolicyGrant(_Struct, frozen=True):
+    """The roles one principal holds."""
+
+    principal: Principal
+    roles: Annotated[tuple[Role, ...], Meta(max_length=MAX_ROLES)]
+
+
+class PolicySet(_Event, frozen=True):
+    """The authorization policy from now on, whole: each principal's roles.  It replaces the
+    policy file's grants (and an earlier ``PolicySet``'s) for the HTTP API's checks
+    (``fleetlog.service.authz``); the core keeps the latest one (snapshotted, never digested)
+    and no decision reads it."""
+
+    grants: Annotated[tuple[PolicyGrant, ...], Meta(max_length=MAX_GRANTS)]
+    reason: Text = ""
+
+
 # --- decisions ----------------------------------------------------------------------------
 
 
@@ -597,6 +629,7 @@ InputEvent = (
     | TaskFinished
     | TaskFailed
     | QuotaSet
+    | PolicySet
 )
 INPUT_TYPES: Final = (
     JobSubmitted,
@@ -608,6 +641,7 @@ INPUT_TYPES: Final = (
     TaskFinished,
     TaskFailed,
     QuotaSet,
+    PolicySet,
 )
 Event = InputEvent | ShardEvent | DecisionBatch
 EVENT_TYPES: Final = (*INPUT_TYPES, *SHARD_TYPES, DecisionBatch)
@@ -642,6 +676,7 @@ ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     TaskFinished: (("job_id", "one"),),
     TaskFailed: (("job_id", "one"),),
     QuotaSet: (("tenant", "one"), ("cell", "one"), ("cohort", "one")),
+    PolicySet: (),  # (principals and roles: patterns of their own, which msgspec checks)
     JobDispatched: (("job", "job"), ("cell", "one")),
     JobReturned: (("job_id", "one"), ("cell", "one"), ("reason", "one")),
     CellSummary: (("cell", "one"), ("free", "rows"), ("usage", "rows")),
@@ -705,6 +740,7 @@ ID_TEXT: Final[dict[type, Callable[[Any], str]]] = {
     TaskFinished: attrgetter("job_id"),
     TaskFailed: attrgetter("job_id"),
     QuotaSet: lambda e: e.tenant + e.cell + e.cohort,
+    PolicySet: lambda e: "",
     JobDispatched: lambda e: _submitted_ids(e.job) + e.cell,
     JobReturned: lambda e: e.job_id + e.cell + e.reason,
     CellSummary: lambda e: "".join((e.cell, *(f.gpu_model for f in e.free), *(u.tenant for u in e.usage))),

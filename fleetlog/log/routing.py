@@ -31,6 +31,7 @@ from fleetlog.events.model import (
     NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
+    PolicySet,
     QuotaSet,
     TaskFailed,
     TaskFinished,
@@ -122,6 +123,10 @@ class Router:
                                    "with a [cells] map its producer must say its cell (--cell NAME, "
                                    "Client(cell=...))", "cell_needed")
             return self._home
+        if isinstance(event, PolicySet):
+            raise RoutingError("PolicySet: with a [cells] map no process serves the HTTP API the policy "
+                               "is for (docs/scale-out.md); give roles in auth.policy_file",
+                               "not_served_by_role")
         raise RoutingError(f"{type(event).__name__} is not an input a producer sends", "not_an_input")
 
     def split(self, events: Sequence[InputEvent]) -> Parts:

@@ -24,12 +24,12 @@ from typing import Any, Final
 import msgspec
 
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
-from fleetlog.events.model import JobCancelled, JobSubmitted, NodeDrained, NodeRemoved, QuotaSet
+from fleetlog.events.model import JobCancelled, JobSubmitted, NodeDrained, NodeRemoved, PolicySet, QuotaSet
 from fleetlog.log.base import INPUTS, PRINCIPAL_HEADER, Record
 from fleetlog.replay.source import Progress, Source, end_offset, read, start_offset
 from fleetlog.replay.terminal import progress_bar
 
-MUTATIONS: Final = (JobSubmitted, JobCancelled, QuotaSet, NodeDrained, NodeRemoved)
+MUTATIONS: Final = (JobSubmitted, JobCancelled, QuotaSet, NodeDrained, NodeRemoved, PolicySet)
 """What operators and tenants change: listed by default."""
 
 
@@ -47,7 +47,7 @@ class AuditEntry(msgspec.Struct, frozen=True):
     cell: str | None = None
     node: str | None = None
     detail: str | None = None
-    """A drain's state and reason; why a record did not decode."""
+    """A drain's state and reason; a policy's grants; why a record did not decode."""
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,21 @@ def entry(record: Record) -> tuple[AuditEntry, bool]:
     detail = None
     if isinstance(e, NodeDrained):
         detail = ("drained" if e.drained else "undrained") + (f": {e.reason}" if e.reason else "")
+    elif isinstance(e, PolicySet):
+        detail = policy_detail(e)
     found = AuditEntry(record.offset, record.timestamp_ms, principal, env.producer_id, env.key,
                        type(e).__name__, getattr(e, "job_id", None), getattr(e, "tenant", None),
                        getattr(e, "cell", None) or None, getattr(e, "node", None), detail)
     return found, isinstance(e, MUTATIONS)
+
+
+def policy_detail(e: PolicySet) -> str:
+    """What a ``PolicySet`` grants, in one line: ``principal=role,role; …`` (its first 200
+    characters, then how many grants in all) and its reason."""
+    text = "; ".join(f"{g.principal}={','.join(g.roles) or '-'}" for g in e.grants) or "no grants"
+    if len(text) > 200:
+        text = f"{text[:200]}… ({len(e.grants)} grants)"
+    return text + (f" ({e.reason})" if e.reason else "")
 
 
 async def audit(source: Source, emit: Callable[[AuditEntry], None], filters: AuditFilters,

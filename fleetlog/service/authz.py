@@ -20,7 +20,16 @@ The roles:
   holds);
 - ``quota-admin``: ``QuotaSet`` (``PUT /v1/quotas``, ``fleetlog quota set``);
 - ``operator``: drain and undrain nodes, cancel any job, add and remove nodes;
-- ``reader``: the reads only (lists, job details, the watch, dry runs, metrics).
+- ``reader``: the reads only (lists, job details, the watch, dry runs, metrics);
+- ``policy-admin``: ``PolicySet`` (``fleetlog policy set``): the policy itself.
+
+**The policy in the log.** A ``PolicySet`` event (appended through the API by a ``policy-admin``,
+or by ``fleetlog policy set``) replaces the file's grants, whole, once the loop has folded it:
+the log's newest ``PolicySet`` is the policy in force from then on, the file only until the
+first.  So a policy change is replayable and audited (``fleetlog history --audit`` lists who
+appended it), survives restarts in the snapshots, and is the same in every process that
+folds the log.  A ``PolicySet`` that would leave no principal with ``policy-admin`` is refused
+(nobody could change the policy again through the API).
 
 Every role may read.  A principal the policy does not name may do nothing (403 on every route but
 the health probes); every refusal names the rule that refused it.  A principal is what a token
@@ -29,8 +38,8 @@ every authenticated principal holds every role (the first slice's behaviour; the
 start).  The file is kept as the tokens file is: refused when others may read or write it, re-read
 when it changes, a bad rewrite keeping the last good policy.
 
-The checks read the state only to find the tenant of a job being cancelled and the cell a job is
-placed in; they never change what is appended or what the core decides.
+The checks read the state only to find the policy, the tenant of a job being cancelled and the
+cell a job is placed in; they never change what is appended or what the core decides.
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ from fleetlog.events.model import (
     NodeDrained,
     NodeHeartbeat,
     NodeRemoved,
+    PolicyGrant,
+    PolicySet,
     QuotaSet,
     TaskFailed,
     TaskFinished,
@@ -62,7 +73,7 @@ from fleetlog.service.http import Response, refusal
 
 NAMED_ROLES: Final = ("tenant", "node-agent", "backend")
 """Roles that take a name: ``KIND:NAME``."""
-PLAIN_ROLES: Final = ("quota-admin", "operator", "reader")
+PLAIN_ROLES: Final = ("quota-admin", "operator", "reader", "policy-admin")
 
 
 class Grant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -87,6 +98,7 @@ class Roles:
     operator: bool = False
     backend_cells: frozenset[str] = frozenset()
     """Of its ``backend:`` roles alone."""
+    policy_admin: bool = False
 
     @staticmethod
     def of(names: Sequence[str]) -> Roles:
@@ -95,10 +107,11 @@ class Roles:
                      frozenset(n for k, _, n in kinds if k == "tenant"),
                      frozenset(n for k, _, n in kinds if k in ("node-agent", "backend")),
                      "quota-admin" in names, "operator" in names,
-                     frozenset(n for k, _, n in kinds if k == "backend"))
+                     frozenset(n for k, _, n in kinds if k == "backend"), "policy-admin" in names)
 
 
-EVERY_ROLE: Final = Roles(("every role (no auth.policy_file)",), quota_admin=True, operator=True)
+EVERY_ROLE: Final = Roles(("every role (no auth.policy_file)",), quota_admin=True, operator=True,
+                          policy_admin=True)
 """What an authenticated principal holds when no policy file is configured."""
 
 
@@ -117,7 +130,6 @@ def parse_policy(path: Path, data: bytes) -> dict[str, Roles]:
         grants = msgspec.convert(tomllib.loads(data.decode()), PolicyFile).grant
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
         raise AuthError(f"auth.policy_file {path}: {exc}") from None
-    found: dict[str, list[str]] = {}
     for i, grant in enumerate(grants):
         for role in grant.roles:
             kind, colon, name = role.partition(":")
@@ -125,19 +137,41 @@ def parse_policy(path: Path, data: bytes) -> dict[str, Roles]:
                 raise AuthError(f"auth.policy_file {path}: grant[{i}] ({grant.principal}): unknown role "
                                 f"{role!r} (tenant:NAME, node-agent:CELL, backend:CELL, "
                                 f"{', '.join(PLAIN_ROLES)})")
+    return roles_by_principal(grants)
+
+
+def roles_by_principal(grants: Sequence[Grant | PolicyGrant]) -> dict[str, Roles]:
+    """Each principal's roles (a principal granted twice holds both grants' roles)."""
+    found: dict[str, list[str]] = {}
+    for grant in grants:
         found.setdefault(grant.principal, []).extend(grant.roles)
     return {principal: Roles.of(roles) for principal, roles in found.items()}
 
 
+def policy_set(path: Path, data: bytes) -> PolicySet:
+    """A policy file's grants as a ``PolicySet`` (``fleetlog policy set``), not validated yet (the
+    client's envelope check does it); an :class:`AuthError` names what is wrong, as for the file."""
+    parse_policy(path, data)
+    grants = msgspec.convert(tomllib.loads(data.decode()), PolicyFile).grant
+    return PolicySet(grants=tuple(PolicyGrant(g.principal, tuple(g.roles)) for g in grants))
+
+
 class Authorizer:
-    """The policy in force: the file's (re-read when it changes), or every role for everyone."""
+    """The policy in force: the log's newest ``PolicySet``, else the file's (re-read when it
+    changes), else every role for everyone."""
 
     def __init__(self, path: str | None, monotonic: Callable[[], float] | None = None) -> None:
         self.file = None if path is None else WatchedFile(
             Path(path), "auth.policy_file", parse_policy, *(() if monotonic is None else (monotonic,)))
+        self._folded: tuple[PolicySet | None, dict[str, Roles]] = (None, {})
 
-    def roles(self, principal: str) -> Roles | None:
-        """``principal``'s roles; ``None`` when the policy does not name it."""
+    def roles(self, principal: str, logged: PolicySet | None = None) -> Roles | None:
+        """``principal``'s roles under ``logged`` (the state's newest ``PolicySet``) or the file;
+        ``None`` when the policy does not name it."""
+        if logged is not None:
+            if self._folded[0] is not logged:
+                self._folded = (logged, roles_by_principal(logged.grants))
+            return self._folded[1].get(principal)
         if self.file is None:
             return EVERY_ROLE
         return self.file.current().get(principal)
@@ -175,7 +209,12 @@ def check_events(roles: Roles, state: State, events: Sequence[InputEvent],
     observed is looked up in the batch itself, then among the submissions appended but not folded
     yet (``unfolded``), then in the state; one the service does not know passes here (ingest
     answers 404 for it)."""
-    if roles.operator and roles.quota_admin:
+    for index, event in enumerate(events):
+        if isinstance(event, PolicySet) and not any("policy-admin" in g.roles for g in event.grants):
+            raise Forbidden(f"event {index}: a PolicySet that grants policy-admin to nobody",
+                            "a PolicySet grants policy-admin to at least one principal (else nobody could "
+                            "change the policy again)", index, "PolicySet")
+    if roles.operator and roles.quota_admin and roles.policy_admin:
         return
     batch = {e.job_id: e for e in events if isinstance(e, JobSubmitted)}
     for index, event in enumerate(events):
@@ -234,6 +273,12 @@ def _quota(roles: Roles, state: State, e: QuotaSet, batch: object, unfolded: obj
     return (f"may not set the quota of tenant {e.tenant!r}", "quota-admin sets quotas")
 
 
+def _policy(roles: Roles, state: State, e: PolicySet, batch: object, unfolded: object) -> Problem:
+    if roles.policy_admin:
+        return None
+    return "may not change the policy", "policy-admin sets the policy (PolicySet)"
+
+
 def _task(roles: Roles, state: State, e: TaskStarted | TaskFinished | TaskFailed, batch: object,
           unfolded: object) -> Problem:
     if roles.operator:
@@ -249,6 +294,7 @@ def _task(roles: Roles, state: State, e: TaskStarted | TaskFinished | TaskFailed
 _RULES: Final[dict[type, Callable[..., Problem]]] = {
     JobSubmitted: _submit, JobCancelled: _cancel, NodeHeartbeat: _node, NodeRemoved: _node,
     NodeDrained: _drain, QuotaSet: _quota, TaskStarted: _task, TaskFinished: _task, TaskFailed: _task,
+    PolicySet: _policy,
 }
 
 

@@ -359,7 +359,8 @@ class Service:
             return json_response(200, self.health())
         if path == "/readyz":
             return json_response(200 if self.loop is not None else 503, self.health())
-        roles = None if request.principal is None else self.authz.roles(request.principal)
+        logged = self.loop.state.policy if self.loop is not None else None
+        roles = None if request.principal is None else self.authz.roles(request.principal, logged)
         answer = (forbidden(refused_principal(request.principal))
                   if request.principal is not None and roles is None else await self._routed(request, roles))
         if isinstance(answer, Response) and answer.status == 403:

@@ -27,6 +27,8 @@ from fleetlog.events import (
     JobSubmitted,
     NodeDrained,
     NodeRemoved,
+    PolicyGrant,
+    PolicySet,
     TaskFailed,
     TaskFinished,
     TaskPreempted,
@@ -294,7 +296,7 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
     w.decide()
     beat_weight = draw(st.sampled_from([1, 6, 30]))  # (fold_lists' fast path and its fallback)
     for _ in range(draw(st.integers(10, 120))):
-        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGddDuTCN"))
+        kind = draw(st.sampled_from("b" * beat_weight + "SSJJPtfFcqeRUxgGGGddDuTCNA"))
         name = draw(st.sampled_from(NODES))
         step, back = draw(st.integers(0, 40)), draw(st.sampled_from([0, 0, 0, 50]))
         if kind == "b":
@@ -331,6 +333,9 @@ def chunked_logs(draw: st.DrawFn) -> tuple[Log, list[int]]:
                 )
             )
             w.put(msgspec.structs.replace(hb, **attrs), step, back)
+        elif kind == "A":  # the API's policy: kept, never decided by
+            roles = draw(st.sampled_from([("policy-admin",), ("tenant:a", "reader"), ()]))
+            w.put(PolicySet(grants=(PolicyGrant(f"p{w.jobs}", roles),)), step, back)
         elif kind == "N":  # an operator's drain, or its undoing (also of a node never drained)
             w.put(NodeDrained(cell="c1", node=name, drained=draw(st.booleans()), reason="ops"), step, back)
         elif kind == "C":  # a submission with constraints
@@ -377,6 +382,7 @@ def _readable(state: State) -> tuple[object, ...]:
         state.nodes.view("last_heartbeat_ms").tolist(),
         state.shape_mix,
         state.job_meta,
+        state.policy,
     )
 
 

@@ -21,6 +21,8 @@ from fleetlog.events import (
     NodeRemoved,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    PolicyGrant,
+    PolicySet,
     QuotaSet,
     Resources,
     Taint,
@@ -145,6 +147,14 @@ ALL_EVENTS: list[Event] = [
         nominal=Resources(cpu_milli=1_000_000, mem_mib=4_000_000, gpu_milli=64_000),
         borrowing_limit=Resources(gpu_milli=16_000),
         weight_milli=2000,
+    ),
+    PolicySet(
+        grants=(
+            PolicyGrant("ci team a", ("tenant:team-a", "tenant:team-a-batch")),
+            PolicyGrant("slurm-backend", ("backend:cell-a",)),
+            PolicyGrant("root", ("policy-admin", "operator", "quota-admin", "reader", "node-agent:cell-a")),
+        ),
+        reason="on-call rota",
     ),
     DecisionBatch(
         as_of=42,
