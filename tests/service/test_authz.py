@@ -61,8 +61,9 @@ async def policed(tmp_path: Path, policy: str = POLICY) -> Running:
     return await start(config)
 
 
-async def send(running: Running, who: str, *events: Any) -> tuple[int, dict[str, Any]]:
-    status, _, raw = await acall(running.url + "/v1/events", TOKENS[who], events_body(*events), "POST")
+async def send(running: Running, who: str, *events: Any, tokens: dict[str, str] = TOKENS
+               ) -> tuple[int, dict[str, Any]]:
+    status, _, raw = await acall(running.url + "/v1/events", tokens[who], events_body(*events), "POST")
     return status, json.loads(raw)
 
 

@@ -20,9 +20,10 @@ from fleetlog.log.routing import Router, RoutingError
 from fleetlog.service.auth import entry_toml, new_token
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from tests.core.builders import job, node
-from tests.service.test_auth import acall, run_cli, tokens_file
-from tests.service.test_authz import POLICY, refused, secret
-from tests.service.test_service import Running, events_body, start
+from tests.service.test_auth import run_cli, tokens_file
+from tests.service.test_authz import POLICY, refused, secret, settled
+from tests.service.test_authz import send as authz_send
+from tests.service.test_service import Running, start
 
 PEOPLE = ("alice", "bob", "padmin", "ops")
 TOKENS = {who: new_token() for who in PEOPLE}
@@ -38,15 +39,7 @@ def config(tmp_path: Path) -> Config:
 
 
 async def send(running: Running, who: str, *events: Any) -> tuple[int, dict[str, Any]]:
-    status, _, raw = await acall(running.url + "/v1/events", TOKENS[who], events_body(*events), "POST")
-    return status, json.loads(raw)
-
-
-async def folded(running: Running) -> None:
-    loop = running.service.loop
-    assert loop is not None
-    end = await running.inputs_end()
-    await running.until(lambda: loop.offset == end)
+    return await authz_send(running, who, *events, tokens=TOKENS)
 
 
 NEW = PolicySet(grants=(PolicyGrant("bob", ("tenant:a",)), PolicyGrant("padmin", ("policy-admin",))),
@@ -68,14 +61,14 @@ async def test_a_policy_in_the_log_replaces_the_file_and_outlives_a_restart(tmp_
         assert status == 400, body
         assert "grants[0].roles[0]" in body["message"], body
         assert (await send(running, "padmin", NEW))[0] == 200
-        await folded(running)
+        await settled(running)
         assert (await send(running, "bob", job("a3", tenant="a")))[0] == 200
         refused(await send(running, "alice", job("a4", tenant="a")), "a principal the policy does not name")
     finally:
         await running.stop()
     running = await start(config(tmp_path))  # the file says otherwise; the log wins
     try:
-        await folded(running)
+        await settled(running)
         assert (await send(running, "bob", job("a5", tenant="a")))[0] == 200
         refused(await send(running, "alice", job("a6", tenant="a")), "a principal the policy does not name")
     finally:
