@@ -10,6 +10,7 @@ change by hand, appended to the inputs log as events (docs/cli.md).
 - ``node drain NODE`` appends a ``NodeDrained``: no new task is placed on the node until
   ``node undrain``; what runs there stays, and the backend's heartbeats do not undo it.
 - ``node remove NODE`` appends a ``NodeRemoved``: its gangs are requeued.
+- ``policy get`` shows the policy in force (``/v1/policy``) and where it comes from.
 - ``policy set FILE`` appends a ``PolicySet``: the grants of ``FILE`` (a policy file's TOML,
   ``[[grant]] principal roles``) become the API's authorization policy, whole, in place of the
   configured ``auth.policy_file`` and of any earlier ``PolicySet`` (docs/service.md).
@@ -23,7 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from fleetlog.client import ClientError, keyed
 from fleetlog.client_cli import CommandLineError, _add_common, _pairs, _reporting, _send
@@ -128,6 +129,9 @@ def _add_node_commands(sub: Any, usage_error: type[Exception], locate: Locate) -
     pset.add_argument("--reason", default="", help="why (shown by fleetlog history --audit)")
     _add_common(pset)
     pset.set_defaults(func=_reporting(cmd_policy_set, usage_error))
+    pget = pcmds.add_parser("get", help="the policy in force: each principal's roles, and its source")
+    _add_read_flags(pget)
+    pget.set_defaults(func=_reporting(_policy_get(locate), usage_error))
 
 
 # -- the commands -------------------------------------------------------------------------------
@@ -175,6 +179,29 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
         raise CommandLineError(f"{path}: no principal keeps policy-admin: nobody could change the policy "
                                "again through the API")
     return _append(args, PolicySet(grants=event.grants, reason=args.reason))  # (checked there)
+
+
+def _policy_get(locate: Locate) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        args.limit = None
+        try:
+            found = _read(args, "/v1/policy", {}, locate)
+        except ReadError as exc:
+            raise CommandLineError(str(exc)) from None
+        show("principals", Listing("/v1/policy", "policy", (), ("principal", "roles")), found, args.output)
+        if args.output in ("table", "wide"):
+            print(POLICY_SOURCES[found["source"]] + (f" ({found['reason']})" if found.get("reason") else ""))
+        return 0
+
+    return run
+
+
+POLICY_SOURCES: Final = {
+    "log": "source: the log's newest PolicySet",
+    "file": "source: auth.policy_file (the log holds no PolicySet)",
+    "none": "source: none (no PolicySet in the log, no auth.policy_file: an authenticated principal may do "
+            "everything)",
+}
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:

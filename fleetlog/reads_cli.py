@@ -230,8 +230,8 @@ def collect(fetch: Fetch, query: Mapping[str, list[str]], limit: int | None = No
             ask["limit"] = [str(min(MAX_LIMIT, limit - len(items)))]
         page = fetch(ask)
         items += page["items"]
-        if "next_page_token" not in page:
-            return {"items": items}
+        if "next_page_token" not in page:  # (one page, whole: /v1/policy's source and reason too)
+            return {**page, "items": items}
         token = page["next_page_token"]
         if token is None or (limit is not None and len(items) >= limit):
             return {"items": items, "total": page["total"], "next_page_token": token}

@@ -164,6 +164,25 @@ class CellList(msgspec.Struct, frozen=True):
     items: list[CellItem]
 
 
+class PolicyItem(msgspec.Struct, frozen=True):
+    principal: str
+    roles: list[str]
+    """Sorted; a principal granted twice holds both grants' roles."""
+
+
+class PolicyList(msgspec.Struct, frozen=True):
+    """The API's authorization policy in force (docs/service.md, "The policy in the log")."""
+
+    items: list[PolicyItem]
+    """By principal."""
+    source: str
+    """``log``: the newest ``PolicySet`` folded; ``file``: ``auth.policy_file`` (the live service,
+    while the log holds no ``PolicySet``); ``none``: neither (without a policy file every
+    authenticated principal holds every role)."""
+    reason: str = ""
+    """The ``PolicySet``'s."""
+
+
 # --- queries -------------------------------------------------------------------------------
 
 
@@ -434,6 +453,21 @@ def list_queues(state: State, query: Query) -> QueueList:
             pending_by_reason=dict(sorted(reasons.get(qid, {}).items())),
         ))
     return QueueList(items)
+
+
+def list_policy(state: State, query: Query) -> PolicyList:
+    """The newest ``PolicySet`` the state folded (``source`` ``none`` before any)."""
+    check_params(query, ())
+    if state.policy is None:
+        return PolicyList([], "none")
+    return policy_list([(g.principal, g.roles) for g in state.policy.grants], "log", state.policy.reason)
+
+
+def policy_list(grants: Sequence[tuple[str, Sequence[str]]], source: str, reason: str = "") -> PolicyList:
+    found: dict[str, set[str]] = {}
+    for principal, roles in grants:
+        found.setdefault(principal, set()).update(roles)
+    return PolicyList([PolicyItem(p, sorted(found[p])) for p in sorted(found)], source, reason)
 
 
 def list_cells(state: State, query: Query) -> CellList:

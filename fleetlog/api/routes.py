@@ -26,12 +26,14 @@ from fleetlog.api.resources import (
     CellList,
     JobPage,
     NodePage,
+    PolicyList,
     Query,
     QueueList,
     TenantList,
     list_cells,
     list_jobs,
     list_nodes,
+    list_policy,
     list_queues,
     list_tenants,
 )
@@ -108,6 +110,8 @@ LISTS: Final[Mapping[str, tuple[ListFn, Any, tuple[Param, ...], str]]] = {
     "/v1/tenants": (list_tenants, TenantList, (), "Each tenant: jobs, usage, quota, borrowing, DRF share"),
     "/v1/queues": (list_queues, QueueList, (), "Each queue: pending and running jobs, pending by reason"),
     "/v1/cells": (list_cells, CellList, (), "Each cell: nodes, capacity, GPU allocation by model"),
+    "/v1/policy": (list_policy, PolicyList, (), "The authorization policy in force: each principal's roles, "
+                   "and where it comes from (the log's newest PolicySet, or auth.policy_file)"),
 }
 """The read-only lists: each a pure function of the state and the query."""
 

@@ -52,6 +52,7 @@ from typing import Any, Final
 
 import msgspec
 
+from fleetlog.api.resources import PolicyList, policy_list
 from fleetlog.core.state import State
 from fleetlog.events.model import (
     InputEvent,
@@ -175,6 +176,12 @@ class Authorizer:
         if self.file is None:
             return EVERY_ROLE
         return self.file.current().get(principal)
+
+    def file_policy(self) -> PolicyList | None:
+        """The policy file's grants as ``GET /v1/policy`` answers them (``None``: no file)."""
+        if self.file is None:
+            return None
+        return policy_list([(p, r.names) for p, r in self.file.current().items()], "file")
 
 
 def authenticates(auth: AuthSettings) -> bool:

@@ -34,7 +34,7 @@ from tenacity import RetryCallState
 
 from fleetlog.api.detail import job_detail
 from fleetlog.api.dryrun import dry_run, parse_jobs
-from fleetlog.api.resources import ApiError
+from fleetlog.api.resources import ApiError, PolicyList
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
 from fleetlog.core.policy import policy_named
 from fleetlog.core.views import pending_by_reason
@@ -459,9 +459,12 @@ class Service:
         if self.loop is None:
             return refusal(503, "standby", "this process is not leading")
         try:
-            return json_response(200, answer_list(self.loop.state, path, query))
+            answer = answer_list(self.loop.state, path, query)
         except ApiError as exc:
             return refusal(exc.status, exc.code, exc.message, exc.field)
+        if isinstance(answer, PolicyList) and answer.source == "none":  # (no PolicySet folded yet)
+            answer = self.authz.file_policy() or answer
+        return json_response(200, answer)
 
     def health(self) -> dict[str, Any]:
         """``leading``, ``standby`` (another process leads), ``retrying`` or ``stalled`` (with the

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from fleetlog.api.resources import PolicyList, list_policy
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import restore, snapshot
 from fleetlog.core.fold import fold
@@ -20,7 +21,7 @@ from fleetlog.log.routing import Router, RoutingError
 from fleetlog.service.auth import entry_toml, new_token
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from tests.core.builders import job, node
-from tests.service.test_auth import run_cli, tokens_file
+from tests.service.test_auth import acall, run_cli, tokens_file
 from tests.service.test_authz import POLICY, refused, secret, settled
 from tests.service.test_authz import send as authz_send
 from tests.service.test_service import Running, start
@@ -42,6 +43,13 @@ async def send(running: Running, who: str, *events: Any) -> tuple[int, dict[str,
     return await authz_send(running, who, *events, tokens=TOKENS)
 
 
+async def policy(running: Running, who: str) -> dict[str, Any]:
+    status, _, raw = await acall(running.url + "/v1/policy", TOKENS[who])
+    assert status == 200, raw
+    found: dict[str, Any] = json.loads(raw)
+    return found
+
+
 NEW = PolicySet(grants=(PolicyGrant("bob", ("tenant:a",)), PolicyGrant("padmin", ("policy-admin",))),
                 reason="bob takes over team a")
 
@@ -51,6 +59,9 @@ async def test_a_policy_in_the_log_replaces_the_file_and_outlives_a_restart(tmp_
     try:
         assert (await send(running, "alice", job("a1", tenant="a")))[0] == 200
         refused(await send(running, "bob", job("a2", tenant="a")), "tenant:NAME submits")
+        before = await policy(running, "bob")
+        assert before["source"] == "file"
+        assert {"principal": "alice", "roles": ["tenant:a"]} in before["items"]
         refused(await send(running, "alice", NEW), "policy-admin sets the policy",
                 "may not change the policy")
         refused(await send(running, "ops", NEW), "policy-admin sets the policy")  # operator is not enough
@@ -64,12 +75,17 @@ async def test_a_policy_in_the_log_replaces_the_file_and_outlives_a_restart(tmp_
         await settled(running)
         assert (await send(running, "bob", job("a3", tenant="a")))[0] == 200
         refused(await send(running, "alice", job("a4", tenant="a")), "a principal the policy does not name")
+        assert await policy(running, "bob") == {
+            "items": [{"principal": "bob", "roles": ["tenant:a"]},
+                      {"principal": "padmin", "roles": ["policy-admin"]}],
+            "source": "log", "reason": "bob takes over team a"}
     finally:
         await running.stop()
     running = await start(config(tmp_path))  # the file says otherwise; the log wins
     try:
         await settled(running)
         assert (await send(running, "bob", job("a5", tenant="a")))[0] == 200
+        assert (await policy(running, "padmin"))["source"] == "log"
         refused(await send(running, "alice", job("a6", tenant="a")), "a principal the policy does not name")
     finally:
         await running.stop()
@@ -89,6 +105,12 @@ def test_policy_set_appends_a_file_and_refuses_one_it_cannot_use_in_one_line(tmp
     done = run_cli("history", "--audit", "--log", log, "-o", "json")
     assert [(e["type"], e["detail"]) for e in json.loads(done.stdout)["items"]] == [
         ("PolicySet", "Jane Doe=policy-admin,tenant:a (rota)")]
+    done = run_cli("policy", "get", "--log", log, "-o", "json")
+    jane = {"principal": "Jane Doe", "roles": ["policy-admin", "tenant:a"]}
+    assert json.loads(done.stdout) == {"items": [jane], "source": "log", "reason": "rota"}
+    done = run_cli("policy", "get", "--log", log)
+    assert "Jane Doe" in done.stdout
+    assert "source: the log's newest PolicySet (rota)" in done.stdout
     for text, said in [('[[grant]]\nprincipal = "x"\nroles = ["tenant:a"]\n',
                         "no principal keeps policy-admin"),
                        ('[[grant]]\nprincipal = "x"\nroles = ["king"]\n', "unknown role 'king'"),
@@ -122,6 +144,7 @@ def test_the_core_keeps_the_newest_policy_in_snapshots_and_decides_alike_without
     plain, with_policy = run(False), run(True)
     assert plain[1] == with_policy[1]
     assert plain[0].policy is None
+    assert list_policy(plain[0], {}) == PolicyList([], "none")
     assert with_policy[0].policy == PolicySet(grants=(PolicyGrant("p11", ("policy-admin",)),))
     assert restore(snapshot(with_policy[0])).policy == with_policy[0].policy
     assert restore(snapshot(plain[0])).policy is None
