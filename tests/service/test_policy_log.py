@@ -4,6 +4,7 @@ file's grants once folded, survives a restart, is audited, and never changes a d
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,12 @@ from fleetlog.core.digest import restore, snapshot
 from fleetlog.core.fold import fold
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import State
-from fleetlog.events import DecisionBatch, PolicyGrant, PolicySet
+from fleetlog.events import DecisionBatch, PolicyGrant, PolicySet, decode, encode, envelope
+from fleetlog.events.codec import EventTooLargeError, InvalidEventError
+from fleetlog.events.model import MAX_GRANTS, MAX_ROLES
 from fleetlog.log.base import Shard
 from fleetlog.log.routing import Router, RoutingError
+from fleetlog.replay.audit import policy_detail
 from fleetlog.service.auth import entry_toml, new_token
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from tests.core.builders import job, node
@@ -155,3 +159,30 @@ def test_with_a_cells_map_a_policy_set_is_refused_with_the_reason() -> None:
     with pytest.raises(RoutingError, match="no process serves the HTTP API") as caught:
         Router([("c1", 0)]).shard_of(NEW)
     assert caught.value.reason == "not_served_by_role"
+
+
+def test_a_policy_at_and_past_its_bounds() -> None:
+    widest = PolicySet(grants=tuple(PolicyGrant(f"p{i}", ("reader",)) for i in range(MAX_GRANTS)))
+    back = decode(encode(envelope(widest, "t"))).event
+    assert back == widest
+    detail = policy_detail(widest)
+    assert detail.endswith(f"({MAX_GRANTS} grants)")
+    assert len(detail) < 260
+    state = State()
+    fold(state, back, 1)
+    assert restore(snapshot(state)).policy == widest
+    grant = PolicyGrant("x" * 253, tuple(f"tenant:t{i}" for i in range(MAX_ROLES)))
+    assert decode(encode(envelope(PolicySet(grants=(grant,)), "t"))).event == PolicySet(grants=(grant,))
+    for past, where in [
+        (PolicySet(grants=(*widest.grants, PolicyGrant("one-more", ()))), "$.event.grants"),
+        (PolicySet(grants=(PolicyGrant("x", (*grant.roles, "reader")),)), "$.event.grants[0].roles"),
+        (PolicySet(grants=(PolicyGrant("x" * 254, ()),)), "$.event.grants[0].principal"),
+        (PolicySet(grants=(PolicyGrant("", ()),)), "$.event.grants[0].principal"),
+        (PolicySet(grants=(PolicyGrant("tab\there", ()),)), "$.event.grants[0].principal"),
+    ]:
+        with pytest.raises(InvalidEventError, match=re.escape(where)):
+            decode(encode(envelope(past, "t")))
+    long_roles = tuple(f"tenant:{i:04d}{'t' * 240}" for i in range(MAX_ROLES))  # 0.25 MB a grant
+    huge = PolicySet(grants=tuple(PolicyGrant(f"p{i}", long_roles) for i in range(20)))
+    with pytest.raises(EventTooLargeError):
+        decode(encode(envelope(huge, "t")))
