@@ -11,7 +11,8 @@
   (:meth:`Authenticator.check`: parse the header, SHA-256 the token, look it up, check expiry and
   revocation), the principal's roles (:meth:`Authorizer.roles`) and the rules over one event
   (:func:`check_events`, a heartbeat of the principal's cell).  ``authn_check_p99_us`` is the first
-  part alone.
+  part alone; ``authz_check_p99_us_log_policy`` the whole with the same grants as the log's
+  ``PolicySet`` (the policy in force once one is folded) instead of the policy file.
 
 Client and services share this process and its cores, so the rates are lower than
 ``benchmarks.http_ingest``'s; only their ratio is the measurement.
@@ -36,7 +37,7 @@ from benchmarks.common import emit, machine, parse
 from fleetlog.core.state import State
 from fleetlog.events import NodeHeartbeat, encode, envelope
 from fleetlog.service.auth import Authenticator, entry_toml, new_token
-from fleetlog.service.authz import Authorizer, check_events
+from fleetlog.service.authz import Authorizer, check_events, policy_set
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from fleetlog.service.service import Service
 
@@ -113,28 +114,33 @@ async def ingest_ratio(root: Path, requests: int, rounds: int) -> dict[str, Any]
 
 def check_p99_us(root: Path, checks: int) -> dict[str, float]:
     """p99 of one request's check (token, roles, one heartbeat) against :data:`TOKENS`
-    principals, and of the token check alone, in microseconds."""
+    principals, of the token check alone, and of the whole check with the same grants as the
+    log's ``PolicySet`` instead of the file (``_log_policy``), in microseconds."""
     (root / "check").mkdir()
     token = _tokens(root / "check" / "tokens.toml")
     auth = Authenticator(root / "check" / "tokens.toml")
-    authz = Authorizer(str(root / "check" / "policy.toml"))
+    policy = root / "check" / "policy.toml"
+    authz = Authorizer(str(policy))
+    logged = policy_set(policy, policy.read_bytes())
     header = f"Bearer {token}"
     beat = [NodeHeartbeat(cell="c1", node="n1", cpu_milli=96_000, mem_mib=786_432, gpu_count=8,
                           gpu_model="A100")]
     state = State()
-    whole, authn = [], []
+    whole, authn, in_log = [], [], []
     for _ in range(checks):
-        started = time.perf_counter_ns()
-        principal = auth.check(header).principal
-        middle = time.perf_counter_ns()
-        assert principal is not None
-        roles = authz.roles(principal)
-        assert roles is not None
-        check_events(roles, state, beat)
-        ended = time.perf_counter_ns()
-        whole.append(ended - started)
+        for times, policed in ((whole, None), (in_log, logged)):
+            started = time.perf_counter_ns()
+            principal = auth.check(header).principal
+            middle = time.perf_counter_ns()
+            assert principal is not None
+            roles = authz.roles(principal, policed)
+            assert roles is not None
+            check_events(roles, state, beat)
+            ended = time.perf_counter_ns()
+            times.append(ended - started)
         authn.append(middle - started)
-    return {"authz_check_p99_us": _p99(whole) / 1000, "authn_check_p99_us": _p99(authn) / 1000}
+    return {"authz_check_p99_us": _p99(whole) / 1000, "authn_check_p99_us": _p99(authn) / 1000,
+            "authz_check_p99_us_log_policy": _p99(in_log) / 1000}
 
 
 def _p99(times: list[int]) -> float:

@@ -166,7 +166,8 @@ def test_service(kafka_bootstrap: str) -> None:
 
 def test_auth() -> None:
     r = smoke("auth")
-    positive(r, "ingest_auth_ratio", "authz_check_p99_us", "target_ingest_auth_ratio")
+    positive(r, "ingest_auth_ratio", "authz_check_p99_us", "target_ingest_auth_ratio",
+             "authz_check_p99_us_log_policy")
     assert len(r["ingest_events_per_s"]["on"]) == len(r["ingest_events_per_s"]["off"]) == r["rounds"]
 
 
