@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_smoke, emit, machine
+from benchmarks.variants import Spec, SpecError, generate, measures, parse_spec, read_default_like
 from fleetlog.core.policy import policy_named
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.simulation import (
@@ -102,7 +103,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--batch", type=int, default=64, help="arrivals per scheduling step in the allocation runs"
     )
-    parser.add_argument("--variants", default=None, help="comma-separated variants (default: all of issue 4)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variants (default: all of issue 4; none: no published variant)")
+    parser.add_argument("--generated", default="", metavar="SPECS",
+                        help="comma-separated generated variants (benchmarks.variants: cpu=150, gpushare=95, "
+                             "cpu=120+gpushare=90), one file a seed, made in a temporary directory")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies to compare")
     parser.add_argument("--jobs", type=int, default=1, help="processes for the allocation runs")
     parser.add_argument(
@@ -122,7 +127,8 @@ def inflate_run(
     traces: Path, variant: str, policy: str, seed: int, mode: str, log_dir: Path | None = None
 ) -> RunSummary:
     cluster = load_cluster(str(traces / "openb_node_list_gpu_node.csv"))
-    workload = load_workload(str(traces / f"openb_pod_list_{variant}.csv"), cluster, seed)
+    name = f"{variant}-s{seed}" if variant.startswith("gen-") else variant  # (generated: one file a seed)
+    workload = load_workload(str(traces / f"openb_pod_list_{name}.csv"), cluster, seed)
     config = RunConfig(cluster, workload, parse_mode(mode), seed, policy, log_dir)
     return asyncio.run(run_simulation(config, scheduler(policy)))
 
@@ -157,12 +163,27 @@ def allocation(
                 "stdev": round(statistics.stdev(got), 2) if len(got) > 1 else 0.0,
                 "min": round(min(got), 2),
             }
-        best_fit, fgd = PUBLISHED[variant]
-        row["published"] = {"BestFit": best_fit, "FGD": fgd}
-        if "default" in row:
-            row["default_minus_published_fgd"] = round(row["default"]["mean"] - fgd, 2)
+        if variant in PUBLISHED:
+            best_fit, fgd = PUBLISHED[variant]
+            row["published"] = {"BestFit": best_fit, "FGD": fgd}
+            if "default" in row:
+                row["default_minus_published_fgd"] = round(row["default"]["mean"] - fgd, 2)
+        if "default" in row and "best-fit" in row:
+            row["default_minus_best_fit"] = round(row["default"]["mean"] - row["best-fit"]["mean"], 2)
         out[variant] = row
     return out
+
+
+def generated_allocation(
+    traces: Path, specs: list[Spec], policies: list[str], seeds: int, batch: int, jobs: int, extra: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`allocation` on generated variants (benchmarks.variants), each seed's run on a file of
+    its own made with that seed, in a temporary directory; and each variant's measures (seed 1)."""
+    with tempfile.TemporaryDirectory(prefix="fleetlog-variants-") as tmp:
+        made = {spec.name: [generate(traces, spec, seed, Path(tmp)) for seed in range(1, seeds + 1)]
+                for spec in specs}
+        measured = {name: measures(read_default_like(files[0])) for name, files in made.items()}
+        return measured, allocation(Path(tmp), list(made), policies, seeds, batch, jobs, extra)
 
 
 def throughput(traces: Path, quick: bool, repeats: int, extra: str = "") -> dict[str, Any]:
@@ -352,6 +373,11 @@ def main() -> None:
     seeds = args.seeds or (2 if args.quick or args.smoke else 10)
     small = args.quick or args.smoke
     variants = args.variants.split(",") if args.variants else list(QUICK_VARIANTS if small else PUBLISHED)
+    variants = [] if variants == ["none"] else variants
+    try:
+        generated = [parse_spec(text) for text in args.generated.split(",") if text]
+    except SpecError as exc:
+        raise SystemExit(f"--generated: {exc}") from None
     extra = SMOKE_RATIO if args.smoke else ""
     inflate_run(traces, "default", "fgd", 1, "inflate?batch=64&ratio=0.05")  # load every kernel: steps of 64
     result: dict[str, Any] = {
@@ -366,6 +392,10 @@ def main() -> None:
     if args.only in (None, "allocation"):
         policies = args.policies.split(",")
         result["allocation"] = allocation(traces, variants, policies, seeds, args.batch, args.jobs, extra)
+        if generated:
+            made, rows = generated_allocation(traces, generated, policies, seeds, args.batch, args.jobs,
+                                              extra)
+            result["generated"], result["allocation"] = made, result["allocation"] | rows
         result["published_others_on_default"] = PUBLISHED_OTHERS
     if args.only in (None, "throughput"):
         repeats = args.repeats or (2 if small else 5)  # (smoke: 2 runs, so the per-run keys appear)
@@ -389,11 +419,14 @@ def show(result: dict[str, Any]) -> None:
 def show_allocation(result: dict[str, Any]) -> None:
     print(f"inflate to 130% on openb ({result['seeds']} seeds, {result['batch']} arrivals per step)")
     rows = result["allocation"]
-    policies = [p for p in next(iter(rows.values())) if p not in ("published", "default_minus_published_fgd")]
+    policies = [p for p in next(iter(rows.values())) if p not in ("published", "default_minus_published_fgd",
+                                                                    "default_minus_best_fit")]
     print(f"{'variant':12} " + " ".join(f"{p:>9}" for p in policies) + f" | {'BestFit*':>9} {'FGD*':>9}")
     for variant, row in rows.items():
         ours = " ".join(f"{row[p]['mean']:9.2f}" for p in policies)
-        print(f"{variant:12} {ours} | {row['published']['BestFit']:9.2f} {row['published']['FGD']:9.2f}")
+        published = row.get("published")
+        theirs = f"{published['BestFit']:9.2f} {published['FGD']:9.2f}" if published else f"{'-':>9} {'-':>9}"
+        print(f"{variant:12} {ours} | {theirs}")
     print("* published (Weng et al., ATC'23)")
 
 

@@ -28,10 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 540
 
 
-def smoke(name: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one benchmark's smoke size; its one JSON object. On a timeout it gets SIGINT first,
-    so that its ``finally`` blocks stop the servers it started."""
-    argv = [sys.executable, "-m", f"benchmarks.{name}", "--json", "--smoke"]
+def smoke(name: str, env: dict[str, str] | None = None, *args: str) -> dict[str, Any]:
+    """Run one benchmark's smoke size (with ``args``); its one JSON object. On a timeout it gets
+    SIGINT first, so that its ``finally`` blocks stop the servers it started."""
+    argv = [sys.executable, "-m", f"benchmarks.{name}", "--json", "--smoke", *args]
     with subprocess.Popen(
         argv,
         cwd=REPO,
@@ -318,6 +318,20 @@ def test_kubernetes_placement_check() -> None:
     assert any("node cpu-2: cpu" in v for v in found)
     assert any("node gpu-1: nvidia.com/gpu" in v for v in found)
     assert any("taint: pod t/wrong-effect" in v for v in found)
+
+
+def test_simulate_on_generated_variants() -> None:
+    """``--generated`` (benchmarks.variants): each spec's rows beside the measures it reached."""
+    traces = str(find_traces())
+    r = smoke("simulate", {"FLEETLOG_TRACES": traces}, "--only", "allocation", "--variants", "none",
+              "--generated", "cpu=150,gpushare=95+cpu=60")
+    assert sorted(r["allocation"]) == ["gen-cpu060-gpushare095", "gen-cpu150"]
+    for name, row in r["allocation"].items():
+        positive(row, "default.mean", "best-fit.mean")
+        assert "published" not in row
+        assert math.isfinite(row["default_minus_best_fit"])
+        assert r["generated"][name]["cpu_pct"] >= 60
+    assert r["generated"]["gen-cpu060-gpushare095"]["gpushare_pct"] >= 95
 
 
 def test_simulate() -> None:
