@@ -12,9 +12,12 @@ import pytest
 
 from benchmarks.simulate import find_traces
 from benchmarks.variants import (
+    GENERATED,
+    VISIBLE,
     Spec,
     SpecError,
     generate,
+    halves,
     measures,
     parse_spec,
     read_default,
@@ -90,3 +93,13 @@ def test_the_command_writes_only_into_out_and_gives_usage_errors_exit_code_2(tmp
         assert done.returncode == 2, done.stderr
         assert "error:" in done.stderr.strip().splitlines()[-1], done.stderr
     assert Spec((("cpu", 5),)).name == "gen-cpu005"
+
+
+def test_the_hold_out_split_is_fixed_and_covers_every_variant_once() -> None:
+    split = halves()
+    assert split["tuning"][:7] == ("cpu200", "default", "gpushare60", "gpuspec10", "gpuspec20", "gpuspec25",
+                                   "multigpu40")
+    assert "cpu=100" in split["check"]
+    both = split["tuning"] + split["check"]
+    assert sorted(both) == sorted(VISIBLE + GENERATED)
+    assert all(parse_spec(s) for s in GENERATED)
