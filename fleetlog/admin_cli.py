@@ -148,11 +148,7 @@ def cmd_quota_set(args: argparse.Namespace) -> int:
 
 def _quota_get(locate: Locate) -> Any:
     def run(args: argparse.Namespace) -> int:
-        args.limit = None
-        try:
-            found = _read(args, "/v1/tenants", {}, locate)
-        except ReadError as exc:
-            raise CommandLineError(str(exc)) from None
+        found = _listed(args, "/v1/tenants", {}, locate)
         if args.tenants:
             known = {item["tenant"] for item in found["items"]}
             missing = [t for t in args.tenants if t not in known]
@@ -183,11 +179,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
 
 def _policy_get(locate: Locate) -> Any:
     def run(args: argparse.Namespace) -> int:
-        args.limit = None
-        try:
-            found = _read(args, "/v1/policy", {}, locate)
-        except ReadError as exc:
-            raise CommandLineError(str(exc)) from None
+        found = _listed(args, "/v1/policy", {}, locate)
         show("principals", Listing("/v1/policy", "policy", (), ("principal", "roles")), found, args.output)
         if args.output in ("table", "wide"):
             print(POLICY_SOURCES[found["source"]] + (f" ({found['reason']})" if found.get("reason") else ""))
@@ -243,12 +235,7 @@ def _node_change(name: str, locate: Locate) -> Any:
 def _cell_of(args: argparse.Namespace, locate: Locate) -> str:
     """The cell of the node ``args.node`` names (checked against ``--cell`` when given): a node
     the scheduler does not know, or one name in two cells without ``--cell``, is an error."""
-    args.limit = None
-    query = {"cell": [args.cell]} if args.cell else {}
-    try:
-        found = _read(args, "/v1/nodes", query, locate)
-    except ReadError as exc:
-        raise CommandLineError(str(exc)) from None
+    found = _listed(args, "/v1/nodes", {"cell": [args.cell]} if args.cell else {}, locate)
     cells = sorted({item["cell"] for item in found["items"]
                     if item["node"] == args.node and item["status"] != "removed"})
     where = f" in cell {args.cell!r}" if args.cell else ""
@@ -257,6 +244,16 @@ def _cell_of(args: argparse.Namespace, locate: Locate) -> str:
     if len(cells) > 1:
         raise CommandLineError(f"node {args.node!r} is in cells {', '.join(cells)}: give --cell")
     return str(cells[0])
+
+
+def _listed(args: argparse.Namespace, path: str, query: dict[str, list[str]], locate: Locate
+            ) -> dict[str, Any]:
+    """The whole list at ``path`` from the running service or the logs; a failure is one line."""
+    args.limit = None
+    try:
+        return _read(args, path, query, locate)
+    except ReadError as exc:
+        raise CommandLineError(str(exc)) from None
 
 
 def _append(args: argparse.Namespace, event: InputEvent) -> int:
