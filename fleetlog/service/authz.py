@@ -198,7 +198,8 @@ def warn_unpoliced(auth: AuthSettings, log: Any) -> None:
 
 
 def refused_principal(principal: str) -> Forbidden:
-    return Forbidden(f"principal {principal!r} has no roles in auth.policy_file",
+    return Forbidden(f"principal {principal!r} has no roles in the policy in force (auth.policy_file, or the "
+                     "log's newest PolicySet once there is one: fleetlog policy get)",
                      "a principal the policy does not name may do nothing")
 
 

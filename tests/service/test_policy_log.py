@@ -78,7 +78,8 @@ async def test_a_policy_in_the_log_replaces_the_file_and_outlives_a_restart(tmp_
         assert (await send(running, "padmin", NEW))[0] == 200
         await settled(running)
         assert (await send(running, "bob", job("a3", tenant="a")))[0] == 200
-        refused(await send(running, "alice", job("a4", tenant="a")), "a principal the policy does not name")
+        refused(await send(running, "alice", job("a4", tenant="a")), "a principal the policy does not name",
+                "no roles in the policy in force")
         assert await policy(running, "bob") == {
             "items": [{"principal": "bob", "roles": ["tenant:a"]},
                       {"principal": "padmin", "roles": ["policy-admin"]}],
