@@ -94,7 +94,7 @@ def policy_detail(e: PolicySet) -> str:
     text = "; ".join(f"{g.principal}={','.join(g.roles) or '-'}" for g in e.grants) or "no grants"
     if len(text) > 200:
         text = f"{text[:200]}… ({len(e.grants)} grants)"
-    return text + (f" ({e.reason})" if e.reason else "")
+    return text + (f" ({e.reason[:200]})" if e.reason else "")
 
 
 async def audit(source: Source, emit: Callable[[AuditEntry], None], filters: AuditFilters,

@@ -20,7 +20,8 @@ The roles:
   holds);
 - ``quota-admin``: ``QuotaSet`` (``PUT /v1/quotas``, ``fleetlog quota set``);
 - ``operator``: drain and undrain nodes, cancel any job, add and remove nodes;
-- ``reader``: the reads only (lists, job details, the watch, dry runs, metrics);
+- ``reader``: the reads only (lists, job details, the watch, dry runs, metrics; the policy itself,
+  ``GET /v1/policy``, only ``policy-admin`` and ``operator`` read);
 - ``policy-admin``: ``PolicySet`` (``fleetlog policy set``): the policy itself.
 
 **The policy in the log.** A ``PolicySet`` event (appended through the API by a ``policy-admin``,
@@ -201,6 +202,14 @@ def refused_principal(principal: str) -> Forbidden:
     return Forbidden(f"principal {principal!r} has no roles in the policy in force (auth.policy_file, or the "
                      "log's newest PolicySet once there is one: fleetlog policy get)",
                      "a principal the policy does not name may do nothing")
+
+
+def policy_reader(roles: Roles) -> Forbidden | None:
+    """``GET /v1/policy`` shows who holds what: a ``policy-admin``'s or an ``operator``'s to read."""
+    if roles.policy_admin or roles.operator:
+        return None
+    return Forbidden(f"may not read the policy (roles: {', '.join(roles.names) or 'none'})",
+                     "policy-admin and operator read the policy (GET /v1/policy)", action="read_policy")
 
 
 def forbidden(exc: Forbidden) -> Response:

@@ -44,7 +44,14 @@ from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
 from fleetlog.service.auth import security
-from fleetlog.service.authz import Authorizer, Roles, forbidden, refused_principal, warn_unpoliced
+from fleetlog.service.authz import (
+    Authorizer,
+    Roles,
+    forbidden,
+    policy_reader,
+    refused_principal,
+    warn_unpoliced,
+)
 from fleetlog.service.config import Config
 from fleetlog.service.http import (
     BindError,
@@ -394,6 +401,10 @@ class Service:
             return await self.ingest.serve(request, self._leading, roles)
         if request.method == "GET" and path == "/v1/openapi.json":
             return json_response(200, openapi())
+        if request.method == "GET" and path == "/v1/policy" and roles is not None:
+            refused = policy_reader(roles)
+            if refused is not None:
+                return forbidden(refused)
         if request.method == "GET" and path in LISTS:
             return self._list(path, request.query)
         if request.method == "GET" and path == "/v1/watch":

@@ -63,7 +63,9 @@ async def test_a_policy_in_the_log_replaces_the_file_and_outlives_a_restart(tmp_
     try:
         assert (await send(running, "alice", job("a1", tenant="a")))[0] == 200
         refused(await send(running, "bob", job("a2", tenant="a")), "tenant:NAME submits")
-        before = await policy(running, "bob")
+        status, _, raw = await acall(running.url + "/v1/policy", TOKENS["bob"])
+        refused((status, json.loads(raw)), "policy-admin and operator read the policy")
+        before = await policy(running, "ops")
         assert before["source"] == "file"
         assert {"principal": "alice", "roles": ["tenant:a"]} in before["items"]
         refused(await send(running, "alice", NEW), "policy-admin sets the policy",
@@ -80,7 +82,7 @@ async def test_a_policy_in_the_log_replaces_the_file_and_outlives_a_restart(tmp_
         assert (await send(running, "bob", job("a3", tenant="a")))[0] == 200
         refused(await send(running, "alice", job("a4", tenant="a")), "a principal the policy does not name",
                 "no roles in the policy in force")
-        assert await policy(running, "bob") == {
+        assert await policy(running, "padmin") == {
             "items": [{"principal": "bob", "roles": ["tenant:a"]},
                       {"principal": "padmin", "roles": ["policy-admin"]}],
             "source": "log", "reason": "bob takes over team a"}
