@@ -334,6 +334,17 @@ def test_simulate_on_generated_variants() -> None:
     assert r["generated"]["gen-cpu060-gpushare095"]["gpushare_pct"] >= 95
 
 
+def test_stranded() -> None:
+    r = smoke("stranded", {"FLEETLOG_TRACES": str(find_traces())})
+    assert sorted(r["runs"]) == ["cpu200@best-fit", "cpu200@default", "gen:cpu=80@best-fit",
+                                 "gen:cpu=80@default"]
+    for found in r["runs"].values():
+        positive(found, "alloc_pct", "cpu_used_pct", "free_gpus", "cpu_only_cores")
+        assert 0 <= found["free_gpus_under_2_cores"] <= found["free_gpus"]
+        assert sum(g["cpu_only_cores"] for g in found["by_node_gpus"].values()) == pytest.approx(
+            found["cpu_only_cores"], abs=4)
+
+
 def test_simulate() -> None:
     """On the real openb traces (beside the clone in CI), 5% of the arrivals."""
     traces = Path(find_traces())
