@@ -335,9 +335,13 @@ class RoleService:
             return json_response(200, health)
         if path == "/readyz":
             return json_response(200 if health["status"] == "leading" else 503, health)
-        if path.startswith("/v1/"):
+        if path.startswith("/v1/") and request.method == "POST":
             return refusal(404, "not_served_by_role", f"--role {self.role} with a [cells] map takes no "
                            "ingest: producers write the global and cell partitions (docs/scale-out.md)")
+        if path.startswith("/v1/"):
+            return refusal(404, "not_served_by_role", f"--role {self.role} with a [cells] map serves no read "
+                           "API yet: the state is split across the shards; `fleetlog replay serve` answers "
+                           "for one shard's logs (docs/api.md, \"Not yet\")")
         return refusal(404, "no_route", f"no route {path}")
 
 

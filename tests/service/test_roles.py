@@ -11,7 +11,10 @@ in one process, stops on SIGTERM with exit code 0 and resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -337,6 +340,15 @@ async def test_role_all_with_a_map_runs_every_shard_in_one_process_and_resumes(t
     found = service.wait_leading()
     assert found["role"] == "all"
     assert set(found["partitions"]) == {"0", "1"}
+    for route, method, said in [("/v1/jobs", "GET", "serves no read API yet"),
+                                ("/v1/events", "POST", "takes no ingest")]:
+        body = b"[]" if method == "POST" else None
+        request = urllib.request.Request(f"http://{service.address()}{route}", body, method=method)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        answer = json.loads(refused.value.read())
+        assert (refused.value.code, answer["code"]) == (404, "not_served_by_role"), answer
+        assert said in answer["message"], answer
     root, stores = await read_only(directory, parts)
     try:
         placed = await wait_placed(stores, set(first), 60, [service])
