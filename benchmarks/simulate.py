@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_smoke, emit, machine
-from benchmarks.variants import Spec, SpecError, generate, measures, parse_spec, read_default_like
+from benchmarks.variants import Spec, SpecError, generate, measures, parse_spec, read_pods
 from fleetlog.core.policy import policy_named
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.simulation import (
@@ -124,13 +124,24 @@ def scheduler(policy: str) -> SchedulerFactory:
 
 
 def inflate_run(
-    traces: Path, variant: str, policy: str, seed: int, mode: str, log_dir: Path | None = None
+    traces: Path, variant: str, policy: str, seed: int, mode: str, log_dir: Path | None = None,
+    made: Callable[[SchedulerLoop], None] | None = None,
 ) -> RunSummary:
+    """One run of ``variant`` (a generated one, ``gen-…``: its file for ``seed``); ``made`` is
+    given the scheduling loop the run makes (to read its state after the run)."""
     cluster = load_cluster(str(traces / "openb_node_list_gpu_node.csv"))
     name = f"{variant}-s{seed}" if variant.startswith("gen-") else variant  # (generated: one file a seed)
     workload = load_workload(str(traces / f"openb_pod_list_{name}.csv"), cluster, seed)
     config = RunConfig(cluster, workload, parse_mode(mode), seed, policy, log_dir)
-    return asyncio.run(run_simulation(config, scheduler(policy)))
+    make = scheduler(policy)
+
+    def made_here(store: Any) -> SchedulerLoop:
+        loop = make(store)
+        if made is not None:
+            made(loop)
+        return loop
+
+    return asyncio.run(run_simulation(config, made_here))
 
 
 def _ratio(job: tuple[Path, str, str, int, int, str]) -> float:
@@ -182,7 +193,7 @@ def generated_allocation(
     with tempfile.TemporaryDirectory(prefix="fleetlog-variants-") as tmp:
         made = {spec.name: [generate(traces, spec, seed, Path(tmp)) for seed in range(1, seeds + 1)]
                 for spec in specs}
-        measured = {name: measures(read_default_like(files[0])) for name, files in made.items()}
+        measured = {name: measures(read_pods(files[0])) for name, files in made.items()}
         return measured, allocation(Path(tmp), list(made), policies, seeds, batch, jobs, extra)
 
 

@@ -13,7 +13,6 @@ count, ``cpu_only_cores`` and ``free_gpus`` (``by_node_gpus``).  ``--smoke``: 5%
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 from pathlib import Path
 from typing import Any, Final
@@ -21,11 +20,10 @@ from typing import Any, Final
 import numpy as np
 
 from benchmarks.common import add_smoke, emit, machine
-from benchmarks.simulate import SMOKE_RATIO, find_traces, scheduler
+from benchmarks.simulate import SMOKE_RATIO, find_traces, inflate_run
 from benchmarks.variants import generate, parse_spec
 from fleetlog.core.state import State
 from fleetlog.service.loop import SchedulerLoop
-from fleetlog.simulation import RunConfig, load_cluster, load_workload, parse_mode, run_simulation
 
 STARVED_CORES: Final = 2
 """Less free CPU than this (in cores) and no pod of the trace that asks for a GPU fits."""
@@ -33,19 +31,14 @@ STARVED_CORES: Final = 2
 
 def run(traces: Path, variant: str, policy: str, seed: int, extra: str) -> tuple[State, float]:
     """One inflate run; the scheduler's final state and the allocation at the target."""
-    with tempfile.TemporaryDirectory(prefix="fleetlog-stranded-") as tmp:
-        path = (generate(traces, parse_spec(variant[4:]), seed, Path(tmp)) if variant.startswith("gen:")
-                else traces / f"openb_pod_list_{variant}.csv")
-        cluster = load_cluster(str(traces / "openb_node_list_gpu_node.csv"))
-        workload = load_workload(str(path), cluster, seed)
     loops: list[SchedulerLoop] = []
-
-    def factory(store: Any) -> SchedulerLoop:
-        loops.append(scheduler(policy)(store))
-        return loops[-1]
-
-    config = RunConfig(cluster, workload, parse_mode(f"inflate?batch=64{extra}"), seed, policy, None)
-    summary = asyncio.run(run_simulation(config, factory))
+    with tempfile.TemporaryDirectory(prefix="fleetlog-stranded-") as tmp:
+        folder, name = traces, variant
+        if variant.startswith("gen:"):
+            spec = parse_spec(variant[4:])
+            folder, name = Path(tmp), spec.name
+            generate(traces, spec, seed, folder)
+        summary = inflate_run(folder, name, policy, seed, f"inflate?batch=64{extra}", made=loops.append)
     return loops[0].state, summary.gpu_alloc_at_target_pct or 0.0
 
 

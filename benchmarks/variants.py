@@ -82,9 +82,14 @@ def parse_spec(text: str) -> Spec:
     return Spec(tuple(sorted(axes.items())))
 
 
-def read_default(traces: Path) -> list[dict[str, str]]:
-    with (traces / "openb_pod_list_default.csv").open(newline="") as handle:
+def read_pods(path: Path) -> list[dict[str, str]]:
+    """A pod list's rows, each with :data:`COLUMNS` (an absent one empty)."""
+    with path.open(newline="") as handle:
         return [{c: row.get(c) or "" for c in COLUMNS} for row in csv.DictReader(handle)]
+
+
+def read_default(traces: Path) -> list[dict[str, str]]:
+    return read_pods(traces / "openb_pod_list_default.csv")
 
 
 def measures(pods: list[dict[str, str]]) -> dict[str, Any]:
@@ -171,15 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     found = {}
     for spec in specs:
         path = generate(traces, spec, args.seed, args.out)
-        found[spec.name] = {"file": str(path), **measures(read_default_like(path))}
+        found[spec.name] = {"file": str(path), **measures(read_pods(path))}
     print(json.dumps({"benchmark": "variants", "seed": args.seed, "variants": found}) if args.json
           else "\n".join(f"{name}: {m}" for name, m in found.items()))
     return 0
-
-
-def read_default_like(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from fleetlog.events.model import (
 )
 from fleetlog.reads_cli import Listing, ReadError, _read, show
 from fleetlog.service.auth import AuthError
-from fleetlog.service.authz import policy_set
+from fleetlog.service.authz import leaves_no_admin, policy_set
 from fleetlog.usage import add_log_options
 
 Locate = Any
@@ -171,7 +171,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
         raise CommandLineError(f"cannot read {path}: {exc.strerror or exc}") from None
     except AuthError as exc:
         raise CommandLineError(str(exc)) from None
-    if not any("policy-admin" in g.roles for g in event.grants):
+    if leaves_no_admin(event):
         raise CommandLineError(f"{path}: no principal keeps policy-admin: nobody could change the policy "
                                "again through the API")
     return _append(args, PolicySet(grants=event.grants, reason=args.reason))  # (checked there)

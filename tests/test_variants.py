@@ -21,7 +21,7 @@ from benchmarks.variants import (
     measures,
     parse_spec,
     read_default,
-    read_default_like,
+    read_pods,
 )
 from fleetlog.simulation.workload import read_pod_list
 
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def made(tmp_path: Path, text: str, seed: int = 1) -> tuple[Path, dict[str, object]]:
     path = generate(TRACES, parse_spec(text), seed, tmp_path)
-    return path, measures(read_default_like(path))
+    return path, measures(read_pods(path))
 
 
 def test_the_same_spec_and_seed_give_the_same_bytes_and_another_seed_another_draw(tmp_path: Path) -> None:

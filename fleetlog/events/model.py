@@ -404,8 +404,6 @@ MAX_GRANTS: Final = 10_000
 """The most principals one ``PolicySet`` names."""
 MAX_ROLES: Final = 1024
 """The most roles one grant gives."""
-ROLE_NAMES: Final = ("tenant:NAME", "node-agent:CELL", "backend:CELL", "quota-admin", "operator", "reader",
-                     "policy-admin")
 ROLE_PATTERN: Final = (f"^(?:(?:tenant|node-agent|backend):[^{NOT_PRINTABLE}]+"
                        "|quota-admin|operator|reader|policy-admin)$(?!\\n)")
 """A role as ``fleetlog.service.authz`` reads it (docs/service.md, "Who may do what")."""

@@ -128,6 +128,11 @@ class Forbidden(Exception):
 
 def parse_policy(path: Path, data: bytes) -> dict[str, Roles]:
     """Roles by principal, or an :class:`AuthError` naming the file and the grant at fault."""
+    return roles_by_principal(_grants(path, data))
+
+
+def _grants(path: Path, data: bytes) -> list[Grant]:
+    """The grants of a policy file, each role checked; an :class:`AuthError` names what is wrong."""
     try:
         grants = msgspec.convert(tomllib.loads(data.decode()), PolicyFile).grant
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
@@ -139,7 +144,7 @@ def parse_policy(path: Path, data: bytes) -> dict[str, Roles]:
                 raise AuthError(f"auth.policy_file {path}: grant[{i}] ({grant.principal}): unknown role "
                                 f"{role!r} (tenant:NAME, node-agent:CELL, backend:CELL, "
                                 f"{', '.join(PLAIN_ROLES)})")
-    return roles_by_principal(grants)
+    return grants
 
 
 def roles_by_principal(grants: Sequence[Grant | PolicyGrant]) -> dict[str, Roles]:
@@ -153,9 +158,13 @@ def roles_by_principal(grants: Sequence[Grant | PolicyGrant]) -> dict[str, Roles
 def policy_set(path: Path, data: bytes) -> PolicySet:
     """A policy file's grants as a ``PolicySet`` (``fleetlog policy set``), not validated yet (the
     client's envelope check does it); an :class:`AuthError` names what is wrong, as for the file."""
-    parse_policy(path, data)
-    grants = msgspec.convert(tomllib.loads(data.decode()), PolicyFile).grant
-    return PolicySet(grants=tuple(PolicyGrant(g.principal, tuple(g.roles)) for g in grants))
+    return PolicySet(grants=tuple(PolicyGrant(g.principal, tuple(g.roles)) for g in _grants(path, data)))
+
+
+def leaves_no_admin(policy: PolicySet) -> bool:
+    """Whether ``policy`` grants ``policy-admin`` to nobody: then nobody could change it again
+    through the API (refused by :func:`check_events` and by ``fleetlog policy set``)."""
+    return not any("policy-admin" in g.roles for g in policy.grants)
 
 
 class Authorizer:
@@ -227,7 +236,7 @@ def check_events(roles: Roles, state: State, events: Sequence[InputEvent],
     yet (``unfolded``), then in the state; one the service does not know passes here (ingest
     answers 404 for it)."""
     for index, event in enumerate(events):
-        if isinstance(event, PolicySet) and not any("policy-admin" in g.roles for g in event.grants):
+        if isinstance(event, PolicySet) and leaves_no_admin(event):
             raise Forbidden(f"event {index}: a PolicySet that grants policy-admin to nobody",
                             "a PolicySet grants policy-admin to at least one principal (else nobody could "
                             "change the policy again)", index, "PolicySet")
