@@ -254,7 +254,7 @@ class Derived:
 
     __slots__ = (
         "attrs_version", "beat_cache", "decide_memo", "eligibility", "fit_memo", "job_keys", "key_ids",
-        "steady_gone", "steady_ids", "text_ids", "text_index",
+        "policy_roles", "steady_gone", "steady_ids", "text_ids", "text_index",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -279,6 +279,8 @@ class Derived:
         self.fit_memo: object | None = None
         """The fleet's node shapes and which decide keys can never fit on them
         (``fleetlog.core.never_fits.fleet_of``; checked by a fingerprint before any use)."""
+        self.policy_roles: tuple[PolicySet | None, dict[str, Any]] | None = None
+        """The newest ``PolicySet`` and each principal's roles under it (``fleetlog.core.authorize``)."""
         self.decide_memo: object | None = None
         """What the last ``decide`` call learned of node scores, for the next call to reuse
         where nodes did not change (``fleetlog.core.memo.MemoCache``; checked against the free

@@ -30,6 +30,7 @@ from fleetlog.log.base import (
     DEAD_LETTERS,
     INPUTS,
     NULL_VALUE_HEADER,
+    PRINCIPAL_HEADER,
     UNREADABLE_HEADER,
     LogStore,
     Message,
@@ -71,7 +72,7 @@ class Inputs:
     (``fold_lists``).  ``read_at`` is when the read returned (``time.perf_counter()``): the loop
     times its work from there, so waiting for input is not counted as work."""
 
-    __slots__ = ("dead_lettered", "events", "next_offset", "read_at", "times")
+    __slots__ = ("dead_lettered", "events", "next_offset", "read_at", "records", "times")
 
     def __init__(
         self,
@@ -80,10 +81,35 @@ class Inputs:
         dead_lettered: int,
         next_offset: int,
         read_at: float = 0.0,
+        records: Sequence[Record] = (),
     ) -> None:
         self.events, self.times = events, times
         self.dead_lettered, self.next_offset = dead_lettered, next_offset
         self.read_at = read_at
+        self.records = records
+        """The record of each event (the same order): its principal, and its bytes to park."""
+
+    def principals(self) -> list[str | None]:
+        """Each event's principal: :func:`principals_of` its records."""
+        return principals_of(self.records)
+
+
+def principals_of(records: Sequence[Record]) -> list[str | None]:
+    """Each record's principal (:data:`~fleetlog.log.base.PRINCIPAL_HEADER`), ``None`` where it
+    names none: what ``fleetlog.core.authorize.fold_checked`` checks."""
+    return [_principal(r) if r.headers else None for r in records]
+
+
+def _principal(record: Record) -> str | None:
+    raw = record.header(PRINCIPAL_HEADER)
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+class UnauthorizedError(BadEventError):
+    """A record whose principal the log's policy does not allow to make its event
+    (``fleetlog.core.authorize``): parked, never folded."""
+
+    reason = "unauthorized"
 
 
 def dead_letter(record: Record, source: str, error: BadEventError) -> Message:
@@ -155,9 +181,7 @@ class EventConsumer:
         records = await self._store.log(self._source).read(offset, max_records, timeout_ms)
         events, bad = self.split(records)
         if bad and park:
-            await self._store.log(self._dead_letters).append(bad)
-            if self._warn:
-                _warn_parked(bad, self._dead_letters)
+            await self.park(bad)
         next_offset = records[-1].offset + 1 if records else offset
         return Polled(events, len(bad), next_offset)
 
@@ -181,14 +205,26 @@ class EventConsumer:
             records, next_offset = [r for r in records if r.offset < before], before
         events = self.decode_memoised(records)
         if events is not None:
-            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset, read_at)
+            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset, read_at, records)
         good, bad = self.split(records)
         if bad and park:
-            await self._store.log(self._dead_letters).append(bad)
-            if self._warn:
-                _warn_parked(bad, self._dead_letters)
+            await self.park(bad)
         good_events, times = [d.envelope.event for d in good], [d.timestamp_ms for d in good]
-        return Inputs(good_events, times, len(bad), next_offset, read_at)
+        by_offset = {r.offset: r for r in records}
+        kept = [by_offset[d.offset] for d in good]
+        return Inputs(good_events, times, len(bad), next_offset, read_at, kept)
+
+    async def park(self, bad: Sequence[Message]) -> None:
+        """Append ``bad`` to the dead-letter log (and say so, one warning line each)."""
+        await self._store.log(self._dead_letters).append(bad)
+        if self._warn:
+            _warn_parked(bad, self._dead_letters)
+
+    def refused(self, records: Sequence[Record], refusals: Sequence[tuple[int, str, str]]) -> list[Message]:
+        """The dead-letter copies of the records the fold's gate refused (``(index, message,
+        rule)`` each, ``fleetlog.core.authorize.Refused``), with reason ``unauthorized``."""
+        return [dead_letter(records[at], self._source, UnauthorizedError(f"{message}: {rule}"))
+                for at, message, rule in refusals]
 
     def decode_memoised(self, records: Sequence[Record]) -> list[Event] | None:
         """The events of ``records``, a heartbeat's bytes (with its content type) decoded once

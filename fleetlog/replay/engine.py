@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fleetlog.core.authorize import fold_checked
 from fleetlog.core.fold_batch import fold_fast, fold_lists
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import DecisionBatch
@@ -63,9 +64,12 @@ async def fold_inputs(
     split = any(getattr(observer, "per_instant", False) for observer in observers)
     async for events in reader.until(stop):
         for part in instants(events, state) if split else (events,):
-            fold_lists(state, part.events, part.times)
+            refused = fold_checked(state, part.events, part.times, part.principals, fold_lists)
+            if refused:  # (parked by the scheduler, reason unauthorized: not inputs)
+                reader.skipped += len(refused)
+            folded = part.without([r.at for r in refused]) if refused else part
             for observer in observers:
-                observer.inputs(state, part)
+                observer.inputs(state, folded)
         if progress is not None:
             progress(len(events))
     return reader.offset - before

@@ -25,7 +25,13 @@ from fleetlog.events.model import DecisionBatch, InputEvent
 from fleetlog.events.parts import PartsError, StepJoiner
 from fleetlog.log.base import DECISIONS, INPUTS, LOG_NAMES, LogError, LogStore, Record, Shard
 from fleetlog.log.cellinputs import CellInputsConsumer
-from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
+from fleetlog.log.consumer import (
+    CorruptDecisionsError,
+    Delivered,
+    EventConsumer,
+    decision_batches,
+    principals_of,
+)
 from fleetlog.log.file import FileLogStore, RecoveryWarning
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore, shard_config
 from fleetlog.log.snapshots import DirectorySnapshots, KafkaSnapshots, SnapshotStore
@@ -224,10 +230,24 @@ class Chunk(Sequence[Input]):
     """Decoded inputs as three parallel lists (what ``fold_lists`` takes); a sequence of
     :data:`Input` for observers (no tuple per event is kept)."""
 
-    __slots__ = ("events", "offsets", "times")
+    __slots__ = ("events", "offsets", "records", "times")
 
-    def __init__(self, offsets: Sequence[int], events: list[InputEvent], times: list[int]) -> None:
+    def __init__(self, offsets: Sequence[int], events: list[InputEvent], times: list[int],
+                 records: Sequence[Record] = ()) -> None:
         self.offsets, self.events, self.times = offsets, events, times
+        self.records = records
+        """Each event's record (its principal: ``fleetlog.core.authorize.fold_checked``)."""
+
+    def principals(self) -> list[str | None]:
+        """Each event's principal, as the scheduling loop reads it (``principals_of`` its records)."""
+        return principals_of(self.records)
+
+    def without(self, left_out: Sequence[int]) -> Chunk:
+        """This chunk less the events at the places ``left_out`` (what the fold's gate refused)."""
+        out = set(left_out)
+        keep = [i for i in range(len(self.events)) if i not in out]
+        return Chunk([self.offsets[i] for i in keep], [self.events[i] for i in keep],
+                     [self.times[i] for i in keep], [self.records[i] for i in keep])
 
     def __len__(self) -> int:
         return len(self.events)
@@ -261,7 +281,8 @@ def instants(chunk: Chunk, state: State) -> Iterator[Chunk]:
             j = i + 1
             while j < n and times[j] == times[i]:
                 j += 1
-        yield chunk if (i, j) == (0, n) else Chunk(chunk.offsets[i:j], events[i:j], times[i:j])
+        whole = (i, j) == (0, n)
+        yield chunk if whole else Chunk(chunk.offsets[i:j], events[i:j], times[i:j], chunk.records[i:j])
         i = j
 
 
@@ -304,13 +325,15 @@ class InputReader:
             good, bad = self._consumer.split(records)
             self.skipped += len(bad)
             kept = [cast(InputEvent, d.envelope.event) for d in good]  # split keeps inputs only
-            return Chunk([d.offset for d in good], kept, [d.timestamp_ms for d in good])
+            by_offset = {r.offset: r for r in records}
+            return Chunk([d.offset for d in good], kept, [d.timestamp_ms for d in good],
+                         [by_offset[d.offset] for d in good])
         times = list(map(_TIMESTAMP, records))
         first, last = records[0].offset, records[-1].offset
         offsets: Sequence[int] = (
             range(first, last + 1) if last - first + 1 == len(records) else list(map(_OFFSET, records))
         )
-        return Chunk(offsets, cast(list[InputEvent], events), times)
+        return Chunk(offsets, cast(list[InputEvent], events), times, records)
 
 
 async def time_to_offset(store: LogStore, at_ms: int) -> int:

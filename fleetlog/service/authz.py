@@ -47,35 +47,18 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 
 from fleetlog.api.resources import PolicyList, policy_list
+from fleetlog.core.authorize import NAMED_ROLES, NOT_THEIRS, PLAIN_ROLES, RULES, Roles, roles_by_principal
 from fleetlog.core.state import State
-from fleetlog.events.model import (
-    InputEvent,
-    JobCancelled,
-    JobSubmitted,
-    NodeDrained,
-    NodeHeartbeat,
-    NodeRemoved,
-    PolicyGrant,
-    PolicySet,
-    QuotaSet,
-    TaskFailed,
-    TaskFinished,
-    TaskStarted,
-)
+from fleetlog.events.model import InputEvent, JobSubmitted, PolicyGrant, PolicySet
 from fleetlog.service.auth import AuthError, WatchedFile
 from fleetlog.service.config import AuthSettings
 from fleetlog.service.http import Response, refusal
-
-NAMED_ROLES: Final = ("tenant", "node-agent", "backend")
-"""Roles that take a name: ``KIND:NAME``."""
-PLAIN_ROLES: Final = ("quota-admin", "operator", "reader", "policy-admin")
 
 
 class Grant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -85,31 +68,6 @@ class Grant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class PolicyFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     grant: list[Grant] = []
-
-
-@dataclass(frozen=True)
-class Roles:
-    """What one principal holds."""
-
-    names: tuple[str, ...]
-    """As the policy wrote them, sorted (for messages)."""
-    tenants: frozenset[str] = frozenset()
-    cells: frozenset[str] = frozenset()
-    """Of its ``node-agent:`` and ``backend:`` roles."""
-    quota_admin: bool = False
-    operator: bool = False
-    backend_cells: frozenset[str] = frozenset()
-    """Of its ``backend:`` roles alone."""
-    policy_admin: bool = False
-
-    @staticmethod
-    def of(names: Sequence[str]) -> Roles:
-        kinds = [name.partition(":") for name in names]
-        return Roles(tuple(sorted(set(names))),
-                     frozenset(n for k, _, n in kinds if k == "tenant"),
-                     frozenset(n for k, _, n in kinds if k in ("node-agent", "backend")),
-                     "quota-admin" in names, "operator" in names,
-                     frozenset(n for k, _, n in kinds if k == "backend"), "policy-admin" in names)
 
 
 EVERY_ROLE: Final = Roles(("every role (no auth.policy_file)",), quota_admin=True, operator=True,
@@ -145,14 +103,6 @@ def _grants(path: Path, data: bytes) -> list[Grant]:
                                 f"{role!r} (tenant:NAME, node-agent:CELL, backend:CELL, "
                                 f"{', '.join(PLAIN_ROLES)})")
     return grants
-
-
-def roles_by_principal(grants: Sequence[Grant | PolicyGrant]) -> dict[str, Roles]:
-    """Each principal's roles (a principal granted twice holds both grants' roles)."""
-    found: dict[str, list[str]] = {}
-    for grant in grants:
-        found.setdefault(grant.principal, []).extend(grant.roles)
-    return {principal: Roles.of(roles) for principal, roles in found.items()}
 
 
 def policy_set(path: Path, data: bytes) -> PolicySet:
@@ -244,102 +194,12 @@ def check_events(roles: Roles, state: State, events: Sequence[InputEvent],
         return
     batch = {e.job_id: e for e in events if isinstance(e, JobSubmitted)}
     for index, event in enumerate(events):
-        rule = _RULES.get(type(event))
+        rule = RULES.get(type(event))
         if rule is None:
             raise Forbidden(f"event {index}: a {type(event).__name__} is not sent through the API",
-                            "only the service's own parts append it", index, type(event).__name__)
+                            NOT_THEIRS, index, type(event).__name__)
         problem = rule(roles, state, event, batch, unfolded or {})
         if problem is not None:
             message, why = problem
             raise Forbidden(f"event {index}: {message} (roles: {', '.join(roles.names) or 'none'})", why,
                             index, type(event).__name__)
-
-
-Problem = tuple[str, str] | None
-"""What is wrong and the rule, or ``None``: allowed."""
-
-
-def _submit(roles: Roles, state: State, e: JobSubmitted, batch: object, unfolded: object) -> Problem:
-    if roles.operator or e.tenant in roles.tenants:
-        return None
-    if e.allowed_cells and roles.backend_cells.issuperset(e.allowed_cells):
-        return None  # a backend reports the jobs its cluster holds (a Kubernetes pod group)
-    return (f"may not submit job {e.job_id!r} for tenant {e.tenant!r}",
-            "tenant:NAME submits the jobs of tenant NAME; backend:CELL those held to cell CELL")
-
-
-def _cancel(roles: Roles, state: State, e: JobCancelled, batch: Mapping[str, JobSubmitted],
-            unfolded: Mapping[str, JobSubmitted]) -> Problem:
-    if roles.operator:
-        return None
-    tenant = job_tenant(state, e.job_id, batch, unfolded)
-    if tenant is None or tenant in roles.tenants:
-        return None
-    return (f"may not cancel job {e.job_id!r} of tenant {tenant!r}",
-            "tenant:NAME cancels the jobs of tenant NAME; operator cancels any")
-
-
-def _node(roles: Roles, state: State, e: NodeHeartbeat | NodeRemoved, batch: object,
-          unfolded: object) -> Problem:
-    if roles.operator or e.cell in roles.cells:
-        return None
-    return (f"may not report node {e.node!r} of cell {e.cell!r}",
-            "node-agent:CELL and backend:CELL report the nodes of cell CELL; operator adds and removes nodes")
-
-
-def _drain(roles: Roles, state: State, e: NodeDrained, batch: object, unfolded: object) -> Problem:
-    if roles.operator:
-        return None
-    return (f"may not drain node {e.node!r} of cell {e.cell!r}", "operator drains and undrains nodes")
-
-
-def _quota(roles: Roles, state: State, e: QuotaSet, batch: object, unfolded: object) -> Problem:
-    if roles.quota_admin:
-        return None
-    return (f"may not set the quota of tenant {e.tenant!r}", "quota-admin sets quotas")
-
-
-def _policy(roles: Roles, state: State, e: PolicySet, batch: object, unfolded: object) -> Problem:
-    if roles.policy_admin:
-        return None
-    return "may not change the policy", "policy-admin sets the policy (PolicySet)"
-
-
-def _task(roles: Roles, state: State, e: TaskStarted | TaskFinished | TaskFailed, batch: object,
-          unfolded: object) -> Problem:
-    if roles.operator:
-        return None
-    cell = job_cell(state, e.job_id)
-    if cell is not None and cell in roles.cells:
-        return None
-    where = f"placed in cell {cell!r}" if cell is not None else "not placed"
-    return (f"may not report a task of job {e.job_id!r} ({where})",
-            "node-agent:CELL and backend:CELL report the tasks of jobs placed in cell CELL")
-
-
-_RULES: Final[dict[type, Callable[..., Problem]]] = {
-    JobSubmitted: _submit, JobCancelled: _cancel, NodeHeartbeat: _node, NodeRemoved: _node,
-    NodeDrained: _drain, QuotaSet: _quota, TaskStarted: _task, TaskFinished: _task, TaskFailed: _task,
-    PolicySet: _policy,
-}
-
-
-def job_tenant(state: State, job_id: str, batch: Mapping[str, JobSubmitted],
-               unfolded: Mapping[str, JobSubmitted]) -> str | None:
-    """The tenant of ``job_id``: submitted in this batch, appended but not folded, or in the state."""
-    submitted = batch.get(job_id) or unfolded.get(job_id)
-    if submitted is not None:
-        return submitted.tenant
-    row = state.job_row(job_id)
-    if row < 0:
-        return None
-    return state.names["tenant"].names[int(state.jobs.cols["tenant"][row])]
-
-
-def job_cell(state: State, job_id: str) -> str | None:
-    """The cell ``job_id`` is placed in, or ``None`` (unknown, pending or ended)."""
-    row = state.job_row(job_id)
-    if row < 0:
-        return None
-    cell = int(state.jobs.cols["cell"][row])
-    return state.names["cell"].names[cell] if cell >= 0 else None

@@ -17,6 +17,7 @@ from typing import Final
 
 import msgspec
 
+from fleetlog.core.authorize import Roles
 from fleetlog.core.never_fits import Fleet, never_fits_submitted
 from fleetlog.core.state import State
 from fleetlog.core.views import as_folded, folded_spec, job_ended, pending_tasks
@@ -34,7 +35,7 @@ from fleetlog.events.model import INPUT_TYPES, InputEvent, JobCancelled, JobSubm
 from fleetlog.events.spec import spec_differences, submission_spec
 from fleetlog.log.base import INPUTS, PRINCIPAL_HEADER, LogStore, Message
 from fleetlog.log.discovery import ACCEPT_NEVER_FITS
-from fleetlog.service.authz import Forbidden, Roles, check_events, forbidden
+from fleetlog.service.authz import Forbidden, check_events, forbidden
 from fleetlog.service.config import ServiceSettings
 from fleetlog.service.http import HttpLimits, Request, Response, json_response, refusal
 from fleetlog.service.limits import SubmissionRates

@@ -15,6 +15,7 @@ from typing import Final
 
 import msgspec
 
+from fleetlog.core.authorize import fold_checked
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.fold_batch import fold_fast, fold_lists
@@ -147,8 +148,18 @@ class SchedulerLoop:
                     f"decisions refer to inputs up to {as_of}; the inputs log ends at {self.offset}: "
                     f"it lost acknowledged records from offset {self.offset}"
                 )
-            fold_lists(self.state, polled.events, polled.times)
+            await self.fold(polled, park=False)
             self.offset = polled.next_offset
+
+    async def fold(self, polled: Inputs, park: bool = True) -> None:
+        """Fold one read's inputs through the log policy's gate (``fleetlog.core.authorize``):
+        a record whose principal may not make its event is left out and, live (``park``),
+        parked in the dead-letter log with reason ``unauthorized`` and counted in
+        ``polled.dead_lettered``; recovery (``park=False``) parked it the first time."""
+        refused = fold_checked(self.state, polled.events, polled.times, polled.principals, fold_lists)
+        if refused and park:
+            await self.consumer.park(self.consumer.refused(polled.records, refused))
+            polled.dead_lettered += len(refused)
 
     async def step(self, timeout_ms: int = 0) -> StepResult:
         """Fold the inputs that arrived (waiting up to ``timeout_ms``), decide, publish."""
@@ -187,7 +198,7 @@ class SchedulerLoop:
         polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
         if timeout_ms > 0:
             started = polled.read_at
-        fold_lists(self.state, polled.events, polled.times)
+        await self.fold(polled)
         if self.config.check_invariants:
             check(self.state)
         self.offset = polled.next_offset

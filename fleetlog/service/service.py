@@ -36,6 +36,7 @@ from fleetlog.api.detail import job_detail
 from fleetlog.api.dryrun import dry_run, parse_jobs
 from fleetlog.api.resources import ApiError, PolicyList
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
+from fleetlog.core.authorize import Roles
 from fleetlog.core.policy import policy_named
 from fleetlog.core.views import pending_by_reason
 from fleetlog.events import SCHEMA_VERSION
@@ -46,7 +47,6 @@ from fleetlog.log.kafka import FencedError
 from fleetlog.service.auth import security
 from fleetlog.service.authz import (
     Authorizer,
-    Roles,
     forbidden,
     policy_reader,
     refused_principal,

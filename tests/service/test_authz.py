@@ -137,7 +137,7 @@ async def test_each_role_may_do_its_own_and_is_refused_the_rest_with_the_rule(tm
 
 
 def _placed(running: Running, job_id: str) -> str | None:
-    from fleetlog.service.authz import job_cell
+    from fleetlog.core.authorize import job_cell
 
     loop = running.service.loop
     return None if loop is None else job_cell(loop.state, job_id)
