@@ -67,6 +67,7 @@ class KafkaBroker:
         heap: str = "512m",
         start_timeout_s: int = 90,
         sasl: bool = False,
+        users: tuple[str, ...] = (),
         jvm_opts: str = TEST_JVM_OPTS,
     ) -> None:
         self.jvm_opts = os.environ.get("FLEETLOG_KAFKA_JVM_OPTS", jvm_opts)
@@ -78,7 +79,10 @@ class KafkaBroker:
         self.ephemeral = ephemeral
         self.heap = heap
         self.start_timeout_s = start_timeout_s
-        self.sasl_port = free_port() if sasl else None
+        self.sasl_port = free_port() if sasl or users else None
+        self.users = users
+        """SCRAM users made at the start besides ``fleetlog`` (:meth:`password`): with a SASL
+        port the broker authorizes, so each may do only what :meth:`acl` allows it."""
 
     @property
     def bootstrap(self) -> str:
@@ -102,7 +106,23 @@ class KafkaBroker:
             "FLEETLOG_KAFKA_JVM_OPTS": self.jvm_opts,
             "FLEETLOG_KAFKA_START_TIMEOUT": str(self.start_timeout_s),
             **({"FLEETLOG_KAFKA_SASL_PORT": str(self.sasl_port)} if self.sasl_port else {}),
+            **({"FLEETLOG_KAFKA_SASL_USERS": " ".join(self.users)} if self.users else {}),
         }
+
+    def password(self, user: str) -> str:
+        """The SCRAM password of ``user`` (one of :attr:`users`, or ``fleetlog``)."""
+        path = self.tls_dir / "password" if user == "fleetlog" else self.tls_dir / "users" / user
+        return path.read_text().strip()
+
+    def acl(self, *args: str) -> str:
+        """``kafka-acls`` against this broker (``kafka.sh acl``): ``acl("--add", "--allow-principal",
+        "User:a", "--operation", "Write", "--topic", "t")``; its output."""
+        done = subprocess.run(["bash", str(SCRIPT), "acl", *args], env=self._env(), capture_output=True,
+                              text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise KafkaBrokerError(f"kafka.sh acl {' '.join(args)} failed (exit {done.returncode}):\n"
+                                   f"{done.stdout}{done.stderr}")
+        return done.stdout
 
     @property
     def sasl_bootstrap(self) -> str:

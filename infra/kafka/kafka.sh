@@ -7,6 +7,11 @@
 #   infra/kafka/kafka.sh start [--fresh]  start in the background, wait until it answers, print bootstrap
 #   infra/kafka/kafka.sh stop             stop the broker by the PID in its pid file
 #   infra/kafka/kafka.sh status           say whether it runs (exit 0) or not (exit 3)
+#   infra/kafka/kafka.sh user NAME        (with a SASL port) add SCRAM-SHA-512 user NAME to the running
+#                                         broker, a random password in <dir>/tls/users/NAME
+#   infra/kafka/kafka.sh acl ARGS...      kafka-acls against the running broker: ARGS as for
+#                                         kafka-acls.sh (--add --allow-principal User:NAME --operation
+#                                         Write --topic T; --list), bootstrap given
 #
 #   infra/kafka/kafka.sh cluster start [--fresh]   three combined controller + broker nodes and
 #                                                  toxiproxy; prints the direct and proxied bootstraps
@@ -26,7 +31,13 @@
 #   FLEETLOG_KAFKA_JVM_OPTS         more JVM options, split on spaces   (default none)
 #   FLEETLOG_KAFKA_START_TIMEOUT    seconds to wait for the broker      (default 60)
 #   FLEETLOG_KAFKA_SASL_PORT        also listen with SASL_SSL + SCRAM-SHA-512 on this port (default: off);
-#                                   user "fleetlog", password in <dir>/tls/password, CA in <dir>/tls/ca.pem
+#                                   user "fleetlog", password in <dir>/tls/password, CA in <dir>/tls/ca.pem.
+#                                   With it the broker authorizes (StandardAuthorizer): a principal
+#                                   on that listener may do only what an ACL allows; "fleetlog" and
+#                                   the plaintext listener (User:ANONYMOUS: the controller, the broker
+#                                   itself, the operator on 127.0.0.1) are super users
+#   FLEETLOG_KAFKA_SASL_USERS       more SCRAM users, made when the storage is formatted: names
+#                                   split on spaces, each password in <dir>/tls/users/NAME
 # A second broker only needs another port and directory.  `start --fresh` wipes the directory first.
 #
 # The cluster (`cluster ...`; FLEETLOG_KAFKA_HEAP and _START_TIMEOUT apply to each node):
@@ -138,6 +149,9 @@ write_tls() {
 sasl_config() {
   [[ -n "$SASL_PORT" ]] || return 0
   cat <<EOF
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS;User:fleetlog
+allow.everyone.if.no.acl.found=false
 sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.sasl_ssl.ssl.keystore.type=PEM
@@ -194,10 +208,29 @@ $(shared_settings)
 EOF
 }
 
+# A SCRAM user name kafka.sh accepts (also a file name): letters, digits and . _ : -
+check_user() {
+  [[ "$1" =~ ^[A-Za-z0-9._:-]+$ ]] || { echo "kafka.sh: user name '$1' must match [A-Za-z0-9._:-]+" >&2; exit 2; }
+}
+
+# A new random password for user $1, kept in $TLS/users/$1 (0600); printed.
+new_password() {
+  mkdir -p "$TLS/users"
+  chmod 700 "$TLS/users"
+  (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '+/=\n' >"$TLS/users/$1")
+  cat "$TLS/users/$1"
+}
+
 format_storage() {
   [[ -f "$DIR/data/meta.properties" ]] && return 0
-  local scram=()
-  [[ -n "$SASL_PORT" ]] && scram=(--add-scram "SCRAM-SHA-512=[name=fleetlog,password=$(cat "$TLS/password")]")
+  local scram=() user
+  if [[ -n "$SASL_PORT" ]]; then
+    scram=(--add-scram "SCRAM-SHA-512=[name=fleetlog,password=$(cat "$TLS/password")]")
+    for user in ${FLEETLOG_KAFKA_SASL_USERS:-}; do
+      check_user "$user"
+      scram+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$(new_password "$user")]")
+    done
+  fi
   java "${JVM_OPTS[@]}" -cp "$LIB/*" -Dlog4j2.configurationFile="$DIR/log4j2.properties" kafka.tools.StorageTool \
     format --cluster-id "${CLUSTER_ID:-$(cluster_id)}" --config "$CONFIG" "${scram[@]}" >>"$LOG_FILE" 2>&1 \
     || { tail -n 30 "$LOG_FILE" >&2; die "formatting KRaft storage in $DIR/data failed"; }
@@ -287,6 +320,26 @@ status() {
     echo "stopped dir=$DIR"
     return 3
   fi
+}
+
+# A Kafka command-line tool (a main class) against the running broker's plaintext listener.
+run_tool() {
+  [[ -n "$(running_pid)" ]] || die "no broker runs from $DIR: start it first"
+  local main="$1"
+  shift
+  printf 'status = warn\nrootLogger.level = WARN\nrootLogger.appenderRef.err.ref = ERR\nappender.err.type = Console\nappender.err.name = ERR\nappender.err.target = SYSTEM_ERR\nappender.err.layout.type = PatternLayout\nappender.err.layout.pattern = %%p %%m%%n\n' \
+    >"$DIR/tools-log4j2.properties"
+  java "${JVM_OPTS[@]}" -Dlog4j2.configurationFile="$DIR/tools-log4j2.properties" -cp "$LIB/*" "$main" \
+    --bootstrap-server "127.0.0.1:$PORT" "$@"
+}
+
+add_user() {
+  [[ -n "${1:-}" ]] || { echo "usage: $0 user NAME" >&2; exit 2; }
+  check_user "$1"
+  [[ -n "$SASL_PORT" ]] || die "user needs FLEETLOG_KAFKA_SASL_PORT: SCRAM users log in on the SASL_SSL listener"
+  run_tool kafka.admin.ConfigCommand --alter --entity-type users --entity-name "$1" \
+    --add-config "SCRAM-SHA-512=[password=$(new_password "$1")]" >&2
+  say "user $1 added (password in $TLS/users/$1)"
 }
 
 # --- the three-node cluster ---------------------------------------------------------------------
@@ -571,6 +624,8 @@ case "${1:-}" in
   start) shift; start "$@" ;;
   stop) stop ;;
   status) status ;;
+  user) shift; add_user "$@" ;;
+  acl) shift; run_tool org.apache.kafka.tools.AclCommand "$@" ;;
   cluster) shift; cluster "$@" ;;
-  *) echo "usage: $0 fetch|start [--fresh]|stop|status|cluster ..." >&2; exit 2 ;;
+  *) echo "usage: $0 fetch|start [--fresh]|stop|status|user NAME|acl ARGS...|cluster ..." >&2; exit 2 ;;
 esac
