@@ -6,7 +6,13 @@
   ``TOKENS`` entries and a policy file granting each of them a role, one with neither, fed the
   same requests (``EVENTS`` heartbeats each, one keep-alive connection) in alternated runs; the
   ratio of the medians (target >= 0.9).  Every heartbeat is checked against the sender's
-  ``node-agent:c1`` role.
+  ``node-agent:c1`` role.  ``ingest_auth_ratio_log_policy``: the same with a third service whose
+  policy is its log's ``PolicySet`` (the same grants), so the fold's gate
+  (``fleetlog.core.authorize.fold_checked``) checks every record again where it is folded.
+* ``fold_gate_ratio`` — the fold alone, in this process: 100,000 heartbeats of 1,000 nodes
+  folded in reads of 10,000 through the gate with every record naming its principal and a
+  ``PolicySet`` in the state, over the same through ``fold_lists`` without principals (the
+  median of alternated runs; 1.0 = free).
 * ``authz_check_p99_us`` — p99 of one request's whole check, in microseconds: the bearer token
   (:meth:`Authenticator.check`: parse the header, SHA-256 the token, look it up, check expiry and
   revocation), the principal's roles (:meth:`Authorizer.roles`) and the rules over one event
@@ -30,12 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import structlog
 import uvloop
 
 from benchmarks.common import emit, machine, parse
+from fleetlog.core.authorize import fold_checked
+from fleetlog.core.fold_batch import fold_lists
 from fleetlog.core.state import State
-from fleetlog.events import NodeHeartbeat, encode, envelope
+from fleetlog.events import NodeHeartbeat, PolicyGrant, PolicySet, encode, envelope
 from fleetlog.service.auth import Authenticator, entry_toml, new_token
 from fleetlog.service.authz import Authorizer, check_events, policy_set
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
@@ -91,25 +100,71 @@ async def ingest_ratio(root: Path, requests: int, rounds: int) -> dict[str, Any]
     token = _tokens(root / "tokens.toml")
     settings = ServiceSettings(http_port=0, idle_wait_ms=20)
     off = await _started(Config(log=LogConfig(dir=str(root / "off"), fsync="never"), service=settings))
+    auth = AuthSettings(tokens_file=str(root / "tokens.toml"), policy_file=str(root / "policy.toml"))
     on = await _started(Config(log=LogConfig(dir=str(root / "on"), fsync="never"), service=settings,
-                               auth=AuthSettings(tokens_file=str(root / "tokens.toml"),
-                                                 policy_file=str(root / "policy.toml"))))
-    rates: dict[str, list[float]] = {"off": [], "on": []}
+                               auth=auth))
+    logged = await _started(Config(log=LogConfig(dir=str(root / "log"), fsync="never"), service=settings,
+                                   auth=msgspec.structs.replace(auth, policy_file=None)))
+    await _append_policy(logged[0], token, root / "policy.toml")
+    services = {"off": off, "on": on, "log": logged}
+    rates: dict[str, list[float]] = {mode: [] for mode in services}
     try:
         for run in range(rounds):
-            order = ("off", "on") if run % 2 == 0 else ("on", "off")
-            for mode in order:
-                service = off[0] if mode == "off" else on[0]
-                headers = {"Authorization": f"Bearer {token}"} if mode == "on" else {}
-                bodies = [_body(run * 2 + (mode == "on"), i) for i in range(requests)]
-                url = f"http://127.0.0.1:{service.http.port}"
+            for k, mode in enumerate(list(services)[run % 3:] + list(services)[:run % 3]):  # (rotated)
+                headers = {"Authorization": f"Bearer {token}"} if mode != "off" else {}
+                bodies = [_body(run * 3 + k, i) for i in range(requests)]
+                url = f"http://127.0.0.1:{services[mode][0].http.port}"
                 rates[mode].append(await _ingest(url, headers, bodies))
     finally:
-        for service, task in (off, on):
+        for service, task in services.values():
             service.stop()
             await task
-    ratio = statistics.median(rates["on"]) / statistics.median(rates["off"])
-    return {"ingest_auth_ratio": ratio, "ingest_events_per_s": rates, "target_ingest_auth_ratio": 0.9}
+    off_rate = statistics.median(rates["off"])
+    return {"ingest_auth_ratio": statistics.median(rates["on"]) / off_rate,
+            "ingest_auth_ratio_log_policy": statistics.median(rates["log"]) / off_rate,
+            "ingest_events_per_s": rates, "target_ingest_auth_ratio": 0.9}
+
+
+async def _append_policy(service: Service, token: str, policy: Path) -> None:
+    """The policy file's grants, and a ``policy-admin``, as a ``PolicySet`` in ``service``'s log
+    (appended with ``token``: every role, the service having no policy file); waits until folded."""
+    grants = (*policy_set(policy, policy.read_bytes()).grants, PolicyGrant("bench-admin", ("policy-admin",)))
+    body = encode(envelope(PolicySet(grants=grants), "bench-policy"), "json")
+    async with aiohttp.ClientSession() as http, http.post(
+            f"http://127.0.0.1:{service.http.port}/v1/events", data=body,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}) as answer:
+        assert answer.status == 200, await answer.text()
+    while service.loop is None or service.loop.state.policy is None:
+        await asyncio.sleep(0.02)
+
+
+def fold_gate_ratio(rounds: int, beats: int = 100_000, nodes: int = 1_000,
+                    read: int = 10_000) -> dict[str, Any]:
+    """:func:`fold_checked` with every record naming a principal the log's policy allows, over
+    :func:`fold_lists` of the same heartbeats without principals (median of ``rounds`` each)."""
+    fleet = [NodeHeartbeat(cell="c1", node=f"n{i}", cpu_milli=96_000, mem_mib=786_432, gpu_count=8,
+                           gpu_model="A100") for i in range(nodes)]
+    events, times = [fleet[i % nodes] for i in range(beats)], list(range(1_000, 1_000 + beats))
+    policy = PolicySet(grants=(PolicyGrant("agent-bench", ("node-agent:c1",)),))
+    seconds: dict[str, list[float]] = {"plain": [], "gated": []}
+    for _ in range(rounds):
+        for mode in ("plain", "gated"):
+            state = State()
+            fold_lists(state, [policy], [999])
+            named = ["agent-bench"] * read
+
+            def principals(named: list[str | None] = named) -> list[str | None]:
+                return named
+            started = time.perf_counter()
+            for at in range(0, beats, read):
+                if mode == "plain":
+                    fold_lists(state, events[at:at + read], times[at:at + read])
+                else:
+                    fold_checked(state, events[at:at + read], times[at:at + read], principals, fold_lists)
+            seconds[mode].append(time.perf_counter() - started)
+    plain, gated = statistics.median(seconds["plain"]), statistics.median(seconds["gated"])
+    return {"fold_gate_ratio": plain / gated,
+            "fold_beats_per_s": {"plain": beats / plain, "gated": beats / gated}}
 
 
 def check_p99_us(root: Path, checks: int) -> dict[str, float]:
@@ -154,7 +209,8 @@ def measure(quick: bool, smoke: bool) -> dict[str, Any]:
         root = Path(tmp)
         ingest = uvloop.run(ingest_ratio(root, requests, rounds))
         p99 = check_p99_us(root, 1_000 if smoke else 100_000)
-    return {"benchmark": "auth", "machine": machine(), **ingest, **p99,
+    gate = fold_gate_ratio(1 if smoke else 5, 20_000 if smoke else 100_000)
+    return {"benchmark": "auth", "machine": machine(), **ingest, **p99, **gate,
             "authz_check_is": CHECK_IS,
             "requests_per_run": requests, "events_per_request": EVENTS, "rounds": rounds}
 

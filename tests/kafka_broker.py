@@ -117,10 +117,18 @@ class KafkaBroker:
     def acl(self, *args: str) -> str:
         """``kafka-acls`` against this broker (``kafka.sh acl``): ``acl("--add", "--allow-principal",
         "User:a", "--operation", "Write", "--topic", "t")``; its output."""
-        done = subprocess.run(["bash", str(SCRIPT), "acl", *args], env=self._env(), capture_output=True,
+        return self._script("acl", *args)
+
+    def add_user(self, name: str) -> str:
+        """A new SCRAM user on the running broker (``kafka.sh user``); its password."""
+        self._script("user", name)
+        return self.password(name)
+
+    def _script(self, *args: str) -> str:
+        done = subprocess.run(["bash", str(SCRIPT), *args], env=self._env(), capture_output=True,
                               text=True, timeout=120, check=False)
         if done.returncode != 0:
-            raise KafkaBrokerError(f"kafka.sh acl {' '.join(args)} failed (exit {done.returncode}):\n"
+            raise KafkaBrokerError(f"kafka.sh {' '.join(args)} failed (exit {done.returncode}):\n"
                                    f"{done.stdout}{done.stderr}")
         return done.stdout
 

@@ -167,7 +167,7 @@ def test_service(kafka_bootstrap: str) -> None:
 def test_auth() -> None:
     r = smoke("auth")
     positive(r, "ingest_auth_ratio", "authz_check_p99_us", "target_ingest_auth_ratio",
-             "authz_check_p99_us_log_policy")
+             "authz_check_p99_us_log_policy", "ingest_auth_ratio_log_policy", "fold_gate_ratio")
     assert len(r["ingest_events_per_s"]["on"]) == len(r["ingest_events_per_s"]["off"]) == r["rounds"]
 
 

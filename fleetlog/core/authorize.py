@@ -234,8 +234,16 @@ def fold_checked(state: State, events: Sequence[Event], times: Sequence[int],
     refused: list[Refused] = []
     run: list[Event] = []
     run_at: list[int] = []
+    beats: dict[str, frozenset[str] | None] = {}  # (the cells each principal may report: below)
     for index, (event, at_ms, principal) in enumerate(zip(events, times, named, strict=True)):
         kind = type(event)
+        if kind is NodeHeartbeat and principal is not None and state.policy is not None:
+            cells = beats[principal] if principal in beats else beats.setdefault(
+                principal, _beat_cells(state, principal))
+            if cells is None or event.cell in cells:  # type: ignore[union-attr]  # (kind is NodeHeartbeat)
+                run.append(event)
+                run_at.append(at_ms)
+                continue
         if kind is not PolicySet and (principal is None or kind not in STATEFUL):
             problem = refusal(state, principal, event) if principal is not None else None
             if problem is None:
@@ -249,7 +257,17 @@ def fold_checked(state: State, events: Sequence[Event], times: Sequence[int],
         problem = refusal(state, principal, event) if principal is not None else None
         if problem is None:
             fold_run(state, [event], [at_ms])
+            beats.clear()  # (a PolicySet: the cells allowed change)
         else:
             refused.append(Refused(index, *problem))
     fold_run(state, run, run_at)
     return refused
+
+
+def _beat_cells(state: State, principal: str) -> frozenset[str] | None:
+    """The cells whose heartbeats ``principal`` may send under the state's policy (``None``:
+    any, an operator's), as :func:`_node` decides: ``fold_checked``'s shortcut for heartbeats."""
+    roles = logged_roles(state, principal)
+    if roles is None:
+        return frozenset()
+    return None if roles.operator else roles.cells

@@ -46,6 +46,9 @@ def grants(revoke_a: bool = False, agents_swap: bool = False) -> PolicySet:
     return PolicySet(grants=tuple(PolicyGrant(p, r) for p, r in roles.items()))
 
 
+Log = list[tuple[Event, int, str | None]]
+
+
 class GatedWriter:
     """A log as producers and the scheduler write it, and the one-by-one gate as reference:
     each input checked against the reference state it would be folded into, then folded (or
@@ -53,7 +56,7 @@ class GatedWriter:
 
     def __init__(self) -> None:
         self.ref, self.at, self.jobs = State(CHUNK_CONFIG), 1_000, 0
-        self.log: list[tuple[Event, int, str | None]] = []
+        self.log: Log = []
         self.refused: list[int] = []
 
     def put(self, event: Event, principal: str | None = None, step: int = 1) -> None:
@@ -76,7 +79,8 @@ def _input(draw: st.DrawFn, w: GatedWriter, kind: str) -> Event:
         return draw(st.sampled_from([BEATS[name], OTHER_CELL.get(name, BEATS[name])]))
     if kind == "J":
         w.jobs += 1
-        return job(f"j{w.jobs - 1}", tenant=draw(st.sampled_from(["a", "b"])), gpus=draw(st.sampled_from([1, 8])))
+        tenant = draw(st.sampled_from(["a", "b"]))
+        return job(f"j{w.jobs - 1}", tenant=tenant, gpus=draw(st.sampled_from([1, 8])))
     if kind == "c":
         return JobCancelled(job_id=some_job)
     if kind in "tfF":
@@ -113,7 +117,7 @@ def gated_logs(draw: st.DrawFn) -> tuple[GatedWriter, list[int]]:
     return w, sorted(set(cuts))
 
 
-def fold_as_the_loop_does(log: list[tuple[Event, int, str | None]], cuts: list[int]) -> tuple[State, list[int]]:
+def fold_as_the_loop_does(log: Log, cuts: list[int]) -> tuple[State, list[int]]:
     """Each chunk's runs of inputs through ``fold_checked`` (with ``fold_lists``), each decision
     batch with ``fold_fast``, as the loop and replay do; the places of the records refused."""
     state, refused = State(CHUNK_CONFIG), []
@@ -148,7 +152,8 @@ def test_the_gate_refuses_what_one_by_one_refuses_however_the_log_is_cut(
 
 def _gate(events: list[Event], principals: list[str | None], state: State | None = None) -> list[Refused]:
     state = state or State(CHUNK_CONFIG)
-    return fold_checked(state, events, list(range(1_000, 1_000 + len(events))), lambda: principals, fold_lists)
+    times = list(range(1_000, 1_000 + len(events)))
+    return fold_checked(state, events, times, lambda: principals, fold_lists)
 
 
 def test_before_any_policy_nothing_is_checked_and_a_policy_in_the_run_applies_from_its_place() -> None:
@@ -167,7 +172,8 @@ def test_a_cancel_sees_the_submission_before_it_in_the_same_read() -> None:
                      JobCancelled(job_id="j8")], ["ta", "tb", "ta", "ta"], state)
     assert [(r.at, r.message) for r in refused] == [
         (1, "may not cancel job 'j9' of tenant 'a' (principal 'tb', roles: reader, tenant:b)")]
-    assert state.job_row("j9") >= 0 and state.job_row("j8") >= 0
+    assert state.job_row("j9") >= 0
+    assert state.job_row("j8") >= 0
 
 
 def test_unnamed_principals_and_service_only_events_are_refused_with_their_rule() -> None:

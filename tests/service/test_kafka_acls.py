@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAuthorizationFailedError
 from aiokafka.helpers import create_ssl_context
 
@@ -24,7 +25,7 @@ from fleetlog.events.model import Event, JobCancelled, PolicyGrant, PolicySet
 from fleetlog.log.base import PRINCIPAL_HEADER
 from fleetlog.log.consumer import ERROR_HEADER, REASON_HEADER
 from tests.core.builders import job, node, quota
-from tests.kafka_broker import KafkaBroker
+from tests.kafka_broker import KafkaBroker, KafkaBrokerError
 from tests.service.process import REPO, ServiceProcess
 from tests.service.test_security import wait_for
 
@@ -94,7 +95,7 @@ async def read_all(options: dict[str, object], topic: str, count: int) -> list[o
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "fleetlog.cli", *args, "--config", str(config)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
 
 
 async def test_producers_past_the_api_do_only_what_the_acls_and_the_log_policy_allow(
@@ -108,9 +109,10 @@ async def test_producers_past_the_api_do_only_what_the_acls_and_the_log_policy_a
     producers = Producers(acl_broker, inputs)
     try:
         await asyncio.to_thread(service.wait_leading, 120)
-        for user in ("team-a", "agent-1"):  # forced onto the topic: a WRITE ACL on the inputs
-            acl_broker.acl("--add", "--allow-principal", f"User:{user}", "--operation", "Write", "--topic", inputs)
-        acl_broker.acl("--add", "--allow-principal", "User:viewer", "--operation", "Read", "--topic", decisions)
+        for user, operation, topic in (("team-a", "Write", inputs), ("agent-1", "Write", inputs),
+                                       ("viewer", "Read", decisions)):  # (team-a: forced onto the topic)
+            acl_broker.acl("--add", "--allow-principal", f"User:{user}", "--operation", operation,
+                           "--topic", topic)
 
         await producers.send(None, POLICY, "ops")
         for name, cell in (("n1", "cell-1"), ("n2", "cell-1")):
@@ -150,9 +152,36 @@ async def test_producers_past_the_api_do_only_what_the_acls_and_the_log_policy_a
         with urllib.request.urlopen(f"http://{service.address()}/v1/nodes", timeout=30) as answer:
             nodes = json.loads(answer.read())["items"]
         assert sorted(n["node"] for n in nodes) == ["n1", "n2", "n5"]
+        with urllib.request.urlopen(f"http://{service.address()}/metrics", timeout=30) as answer:
+            assert f"fleetlog_dead_letters_total {float(len(refused))}" in answer.read().decode()
     finally:
         await producers.close()
         assert service.stop() == 0, service.tail()
     verified = cli(config, "replay", "verify", "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert service.log_path.read_text().count("unauthorized") >= len(refused)  # a warning line each
+
+
+async def test_a_user_added_to_the_running_broker_writes_once_an_acl_allows_it(
+        acl_broker: KafkaBroker) -> None:
+    producers = Producers(acl_broker, "acl-late.inputs")
+    admin = AIOKafkaAdminClient(bootstrap_servers=acl_broker.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic("acl-late.inputs", 1, 1)])
+    finally:
+        await admin.close()
+    acl_broker.add_user("late-agent")
+    stat = (acl_broker.tls_dir / "users" / "late-agent").stat()
+    assert stat.st_mode & 0o077 == 0  # the password is its owner's alone
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):  # authenticated, but no ACL yet
+            await producers.send("late-agent", node("n9", cell="cell-1"))
+        acl_broker.acl("--add", "--allow-principal", "User:late-agent", "--operation", "Write",
+                       "--topic", "acl-late.inputs")
+        assert "User:late-agent" in acl_broker.acl("--list", "--topic", "acl-late.inputs")
+        assert await producers.send("late-agent", node("n9", cell="cell-1")) == 0
+    finally:
+        await producers.close()
+    with pytest.raises(KafkaBrokerError, match="must match"):
+        acl_broker.add_user("no/slashes")
