@@ -214,7 +214,8 @@ FoldRun = Callable[[State, list[Event], list[int]], None]
 
 
 def fold_checked(state: State, events: Sequence[Event], times: Sequence[int],
-                 principals: Callable[[], Sequence[str | None]], fold_run: FoldRun) -> list[Refused]:
+                 principals: Callable[[], Sequence[str | None]], fold_run: FoldRun,
+                 policy_sets: bool = True) -> list[Refused]:
     """Fold ``events`` with ``fold_run`` (``fold_lists``), leaving out each one whose principal
     the log's policy refuses at its place in the log; return those left out.
 
@@ -225,8 +226,10 @@ def fold_checked(state: State, events: Sequence[Event], times: Sequence[int],
     read the roles alone, so their records are checked where they lie and folded in runs.
 
     ``principals`` gives each event's principal (``None``: the record names none); it is asked
-    only once the log holds a ``PolicySet`` or this run does."""
-    named = None if state.policy is None and PolicySet not in set(map(type, events)) else principals()
+    only once the log holds a ``PolicySet`` or this run does.  ``policy_sets=False``: the reader
+    knows ``events`` hold none (it decoded none), so they are not scanned for one."""
+    unpoliced = state.policy is None and not (policy_sets and PolicySet in map(type, events))
+    named = None if unpoliced else principals()
     if not named or not any(named):
         fold_run(state, events if isinstance(events, list) else list(events),
                  times if isinstance(times, list) else list(times))

@@ -25,7 +25,15 @@ from fleetlog.events.codec import (
     decode,
     decode_many,
 )
-from fleetlog.events.model import INPUT_TYPES, DecisionBatch, Envelope, Event, InputEvent, NodeHeartbeat
+from fleetlog.events.model import (
+    INPUT_TYPES,
+    DecisionBatch,
+    Envelope,
+    Event,
+    InputEvent,
+    NodeHeartbeat,
+    PolicySet,
+)
 from fleetlog.log.base import (
     DEAD_LETTERS,
     INPUTS,
@@ -72,7 +80,7 @@ class Inputs:
     (``fold_lists``).  ``read_at`` is when the read returned (``time.perf_counter()``): the loop
     times its work from there, so waiting for input is not counted as work."""
 
-    __slots__ = ("dead_lettered", "events", "next_offset", "read_at", "records", "times")
+    __slots__ = ("dead_lettered", "events", "next_offset", "policy_sets", "read_at", "records", "times")
 
     def __init__(
         self,
@@ -82,12 +90,15 @@ class Inputs:
         next_offset: int,
         read_at: float = 0.0,
         records: Sequence[Record] = (),
+        policy_sets: bool = True,
     ) -> None:
         self.events, self.times = events, times
         self.dead_lettered, self.next_offset = dead_lettered, next_offset
         self.read_at = read_at
         self.records = records
         """The record of each event (the same order): its principal, and its bytes to park."""
+        self.policy_sets = policy_sets
+        """Whether ``events`` may hold a ``PolicySet`` (``False``: the reader decoded none)."""
 
     def principals(self) -> list[str | None]:
         """Each event's principal: :func:`principals_of` its records."""
@@ -171,6 +182,9 @@ class EventConsumer:
         self._source = source
         self._dead_letters = dead_letters
         self._memo: dict[object, InputEvent] = {}
+        self.saw_policy_set = True
+        """Whether the last :meth:`decode_memoised` or :meth:`split` decoded a ``PolicySet``
+        (what the fold's gate scans for otherwise; repeats from the memo are heartbeats)."""
 
     async def poll(
         self, offset: int, max_records: int = 10_000, timeout_ms: int = 0, park: bool = True
@@ -205,14 +219,15 @@ class EventConsumer:
             records, next_offset = [r for r in records if r.offset < before], before
         events = self.decode_memoised(records)
         if events is not None:
-            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset, read_at, records)
+            return Inputs(events, list(map(_TIMESTAMP, records)), 0, next_offset, read_at, records,
+                          self.saw_policy_set)
         good, bad = self.split(records)
         if bad and park:
             await self.park(bad)
         good_events, times = [d.envelope.event for d in good], [d.timestamp_ms for d in good]
         by_offset = {r.offset: r for r in records}
         kept = [by_offset[d.offset] for d in good]
-        return Inputs(good_events, times, len(bad), next_offset, read_at, kept)
+        return Inputs(good_events, times, len(bad), next_offset, read_at, kept, self.saw_policy_set)
 
     async def park(self, bad: Sequence[Message]) -> None:
         """Append ``bad`` to the dead-letter log (and say so, one warning line each)."""
@@ -239,6 +254,7 @@ class EventConsumer:
             keys = list(map(_VALUE, records))
         found: list[Event | None] = list(map(self._memo.get, keys))  # repeats: no Python per record
         misses = list(compress(count(), map(is_, found, repeat(None)))) if None in found else []
+        self.saw_policy_set = False
         if not misses:
             return found  # type: ignore[return-value]  # no None left
         wanted = [(records[i].value, records[i].header(CONTENT_TYPE_HEADER)) for i in misses]
@@ -246,7 +262,9 @@ class EventConsumer:
             if not isinstance(result, Envelope) or not isinstance(result.event, self._accepts):
                 return None
             found[i] = event = result.event
-            if isinstance(event, NodeHeartbeat):
+            if type(event) is PolicySet:
+                self.saw_policy_set = True
+            elif isinstance(event, NodeHeartbeat):
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
                 self._memo[keys[i]] = event
@@ -274,6 +292,7 @@ class EventConsumer:
                 bad.append(dead_letter(record, self._source, env))
             else:
                 events.append(Delivered(record.offset, record.timestamp_ms, env))
+        self.saw_policy_set = any(type(d.envelope.event) is PolicySet for d in events)
         return events, bad
 
 

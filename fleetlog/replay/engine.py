@@ -64,7 +64,8 @@ async def fold_inputs(
     split = any(getattr(observer, "per_instant", False) for observer in observers)
     async for events in reader.until(stop):
         for part in instants(events, state) if split else (events,):
-            refused = fold_checked(state, part.events, part.times, part.principals, fold_lists)
+            refused = fold_checked(state, part.events, part.times, part.principals, fold_lists,
+                                   part.policy_sets)
             if refused:  # (parked by the scheduler, reason unauthorized: not inputs)
                 reader.skipped += len(refused)
             folded = part.without([r.at for r in refused]) if refused else part

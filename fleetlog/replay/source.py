@@ -230,13 +230,15 @@ class Chunk(Sequence[Input]):
     """Decoded inputs as three parallel lists (what ``fold_lists`` takes); a sequence of
     :data:`Input` for observers (no tuple per event is kept)."""
 
-    __slots__ = ("events", "offsets", "records", "times")
+    __slots__ = ("events", "offsets", "policy_sets", "records", "times")
 
     def __init__(self, offsets: Sequence[int], events: list[InputEvent], times: list[int],
-                 records: Sequence[Record] = ()) -> None:
+                 records: Sequence[Record] = (), policy_sets: bool = True) -> None:
         self.offsets, self.events, self.times = offsets, events, times
         self.records = records
         """Each event's record (its principal: ``fleetlog.core.authorize.fold_checked``)."""
+        self.policy_sets = policy_sets
+        """Whether ``events`` may hold a ``PolicySet`` (``False``: the reader decoded none)."""
 
     def principals(self) -> list[str | None]:
         """Each event's principal, as the scheduling loop reads it (``principals_of`` its records)."""
@@ -247,7 +249,7 @@ class Chunk(Sequence[Input]):
         out = set(left_out)
         keep = [i for i in range(len(self.events)) if i not in out]
         return Chunk([self.offsets[i] for i in keep], [self.events[i] for i in keep],
-                     [self.times[i] for i in keep], [self.records[i] for i in keep])
+                     [self.times[i] for i in keep], [self.records[i] for i in keep], self.policy_sets)
 
     def __len__(self) -> int:
         return len(self.events)
@@ -282,7 +284,8 @@ def instants(chunk: Chunk, state: State) -> Iterator[Chunk]:
             while j < n and times[j] == times[i]:
                 j += 1
         whole = (i, j) == (0, n)
-        yield chunk if whole else Chunk(chunk.offsets[i:j], events[i:j], times[i:j], chunk.records[i:j])
+        yield chunk if whole else Chunk(chunk.offsets[i:j], events[i:j], times[i:j], chunk.records[i:j],
+                                        chunk.policy_sets)
         i = j
 
 
@@ -327,13 +330,13 @@ class InputReader:
             kept = [cast(InputEvent, d.envelope.event) for d in good]  # split keeps inputs only
             by_offset = {r.offset: r for r in records}
             return Chunk([d.offset for d in good], kept, [d.timestamp_ms for d in good],
-                         [by_offset[d.offset] for d in good])
+                         [by_offset[d.offset] for d in good], self._consumer.saw_policy_set)
         times = list(map(_TIMESTAMP, records))
         first, last = records[0].offset, records[-1].offset
         offsets: Sequence[int] = (
             range(first, last + 1) if last - first + 1 == len(records) else list(map(_OFFSET, records))
         )
-        return Chunk(offsets, cast(list[InputEvent], events), times, records)
+        return Chunk(offsets, cast(list[InputEvent], events), times, records, self._consumer.saw_policy_set)
 
 
 async def time_to_offset(store: LogStore, at_ms: int) -> int:

@@ -156,7 +156,8 @@ class SchedulerLoop:
         a record whose principal may not make its event is left out and, live (``park``),
         parked in the dead-letter log with reason ``unauthorized`` and counted in
         ``polled.dead_lettered``; recovery (``park=False``) parked it the first time."""
-        refused = fold_checked(self.state, polled.events, polled.times, polled.principals, fold_lists)
+        refused = fold_checked(self.state, polled.events, polled.times, polled.principals, fold_lists,
+                               polled.policy_sets)
         if refused and park:
             await self.consumer.park(self.consumer.refused(polled.records, refused))
             polled.dead_lettered += len(refused)

@@ -198,3 +198,4 @@ def test_a_principal_is_checked_against_the_policy_the_log_holds_then() -> None:
                     ["agent1", "admin", "agent1", "agent1"], state)
     assert [r.at for r in refused] == [2]
     assert "may not report node 'n0' of cell 'c1'" in refused[0].message
+
