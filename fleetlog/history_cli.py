@@ -25,7 +25,7 @@ from fleetlog.usage import add_log_options
 COLUMNS: Final = ("job_id", "state", "tenant", "queue", "ended_at_ms", "wait_ms", "elapsed_ms", "exit_code",
                   "preemptions", "gpu_hours")
 """The table's columns (``-o wide``: every field)."""
-AUDIT_COLUMNS: Final = ("offset", "at_ms", "principal", "type", "job_id", "tenant", "cell", "node")
+AUDIT_COLUMNS: Final = ("offset", "at_ms", "principal", "type", "job_id", "tenant", "cell", "node", "parked")
 """The columns of ``--audit`` (``-o wide``: every field)."""
 SHARDED: Final = ("history reads a single-shard log; this configuration has a [cells] map, whose jobs' "
                   "events are split across the dispatcher's and the cells' partitions (not supported yet)")

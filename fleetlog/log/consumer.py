@@ -319,9 +319,14 @@ async def parked_for_job(store: LogStore, job_id: str, dead_letters: str = DEAD_
                 found = record
     if found is None:
         return None
-    text = {name: (found.header(name) or b"").decode("utf-8", "replace")
-            for name in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER)}
-    return Parked(found.offset, text[SOURCE_HEADER], text[REASON_HEADER], text[ERROR_HEADER])
+    return Parked(found.offset, *why_parked(found))
+
+
+def why_parked(record: Record) -> tuple[str, str, str]:
+    """A dead letter's source (``inputs@OFFSET``), reason code and error, as text."""
+    source, reason, error = ((record.header(h) or b"").decode("utf-8", "replace")
+                             for h in (SOURCE_HEADER, REASON_HEADER, ERROR_HEADER))
+    return source, reason, error
 
 
 def _names_job(record: Record, job_id: str) -> bool:

@@ -11,7 +11,10 @@ straight to the log (a backend, a producer on Kafka).  On Kafka that header is o
 trustworthy as the topic's write ACLs (docs/service.md, "Authorization"): the API overwrites
 whatever a producer sent, a direct producer is not overwritten.  Requests the API refused never
 reach the log: they are counted (``fleetlog_http_forbidden_total``) and logged by the service.
-A record that does not decode is listed as ``undecodable`` with its principal.
+A record that does not decode is listed as ``undecodable`` with its principal.  A record the
+scheduler parked instead of folding it — one whose principal the log's policy did not allow
+(``unauthorized``), or that did not decode — says so in ``parked``: the reason and the error,
+from the dead-letter log.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import msgspec
 
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
 from fleetlog.events.model import JobCancelled, JobSubmitted, NodeDrained, NodeRemoved, PolicySet, QuotaSet
-from fleetlog.log.base import INPUTS, PRINCIPAL_HEADER, Record
+from fleetlog.log.base import DEAD_LETTERS, INPUTS, PRINCIPAL_HEADER, LogStore, Record, chunks
+from fleetlog.log.consumer import why_parked
 from fleetlog.replay.source import Progress, Source, end_offset, read, start_offset
 from fleetlog.replay.terminal import progress_bar
 
@@ -48,6 +52,9 @@ class AuditEntry(msgspec.Struct, frozen=True):
     node: str | None = None
     detail: str | None = None
     """A drain's state and reason; a policy's grants; why a record did not decode."""
+    parked: str | None = None
+    """``REASON: ERROR`` when the scheduler parked the record in the dead-letter log instead of
+    folding it (``unauthorized``: its principal may not make it), else ``None``."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ async def audit(source: Source, emit: Callable[[AuditEntry], None], filters: Aud
                 limit: int | None = None, progress: Progress | None = None) -> int:
     """Emit the entries ``filters`` keeps, in log order (at most ``limit``); how many."""
     store, count = source.store, 0
+    parked = await parked_inputs(store)
     end, at = await end_offset(store, INPUTS), await start_offset(store, INPUTS)
     while at < end and (limit is None or count < limit):
         records = await read(store, INPUTS, at)
@@ -108,6 +116,8 @@ async def audit(source: Source, emit: Callable[[AuditEntry], None], filters: Aud
             break
         for record in records:
             found, mutation = entry(record)
+            if record.offset in parked:
+                found = msgspec.structs.replace(found, parked=parked[record.offset])
             if filters.keep(found, mutation) and (limit is None or count < limit):
                 emit(found)
                 count += 1
@@ -115,6 +125,19 @@ async def audit(source: Source, emit: Callable[[AuditEntry], None], filters: Aud
         if progress is not None:
             progress(len(records))
     return count
+
+
+async def parked_inputs(store: LogStore) -> dict[int, str]:
+    """``REASON: ERROR`` of each inputs offset the dead-letter log holds a copy of (its
+    ``source`` header names it: ``inputs@N``)."""
+    found: dict[int, str] = {}
+    async for records in chunks(store.log(DEAD_LETTERS)):
+        for record in records:
+            source, reason, error = why_parked(record)
+            where, _, offset = source.rpartition("@")
+            if where == INPUTS and offset.isdigit():
+                found[int(offset)] = f"{reason}: {error[:300]}"
+    return found
 
 
 async def command(args: Any, source: Source) -> int:

@@ -33,7 +33,7 @@ from fleetlog.events.codec import (
 )
 from fleetlog.events.model import INPUT_TYPES, InputEvent, JobCancelled, JobSubmitted
 from fleetlog.events.spec import spec_differences, submission_spec
-from fleetlog.log.base import INPUTS, PRINCIPAL_HEADER, LogStore, Message
+from fleetlog.log.base import INPUTS, PRINCIPAL_HEADER, Headers, LogStore, Message
 from fleetlog.log.discovery import ACCEPT_NEVER_FITS
 from fleetlog.service.authz import Forbidden, check_events, forbidden
 from fleetlog.service.config import ServiceSettings
@@ -382,5 +382,11 @@ def signed(messages: list[Message], principal: str | None) -> list[Message]:
     if principal is None:
         return messages
     mark = (PRINCIPAL_HEADER, principal.encode())
-    return [msgspec.structs.replace(m, headers=(*(h for h in m.headers if h[0] != PRINCIPAL_HEADER), mark))
-            for m in messages]
+    marked: dict[Headers, Headers] = {}  # (a request's messages share their headers: marked once)
+    out = []
+    for m in messages:
+        headers = marked.get(m.headers)
+        if headers is None:
+            headers = marked[m.headers] = (*(h for h in m.headers if h[0] != PRINCIPAL_HEADER), mark)
+        out.append(Message(m.value, m.key, headers))
+    return out

@@ -159,6 +159,11 @@ async def test_producers_past_the_api_do_only_what_the_acls_and_the_log_policy_a
         assert service.stop() == 0, service.tail()
     verified = cli(config, "replay", "verify", "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    trail = json.loads(cli(config, "history", "--audit", "--all", "-o", "json").stdout)["items"]
+    parked = {(e["principal"], e["type"]): e["parked"] for e in trail if e["parked"]}
+    assert sorted(parked) == sorted((user, type(event).__name__) for user, event, _ in refused)
+    assert all(text.startswith("unauthorized: may not") for text in parked.values())
+    assert not any(e["parked"] for e in trail if e["principal"] in ("ops", None))
     assert service.log_path.read_text().count("unauthorized") >= len(refused)  # a warning line each
 
 
