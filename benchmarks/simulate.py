@@ -45,17 +45,19 @@ from typing import Any
 
 from benchmarks.common import add_smoke, emit, machine
 from benchmarks.variants import Spec, SpecError, generate, measures, parse_spec, read_pods
-from fleetlog.core.policy import policy_named
+from fleetlog.core.policy import policy_named, with_typical_pods
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.simulation import (
     RunConfig,
     RunSummary,
     SchedulerFactory,
+    Workload,
     load_cluster,
     load_workload,
     parse_mode,
     run_simulation,
 )
+from fleetlog.simulation.workload import typical_pods_of
 
 OPENB = Path("shared") / "traces" / "alibaba-gpu-v2023-openb" / "csv"
 DEFAULT_TRACES = "/work/shared/traces/alibaba-gpu-v2023-openb/csv"
@@ -118,8 +120,12 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def scheduler(policy: str) -> SchedulerFactory:
+def scheduler(policy: str, workload: Workload | None = None) -> SchedulerFactory:
+    """The policy of the inflate protocol (``fail_unplaced``); the published FGD rule gets the
+    typical pods of ``workload`` (the whole trace, fixed for the run), as the authors' simulator."""
     chosen = policy_named(policy, fail_unplaced=True)
+    if chosen.scoring == "fgd-published" and not chosen.typical_pods and workload is not None:
+        chosen = with_typical_pods(chosen, typical_pods_of(workload))
     return lambda store: SchedulerLoop(store, chosen, LoopConfig())
 
 
@@ -133,7 +139,7 @@ def inflate_run(
     name = f"{variant}-s{seed}" if variant.startswith("gen-") else variant  # (generated: one file a seed)
     workload = load_workload(str(traces / f"openb_pod_list_{name}.csv"), cluster, seed)
     config = RunConfig(cluster, workload, parse_mode(mode), seed, policy, log_dir)
-    make = scheduler(policy)
+    make = scheduler(policy, workload)
 
     def made_here(store: Any) -> SchedulerLoop:
         loop = make(store)
