@@ -47,6 +47,7 @@ from typing import Any
 from benchmarks.common import add_smoke, emit, machine
 from benchmarks.variants import Spec, SpecError, generate, measures, parse_spec, read_pods
 from fleetlog.core.policy import policy_named, with_typical_pods
+from fleetlog.core.typical import typical_pods
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.simulation import (
     RunConfig,
@@ -58,7 +59,6 @@ from fleetlog.simulation import (
     parse_mode,
     run_simulation,
 )
-from fleetlog.simulation.workload import typical_pods_of
 
 OPENB = Path("shared") / "traces" / "alibaba-gpu-v2023-openb" / "csv"
 DEFAULT_TRACES = "/work/shared/traces/alibaba-gpu-v2023-openb/csv"
@@ -119,6 +119,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="runs of the 64-per-step row (5; quick: 2)")
     add_smoke(parser)
     return parser.parse_args()
+
+
+def typical_pods_of(workload: Workload) -> tuple[tuple[int, int, int, int], ...]:
+    """The published FGD rule's typical pods of the whole workload (its trace, before any
+    inflation, as the authors' simulator takes them): over every task of every job."""
+    groups = (g for job in workload.jobs for g in job.event.task_groups)
+    return typical_pods((g.gpu_count, g.gpu_milli, g.cpu_milli, g.count) for g in groups)
 
 
 def scheduler(policy: str, workload: Workload | None = None) -> SchedulerFactory:

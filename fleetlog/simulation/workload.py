@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Final
 
 from fleetlog.backends.simulated.cluster import Cluster
-from fleetlog.core.typical import typical_pods
 from fleetlog.events import InputEvent, JobSubmitted, QuotaSet, Resources, TaskGroup
 from fleetlog.events.model import TopologyLevel
 from fleetlog.simulation.clusters import MAX_GPUS_PER_NODE
@@ -93,13 +92,6 @@ def load_workload(text: str, cluster: Cluster, seed: int) -> Workload:
     if looks_like_path(spec.kind):
         return read_pod_list(Path(spec.kind))
     raise SpecError(f"--workload {text!r}: not 'synthetic', 'openb[:VARIANT]' or a CSV file that exists")
-
-
-def typical_pods_of(workload: Workload) -> tuple[tuple[int, int, int, int], ...]:
-    """The published FGD rule's typical pods of the whole workload (its trace, before any
-    inflation): :func:`fleetlog.core.typical.typical_pods` over every task of every job."""
-    groups = (g for job in workload.jobs for g in job.event.task_groups)
-    return typical_pods((g.gpu_count, g.gpu_milli, g.cpu_milli, g.count) for g in groups)
 
 
 # --- openb pod lists -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from benchmarks.simulate import typical_pods_of
 from fleetlog.cli import main
 from fleetlog.core.policy import POLICIES, batch_policy, policy_named, with_typical_pods
 from fleetlog.events import JobPlaced
@@ -20,7 +21,6 @@ from fleetlog.log.file import FileLogStore
 from fleetlog.replay.verify import verify
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.simulation import RunConfig, load_cluster, load_workload, parse_mode, run_simulation
-from fleetlog.simulation.workload import typical_pods_of
 
 CLUSTER = "synthetic?nodes=12&hosts_per_rack=4"
 WORKLOAD = "synthetic?jobs=120&load=1.5&max_h=1"
