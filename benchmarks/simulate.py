@@ -47,7 +47,7 @@ from typing import Any
 from benchmarks.common import add_smoke, emit, machine
 from benchmarks.variants import Spec, SpecError, generate, measures, parse_spec, read_pods
 from fleetlog.core.policy import policy_named, with_typical_pods
-from fleetlog.core.typical import typical_pods
+from fleetlog.core.typical import typical_pods_of_jobs
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.simulation import (
     RunConfig,
@@ -124,8 +124,7 @@ def parse() -> argparse.Namespace:
 def typical_pods_of(workload: Workload) -> tuple[tuple[int, int, int, int], ...]:
     """The published FGD rule's typical pods of the whole workload (its trace, before any
     inflation, as the authors' simulator takes them): over every task of every job."""
-    groups = (g for job in workload.jobs for g in job.event.task_groups)
-    return typical_pods((g.gpu_count, g.gpu_milli, g.cpu_milli, g.count) for g in groups)
+    return typical_pods_of_jobs(job.event for job in workload.jobs)
 
 
 def scheduler(policy: str, workload: Workload | None = None) -> SchedulerFactory:

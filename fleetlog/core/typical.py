@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
+from fleetlog.events import JobSubmitted
+
 PUBLISHED_POPULARITY_PCT: Final = 95
 """The experiments' cumulative popularity threshold (the simulator's own default is 60)."""
 
@@ -39,3 +41,11 @@ def typical_pods(rows: Iterable[Row], threshold_pct: int = PUBLISHED_POPULARITY_
         kept.append((gpus, milli, cpu, count))
         covered += count
     return tuple(kept)
+
+
+def typical_pods_of_jobs(
+    jobs: Iterable[JobSubmitted], threshold_pct: int = PUBLISHED_POPULARITY_PCT
+) -> tuple[Row, ...]:
+    """:func:`typical_pods` over every task of the submissions of a whole workload."""
+    groups = (g for job in jobs for g in job.task_groups)
+    return typical_pods(((g.gpu_count, g.gpu_milli, g.cpu_milli, g.count) for g in groups), threshold_pct)
