@@ -127,10 +127,13 @@ def typical_pods_of(workload: Workload) -> tuple[tuple[int, int, int, int], ...]
     return typical_pods_of_jobs(job.event for job in workload.jobs)
 
 
-def scheduler(policy: str, workload: Workload | None = None) -> SchedulerFactory:
+def scheduler(policy: str, workload: Workload | None = None, seed: int = 0) -> SchedulerFactory:
     """The policy of the inflate protocol (``fail_unplaced``); the published FGD rule gets the
-    typical pods of ``workload`` (the whole trace, fixed for the run), as the authors' simulator."""
+    typical pods of ``workload`` (the whole trace, fixed for the run), as the authors' simulator,
+    and the run's seed for its ties (unless the spec sets ``tie_seed``)."""
     chosen = policy_named(policy, fail_unplaced=True)
+    if chosen.scoring == "fgd-published" and "tie_seed=" not in policy:
+        chosen = policy_named(policy, fail_unplaced=True, tie_seed=seed)
     if chosen.scoring == "fgd-published" and not chosen.typical_pods and workload is not None:
         chosen = with_typical_pods(chosen, typical_pods_of(workload))
     return lambda store: SchedulerLoop(store, chosen, LoopConfig())
@@ -146,7 +149,7 @@ def inflate_run(
     name = f"{variant}-s{seed}" if variant.startswith("gen-") else variant  # (generated: one file a seed)
     workload = load_workload(str(traces / f"openb_pod_list_{name}.csv"), cluster, seed)
     config = RunConfig(cluster, workload, parse_mode(mode), seed, policy, log_dir)
-    make = scheduler(policy, workload)
+    make = scheduler(policy, workload, seed)
 
     def made_here(store: Any) -> SchedulerLoop:
         loop = make(store)

@@ -203,6 +203,15 @@ def _published(
     return PUBLISHED_MAX_SCORE - score(mask), mask
 
 
+def _tie_key(node: int, seed: int) -> int:
+    """splitmix64 of the node's index and the tie seed, its top 40 bits."""
+    mask = (1 << 64) - 1
+    x = ((node + 1) * 0x9E3779B97F4A7C15 + seed * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) >> 24
+
+
 def pick_gpus_scored(
     gpu_free_row: I16, count: int, gpus: int, milli: int, cpu_avail: int, cpu: int, policy: int, shapes: I64
 ) -> np.uint64:
@@ -267,7 +276,8 @@ def node_score(
     if not _uses_fgd(policy, shapes):
         return 0, secondary
     if _is_published(shapes):
-        return _published(before, cpu_avail, cpu, gpus, milli, shapes)[0], 0
+        primary = _published(before, cpu_avail, cpu, gpus, milli, shapes)[0]
+        return primary, _tie_key(int(n), int(shapes[0, 2]))
     mask = _pick(before, gpus, milli)
     after = [free - milli if mask >> i & 1 else free for i, free in enumerate(before)]
     increase = _node_frag(after, cpu_avail - cpu, shapes) - _node_frag(before, cpu_avail, shapes)

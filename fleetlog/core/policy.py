@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -22,6 +22,9 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """fgd-published: the workload's typical pods, (gpus, milli, cpu, count) rows
     (:func:`fleetlog.core.typical.typical_pods`), fixed for the run; empty: the recent window's
     shape mix cut at the same popularity threshold."""
+    tie_seed: Annotated[int, msgspec.Meta(ge=0, lt=1 << 62)] = 0
+    """fgd-published: equal scores go to the node of the least pseudo-random key drawn from its
+    index and this seed (the scheduler framework draws one at random); replayable."""
     preemption: bool = True
     """A higher priority may preempt lower ones."""
     reclaim: bool = True

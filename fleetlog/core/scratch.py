@@ -225,7 +225,7 @@ def policy_shapes(state: State, policy: Policy) -> Array:
     if policy.scoring != "fgd-published":
         return shape_matrix(state)
     rows = policy.typical_pods or typical_pods(state.shape_mix)
-    marker = ((kernels.PUBLISHED_MARK, 0, 0, 0),)
+    marker = ((kernels.PUBLISHED_MARK, 0, policy.tie_seed, 0),)  # (its cpu column: the tie seed)
     return np.array(marker + tuple(rows), dtype=np.int64).reshape(len(rows) + 1, 4)
 
 

@@ -229,7 +229,7 @@ async def why_placed(source: Source, offset: int, batch: DecisionBatch, index: i
 RULES = {
     "fgd": "primary = fragmentation added (FGD)",
     "fgd-published": "primary = 100 - the published FGD score (ATC'23: 100 * sigmoid of the fragmentation "
-    "removed, in GPUs, over the typical pods), secondary 0",
+    "removed, in GPUs, over the typical pods), secondary = the node's seeded tie key",
     "best-fit": "secondary = resources left (best fit)",
 }
 

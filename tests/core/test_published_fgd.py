@@ -16,17 +16,18 @@ from hypothesis import strategies as st
 from fleetlog.core import kernels as nb
 from fleetlog.core import kernels_ref as ref
 from fleetlog.core.kernels import FGD, FULL_GPU, PUBLISHED_MARK
-from fleetlog.core.kernels.frag import _published_score
+from fleetlog.core.kernels.frag import _published_score, _tie_key
 from fleetlog.core.typical import typical_pods
 from tests.core.test_kernels import PROPERTY, Cluster, Task, clusters, gpu_task, place_run, tasks
 
 Array = npt.NDArray[Any]
-MARK = (PUBLISHED_MARK, 0, 0, 0)
+TIE_LIMIT = 1 << 40
 
 
-def published(rows: list[tuple[int, int, int, int]]) -> Array:
-    """The shape matrix of the published rule: the marker, then the typical pods."""
-    return np.array([MARK, *rows], dtype=np.int64).reshape(-1, 4)
+def published(rows: list[tuple[int, int, int, int]], tie_seed: int = 0) -> Array:
+    """The shape matrix of the published rule: the marker (its cpu column: the tie seed), then
+    the typical pods."""
+    return np.array([(PUBLISHED_MARK, 0, tie_seed, 0), *rows], dtype=np.int64).reshape(-1, 4)
 
 
 NOWHERE = [(8, FULL_GPU, 10**9, 3), (64, FULL_GPU, 0, 2), (1, 999, 200_000, 1)]  # fit no node drawn
@@ -43,7 +44,7 @@ def typical_mixes(draw: st.DrawFn) -> Array:
         rows.append((task.gpus, milli, task.cpu, draw(st.integers(0, 50))))
     if draw(st.booleans()):
         rows.append(draw(st.sampled_from(NOWHERE)))
-    return published(rows)
+    return published(rows, draw(st.sampled_from([0, 1, 7, (1 << 62) - 1]) | st.integers(0, 1 << 40)))
 
 
 def scores(kernels: Any, cluster: Cluster, task: Task, shapes: Array) -> list[tuple[int, int, int] | None]:
@@ -72,7 +73,7 @@ def test_scores_and_gpus_match_reference(cluster: Cluster, task: Task, shapes: A
         if score is None or weight <= 0:
             continue
         assert 0 < score[0] <= 100  # 100 - a score in 0..99
-        assert score[1] == 0  # no best-fit tie-break
+        assert 0 <= score[1] < TIE_LIMIT  # the tie key, no best-fit tie-break
         mask = score[2]
         assert bin(mask).count("1") == task.gpus
         assert all(int(arrays[2][n, i]) >= task.milli for i in range(64) if mask >> i & 1)
@@ -183,19 +184,32 @@ def test_a_share_takes_the_gpu_of_the_best_score_not_the_tightest() -> None:
     task = gpu_task(1, 300, 0)
     shapes = published([(1, 300, 0, 1)])
     for kernels in (nb, ref):
-        assert scores(kernels, cluster, task, shapes) == [(100 - 50, 0, 0b10)]
+        assert scores(kernels, cluster, task, shapes) == [(100 - 50, ref._tie_key(0, 0), 0b10)]
     assert nb.pick_gpus(cluster.arrays()[2][0], 2, 1, 300) == 0b01
 
 
-def test_equal_scores_go_to_the_lowest_node() -> None:
-    """Five alike nodes: the first (the framework picks one at random; fleetlog, the lowest)."""
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_equal_scores_go_to_the_node_of_the_least_tie_key(seed: int) -> None:
+    """Twenty alike nodes: the framework picks one at random; fleetlog the one whose key, drawn
+    from its index and the policy's tie seed, is least — another node for another seed."""
     cluster = Cluster()
-    for _ in range(5):
+    for _ in range(20):
         cluster.node(gpus=(1000, 1000))
-    shapes = published([(1, FULL_GPU, 1000, 2), (1, 500, 1000, 1)])
+    shapes = published([(1, FULL_GPU, 1000, 2), (1, 500, 1000, 1)], seed)
+    want = min(range(20), key=lambda n: ref._tie_key(n, seed))
     for kernels in (nb, ref):
         cands = cluster.all()[::-1].copy()
-        assert kernels.best_node(cands, *cluster.arrays(), *gpu_task().args(), FGD, shapes) == 0
+        assert kernels.best_node(cands, *cluster.arrays(), *gpu_task().args(), FGD, shapes) == want
+
+
+def test_the_tie_keys_differ_by_seed_and_match_reference() -> None:
+    winners = {min(range(1213), key=lambda n: ref._tie_key(n, seed)) for seed in range(1, 11)}
+    assert len(winners) >= 8  # ten seeds, (nearly) ten different first nodes
+    for seed in (0, 1, 5, (1 << 62) - 1):
+        keys = [_tie_key(n, published([], seed)) for n in range(300)]
+        assert keys == [ref._tie_key(n, seed) for n in range(300)]
+        assert len(set(keys)) == 300
+        assert all(0 <= k < TIE_LIMIT for k in keys)
 
 
 def test_cpu_only_typical_pods_count_every_free_share() -> None:
@@ -204,7 +218,8 @@ def test_cpu_only_typical_pods_count_every_free_share() -> None:
     cluster = Cluster().node(cpu=1000, gpus=(1000, 1000))
     task = gpu_task(1, FULL_GPU, 0)
     shapes = published([(0, 0, 64_000, 1)])  # the node lacks its CPU: XR, still all of it
-    assert scores(ref, cluster, task, shapes) == [(100 - int(plugin_score(-1000, 1)), 0, 0b01)]
+    want = (100 - int(plugin_score(-1000, 1)), ref._tie_key(0, 0), 0b01)
+    assert scores(ref, cluster, task, shapes) == [want]
 
 
 # ---------------------------------------------------------------- typical pods of a workload

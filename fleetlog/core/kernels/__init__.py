@@ -15,8 +15,9 @@ checked for every task (so that decide may pass node kinds in their place: ``fit
 ``shapes`` is int64[K, 4] of rows (gpus, milli, cpu, weight): the recent task-shape mix used by FGD.
 A first row (PUBLISHED_MARK, 0, 0, 0) selects the published FGD rule instead (Weng et al.,
 ATC'23; ``frag._published_pick``): the other rows are then the typical pods, CPU-only ones
-included; the primary is 100 - the plugin's integer score, the secondary 0 (equal scores: the
-lowest node index), and a GPU share takes the GPU of the best score (``pick_gpus_scored``).
+included, and its cpu column is the tie seed; the primary is 100 - the plugin's integer score,
+the secondary the node's tie key (``frag._tie_key``: pseudo-random, from the node's index and
+the seed, below 2**40), and a GPU share takes the GPU of the best score (``pick_gpus_scored``).
 
 Scores are pairs ``(primary, secondary)`` of int64, lower is better, compared lexicographically
 (then by node index). BEST_FIT: primary 0, secondary the best-fit score below. FGD: primary the

@@ -258,6 +258,24 @@ def _published_increase(
     return out
 
 
+TIE_BITS = 40  # a tie key is below 2**40: a gang's sum of 2**16 of them stays far within int64
+
+
+@_hot
+def _tie_key(node: int, shapes: I64) -> int:
+    """The published rule's secondary: a pseudo-random key of the node (splitmix64 of its index
+    and the marker row's seed, ``shapes[0, SHAPE_CPU]``), so equal scores go to a node drawn
+    as if at random, the same one on every replay (the framework draws at random)."""
+    x = np.uint64(node + 1) * np.uint64(0x9E3779B97F4A7C15)
+    x += np.uint64(shapes[0, SHAPE_CPU]) * np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return int(x >> np.uint64(64 - TIE_BITS))
+
+
 @_hot
 def _mix_weight(shapes: I64) -> int:
     weight = 0

@@ -21,7 +21,7 @@ from fleetlog.core.kernels.base import (
     _hot,
     _jit,
 )
-from fleetlog.core.kernels.frag import _frag_increase, _is_published, _published_pick, _uses_fgd
+from fleetlog.core.kernels.frag import _frag_increase, _is_published, _published_pick, _tie_key, _uses_fgd
 from fleetlog.core.kernels.gpus import _model_ok, _take
 
 # ---------------------------------------------------------------- one node, one task
@@ -63,9 +63,18 @@ def _fgd_increase(row: I16, count: int, cpu_avail: int, task: Task, shapes: I64)
 
 @_hot
 def _eval(
-    cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, task: Task, use_fgd: bool, shapes: I64
+    cpu_avail: int,
+    mem_avail: int,
+    row: I16,
+    count: int,
+    model: int,
+    task: Task,
+    use_fgd: bool,
+    shapes: I64,
+    node: int,
 ) -> Eval:
-    """(fits, primary, secondary) of one task on one node state."""
+    """(fits, primary, secondary) of one task on one node state (``node``: the node's index,
+    which only the published rule's tie key reads)."""
     cpu, mem, gpus, milli, models = task
     if cpu_avail < cpu or mem_avail < mem or not _model_ok(models, model):
         return False, 0, 0
@@ -75,8 +84,8 @@ def _eval(
     secondary = _best_fit(count, total, cpu_avail - cpu, gpus, milli)
     if not use_fgd:
         return True, 0, secondary
-    if _is_published(shapes):  # (equal scores: the lowest node index, no best-fit tie-break)
-        return True, _fgd_increase(row, count, cpu_avail, task, shapes), 0
+    if _is_published(shapes):  # (equal scores: the node's tie key, no best-fit tie-break)
+        return True, _fgd_increase(row, count, cpu_avail, task, shapes), _tie_key(node, shapes)
     return True, _fgd_increase(row, count, cpu_avail, task, shapes), secondary
 
 
@@ -102,6 +111,7 @@ def _eval_node(
         task,
         use_fgd,
         shapes,
+        n,
     )
 
 
@@ -151,7 +161,7 @@ def node_score(
     if not _uses_fgd(policy, shapes):
         return 0, secondary
     if _is_published(shapes):
-        return _fgd_increase(row, count, cpu_avail, task, shapes), 0
+        return _fgd_increase(row, count, cpu_avail, task, shapes), _tie_key(int(n), shapes)
     return _fgd_increase(row, count, cpu_avail, task, shapes), secondary
 
 
