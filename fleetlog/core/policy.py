@@ -6,6 +6,8 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
+from fleetlog.events.model import MAX_TYPICAL_PODS, TypicalPod
+
 Scoring = Literal["best-fit", "fgd", "fgd-published"]
 
 
@@ -89,8 +91,15 @@ def batch_policy(name: str, typical_pods: tuple[tuple[int, int, int, int], ...] 
 
 def with_typical_pods(policy: Policy, typical_pods: tuple[tuple[int, int, int, int], ...]) -> Policy:
     """``policy`` scoring against ``typical_pods``, under the same name (decision batches carry
-    the typical pods beside the name)."""
-    return msgspec.structs.replace(policy, typical_pods=tuple(tuple(row) for row in typical_pods))
+    the typical pods beside the name, so they must be what a batch may hold: else
+    :class:`UnknownPolicyError`)."""
+    try:
+        rows = msgspec.convert(list(typical_pods), tuple[TypicalPod, ...])
+    except msgspec.ValidationError as exc:
+        raise UnknownPolicyError(f"typical pods: {exc}") from None
+    if len(rows) > MAX_TYPICAL_PODS:
+        raise UnknownPolicyError(f"typical pods: {len(rows)}, more than {MAX_TYPICAL_PODS}")
+    return msgspec.structs.replace(policy, typical_pods=rows)
 
 
 def _text(value: object) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.simulate import typical_pods_of
 from fleetlog.cli import main
-from fleetlog.core.policy import POLICIES, batch_policy, policy_named, with_typical_pods
+from fleetlog.core.policy import POLICIES, UnknownPolicyError, batch_policy, policy_named, with_typical_pods
 from fleetlog.events import JobPlaced
 from fleetlog.events.model import DecisionBatch
 from fleetlog.log.base import DECISIONS, LogStore
@@ -38,6 +38,8 @@ def test_a_batch_carries_the_typical_pods_the_name_leaves_out() -> None:
     batch = DecisionBatch(as_of=1, digest="d", policy=policy.name, typical_pods=policy.typical_pods)
     again = msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=DecisionBatch)
     assert batch_policy(again.policy, again.typical_pods) == policy
+    with pytest.raises(UnknownPolicyError, match="typical pods"):
+        with_typical_pods(policy, ((1, 1000, 8000, 0),))  # (a count of 0: no batch could hold it)
     plain = DecisionBatch(as_of=1, digest="d", policy="default")
     assert b"typical_pods" not in msgspec.msgpack.encode(plain)  # other policies encode as before
 
