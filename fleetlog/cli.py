@@ -132,6 +132,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         mode = parse_mode(args.mode)
         # inflate is the FGD paper's protocol: a job that does not fit on arrival is rejected
         policy = policy_named(args.policy, **({"fail_unplaced": True} if mode.name == "inflate" else {}))
+        policy = _typical(policy, args.cluster, args.workload, args.seed)
         options = Options(args.cluster, args.workload, mode, args.seed, args.seeds, log_dir, report_dir,
                           args.json, replace_log, replace_report)
 
@@ -156,6 +157,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 SHARDED_ONLY = {"cluster": "synthetic", "workload": "synthetic", "mode": "replay", "policy": "default",
                 "seeds": 1, "log": None, "report": None, "check_invariants": False}
 """Options of the single-shard simulation that ``--cells`` does not take (at their defaults)."""
+
+
+def _typical(policy: Any, cluster: str, workload: str, seed: int) -> Any:
+    """Policy ``fgd`` (the published FGD rule) against the typical pods of the whole workload
+    (its first seed's, fixed for the run), as ``benchmarks.simulate`` runs it."""
+    from fleetlog.core.policy import with_typical_pods
+    from fleetlog.core.typical import typical_pods_of_jobs
+    from fleetlog.simulation import load_cluster, load_workload
+
+    if policy.scoring != "fgd-published" or policy.typical_pods:
+        return policy
+    jobs = load_workload(workload, load_cluster(cluster), seed).jobs
+    return with_typical_pods(policy, typical_pods_of_jobs(job.event for job in jobs))
 
 
 def simulate_cells(args: argparse.Namespace) -> int:

@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.simulate import find_traces
+from benchmarks.simulate import find_traces, inflate_run
+from fleetlog.core.digest import digest
+from fleetlog.service.loop import SchedulerLoop
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 540
@@ -351,10 +353,12 @@ def test_simulate() -> None:
     assert (traces / "openb_node_list_gpu_node.csv").is_file(), f"no openb traces in {traces}"
     r = smoke("simulate", {"FLEETLOG_TRACES": str(traces)})
     row = r["allocation"]["default"]
-    for policy in ("best-fit", "default"):
-        positive(row, f"{policy}.mean", f"{policy}.min")
+    for policy in ("best-fit", "fgd", "default"):
+        positive(row, f"{policy}.mean", f"{policy}.min", f"{policy}.median", f"{policy}.max")
         assert 0 < row[policy]["mean"] <= 100
+        assert len(row[policy]["runs"]) == r["seeds"]
     assert math.isfinite(row["default_minus_published_fgd"])
+    assert math.isfinite(row["fgd_minus_published_fgd"])
     for case in ("protocol_batch1", "batch64", "all_at_once", "all_at_once_best_fit"):
         positive(r["throughput"][case], "decisions_per_s", "x_paper", "pods", "steps", "wall_s")
     positive(r["throughput"]["batch64"], "decisions_per_cpu_s")
@@ -362,6 +366,21 @@ def test_simulate() -> None:
     positive(r, "step_cost.ms_per_step_total", "step_cost_batch64.us_per_pod_total")
     assert "decide (total)" in r["step_cost"]["ms_per_step"]
     assert "decide: kernel place_run" in r["step_cost_batch64"]["us_per_pod"]
+
+
+DEFAULT_DIGESTS = {  # seed 1, 64 arrivals a step, measured at f8b2d06 (fgd was not yet the published rule)
+    "default": "b8c91666417a5e12b219ef003a9455d2a1f760f9c529de91a753ba5e3ad5a056",
+    "gpushare40": "e515da52ce27207b43590a966e807cbb7fcd263b9c4e87abdba881e4d1967a0c",
+}
+
+
+@pytest.mark.parametrize("variant", sorted(DEFAULT_DIGESTS))
+def test_the_default_policy_decides_as_before_the_published_fgd(variant: str) -> None:
+    """A whole inflate run of openb under ``default`` ends in the state digest it ended in
+    before the published FGD rule came in: fleetlog's own FGD decides bit-identically."""
+    loops: list[SchedulerLoop] = []
+    inflate_run(Path(find_traces()), variant, "default", 1, "inflate?batch=64", made=loops.append)
+    assert digest(loops[0].state) == DEFAULT_DIGESTS[variant]
 
 
 def test_shards() -> None:

@@ -217,7 +217,12 @@ def place_single(sc: Scratch, cell: int, cands: Array, t: int) -> Placement | No
         node = preferred(sc, cands, (cpu, mem, gpus, milli, models), weights, int(node))
     if node < 0:
         return None
-    mask = int(kernels.pick_gpus(sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli))
+    cpu_avail = int(sc.cpu_free[node])
+    mask = int(
+        kernels.pick_gpus_scored(
+            sc.gpu_free[node], int(sc.gpu_count[node]), gpus, milli, cpu_avail, cpu, sc.policy_id, sc.shapes
+        )
+    )
     many = len(sc.cells) > 1 and cell >= 0
     score = gang_score(sc, (node,), (mask,), ((cpu,), (mem,), (gpus,), (milli,))) if many else (0, 0)
     return Placement(cell, (t,), (node,), (mask,), score)

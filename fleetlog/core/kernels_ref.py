@@ -38,6 +38,9 @@ from fleetlog.core.kernels import (
     MEMO_COLUMNS,
     NO_DOMAIN,
     NO_NODE,
+    PUBLISHED_LOGITS,
+    PUBLISHED_MARK,
+    PUBLISHED_MAX_SCORE,
     RUN_COLUMNS,
     RUN_SKIP,
     RUN_SLOT,
@@ -61,6 +64,7 @@ __all__ = [
     "most_free",
     "node_score",
     "pick_gpus",
+    "pick_gpus_scored",
     "place_gang",
     "place_gang_memo",
     "place_run",
@@ -150,6 +154,75 @@ def _uses_fgd(policy: int, shapes: I64) -> bool:
     return policy == FGD and shapes.shape[0] > 0 and int(shapes[:, 3].sum()) > 0
 
 
+# ---------------------------------------------------------------- the published FGD rule (ATC'23)
+
+
+def _is_published(shapes: I64) -> bool:
+    return shapes.shape[0] > 0 and int(shapes[0, 0]) == PUBLISHED_MARK
+
+
+def _typical_frag(frees: list[int], cpu_avail: int, gpus: int, milli: int, cpu: int) -> int:
+    """A typical pod's fragment (utils/frag.go): the free milli of the GPUs it cannot use when
+    it fits (cpu, and ``gpus`` GPUs with ``milli`` free), else all free milli; a CPU-only pod's
+    is all free milli (its categories XL and XR both count)."""
+    fits_here = milli > 0 and gpus > 0 and cpu <= cpu_avail and sum(f >= milli for f in frees) >= gpus
+    return sum(f for f in frees if f < milli) if fits_here else sum(frees)
+
+
+def _typical_f(frees: list[int], cpu_avail: int, shapes: I64) -> int:
+    """F of the node: sum over the typical pods (the rows after the marker) of weight * fragment."""
+    rows = shapes.tolist()[1:]
+    return sum(w * _typical_frag(frees, cpu_avail, g, m, c) for g, m, c, w in rows if w != 0)
+
+
+def _sigmoid_score(increase: int, weights: int) -> int:
+    """The plugin's int64(100 * sigmoid((F before - F after) / 1000)), F in shares of the typical
+    pods: the most s with increase <= 1000 * weights * ln((100 - s) / s) (see ``PUBLISHED_LOGITS``)."""
+    scale = 1000.0 * weights
+    passed = [s for s in range(1, PUBLISHED_MAX_SCORE) if increase <= scale * PUBLISHED_LOGITS[s - 1]]
+    return max(passed, default=0)
+
+
+def _published(
+    frees: list[int], cpu_avail: int, cpu: int, gpus: int, milli: int, shapes: I64
+) -> tuple[int, int]:
+    """(100 - the published score, GPU mask) of a task that fits: a GPU share on each GPU with
+    room in turn, the first of the best score; any other task on ``_pick``'s GPUs."""
+    weights = int(shapes[:, 3].sum())
+    before = _typical_f(frees, cpu_avail, shapes)
+
+    def score(mask: int) -> int:
+        after = [f - milli if mask >> i & 1 else f for i, f in enumerate(frees)]
+        return _sigmoid_score(_typical_f(after, cpu_avail - cpu, shapes) - before, weights)
+
+    if gpus == 1 and 0 < milli < FULL_GPU:
+        options = [(-score(1 << i), i) for i, f in enumerate(frees) if f >= milli]
+        best, i = min(options)
+        return PUBLISHED_MAX_SCORE + best, 1 << i
+    mask = _pick(frees, gpus, milli)
+    return PUBLISHED_MAX_SCORE - score(mask), mask
+
+
+def _tie_key(node: int, seed: int) -> int:
+    """splitmix64 of the node's index and the tie seed, its top 40 bits."""
+    mask = (1 << 64) - 1
+    x = ((node + 1) * 0x9E3779B97F4A7C15 + seed * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) >> 24
+
+
+def pick_gpus_scored(
+    gpu_free_row: I16, count: int, gpus: int, milli: int, cpu_avail: int, cpu: int, policy: int, shapes: I64
+) -> np.uint64:
+    """``pick_gpus``, but under the published FGD rule a GPU share goes where ``_published`` says."""
+    frees = _frees(gpu_free_row, count)
+    share = int(gpus) == 1 and 0 < int(milli) < FULL_GPU and any(f >= int(milli) for f in frees)
+    if share and _uses_fgd(policy, shapes) and _is_published(shapes):
+        return np.uint64(_published(frees, int(cpu_avail), int(cpu), 1, int(milli), shapes)[1])
+    return pick_gpus(gpu_free_row, count, gpus, milli)
+
+
 # ---------------------------------------------------------------- one node, one task
 
 
@@ -202,6 +275,9 @@ def node_score(
     secondary = _best_fit(before, cpu_avail - cpu, gpus, milli)
     if not _uses_fgd(policy, shapes):
         return 0, secondary
+    if _is_published(shapes):
+        primary = _published(before, cpu_avail, cpu, gpus, milli, shapes)[0]
+        return primary, _tie_key(int(n), int(shapes[0, 2]))
     mask = _pick(before, gpus, milli)
     after = [free - milli if mask >> i & 1 else free for i, free in enumerate(before)]
     increase = _node_frag(after, cpu_avail - cpu, shapes) - _node_frag(before, cpu_avail, shapes)
@@ -288,7 +364,8 @@ def floor_table(shapes: I64) -> I64:
     if weights > 0:
         table[FLOOR_MEAN_CPU] = sum(w * c for _, _, c, w in gpu_shapes) // weights
         table[FLOOR_MEAN_MILLI] = sum(w * g * m for g, m, _, w in gpu_shapes) // weights
-    table[FLOOR_SOUND] = int(all(w >= 0 for *_, w in gpu_shapes))
+    published = any(g == PUBLISHED_MARK for g, *_ in shapes.tolist())  # (no floor under its score)
+    table[FLOOR_SOUND] = int(all(w >= 0 for *_, w in gpu_shapes) and not published)
     by_cpu = sorted(((c, w) for _, _, c, w in gpu_shapes), key=lambda pair: -pair[0])
     return np.array(table + [x for pair in by_cpu for x in pair], dtype=np.int64)
 
@@ -441,7 +518,8 @@ def place_run(
         n = best_node(cands, *free, cpu, mem, gpus, milli, models_mask, policy, shapes)
         if n == NO_NODE:
             return j
-        mask = pick_gpus(gpu_free[n], int(gpu_count[n]), gpus, milli)
+        cpu_avail = int(cpu_free[n])
+        mask = pick_gpus_scored(gpu_free[n], int(gpu_count[n]), gpus, milli, cpu_avail, cpu, policy, shapes)
         allocate(n, mask, cpu, mem, milli, cpu_free, mem_free, gpu_free, -1)
         gpu_total[n] -= milli * bin(int(mask)).count("1")
         node_version[n] += 1

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
-Scoring = Literal["best-fit", "fgd"]
+from fleetlog.events.model import MAX_TYPICAL_PODS, TypicalPod
+
+Scoring = Literal["best-fit", "fgd", "fgd-published"]
 
 
 class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -15,7 +17,16 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str = "default"
     scoring: Scoring = "fgd"
     """How a node is chosen among those that fit: least free left (best-fit) or least
-    fragmentation added, measured against the recent task-shape distribution (fgd)."""
+    fragmentation added, measured against the recent task-shape distribution (fgd), or the
+    published FGD rule (fgd-published: Weng et al., ATC'23, as the authors' simulator scores,
+    against ``typical_pods``; see docs/scheduling.md)."""
+    typical_pods: tuple[tuple[int, int, int, int], ...] = ()
+    """fgd-published: the workload's typical pods, (gpus, milli, cpu, count) rows
+    (:func:`fleetlog.core.typical.typical_pods`), fixed for the run; empty: the recent window's
+    shape mix cut at the same popularity threshold."""
+    tie_seed: Annotated[int, msgspec.Meta(ge=0, lt=1 << 62)] = 0
+    """fgd-published: equal scores go to the node of the least pseudo-random key drawn from its
+    index and this seed (the scheduler framework draws one at random); replayable."""
     preemption: bool = True
     """A higher priority may preempt lower ones."""
     reclaim: bool = True
@@ -35,7 +46,7 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 POLICIES: Final = {
     "default": Policy(),
-    "fgd": Policy(name="fgd", scoring="fgd"),
+    "fgd": Policy(name="fgd", scoring="fgd-published"),
     "best-fit": Policy(name="best-fit", scoring="best-fit"),
 }
 
@@ -69,6 +80,26 @@ def policy_named(spec: str, **overrides: object) -> Policy:
         return msgspec.convert(raw, Policy)
     except msgspec.ValidationError as exc:
         raise UnknownPolicyError(f"policy {spec!r}: {exc}") from None
+
+
+def batch_policy(name: str, typical_pods: tuple[tuple[int, int, int, int], ...] = ()) -> Policy:
+    """The policy a decision batch records: its name (a spec) and its typical pods, which the
+    name leaves out (``DecisionBatch.typical_pods``)."""
+    policy = policy_named(name)
+    return with_typical_pods(policy, typical_pods) if typical_pods else policy
+
+
+def with_typical_pods(policy: Policy, typical_pods: tuple[tuple[int, int, int, int], ...]) -> Policy:
+    """``policy`` scoring against ``typical_pods``, under the same name (decision batches carry
+    the typical pods beside the name, so they must be what a batch may hold: else
+    :class:`UnknownPolicyError`)."""
+    try:
+        rows = msgspec.convert(list(typical_pods), tuple[TypicalPod, ...])
+    except msgspec.ValidationError as exc:
+        raise UnknownPolicyError(f"typical pods: {exc}") from None
+    if len(rows) > MAX_TYPICAL_PODS:
+        raise UnknownPolicyError(f"typical pods: {len(rows)}, more than {MAX_TYPICAL_PODS}")
+    return msgspec.structs.replace(policy, typical_pods=rows)
 
 
 def _text(value: object) -> str:

@@ -22,6 +22,7 @@ from fleetlog.core.memo import MAX_MEMOS, MEMO_ROWS, MemoCache, Memos, Shape
 from fleetlog.core.never_fits import Fleet, fleet_of
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import NO_LIMIT, JobState, NodeStatus, State
+from fleetlog.core.typical import typical_pods
 from fleetlog.events.model import Decision
 
 
@@ -62,8 +63,8 @@ class Scratch:
         self.gpu_total = kernels.row_totals(self.gpu_free)
         self.gpu_count, self.model = c["gpu_count"][:n], c["model"][:n]
         self.usage = {k: list(v) for k, v in state.usage.items()}
-        self.policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
-        self.shapes = shape_matrix(state)
+        self.policy_id = policy_kernel(policy)
+        self.shapes = policy_shapes(state, policy)
         up = c["status"][:n] == int(NodeStatus.UP)
         cells = c["cell"][:n]
         up_cells = cells[up]
@@ -210,6 +211,22 @@ def shape_matrix(state: State) -> Array:
     """The shape mix FGD scores against as rows (gpus, milli, mean cpu, count), most common
     first (taken from the recent task shapes by fold: :func:`fleetlog.core.fold.take_shape_mix`)."""
     return np.array(state.shape_mix, dtype=np.int64).reshape(len(state.shape_mix), 4)
+
+
+def policy_kernel(policy: Policy) -> int:
+    """The kernels' policy id of a policy's scoring (both FGD rules are ``kernels.FGD``)."""
+    return kernels.BEST_FIT if policy.scoring == "best-fit" else kernels.FGD
+
+
+def policy_shapes(state: State, policy: Policy) -> Array:
+    """The shape matrix a policy scores with: the window's mix (:func:`shape_matrix`), or for
+    the published FGD rule its marker row then the typical pods (the policy's, else the
+    window's mix cut as the published rule cuts a workload)."""
+    if policy.scoring != "fgd-published":
+        return shape_matrix(state)
+    rows = policy.typical_pods or typical_pods(state.shape_mix)
+    marker = ((kernels.PUBLISHED_MARK, 0, policy.tie_seed, 0),)  # (its cpu column: the tie seed)
+    return np.array(marker + tuple(rows), dtype=np.int64).reshape(len(rows) + 1, 4)
 
 
 def job_name(state: State, job: int) -> str:

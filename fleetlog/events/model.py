@@ -485,6 +485,17 @@ MAX_DECISION_PARTS: Final = 1 << 16
 """The most records one step's decisions may be split over (64 Ki x 3.5 MiB: far past any step)."""
 
 
+MAX_TYPICAL_PODS: Final = 4096
+"""The most typical pods a decision batch records."""
+TypicalPod = tuple[
+    Annotated[int, Meta(ge=0, le=64)],
+    Annotated[int, Meta(ge=0, le=1000)],
+    Annotated[int, Meta(ge=0)],
+    Annotated[int, Meta(ge=1)],
+]
+"""(GPUs, milli per GPU, CPU milli, count) of one typical pod (``fleetlog.core.typical``)."""
+
+
 class DecisionBatch(_Event, frozen=True):
     """The decisions computed after folding the inputs log up to (excluding) offset ``as_of``.
 
@@ -504,6 +515,10 @@ class DecisionBatch(_Event, frozen=True):
     policy: Annotated[str, Meta(max_length=253)] = ""
     part: Annotated[int, Meta(ge=0, lt=MAX_DECISION_PARTS)] = 0
     parts: Annotated[int, Meta(ge=1, le=MAX_DECISION_PARTS)] = 1
+    typical_pods: Annotated[tuple[TypicalPod, ...], Meta(max_length=MAX_TYPICAL_PODS)] = ()
+    """The policy's typical pods (``Policy.typical_pods``: the published FGD rule's shape mix,
+    fixed for a run and too long for the name), so that replay rebuilds the policy exactly;
+    empty (left out) for every other policy."""
 
     def __post_init__(self) -> None:
         if self.part >= self.parts:

@@ -16,8 +16,8 @@ import numpy as np
 
 from fleetlog.core import kernels
 from fleetlog.core.fold import fold_decision
-from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.scratch import shape_matrix
+from fleetlog.core.policy import Policy, UnknownPolicyError, batch_policy
+from fleetlog.core.scratch import policy_kernel, policy_shapes
 from fleetlog.core.state import NodeStatus, State
 from fleetlog.events.model import (
     INPUT_TYPES,
@@ -220,10 +220,18 @@ async def why_placed(source: Source, offset: int, batch: DecisionBatch, index: i
     for decision in batch.decisions[:index]:
         fold_decision(state, decision)
     try:
-        policy = policy_named(batch.policy)
+        policy = batch_policy(batch.policy, batch.typical_pods)
     except UnknownPolicyError as exc:
         return {"error": str(exc)}
     return rank_nodes(state, policy, placed)
+
+
+RULES = {
+    "fgd": "primary = fragmentation added (FGD)",
+    "fgd-published": "primary = 100 - the published FGD score (ATC'23: 100 * sigmoid of the fragmentation "
+    "removed, in GPUs, over the typical pods), secondary = the node's seeded tie key",
+    "best-fit": "secondary = resources left (best fit)",
+}
 
 
 def rank_nodes(state: State, policy: Policy, placed: JobPlaced) -> dict[str, Any]:
@@ -236,8 +244,7 @@ def rank_nodes(state: State, policy: Policy, placed: JobPlaced) -> dict[str, Any
     cell = state.names["cell"].get(placed.cell)
     task = (int(tc["cpu"][t]), int(tc["mem"][t]), int(tc["gpus"][t]), int(tc["milli"][t]), tc["models"][t])
     free = (nc["cpu_free"][:n], nc["mem_free"][:n], nc["gpu_free"][:n], nc["gpu_count"][:n], nc["model"][:n])
-    policy_id = kernels.FGD if policy.scoring == "fgd" else kernels.BEST_FIT
-    shapes = shape_matrix(state)
+    policy_id, shapes = policy_kernel(policy), policy_shapes(state, policy)
     up = np.flatnonzero((nc["status"][:n] == NodeStatus.UP) & (nc["cell"][:n] == cell)).tolist()
     scored = []
     for node in up:
@@ -253,12 +260,7 @@ def rank_nodes(state: State, policy: Policy, placed: JobPlaced) -> dict[str, Any
     return {
         "policy": policy.name,
         "scoring": policy.scoring,
-        "rule": "lowest (primary, secondary) score wins, then the lowest node row; "
-        + (
-            "primary = fragmentation added (FGD)"
-            if policy_id == kernels.FGD
-            else "secondary = resources left (best fit)"
-        ),
+        "rule": "lowest (primary, secondary) score wins, then the lowest node row; " + RULES[policy.scoring],
         "node": chosen,
         "rank": rank,
         "feasible_nodes": len(ranked),

@@ -16,7 +16,7 @@ import msgspec
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.fold_batch import fold_fast
-from fleetlog.core.policy import UnknownPolicyError, policy_named
+from fleetlog.core.policy import UnknownPolicyError, batch_policy
 from fleetlog.core.state import State
 from fleetlog.events.model import Decision, DecisionBatch
 from fleetlog.log.base import LogStore
@@ -141,7 +141,7 @@ def _compare(state: State, batch: DecisionBatch, record_offset: int) -> Divergen
     if mine != batch.digest:
         return Divergence(record_offset, batch.as_of, "state digest", batch.digest, mine, batch.policy)
     try:
-        policy = policy_named(batch.policy)
+        policy = batch_policy(batch.policy, batch.typical_pods)
     except UnknownPolicyError as exc:
         raise ReplayError(f"decisions@{record_offset} names a policy this build lacks: {exc}") from None
     replayed = tuple(decide(state, policy))

@@ -167,7 +167,8 @@ class _Run:
             self.first = {"decisions_offset": offset, "as_of": recorded.as_of, "time_ms": self.state.now_ms}
         if self.first is not None:
             self._mark_moved(recorded.decisions, mine)
-        batch = DecisionBatch(as_of=recorded.as_of, digest="", decisions=mine, policy=self.policy.name)
+        batch = DecisionBatch(as_of=recorded.as_of, digest="", decisions=mine, policy=self.policy.name,
+                              typical_pods=self.policy.typical_pods)
         fold_fast(self.state, batch, self.state.now_ms)
         for d in mine:
             if isinstance(d, JobPlaced):

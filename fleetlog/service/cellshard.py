@@ -159,7 +159,7 @@ class CellShardLoop(SchedulerLoop):
     def batch(self, decisions: list[Decision]) -> DecisionBatch:
         """The step's record, at the inputs offset and state digest it was decided at."""
         return DecisionBatch(as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions),
-                             policy=self.policy.name)
+                             policy=self.policy.name, typical_pods=self.policy.typical_pods)
 
     def outputs(self, memoised: bool = True) -> list[ShardOutput]:
         """What this step writes to the global partition: the summaries due (by cell), then the

@@ -175,7 +175,8 @@ class SchedulerLoop:
             work = time.perf_counter() - started
             return StepResult(len(polled.events), polled.dead_lettered, 0, self.offset, oldest, work_s=work)
         batch = DecisionBatch(
-            as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions), policy=self.policy.name
+            as_of=self.offset, digest=digest(self.state), decisions=tuple(decisions), policy=self.policy.name,
+            typical_pods=self.policy.typical_pods,
         )
         messages = self.batch_messages(batch)
         first = await self.store.append_transactional(

@@ -119,7 +119,8 @@ class CellShard:
         decisions = decide(state, self.config.policy)
         if decisions:
             batch = DecisionBatch(as_of=state.offset, digest=digest(state), decisions=tuple(decisions),
-                                  policy=self.config.policy.name)
+                                  policy=self.config.policy.name,
+                                  typical_pods=self.config.policy.typical_pods)
             self.transcript.update(_ENCODER.encode(batch))
             fold_fast(state, batch, state.now_ms)
             if self.config.check:

@@ -29,7 +29,7 @@ from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold
 from fleetlog.core.invariants import check
 from fleetlog.core.memo import Memos
-from fleetlog.core.policy import Policy
+from fleetlog.core.policy import Policy, policy_named, with_typical_pods
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import DecisionBatch, Event, TaskFinished
 from fleetlog.events.model import (
@@ -203,6 +203,10 @@ POLICIES = {
     "default-fail-unplaced": Policy(fail_unplaced=True),
     "best-fit": Policy(name="best-fit", scoring="best-fit"),
     "no-preemption": Policy(preemption=False, reclaim=False, reserve=False),
+    "fgd": policy_named("fgd"),  # the published rule, on the window's mix cut at 95%
+    "fgd-typical": with_typical_pods(  # the published rule on typical pods given for the run
+        policy_named("fgd", fail_unplaced=True), ((1, 1000, 2000, 5), (1, 500, 1000, 3), (0, 0, 1000, 2))
+    ),
 }
 
 

@@ -13,6 +13,11 @@ A task is (cpu, mem, gpus, milli, models): ``milli`` is the per-GPU share (1000 
 below 1000 only with ``gpus == 1``); ``models`` is a uint64 bitmask of allowed GPU models, 0 = any,
 checked for every task (so that decide may pass node kinds in their place: ``fitting.node_kinds``).
 ``shapes`` is int64[K, 4] of rows (gpus, milli, cpu, weight): the recent task-shape mix used by FGD.
+A first row (PUBLISHED_MARK, 0, 0, 0) selects the published FGD rule instead (Weng et al.,
+ATC'23; ``frag._published_pick``): the other rows are then the typical pods, CPU-only ones
+included, and its cpu column is the tie seed; the primary is 100 - the plugin's integer score,
+the secondary the node's tie key (``frag._tie_key``: pseudo-random, from the node's index and
+the seed, below 2**40), and a GPU share takes the GPU of the best score (``pick_gpus_scored``).
 
 Scores are pairs ``(primary, secondary)`` of int64, lower is better, compared lexicographically
 (then by node index). BEST_FIT: primary 0, secondary the best-fit score below. FGD: primary the
@@ -88,6 +93,9 @@ from fleetlog.core.kernels.base import (
     NO_DOMAIN,
     NO_FLOOR,
     NO_NODE,
+    PUBLISHED_LOGITS,
+    PUBLISHED_MARK,
+    PUBLISHED_MAX_SCORE,
     SHAPE_CPU,
     SHAPE_GPUS,
     SHAPE_MILLI,
@@ -164,6 +172,7 @@ from fleetlog.core.kernels.node import (
     best_node,
     fits,
     node_score,
+    pick_gpus_scored,
     preferred_node,
 )
 from fleetlog.core.kernels.spread import (
@@ -217,6 +226,9 @@ __all__ = [
     "NO_FLOOR",
     "NO_FLOOR_VALUE",
     "NO_NODE",
+    "PUBLISHED_LOGITS",
+    "PUBLISHED_MARK",
+    "PUBLISHED_MAX_SCORE",
     "RANK_COLUMNS",
     "RANK_FLAG",
     "RANK_LOCAL",
@@ -257,6 +269,7 @@ __all__ = [
     "most_free",
     "node_score",
     "pick_gpus",
+    "pick_gpus_scored",
     "place_gang",
     "place_gang_memo",
     "place_run",

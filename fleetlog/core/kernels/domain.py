@@ -86,6 +86,7 @@ def _eval_local(
         task,
         use_fgd,
         shapes,
+        n,
     )
 
 
@@ -168,6 +169,7 @@ def _scan_top(
                 task,
                 use_fgd,
                 shapes,
+                n,
             )
         last = size - 1
         if ok and (

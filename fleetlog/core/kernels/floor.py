@@ -11,6 +11,7 @@ from fleetlog.core.kernels.base import (
     I16,
     I64,
     MAX_GPUS,
+    PUBLISHED_MARK,
     SHAPE_CPU,
     SHAPE_GPUS,
     SHAPE_MILLI,
@@ -59,6 +60,8 @@ def _floor_table(shapes: I64) -> I64:
     for k in range(n_shapes):
         gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
         cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
+        if gpus == PUBLISHED_MARK:  # the published rule's score: no floor known under it
+            table[FLOOR_SOUND] = 0
         if weight == 0 or gpus <= 0:
             continue
         if weight < 0:

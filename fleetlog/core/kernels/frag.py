@@ -12,6 +12,9 @@ from fleetlog.core.kernels.base import (
     I16,
     I32,
     I64,
+    PUBLISHED_LOGITS,
+    PUBLISHED_MARK,
+    PUBLISHED_MAX_SCORE,
     SHAPE_CPU,
     SHAPE_GPUS,
     SHAPE_MILLI,
@@ -19,7 +22,7 @@ from fleetlog.core.kernels.base import (
     _hot,
     _jit,
 )
-from fleetlog.core.kernels.gpus import _has_bit
+from fleetlog.core.kernels.gpus import _bit, _has_bit, _take
 
 # ---------------------------------------------------------------- fragmentation (FGD)
 
@@ -205,6 +208,117 @@ def _frag_increase(
         before = _starved(total_b, cpu_before, mean_cpu, mean_milli)
         increase += weights * (_starved(total_a, cpu_after, mean_cpu, mean_milli) - before)
     return increase
+
+
+# ---------------------------------------------------------------- the published FGD rule (ATC'23)
+
+
+@_hot
+def _is_published(shapes: I64) -> bool:
+    """The shape matrix selects the published rule (its first row is the marker)."""
+    return shapes.shape[0] > 0 and int(shapes[0, SHAPE_GPUS]) == PUBLISHED_MARK
+
+
+@_hot
+def _published_frag(
+    row: I16, count: int, mask: np.uint64, taken: int, cpu_avail: int, gpus: int, milli: int, cpu: int
+) -> int:
+    """One typical pod's fragment of the node once ``taken`` milli leave the GPUs in ``mask``:
+    the free milli of the GPUs with less than ``milli`` free when the pod fits (its cpu free, and
+    ``gpus`` GPUs with ``milli`` free), else every free milli (a CPU-only pod: always)."""
+    total, usable, stranded = 0, 0, 0
+    for i in range(count):
+        free = int(row[i])
+        if _has_bit(mask, i):
+            free -= taken
+        total += free
+        if free >= milli:
+            usable += 1
+        else:
+            stranded += free
+    if milli <= 0 or gpus <= 0 or cpu > cpu_avail or usable < gpus:
+        return total
+    return stranded
+
+
+@_hot
+def _published_increase(
+    row: I16, count: int, mask: np.uint64, taken: int, cpu_before: int, cpu_after: int, shapes: I64
+) -> int:
+    """sum_k weight_k * (frag_k after - frag_k before) over the typical pods (every row but the
+    marker): F after - F before, F in weight-milli (the published F times the total weight)."""
+    out = 0
+    for k in range(1, shapes.shape[0]):
+        gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
+        cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
+        if weight == 0:
+            continue
+        after = _published_frag(row, count, mask, taken, cpu_after, gpus, milli, cpu)
+        out += weight * (after - _published_frag(row, count, _ZERO, 0, cpu_before, gpus, milli, cpu))
+    return out
+
+
+TIE_BITS = 40  # a tie key is below 2**40: a gang's sum of 2**16 of them stays far within int64
+
+
+@_hot
+def _tie_key(node: int, shapes: I64) -> int:
+    """The published rule's secondary: a pseudo-random key of the node (splitmix64 of its index
+    and the marker row's seed, ``shapes[0, SHAPE_CPU]``), so equal scores go to a node drawn
+    as if at random, the same one on every replay (the framework draws at random)."""
+    x = np.uint64(node + 1) * np.uint64(0x9E3779B97F4A7C15)
+    x += np.uint64(shapes[0, SHAPE_CPU]) * np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return int(x >> np.uint64(64 - TIE_BITS))
+
+
+@_hot
+def _mix_weight(shapes: I64) -> int:
+    weight = 0
+    for k in range(shapes.shape[0]):
+        weight += int(shapes[k, SHAPE_WEIGHT])
+    return weight
+
+
+@_hot
+def _published_score(increase: int, weights: int) -> int:
+    """int(100 * sigmoid(-increase / (1000 * weights))) without exp: the most s in 1..99 whose
+    bound ``1000 * weights * ln((100 - s) / s)`` is at least the increase (0 when none)."""
+    scale = 1000.0 * weights
+    lo, hi = 0, PUBLISHED_MAX_SCORE - 1  # the answer is in lo..hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if float(increase) <= scale * PUBLISHED_LOGITS[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@_hot
+def _published_pick(
+    row: I16, count: int, cpu_avail: int, cpu: int, gpus: int, milli: int, shapes: I64
+) -> tuple[int, np.uint64]:
+    """(100 - the published score, the GPUs taken) of a task that fits the node: a GPU share
+    goes to the GPU of the highest score (the first such), other tasks take ``_take``'s GPUs."""
+    weights = _mix_weight(shapes)
+    if gpus == 1 and 0 < milli < FULL_GPU:
+        best, best_mask = -1, _ZERO
+        for i in range(count):
+            if int(row[i]) >= milli:
+                mask = _bit(i)
+                increase = _published_increase(row, count, mask, milli, cpu_avail, cpu_avail - cpu, shapes)
+                score = _published_score(increase, weights)
+                if score > best:
+                    best, best_mask = score, mask
+        return PUBLISHED_MAX_SCORE - best, best_mask
+    mask = _take(row, count, gpus, milli)
+    increase = _published_increase(row, count, mask, milli, cpu_avail, cpu_avail - cpu, shapes)
+    return PUBLISHED_MAX_SCORE - _published_score(increase, weights), mask
 
 
 @_jit

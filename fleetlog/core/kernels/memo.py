@@ -8,8 +8,8 @@ import numpy as np
 from fleetlog.core.kernels.base import I16, I32, I64, NO_NODE, NodeArrays, Task, _hot, _jit
 from fleetlog.core.kernels.floor import _fgd_floor, _floor_table
 from fleetlog.core.kernels.frag import _uses_fgd
-from fleetlog.core.kernels.gpus import _has_bit, _take
-from fleetlog.core.kernels.node import _better, _eval_node, _task
+from fleetlog.core.kernels.gpus import _has_bit
+from fleetlog.core.kernels.node import _better, _eval_node, _take_scored, _task
 from fleetlog.core.kernels.summary import _best_summary
 
 # ---------------------------------------------------------------- one node, one task, remembered
@@ -188,9 +188,10 @@ def place_run(
             n = _best_summary(cands, gpu_total, nodes, task)
         if n < 0:
             return j
+        take = (gpus, milli, int(cpu_free[n]), cpu)
+        mask = _take_on(n, take, gpu_free, gpu_count, gpu_total, use_fgd, shapes)
         cpu_free[n] -= cpu
         mem_free[n] -= mem
-        mask = _take_on(n, gpus, milli, gpu_free, gpu_count, gpu_total)
         node_version[n] += 1
         out[j, 0], out[j, 1] = n, np.int64(mask)
         if tree_slot >= 0 and leaf_of[n] >= 0:  # the node's key moved: its leaf again
@@ -202,10 +203,19 @@ def place_run(
 
 
 @_jit
-def _take_on(n: int, gpus: int, milli: int, gpu_free: I16, gpu_count: I32, gpu_total: I64) -> np.uint64:
-    """Take a task of ``gpus`` x ``milli`` (``pick_gpus``'s GPUs) on node ``n``, its CPU and
-    memory left to the caller; the GPU mask."""
-    mask = _take(gpu_free[n], int(gpu_count[n]), gpus, milli)
+def _take_on(
+    n: int,
+    take: tuple[int, int, int, int],
+    gpu_free: I16,
+    gpu_count: I32,
+    gpu_total: I64,
+    use_fgd: bool,
+    shapes: I64,
+) -> np.uint64:
+    """Take a task of ``take`` = (gpus, milli, the node's free cpu, the task's cpu) on node
+    ``n`` (``pick_gpus_scored``'s GPUs), its CPU and memory left to the caller; the GPU mask."""
+    gpus, milli, cpu_avail, cpu = take
+    mask = _take_scored(gpu_free[n], int(gpu_count[n]), gpus, milli, cpu_avail, cpu, use_fgd, shapes)
     for i in range(int(gpu_count[n])):
         if _has_bit(mask, i):
             gpu_free[n, i] -= milli

@@ -21,7 +21,7 @@ from fleetlog.core.kernels.base import (
     _hot,
     _jit,
 )
-from fleetlog.core.kernels.frag import _frag_increase, _uses_fgd
+from fleetlog.core.kernels.frag import _frag_increase, _is_published, _published_pick, _tie_key, _uses_fgd
 from fleetlog.core.kernels.gpus import _model_ok, _take
 
 # ---------------------------------------------------------------- one node, one task
@@ -52,17 +52,29 @@ def _best_fit(count: int, total: int, cpu_left: int, gpus: int, milli: int) -> i
 
 @_jit
 def _fgd_increase(row: I16, count: int, cpu_avail: int, task: Task, shapes: I64) -> int:
-    """F(after) - F(before) of placing the (fitting) task on the node."""
+    """F(after) - F(before) of placing the (fitting) task on the node (under the published
+    rule: 100 - its score, ``_published_pick``)."""
     cpu, _, gpus, milli, _ = task
+    if _is_published(shapes):
+        return _published_pick(row, count, cpu_avail, cpu, gpus, milli, shapes)[0]
     mask = _take(row, count, gpus, milli)
     return _frag_increase(row, count, mask, milli, cpu_avail, cpu_avail - cpu, shapes)
 
 
 @_hot
 def _eval(
-    cpu_avail: int, mem_avail: int, row: I16, count: int, model: int, task: Task, use_fgd: bool, shapes: I64
+    cpu_avail: int,
+    mem_avail: int,
+    row: I16,
+    count: int,
+    model: int,
+    task: Task,
+    use_fgd: bool,
+    shapes: I64,
+    node: int,
 ) -> Eval:
-    """(fits, primary, secondary) of one task on one node state."""
+    """(fits, primary, secondary) of one task on one node state (``node``: the node's index,
+    which only the published rule's tie key reads)."""
     cpu, mem, gpus, milli, models = task
     if cpu_avail < cpu or mem_avail < mem or not _model_ok(models, model):
         return False, 0, 0
@@ -72,6 +84,8 @@ def _eval(
     secondary = _best_fit(count, total, cpu_avail - cpu, gpus, milli)
     if not use_fgd:
         return True, 0, secondary
+    if _is_published(shapes):  # (equal scores: the node's tie key, no best-fit tie-break)
+        return True, _fgd_increase(row, count, cpu_avail, task, shapes), _tie_key(node, shapes)
     return True, _fgd_increase(row, count, cpu_avail, task, shapes), secondary
 
 
@@ -97,6 +111,7 @@ def _eval_node(
         task,
         use_fgd,
         shapes,
+        n,
     )
 
 
@@ -145,6 +160,8 @@ def node_score(
     secondary = _best_fit(count, total, cpu_avail - task[0], task[2], task[3])
     if not _uses_fgd(policy, shapes):
         return 0, secondary
+    if _is_published(shapes):
+        return _fgd_increase(row, count, cpu_avail, task, shapes), _tie_key(int(n), shapes)
     return _fgd_increase(row, count, cpu_avail, task, shapes), secondary
 
 
@@ -238,3 +255,25 @@ def preferred_node(
         if ok and p == want_p and s == want_s:
             best, best_w = n, w
     return best
+
+
+@_hot
+def _take_scored(
+    row: I16, count: int, gpus: int, milli: int, cpu_avail: int, cpu: int, use_fgd: bool, shapes: I64
+) -> np.uint64:
+    """``_take``'s GPUs, except under the published FGD rule (``use_fgd`` and its shape matrix),
+    where a GPU share goes to the GPU of the highest score, the first such (``_published_pick``)."""
+    if use_fgd and _is_published(shapes) and gpus == 1 and 0 < milli < FULL_GPU:
+        return _published_pick(row, count, cpu_avail, cpu, gpus, milli, shapes)[1]
+    return _take(row, count, gpus, milli)
+
+
+@_jit
+def pick_gpus_scored(
+    gpu_free_row: I16, count: int, gpus: int, milli: int, cpu_avail: int, cpu: int, policy: int, shapes: I64
+) -> np.uint64:
+    """The GPUs a task takes on a node (0: it does not fit) as the policy scores them:
+    ``pick_gpus``'s, except under the published FGD rule (``_take_scored``)."""
+    use_fgd = _uses_fgd(policy, shapes)
+    row, count, gpus, milli = gpu_free_row, int(count), int(gpus), int(milli)
+    return _take_scored(row, count, gpus, milli, int(cpu_avail), int(cpu), use_fgd, shapes)
