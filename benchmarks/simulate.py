@@ -45,7 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_smoke, emit, machine
-from benchmarks.variants import Spec, SpecError, generate, measures, parse_spec, read_pods
+from benchmarks.variants import (
+    GENERATED,
+    Spec,
+    SpecError,
+    generate,
+    group_of,
+    measures,
+    parse_spec,
+    read_pods,
+)
 from fleetlog.core.policy import policy_named, with_typical_pods
 from fleetlog.core.typical import typical_pods_of_jobs
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
@@ -110,7 +119,8 @@ def parse() -> argparse.Namespace:
                         help="comma-separated variants (default: all of issue 4; none: no published variant)")
     parser.add_argument("--generated", default="", metavar="SPECS",
                         help="comma-separated generated variants (benchmarks.variants: cpu=150, gpushare=95, "
-                             "cpu=120+gpushare=90), one file a seed, made in a temporary directory")
+                             "cpu=120+gpushare=90; all: issue 23's ten), one file a seed, made in a "
+                             "temporary directory; each row says its half (visible/generated, tuning/check)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies to compare")
     parser.add_argument("--jobs", type=int, default=1, help="processes for the allocation runs")
     parser.add_argument(
@@ -201,7 +211,29 @@ def allocation(
                     row[f"{policy}_minus_published_fgd"] = round(row[policy]["mean"] - fgd, 2)
         if "default" in row and "best-fit" in row:
             row["default_minus_best_fit"] = round(row["default"]["mean"] - row["best-fit"]["mean"], 2)
+        row["group"] = group_of(variant)
         out[variant] = row
+    return out
+
+
+def groups(rows: dict[str, Any]) -> dict[str, Any]:
+    """Issue 23's targets per half (``benchmarks.variants.group_of``): each group's variants,
+    default's lead over best-fit (least and mean) and, where published, over the published FGD
+    (least, and on how many variants it is >= 0)."""
+    out: dict[str, Any] = {}
+    for name in sorted({row["group"] for row in rows.values()}):
+        members = {v: row for v, row in rows.items() if row["group"] == name}
+        summary: dict[str, Any] = {"variants": sorted(members)}
+        leads = [row["default_minus_best_fit"] for row in members.values() if "default_minus_best_fit" in row]
+        if leads:
+            summary["default_minus_best_fit_min"] = min(leads)
+            summary["default_minus_best_fit_mean"] = round(statistics.fmean(leads), 2)
+        over = [row["default_minus_published_fgd"] for row in members.values()
+                if "default_minus_published_fgd" in row]
+        if over:
+            summary["default_minus_published_fgd_min"] = min(over)
+            summary["default_at_or_over_published_fgd"] = f"{sum(x >= 0 for x in over)}/{len(over)}"
+        out[name] = summary
     return out
 
 
@@ -406,7 +438,8 @@ def main() -> None:
     variants = args.variants.split(",") if args.variants else list(QUICK_VARIANTS if small else PUBLISHED)
     variants = [] if variants == ["none"] else variants
     try:
-        generated = [parse_spec(text) for text in args.generated.split(",") if text]
+        specs = GENERATED if args.generated == "all" else args.generated.split(",")
+        generated = [parse_spec(text) for text in specs if text]
     except SpecError as exc:
         raise SystemExit(f"--generated: {exc}") from None
     extra = SMOKE_RATIO if args.smoke else ""
@@ -427,6 +460,7 @@ def main() -> None:
             made, rows = generated_allocation(traces, generated, policies, seeds, args.batch, args.jobs,
                                               extra)
             result["generated"], result["allocation"] = made, result["allocation"] | rows
+        result["groups"] = groups(result["allocation"])
         result["published_others_on_default"] = PUBLISHED_OTHERS
     if args.only in (None, "throughput"):
         repeats = args.repeats or (2 if small else 5)  # (smoke: 2 runs, so the per-run keys appear)

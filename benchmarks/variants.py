@@ -57,6 +57,18 @@ def halves() -> dict[str, tuple[str, ...]]:
     return {"tuning": (*sorted(visible[:7]), *generated[:5]), "check": (*sorted(visible[7:]), *generated[5:])}
 
 
+def group_of(variant: str) -> str:
+    """Which half a variant's row is reported in: ``visible-tuning``, ``visible-check``,
+    ``generated-tuning``, ``generated-check`` (:func:`halves`), or ``other`` (a variant of
+    neither list: an ad-hoc spec, or a trace without published figures)."""
+    for half, names in halves().items():
+        for name in names:
+            generated = "=" in name
+            if (parse_spec(name).name if generated else name) == variant:
+                return f"{'generated' if generated else 'visible'}-{half}"
+    return "other"
+
+
 class SpecError(ValueError):
     """A variant spec that names no axis, an unknown one, or a value out of its range."""
 

@@ -334,6 +334,10 @@ def test_simulate_on_generated_variants() -> None:
         assert math.isfinite(row["default_minus_best_fit"])
         assert r["generated"][name]["cpu_pct"] >= 60
     assert r["generated"]["gen-cpu060-gpushare095"]["gpushare_pct"] >= 95
+    assert r["allocation"]["gen-cpu150"]["group"] == "generated-tuning"  # (benchmarks.variants.halves)
+    assert r["allocation"]["gen-cpu060-gpushare095"]["group"] == "other"
+    assert r["groups"]["generated-tuning"]["variants"] == ["gen-cpu150"]
+    assert math.isfinite(r["groups"]["other"]["default_minus_best_fit_min"])
 
 
 def test_stranded() -> None:

@@ -17,6 +17,7 @@ from benchmarks.variants import (
     Spec,
     SpecError,
     generate,
+    group_of,
     halves,
     measures,
     parse_spec,
@@ -103,3 +104,13 @@ def test_the_hold_out_split_is_fixed_and_covers_every_variant_once() -> None:
     both = split["tuning"] + split["check"]
     assert sorted(both) == sorted(VISIBLE + GENERATED)
     assert all(parse_spec(s) for s in GENERATED)
+
+
+def test_each_variant_is_reported_in_its_half() -> None:
+    """``group_of``: the halves of ``halves()``, by the names the simulator's rows carry."""
+    split = halves()
+    for half, names in split.items():
+        for name in names:
+            row = parse_spec(name).name if "=" in name else name
+            assert group_of(row) == f"{'generated' if '=' in name else 'visible'}-{half}"
+    assert group_of("cpu300") == group_of("gen-cpu999") == "other"
