@@ -44,15 +44,14 @@ from fleetlog.core.state import (
 from fleetlog.events.model import CellSummary, JobReturned, PolicySet
 from fleetlog.events.spec import Requirement
 
-SNAPSHOT_FORMAT: Final = 6
+SNAPSHOT_FORMAT: Final = 5
 """2 since the digest became fold-kept entry sums and four-lane column hashes (2026-11-30), 3
 since the state holds the shape mix fold takes at intervals (2026-11-30), 4 since jobs retire
 (2026-12-03: the ``ended_at_ms`` column, the retired ids and counters, the retirement settings
 in the config), 5 since placement constraints (2026-12-03: the tasks' ``cls`` column, the
 constraint classes, the nodes' labels, taints and cordons; a class's soft affinity terms and a
-job's spread, in the same development round), 6 since the shape mix is keyed by CPU as well
-(2026-12-06: ``state.shape_key``; an older snapshot's mix was taken by the older rule): an
-older snapshot carries a digest of an older definition."""
+job's spread, in the same development round): an older snapshot carries a digest of an older
+definition."""
 _TABLES: Final = ("nodes", "jobs", "tasks")
 
 

@@ -55,7 +55,6 @@ from fleetlog.core.state import (
     Requeue,
     State,
     TaskState,
-    shape_key,
 )
 from fleetlog.events.model import (
     DecisionBatch,
@@ -483,13 +482,9 @@ def intern_class(state: State, key: ClassKey) -> int:
 def take_shape_mix(state: State) -> None:
     """Take the shape mix from the window now, and when to take it next: at every doubling
     of the tasks seen until the window is full, then every ``shape_mix_every`` tasks."""
-    live = sorted(
-        ((key, n, cpu) for key, (n, cpu) in state.shape_stats.items() if n > 0),
-        key=lambda entry: (-entry[1], entry[0]),
-    )
-    gpu = [entry for entry in live if entry[0][0] > 0][:MAX_GPU_SHAPES]
-    top = gpu + [entry for entry in live if entry[0][0] <= 0][:MAX_CPU_SHAPES]
-    state.shape_mix = tuple((g, m, cpu // n, n) for (g, m, _), n, cpu in top)
+    live = [(key, n, cpu) for key, (n, cpu) in state.shape_stats.items() if n > 0]
+    top = sorted(live, key=lambda entry: (-entry[1], entry[0]))[:MAX_SHAPES]
+    state.shape_mix = tuple((g, m, cpu // n, n) for (g, m), n, cpu in top)
     seen, config = state.shapes_seen, state.config
     if seen < config.shape_window:
         state.mix_due = min(2 * seen, config.shape_window)
@@ -497,26 +492,20 @@ def take_shape_mix(state: State) -> None:
         state.mix_due = seen + max(1, config.shape_mix_every)
 
 
-MAX_GPU_SHAPES: Final = 12
-"""GPU rows of the shape mix: the most common ``shape_key``s with GPUs of the window (chosen on
-issue 23's tuning half: 12 did as well as 16, 24 or 32, and the kernels' work per node is a
-row each; benchmarks/README.md)."""
-MAX_CPU_SHAPES: Final = 4
-"""CPU-only rows after them (the FGD score gives them no weight; the published rule's typical
-pods, taken from the mix when a policy names none, count them)."""
+MAX_SHAPES: Final = 32  # rows of the shape mix: the most common (gpus, milli) of the window
 
 
 def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> None:
     """Keep the last ``shape_window`` task shapes: the distribution the FGD score measures against."""
     window, change = state.config.shape_window, 0
     ring, stats, at = state.recent_shapes, state.shape_stats, state.recent_next
-    key, cpu = shape_key(shape), shape[2]
+    key, cpu = (shape[0], shape[1]), shape[2]
     for _ in range(min(count, window)):
         if len(ring) < window:
             ring.append(shape)
         else:
             old = ring[at]
-            gone = stats[shape_key(old)]
+            gone = stats[old[0], old[1]]
             gone[0] -= 1
             gone[1] -= old[2]
             change -= window_entry_hash(at, old)
@@ -539,7 +528,7 @@ def window_entry_hash(at: int, shape: tuple[int, int, int]) -> int:
 
 
 def count_shape(state: State, shape: tuple[int, int, int], sign: int) -> None:
-    stats = state.shape_stats.setdefault(shape_key(shape), [0, 0])
+    stats = state.shape_stats.setdefault((shape[0], shape[1]), [0, 0])
     stats[0] += sign
     stats[1] += sign * shape[2]
 

@@ -137,14 +137,6 @@ class Quota(msgspec.Struct):
     weight_milli: int
 
 
-def shape_key(shape: tuple[int, int, int]) -> tuple[int, int, int]:
-    """The shape mix's key of a task shape (gpus, milli, cpu): its GPUs and milli, and its CPU
-    rounded up to a power of two of cores (1, 2, 4, 8, ... cores; 0 to 1,000 milli is 1). The
-    FGD score tests each row's CPU against a node's free CPU, so a group's mean CPU would hide
-    the CPU-hungry shapes that CPU-poor nodes strand (docs/scheduling.md, "The shape mix")."""
-    return shape[0], shape[1], 1 << max(0, (shape[2] - 1) // 1000).bit_length()
-
-
 def _node_table() -> Table:
     i32, i64 = np.int32, np.int64
     return Table(
@@ -363,8 +355,8 @@ class State:
         self.quotas: dict[tuple[int, int], Quota] = {}  # (tenant id, cell id or -1) -> quota
         self.recent_shapes: list[tuple[int, int, int]] = []  # ring of (gpus, milli, cpu) of submitted tasks
         self.recent_next = 0
-        self.shape_stats: dict[tuple[int, int, int], list[int]] = {}
-        """``shape_key`` -> [count, cpu sum] over ``recent_shapes`` (kept by fold, rebuilt on
+        self.shape_stats: dict[tuple[int, int], list[int]] = {}
+        """(gpus, milli) -> [count, cpu sum] over ``recent_shapes`` (kept by fold, rebuilt on
         restore, not snapshotted; not in ``derived``: fold reads it to take the shape mix)."""
         self.shape_mix: tuple[tuple[int, int, int, int], ...] = ()
         """The shape mix FGD scores against: (gpus, milli, mean cpu, count) rows, most common

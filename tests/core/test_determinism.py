@@ -95,18 +95,18 @@ def test_corrupt_snapshot_is_refused() -> None:
 
 
 def test_a_snapshot_of_the_previous_format_is_refused_by_name() -> None:
-    """Formats 1 to 5 carried digests of older definitions: refused as old, not as corrupt."""
+    """Formats 1 to 4 carried digests of older definitions: refused as old, not as corrupt."""
     import msgspec
     import pytest
 
     from fleetlog.core.digest import SNAPSHOT_FORMAT, SnapshotError
 
     body = msgspec.msgpack.decode(snapshot(scenario().state))
-    assert body["format"] == SNAPSHOT_FORMAT == 6
-    for old in (1, 2, 3, 4, 5):
+    assert body["format"] == SNAPSHOT_FORMAT == 5
+    for old in (1, 2, 3, 4):
         body["format"] = old
         with pytest.raises(
-            SnapshotError, match=f"snapshot format {old} is not 6 \\(taken by an older fleetlog\\)"
+            SnapshotError, match=f"snapshot format {old} is not 5 \\(taken by an older fleetlog\\)"
         ):
             restore(msgspec.msgpack.encode(body))
 
