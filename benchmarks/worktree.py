@@ -56,7 +56,9 @@ def worktrees() -> list[Path]:
 @contextmanager
 def checkout(rev: str) -> Iterator[Path]:
     """A detached worktree of ``rev`` in a fresh temporary directory; removed (``git worktree
-    remove --force``, then ``prune``) however the block ends: error, Ctrl-C or SIGTERM."""
+    remove --force --force``, then ``prune``) however the block ends: error, Ctrl-C or SIGTERM.
+    Twice forced: a Ctrl-C during ``git worktree add`` kills git while its entry is still
+    locked ("initializing"), and git removes (or prunes) a locked worktree only so."""
     commit = resolve(rev)
     parent = Path(tempfile.mkdtemp(prefix=PREFIX))
     tree = parent / commit[:12]
@@ -65,7 +67,7 @@ def checkout(rev: str) -> Iterator[Path]:
         seed_numba_cache(tree)
         yield tree
     finally:
-        remove = ["git", "worktree", "remove", "--force", str(tree)]
+        remove = ["git", "worktree", "remove", "--force", "--force", str(tree)]
         subprocess.run(remove, cwd=REPO, capture_output=True, check=False)
         shutil.rmtree(parent, ignore_errors=True)
         subprocess.run(["git", "worktree", "prune"], cwd=REPO, capture_output=True, check=False)

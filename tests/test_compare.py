@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.compare import Run, better, flatten, order, report, verdict
-from benchmarks.worktree import PREFIX, seed_numba_cache, worktrees
+from benchmarks.worktree import PREFIX, checkout, seed_numba_cache, worktrees
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 580
@@ -150,6 +150,16 @@ def test_ctrl_c_while_running_removes_the_worktrees() -> None:
         assert child.returncode == 130, err[-2000:]
         assert err.strip().splitlines()[-1] == "python -m benchmarks.compare: interrupted (worktrees removed)"
         assert set(left_behind()) <= before, signum
+
+
+def test_a_locked_worktree_is_removed_too() -> None:
+    """A Ctrl-C while ``git worktree add`` runs leaves the entry locked ("initializing"); the
+    checkout is still removed, from git's list and from disk."""
+    before = set(left_behind())
+    with checkout("HEAD") as tree:
+        lock = ["git", "worktree", "lock", "--reason", "initializing", str(tree)]
+        subprocess.run(lock, cwd=REPO, check=True)
+    assert set(left_behind()) <= before
 
 
 def test_the_order_alternates_abba() -> None:
