@@ -56,6 +56,7 @@ from benchmarks.variants import (
     read_pods,
 )
 from fleetlog.core.policy import policy_named, with_typical_pods
+from fleetlog.core.state import CoreConfig
 from fleetlog.core.typical import typical_pods_of_jobs
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.simulation import (
@@ -137,29 +138,33 @@ def typical_pods_of(workload: Workload) -> tuple[tuple[int, int, int, int], ...]
     return typical_pods_of_jobs(job.event for job in workload.jobs)
 
 
-def scheduler(policy: str, workload: Workload | None = None, seed: int = 0) -> SchedulerFactory:
+def scheduler(
+    policy: str, workload: Workload | None = None, seed: int = 0, core: CoreConfig | None = None
+) -> SchedulerFactory:
     """The policy of the inflate protocol (``fail_unplaced``); the published FGD rule gets the
     typical pods of ``workload`` (the whole trace, fixed for the run), as the authors' simulator,
-    and the run's seed for its ties (unless the spec sets ``tie_seed``)."""
+    and the run's seed for its ties (unless the spec sets ``tie_seed``). ``core``: the fold's
+    settings (default: ``CoreConfig()``)."""
     chosen = policy_named(policy, fail_unplaced=True)
     if chosen.scoring == "fgd-published" and "tie_seed=" not in policy:
         chosen = policy_named(policy, fail_unplaced=True, tie_seed=seed)
     if chosen.scoring == "fgd-published" and not chosen.typical_pods and workload is not None:
         chosen = with_typical_pods(chosen, typical_pods_of(workload))
-    return lambda store: SchedulerLoop(store, chosen, LoopConfig())
+    return lambda store: SchedulerLoop(store, chosen, LoopConfig(), core)
 
 
 def inflate_run(
     traces: Path, variant: str, policy: str, seed: int, mode: str, log_dir: Path | None = None,
-    made: Callable[[SchedulerLoop], None] | None = None,
+    made: Callable[[SchedulerLoop], None] | None = None, core: CoreConfig | None = None,
 ) -> RunSummary:
     """One run of ``variant`` (a generated one, ``gen-…``: its file for ``seed``); ``made`` is
-    given the scheduling loop the run makes (to read its state after the run)."""
+    given the scheduling loop the run makes (to read its state after the run); ``core``: the
+    fold's settings."""
     cluster = load_cluster(str(traces / "openb_node_list_gpu_node.csv"))
     name = f"{variant}-s{seed}" if variant.startswith("gen-") else variant  # (generated: one file a seed)
     workload = load_workload(str(traces / f"openb_pod_list_{name}.csv"), cluster, seed)
     config = RunConfig(cluster, workload, parse_mode(mode), seed, policy, log_dir)
-    make = scheduler(policy, workload, seed)
+    make = scheduler(policy, workload, seed, core)
 
     def made_here(store: Any) -> SchedulerLoop:
         loop = make(store)

@@ -23,6 +23,7 @@ from fleetlog.core.arrays import Interner, Table
 from fleetlog.core.constraints import ClassKey, NodeAttrs
 from fleetlog.core.fold import count_shape, rebuild_held
 from fleetlog.core.state import (
+    BEFORE_FIELDS,
     CELL_SHARD_DEFAULTS,
     SUM_CLASSES,
     SUM_DISPATCHES,
@@ -51,7 +52,8 @@ since the state holds the shape mix fold takes at intervals (2026-11-30), 4 sinc
 in the config), 5 since placement constraints (2026-12-03: the tasks' ``cls`` column, the
 constraint classes, the nodes' labels, taints and cordons; a class's soft affinity terms and a
 job's spread, in the same development round): an older snapshot carries a digest of an older
-definition."""
+definition. (The shape mix's view by CPU, 2026-12-06, kept the format: a snapshot without it
+restores with ``CoreConfig.shape_cpu_rows`` 0, see ``BEFORE_FIELDS``.)"""
 _TABLES: Final = ("nodes", "jobs", "tasks")
 
 
@@ -74,7 +76,15 @@ def _small_scalars(state: State, full: bool = True) -> dict[str, Any]:
         "shape_mix_due": [state.shapes_seen, state.mix_due],
         "counters": [state.pending_count, state.duplicates, state.ignored, state.retired_rows],
         "retired_counts": sorted(state.retired_counts.items()),
-    } | _cell_shard(state, full) | _constraints(state, full) | _foreign(state, full) | _drained(state)
+    } | _cell_shard(state, full) | _constraints(state, full) | _foreign(state, full) | _drained(state) | (
+        _cpu_view(state)
+    )
+
+
+def _cpu_view(state: State) -> dict[str, Any]:
+    """The shape mix's view by CPU, once it has a row (a state without one snapshots and digests
+    as before the view existed)."""
+    return {"shape_mix_cpu": [list(row) for row in state.shape_mix_cpu]} if state.shape_mix_cpu else {}
 
 
 def _drained(state: State) -> dict[str, Any]:
@@ -110,7 +120,7 @@ def _config(config: CoreConfig) -> dict[str, Any]:
     """The config, less its cell-shard fields at their defaults (a single shard's digest stays
     what it was before they existed)."""
     raw: dict[str, Any] = msgspec.to_builtins(config)
-    for name, default in CELL_SHARD_DEFAULTS.items():
+    for name, default in (CELL_SHARD_DEFAULTS | BEFORE_FIELDS).items():
         if getattr(config, name) == default:
             del raw[name]
     return raw
@@ -375,7 +385,7 @@ def restore(data: bytes) -> State:
 
 
 def _restore_scalars(s: dict[str, Any]) -> State:
-    state = State(msgspec.convert(s["config"], CoreConfig))
+    state = State(msgspec.convert(BEFORE_FIELDS | s["config"], CoreConfig))
     state.now_ms, state.offset, state.next_sweep_ms = s["now_ms"], s["offset"], s["next_sweep_ms"]
     state.names = {k: Interner.restore(v) for k, v in s["names"].items()}
     state.reason_codes = Interner.restore(s["reason_codes"])
@@ -385,6 +395,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.recent_shapes = [(a, b, c) for a, b, c in s["recent_shapes"]]
     state.recent_next = s["recent_next"]
     state.shape_mix = tuple((a, b, c, d) for a, b, c, d in s["shape_mix"])
+    state.shape_mix_cpu = tuple((a, b, c, d) for a, b, c, d in s.get("shape_mix_cpu", ()))
     state.shapes_seen, state.mix_due = s["shape_mix_due"]
     for shape in state.recent_shapes:
         count_shape(state, shape, 1)

@@ -55,6 +55,7 @@ from fleetlog.core.state import (
     Requeue,
     State,
     TaskState,
+    shape_key,
 )
 from fleetlog.events.model import (
     DecisionBatch,
@@ -481,10 +482,23 @@ def intern_class(state: State, key: ClassKey) -> int:
 
 def take_shape_mix(state: State) -> None:
     """Take the shape mix from the window now, and when to take it next: at every doubling
-    of the tasks seen until the window is full, then every ``shape_mix_every`` tasks."""
-    live = [(key, n, cpu) for key, (n, cpu) in state.shape_stats.items() if n > 0]
-    top = sorted(live, key=lambda entry: (-entry[1], entry[0]))[:MAX_SHAPES]
-    state.shape_mix = tuple((g, m, cpu // n, n) for (g, m), n, cpu in top)
+    of the tasks seen until the window is full, then every ``shape_mix_every`` tasks. Two
+    views of the window: its shapes by (gpus, milli) at their mean CPU (``shape_mix``, as
+    before issue 23) and its GPU shapes by ``shape_key`` (``shape_mix_cpu``)."""
+    by_gpu: dict[tuple[int, int], list[int]] = {}
+    keyed = []
+    for (gpus, milli, bucket), (n, cpu) in state.shape_stats.items():
+        if n > 0:
+            row = by_gpu.setdefault((gpus, milli), [0, 0])
+            row[0] += n
+            row[1] += cpu
+            if gpus > 0:
+                keyed.append(((gpus, milli, bucket), n, cpu))
+    top = sorted(((key, n, cpu) for key, (n, cpu) in by_gpu.items()), key=lambda e: (-e[1], e[0]))
+    state.shape_mix = tuple((g, m, cpu // n, n) for (g, m), n, cpu in top[:MAX_SHAPES])
+    keyed.sort(key=lambda e: (-e[1], e[0]))
+    rows = keyed[: state.config.shape_cpu_rows]
+    state.shape_mix_cpu = tuple((g, m, cpu // n, n) for (g, m, _), n, cpu in rows)
     seen, config = state.shapes_seen, state.config
     if seen < config.shape_window:
         state.mix_due = min(2 * seen, config.shape_window)
@@ -499,13 +513,13 @@ def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> Non
     """Keep the last ``shape_window`` task shapes: the distribution the FGD score measures against."""
     window, change = state.config.shape_window, 0
     ring, stats, at = state.recent_shapes, state.shape_stats, state.recent_next
-    key, cpu = (shape[0], shape[1]), shape[2]
+    key, cpu = shape_key(shape), shape[2]
     for _ in range(min(count, window)):
         if len(ring) < window:
             ring.append(shape)
         else:
             old = ring[at]
-            gone = stats[old[0], old[1]]
+            gone = stats[shape_key(old)]
             gone[0] -= 1
             gone[1] -= old[2]
             change -= window_entry_hash(at, old)
@@ -528,7 +542,7 @@ def window_entry_hash(at: int, shape: tuple[int, int, int]) -> int:
 
 
 def count_shape(state: State, shape: tuple[int, int, int], sign: int) -> None:
-    stats = state.shape_stats.setdefault((shape[0], shape[1]), [0, 0])
+    stats = state.shape_stats.setdefault(shape_key(shape), [0, 0])
     stats[0] += sign
     stats[1] += sign * shape[2]
 

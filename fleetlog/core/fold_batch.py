@@ -47,6 +47,7 @@ from fleetlog.core.state import (
     NodeStatus,
     State,
     TaskState,
+    shape_key,
 )
 from fleetlog.events.model import (
     DecisionBatch,
@@ -365,9 +366,10 @@ def remember_run(state: State, shape: Shape, count: int) -> None:
     window, ring, at = state.config.shape_window, state.recent_shapes, state.recent_next
     if len(ring) + count <= window and at == len(ring):
         ring.extend([shape] * count)
-        row = state.shape_stats.get((shape[0], shape[1]))
+        key = shape_key(shape)
+        row = state.shape_stats.get(key)
         if row is None:
-            row = state.shape_stats[shape[0], shape[1]] = [0, 0]
+            row = state.shape_stats[key] = [0, 0]
         row[0] += count
         row[1] += count * shape[2]
         change = sum(window_entry_hash(a, shape) for a in range(at, at + count))

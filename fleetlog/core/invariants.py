@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from fleetlog.core.constraints import NO_ATTRS
-from fleetlog.core.state import FULL_GPU, SPREAD_HOST, JobState, NodeStatus, State, TaskState, collection_sums
+from fleetlog.core.state import (
+    FULL_GPU,
+    SPREAD_HOST,
+    JobState,
+    NodeStatus,
+    State,
+    TaskState,
+    collection_sums,
+    shape_key,
+)
 
 
 class InvariantError(AssertionError):
@@ -129,11 +138,11 @@ def pending_count_matches(state: State) -> str:
 
 def shape_stats_match_window(state: State) -> str:
     """The shape counts the FGD score reads equal a recount of the shape window."""
-    expect: dict[tuple[int, int], list[int]] = {}
-    for gpus, milli, cpu in state.recent_shapes:
-        row = expect.setdefault((gpus, milli), [0, 0])
+    expect: dict[tuple[int, int, int], list[int]] = {}
+    for shape in state.recent_shapes:
+        row = expect.setdefault(shape_key(shape), [0, 0])
         row[0] += 1
-        row[1] += cpu
+        row[1] += shape[2]
     live = {k: v for k, v in state.shape_stats.items() if v[0] != 0 or v[1] != 0}
     return (
         ""

@@ -11,6 +11,7 @@ decide (:mod:`fleetlog.core.place`, :mod:`~fleetlog.core.preempt`, :mod:`~fleetl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import numpy as np
 
@@ -207,10 +208,31 @@ class Scratch:
         return nodes if allowed is None else nodes[allowed[nodes]]
 
 
+MEAN_VIEW_WEIGHT: Final = 8
+"""The weight of the shape mix's view by (gpus, milli) against 1 for its view by CPU: each task
+of the window counts 8 times at its group's mean CPU and once at its CPU bucket's. The CPU view
+alone strands GPUs where CPU-hungry 1-GPU tasks are common (docs/scheduling.md "The shape
+mix"); the lighter it weighs, the less it can. 8: the least weight that passes, as do the two
+below it, the fairness runs of the real dispatcher (tests/sharded/test_fairness.py: 4 and up)
+and the trap grid (benchmarks.trap: no cell more than a point worse than the mean view alone,
+6 and up) — issue 23; benchmarks/README.md "the shape mix's two views"."""
+
+
 def shape_matrix(state: State) -> Array:
-    """The shape mix FGD scores against as rows (gpus, milli, mean cpu, count), most common
-    first (taken from the recent task shapes by fold: :func:`fleetlog.core.fold.take_shape_mix`)."""
-    return np.array(state.shape_mix, dtype=np.int64).reshape(len(state.shape_mix), 4)
+    """The shape mix FGD scores against as rows (gpus, milli, mean cpu, weight): the window's
+    shapes by (gpus, milli) at ``MEAN_VIEW_WEIGHT`` times their counts, then its GPU shapes by
+    CPU bucket at their counts (both taken by fold: :func:`fleetlog.core.fold.take_shape_mix`).
+    A row of the second view equal to one of the first but for its weight (a group whose tasks
+    all fall in one CPU bucket) adds its weight to that row: the score is a sum over rows, linear
+    in their weights, so the kernels do the same sum over fewer rows."""
+    weights: dict[tuple[int, int, int], int] = {}
+    mean_weight = MEAN_VIEW_WEIGHT if state.shape_mix_cpu else 1  # (without it: the matrix as before)
+    for g, m, cpu, n in state.shape_mix:
+        weights[g, m, cpu] = mean_weight * n
+    for g, m, cpu, n in state.shape_mix_cpu:
+        weights[g, m, cpu] = weights.get((g, m, cpu), 0) + n
+    rows = [(*key, w) for key, w in weights.items()]
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
 
 
 def policy_kernel(policy: Policy) -> int:

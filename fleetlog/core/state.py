@@ -83,6 +83,12 @@ class CoreConfig(msgspec.Struct, frozen=True):
     """How often (in submitted tasks) the shape mix the fragmentation score uses is taken from
     the window once it is full; before that, at every doubling (1, 2, 4, ... tasks). Between
     two refreshes the mix is fixed, so decide can remember node scores from one call to the next."""
+    shape_cpu_rows: int = 12
+    """Rows of the shape mix's view by CPU (``State.shape_mix_cpu``): the most common GPU shapes
+    of the window by ``shape_key``; ``default`` scores against it beside the (gpus, milli) mix
+    (issue 23: 12 did as well as 16, 24 or 32). 0: no such view, the (gpus, milli) mix alone, as
+    every fleetlog before 2026-12-06 decided: replay a log recorded before then with 0
+    (``service.shape_cpu_rows``; docs/replay.md)."""
     hold_ms: int = 30_000
     """A cell shard hands a dispatched job back (``JobReturned``) when it has waited this long
     (log time) since its dispatch without being placed. Only dispatched jobs are held."""
@@ -104,6 +110,10 @@ class CoreConfig(msgspec.Struct, frozen=True):
 CELL_SHARD_DEFAULTS: Final = {"hold_ms": 30_000, "cells": ()}
 """The cell-shard fields of :class:`CoreConfig`: left out of a snapshot's and a digest's config
 at these defaults, so a single shard's digest is what it was before they existed."""
+BEFORE_FIELDS: Final = {"shape_cpu_rows": 0}
+"""Fields of :class:`CoreConfig` left out of a snapshot's and a digest's config at the value
+that decides as fleetlog did before they existed, and read back as it where absent: a log or
+snapshot of an older fleetlog verifies and restores with it, digest for digest."""
 
 
 class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -135,6 +145,14 @@ class Quota(msgspec.Struct):
     borrowing_limit: tuple[int, int, int] | None
     cohort: str
     weight_milli: int
+
+
+def shape_key(shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The shape mix's key of a task shape (gpus, milli, cpu): its GPUs and milli, and its CPU
+    rounded up to a power of two of cores (1, 2, 4, 8, ... cores; 0 to 1,000 milli is 1). The
+    FGD score tests each row's CPU against a node's free CPU, so a group's mean CPU would hide
+    the CPU-hungry shapes that CPU-poor nodes strand (docs/scheduling.md, "The shape mix")."""
+    return shape[0], shape[1], 1 << max(0, (shape[2] - 1) // 1000).bit_length()
 
 
 def _node_table() -> Table:
@@ -355,14 +373,18 @@ class State:
         self.quotas: dict[tuple[int, int], Quota] = {}  # (tenant id, cell id or -1) -> quota
         self.recent_shapes: list[tuple[int, int, int]] = []  # ring of (gpus, milli, cpu) of submitted tasks
         self.recent_next = 0
-        self.shape_stats: dict[tuple[int, int], list[int]] = {}
-        """(gpus, milli) -> [count, cpu sum] over ``recent_shapes`` (kept by fold, rebuilt on
+        self.shape_stats: dict[tuple[int, int, int], list[int]] = {}
+        """``shape_key`` -> [count, cpu sum] over ``recent_shapes`` (kept by fold, rebuilt on
         restore, not snapshotted; not in ``derived``: fold reads it to take the shape mix)."""
         self.shape_mix: tuple[tuple[int, int, int, int], ...] = ()
-        """The shape mix FGD scores against: (gpus, milli, mean cpu, count) rows, most common
-        first, as taken from the window at the last refresh (see ``CoreConfig.shape_mix_every``)."""
-        self.shapes_seen = 0  # task shapes remembered since the start
-        self.mix_due = 1  # ``shapes_seen`` at which the shape mix is taken again
+        """The shape mix FGD scores against, by (gpus, milli): (gpus, milli, mean cpu, count)
+        rows, most common first, as taken from the window at the last refresh (see
+        ``CoreConfig.shape_mix_every``); the published rule's typical pods when none are given."""
+        # The GPU shapes of the same window by ``shape_key`` (their CPU in power-of-two cores):
+        # (gpus, milli, mean cpu, count) rows, most common first, taken with ``shape_mix``;
+        # ``default`` scores against both (``scratch.shape_matrix``, docs/scheduling.md).
+        self.shape_mix_cpu: tuple[tuple[int, int, int, int], ...] = ()
+        self.shapes_seen, self.mix_due = 0, 1  # shapes since the start; when to take the mix again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason
         self.sums = [0, 0, 0, 0, 0, 0, 0, 0, 0]
         """Running :func:`~fleetlog.core.arrays.entries_sum` of ``reason_text`` items,

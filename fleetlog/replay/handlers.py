@@ -121,7 +121,8 @@ def _print_verify(report: Any) -> None:
     print(f"  replayed:  {d.replayed}")
     if d.what == "state digest" and report.batches == 0:  # (the digest covers the fold's settings)
         print("  hint:      a service run with another node timeout diverges here: replay with its "
-              "--node-timeout SECONDS (or service.node_timeout_ms)")
+              "--node-timeout SECONDS (or service.node_timeout_ms); so does a log recorded before "
+              "2026-12-06: replay it with service.shape_cpu_rows = 0 (FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)")
     for row in d.state_diff:
         print(f"  state {row.kind} {row.key}: recorded {row.recorded} vs replayed {row.replayed}")
     print(f"  inputs since the previous batch (as_of {d.previous_as_of}): {d.inputs_since_count}")

@@ -111,7 +111,7 @@ def test_snapshots_and_digests_hold_no_derived_cache() -> None:
 # snapshotted (real state), rebuilt on restore from what is snapshotted, or derived.
 SNAPSHOTTED = {
     "config", "now_ms", "offset", "next_sweep_ms", "nodes", "jobs", "tasks", "names", "job_cells",
-    "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shapes_seen", "mix_due",
+    "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shape_mix_cpu", "shapes_seen", "mix_due",
     "reason_text", "reason_codes", "pending_count", "requeues", "job_meta", "duplicates", "ignored",
     "dispatches", "dispatched_seq", "returned", "summaries", "retired_order", "retired_rows",
     "retired_counts", "node_attrs", "classes", "node_foreign", "drained",

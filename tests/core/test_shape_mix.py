@@ -1,0 +1,158 @@
+"""The shape mix FGD scores against (issue 23): two views of the window, by (gpus, milli) at the
+group's mean CPU (``state.shape_mix``, as before) and its GPU shapes by ``shape_key``, the CPU
+rounded up to a power of two of cores (``state.shape_mix_cpu``); ``default`` scores against the
+first at ``MEAN_VIEW_WEIGHT`` times the second (``scratch.shape_matrix``)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from fleetlog.core import scratch
+from fleetlog.core.digest import digest, restore, snapshot
+from fleetlog.core.fold import MAX_SHAPES, fold, take_shape_mix
+from fleetlog.core.invariants import check
+from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, shape_matrix
+from fleetlog.core.state import CoreConfig, State, shape_key
+from fleetlog.events import JobSubmitted, TaskGroup
+from tests.core.builders import Driver, job, node
+
+
+@pytest.mark.parametrize(
+    ("cpu", "bucket"),
+    [
+        (0, 1), (1, 1), (1_000, 1), (1_001, 2), (2_000, 2), (2_001, 4), (4_000, 4), (4_001, 8),
+        (32_000, 32), (32_001, 64), (10**12, 1 << 30),
+    ],
+)
+def test_the_key_rounds_cpu_up_to_a_power_of_two_of_cores(cpu: int, bucket: int) -> None:
+    assert shape_key((2, 500, cpu)) == (2, 500, bucket)
+
+
+def test_a_group_of_two_cpu_needs_is_one_mean_row_and_two_cpu_rows() -> None:
+    state = State()
+    for i, cpu in enumerate([4_000] * 6 + [3_000] * 2 + [32_000] * 8):
+        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    assert state.shape_mix == ((1, 1000, 17_875, 16),)  # (the view of every fleetlog before it)
+    assert state.shape_mix_cpu == ((1, 1000, 3_750, 8), (1, 1000, 32_000, 8))  # (ties: the smaller key)
+    w = MEAN_VIEW_WEIGHT * 16
+    assert shape_matrix(state).tolist() == [[1, 1000, 17_875, w], [1, 1000, 3_750, 8], [1, 1000, 32_000, 8]]
+    check(state)  # (raises on a broken invariant: the shape counts against the window)
+
+
+def test_a_group_of_one_cpu_need_is_one_row_of_both_weights() -> None:
+    """Its row in the CPU view equals its mean row: the matrix adds the weights (the score is
+    linear in them), and fragments are the same as over the two rows."""
+    state = State()
+    for i in range(8):
+        fold(state, job(f"j{i}", cpu=6_000), i + 1)
+    assert state.shape_mix == state.shape_mix_cpu == ((1, 1000, 6_000, 8),)
+    merged = shape_matrix(state)
+    assert merged.tolist() == [[1, 1000, 6_000, (MEAN_VIEW_WEIGHT + 1) * 8]]
+    both = np.array([[1, 1000, 6_000, MEAN_VIEW_WEIGHT * 8], [1, 1000, 6_000, 8]], dtype=np.int64)
+    for free in (4_000, 6_000, 9_000, 20_000):
+        assert _increase(merged, free, 2_000) == _increase(both, free, 2_000)
+
+
+def test_each_view_keeps_its_most_common_rows() -> None:
+    """More keys than rows, CPU-only ones the most common: the mean view keeps the 32 most
+    common (gpus, milli), CPU-only ones among them; the CPU view the 12 most common GPU keys."""
+    state = State(CoreConfig(shape_window=4096))
+    at = 0
+    for g in range(1, 41):  # 40 GPU keys of 40 (gpus, milli), key g submitted g times
+        for _ in range(g):
+            at += 1
+            fold(state, job(f"g{at}", gpus=1, milli=25 * g, cpu=1_000 * g), at)
+    for c in range(8):  # 8 CPU-only keys of one (0, 0): 8 x 40 + 28 tasks, the most common
+        for _ in range(40 + c):
+            at += 1
+            fold(state, job(f"c{at}", gpus=0, cpu=1_000 << c), at)
+    take_shape_mix(state)  # (fold takes it at 256, 512, ... tasks: take it at the end)
+    assert len(state.shape_mix) == MAX_SHAPES
+    assert state.shape_mix[0][:2] == (0, 0)
+    assert state.shape_mix[0][3] == sum(range(40, 48))
+    assert [row[3] for row in state.shape_mix[1:]] == list(range(40, 40 - MAX_SHAPES + 1, -1))
+    assert len(state.shape_mix_cpu) == CoreConfig().shape_cpu_rows
+    assert all(row[0] > 0 for row in state.shape_mix_cpu)
+    assert [row[3] for row in state.shape_mix_cpu] == list(range(40, 40 - CoreConfig().shape_cpu_rows, -1))
+    check(state)
+
+
+def test_a_snapshot_keeps_both_views() -> None:
+    state = State()
+    for i, cpu in enumerate([4_000, 32_000] * 8):
+        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    back = restore(snapshot(state))
+    assert back.shape_mix == state.shape_mix
+    assert back.shape_mix_cpu == state.shape_mix_cpu
+    assert digest(back) == digest(state)
+
+
+def bursty_cell(rounds: int = 60) -> list[JobSubmitted]:
+    """Per round: eight 1-GPU 4-core tasks, a 4-GPU 16-core one, a 1-GPU 48-core one, and every
+    other round an 8-GPU 24-core one (about twice what 25 nodes of 8 GPUs and 96 cores hold)."""
+    out: list[JobSubmitted] = []
+    ids = itertools.count()
+
+    def one(tenant: str, gpus: int, cpu: int) -> JobSubmitted:
+        group = TaskGroup(count=1, cpu_milli=cpu, mem_mib=1024, gpu_count=gpus, gpu_milli=1000)
+        return JobSubmitted(job_id=f"{tenant}-{next(ids)}", tenant=tenant, task_groups=(group,))
+
+    for r in range(rounds):
+        out += [one("a", 1, 4_000) for _ in range(8)]
+        out += [one("b", 4, 16_000), one("d", 1, 48_000)]
+        if r % 2 == 0:
+            out.append(one("c", 8, 24_000))
+    return out
+
+
+def idle_gpus_after_one_pass() -> int:
+    driver = Driver()
+    driver.feed(*(node(f"n{i:02d}") for i in range(25)), check_each=False)
+    driver.feed(*bursty_cell(), check_each=False)
+    driver.decide()
+    nodes = driver.state.nodes
+    return int((nodes.cols["gpu_free"][: nodes.size] > 0).sum())
+
+
+def test_cpu_hungry_bursts_leave_no_gpu_idle() -> None:
+    """A 48-core 1-GPU task is half a 96-core node: two on one node leave its 6 other GPUs
+    without CPU. The CPU view alone keeps a 48-core room on each node such a task took and
+    sends the 4-core tasks to fresh nodes instead, until only those rooms are left and the
+    48-core tasks pair up in them (18 of 200 GPUs idle; the published rule with typical pods by
+    exact CPU, 24); with the mean view beside it, none (as before the CPU view)."""
+    assert idle_gpus_after_one_pass() == 0
+
+
+def test_cpu_hungry_bursts_strand_gpus_with_the_cpu_view_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scratch, "MEAN_VIEW_WEIGHT", 0)  # (mean rows of weight 0 count for nothing)
+    assert idle_gpus_after_one_pass() >= 12
+
+
+def test_the_cpu_view_moves_a_decision_the_mean_view_ties() -> None:
+    """The window's 1-GPU tasks ask 4 or 32 cores (mean 18). Two nodes with a free GPU, 40 and
+    34 cores: a task of 4 cores leaves both above the mean (a tie for the mean view; neither
+    starves), but only the 40-core one still feeds a 32-core task after it."""
+    state = State()
+    for i, cpu in enumerate([4_000, 32_000] * 8):
+        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    both, mean = shape_matrix(state), shape_matrix(state)[:1]
+    assert _increase(mean, 40_000, 4_000) == _increase(mean, 34_000, 4_000) == 0
+    assert _increase(both, 40_000, 4_000) == 0
+    assert _increase(both, 34_000, 4_000) == 8 * 1000  # (the 32-core row's 8 tasks lose the GPU)
+
+
+def _increase(shapes: np.ndarray, cpu_free: int, cpu: int) -> int:
+    """The FGD increase of a node with one free GPU when a task without GPUs takes ``cpu``."""
+    from fleetlog.core import kernels
+
+    gpu_free = np.zeros((1, kernels.MAX_GPUS), dtype=np.int16)
+    gpu_free[0, 0] = 1000
+    count, cands = np.array([1], dtype=np.int32), np.array([0], dtype=np.int64)
+
+    def f(free: int) -> int:
+        return int(kernels.fragmentation(cands, np.array([free], dtype=np.int64), gpu_free, count, shapes))
+
+    return f(cpu_free - cpu) - f(cpu_free)
