@@ -497,7 +497,7 @@ def take_shape_mix(state: State) -> None:
     top = sorted(((key, n, cpu) for key, (n, cpu) in by_gpu.items()), key=lambda e: (-e[1], e[0]))
     state.shape_mix = tuple((g, m, cpu // n, n) for (g, m), n, cpu in top[:MAX_SHAPES])
     keyed.sort(key=lambda e: (-e[1], e[0]))
-    rows = keyed[: state.config.shape_cpu_rows]
+    rows = keyed[: max(0, state.config.shape_cpu_rows)]  # (a negative count: none, not all but some)
     state.shape_mix_cpu = tuple((g, m, cpu // n, n) for (g, m, _), n, cpu in rows)
     seen, config = state.shapes_seen, state.config
     if seen < config.shape_window:

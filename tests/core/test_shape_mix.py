@@ -80,6 +80,15 @@ def test_each_view_keeps_its_most_common_rows() -> None:
     check(state)
 
 
+@pytest.mark.parametrize("rows", [0, -1, -12])
+def test_no_rows_or_fewer_is_no_cpu_view_and_the_matrix_as_before(rows: int) -> None:
+    state = State(CoreConfig(shape_cpu_rows=rows))
+    for i, cpu in enumerate([4_000, 32_000] * 8):
+        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    assert state.shape_mix_cpu == ()
+    assert shape_matrix(state).tolist() == [[1, 1000, 18_000, 16]]
+
+
 def test_a_snapshot_keeps_both_views() -> None:
     state = State()
     for i, cpu in enumerate([4_000, 32_000] * 8):
