@@ -377,12 +377,10 @@ class State:
         """``shape_key`` -> [count, cpu sum] over ``recent_shapes`` (kept by fold, rebuilt on
         restore, not snapshotted; not in ``derived``: fold reads it to take the shape mix)."""
         self.shape_mix: tuple[tuple[int, int, int, int], ...] = ()
-        """The shape mix FGD scores against, by (gpus, milli): (gpus, milli, mean cpu, count)
-        rows, most common first, as taken from the window at the last refresh (see
-        ``CoreConfig.shape_mix_every``); the published rule's typical pods when none are given."""
-        # The GPU shapes of the same window by ``shape_key`` (their CPU in power-of-two cores):
-        # (gpus, milli, mean cpu, count) rows, most common first, taken with ``shape_mix``;
-        # ``default`` scores against both (``scratch.shape_matrix``, docs/scheduling.md).
+        """The shape mix by (gpus, milli): (gpus, milli, mean cpu, count) rows, most common first,
+        taken at the last refresh (``CoreConfig.shape_mix_every``); ``shape_mix_cpu``: the GPU
+        shapes by ``shape_key``, taken with it. ``default`` scores against both (``scratch.
+        shape_matrix``); the published rule's typical pods are the first when none are given."""
         self.shape_mix_cpu: tuple[tuple[int, int, int, int], ...] = ()
         self.shapes_seen, self.mix_due = 0, 1  # shapes since the start; when to take the mix again
         self.reason_text: dict[int, str] = {}  # job row -> explanation of its pending reason

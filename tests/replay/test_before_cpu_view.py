@@ -1,6 +1,8 @@
 """A log recorded before the shape mix's view by CPU (2026-12-06, issue 23) still verifies, with
-``service.shape_cpu_rows = 0``: ``data/before-cpu-view`` is the clean fixture as the fleetlog of
-that day wrote it (its decision batches' digests, its format-5 snapshot), kept unchanged."""
+``service.shape_cpu_rows = 0``: ``old-logs/before-cpu-view`` is the clean fixture as the fleetlog
+of that day wrote it (its decision batches' digests, its format-5 snapshot), kept unchanged
+(outside ``data/``: ``make_fixtures`` re-records those, and ``benchmarks.shape`` verifies them
+with the default settings)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 
 from fleetlog.cli import main
 
-BEFORE = str(Path(__file__).parent / "data" / "before-cpu-view")
+BEFORE = str(Path(__file__).parent / "old-logs" / "before-cpu-view")
 
 
 def verify(capsys: pytest.CaptureFixture[str], code: int, *more: str) -> dict[str, object]:
