@@ -51,8 +51,8 @@ def nodes(n: int, cores: int, gpus: int) -> list[NodeHeartbeat]:
 
 def arrivals(n: int, gpus: int, hungry_milli: int, light: int, mix: str) -> list[JobSubmitted]:
     """About twice the cell's GPUs, in rounds (see the module's doc): ``bursts`` as there,
-    ``even`` without the G/2-GPU task and with the G-GPU one every round (one light task a
-    round is the scale-out fairness run's three tenants, ``tests/sharded/test_fairness.py``)."""
+    ``even`` without the G/2-GPU task and with the G-GPU one every round (with one light task a
+    round: the shapes of the scale-out fairness run's three tenants, in one step on 25 nodes)."""
     out: list[JobSubmitted] = []
     ids = itertools.count()
 
