@@ -23,15 +23,12 @@ import statistics
 from typing import Any, Final
 
 from benchmarks.common import add_smoke, emit, machine
+from benchmarks.shards import Single
 from fleetlog.core import scratch
-from fleetlog.core.decide import decide
-from fleetlog.core.digest import digest
-from fleetlog.core.fold_batch import fold_fast, fold_lists
 from fleetlog.core.policy import Policy, policy_named, with_typical_pods
-from fleetlog.core.state import State
 from fleetlog.core.typical import typical_pods_of_jobs
 from fleetlog.events import JobSubmitted, NodeHeartbeat, TaskGroup
-from fleetlog.events.model import DecisionBatch, Event
+from fleetlog.events.model import Event
 
 NODES: Final = 25
 CORES: Final = (64, 96, 128)
@@ -73,12 +70,9 @@ def arrivals(n: int, gpus: int, hungry_milli: int, light: int, mix: str) -> list
 
 
 def idle_pct(policy: Policy, events: list[Event], gpus: int) -> float:
-    state = State()
-    fold_lists(state, events, [0] * len(events))
-    decisions = decide(state, policy)
-    batch = DecisionBatch(as_of=state.offset, digest=digest(state), decisions=tuple(decisions),
-                          policy=policy.name)
-    fold_fast(state, batch, 0)
+    shard = Single(policy)  # (one fold of every event, one decide, its batch folded)
+    shard.step(events)
+    state = shard.state
     free = state.nodes.cols["gpu_free"][: state.nodes.size, :gpus]
     return round(100 * float((free > 0).sum()) / (state.nodes.size * gpus), 2)
 

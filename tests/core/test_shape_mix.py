@@ -5,18 +5,16 @@ first at ``MEAN_VIEW_WEIGHT`` times the second (``scratch.shape_matrix``)."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
-from fleetlog.core import scratch
+from benchmarks import trap
+from fleetlog.core import kernels, scratch
 from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.fold import MAX_SHAPES, fold, take_shape_mix
 from fleetlog.core.invariants import check
 from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, shape_matrix
 from fleetlog.core.state import CoreConfig, State, shape_key
-from fleetlog.events import JobSubmitted, TaskGroup
 from tests.core.builders import Driver, job, node
 
 
@@ -99,28 +97,12 @@ def test_a_snapshot_keeps_both_views() -> None:
     assert digest(back) == digest(state)
 
 
-def bursty_cell(rounds: int = 60) -> list[JobSubmitted]:
-    """Per round: eight 1-GPU 4-core tasks, a 4-GPU 16-core one, a 1-GPU 48-core one, and every
-    other round an 8-GPU 24-core one (about twice what 25 nodes of 8 GPUs and 96 cores hold)."""
-    out: list[JobSubmitted] = []
-    ids = itertools.count()
-
-    def one(tenant: str, gpus: int, cpu: int) -> JobSubmitted:
-        group = TaskGroup(count=1, cpu_milli=cpu, mem_mib=1024, gpu_count=gpus, gpu_milli=1000)
-        return JobSubmitted(job_id=f"{tenant}-{next(ids)}", tenant=tenant, task_groups=(group,))
-
-    for r in range(rounds):
-        out += [one("a", 1, 4_000) for _ in range(8)]
-        out += [one("b", 4, 16_000), one("d", 1, 48_000)]
-        if r % 2 == 0:
-            out.append(one("c", 8, 24_000))
-    return out
-
-
 def idle_gpus_after_one_pass() -> int:
     driver = Driver()
     driver.feed(*(node(f"n{i:02d}") for i in range(25)), check_each=False)
-    driver.feed(*bursty_cell(), check_each=False)
+    # (per round: eight 1-GPU 4-core tasks, a 4-GPU 16-core one, a 1-GPU 48-core one, and every
+    # other round an 8-GPU 24-core one: about twice what 25 nodes of 8 GPUs and 96 cores hold)
+    driver.feed(*trap.arrivals(25, 8, 48_000, 8, "bursts"), check_each=False)
     driver.decide()
     nodes = driver.state.nodes
     return int((nodes.cols["gpu_free"][: nodes.size] > 0).sum())
@@ -155,8 +137,6 @@ def test_the_cpu_view_moves_a_decision_the_mean_view_ties() -> None:
 
 def _increase(shapes: np.ndarray, cpu_free: int, cpu: int) -> int:
     """The FGD increase of a node with one free GPU when a task without GPUs takes ``cpu``."""
-    from fleetlog.core import kernels
-
     gpu_free = np.zeros((1, kernels.MAX_GPUS), dtype=np.int16)
     gpu_free[0, 0] = 1000
     count, cands = np.array([1], dtype=np.int32), np.array([0], dtype=np.int64)
