@@ -38,6 +38,14 @@ from fleetlog.log.kafka import KafkaConfig, ensure_topic
 
 LEADER_TOPIC: Final = "leader"
 
+MEMBERSHIP_METADATA_MAX_AGE_MS: Final = 2000
+"""How often a membership's consumer refreshes its metadata.  The group's leader member assigns
+only the partitions its own metadata knows: a topic just created can be missing from it (the
+broker it asked had not heard yet), and a fresh metadata response that shows the topic is what
+makes the member rejoin and assign it.  aiokafka refreshes every 5 minutes by default: the
+lead (or a cell partition) would stay unassigned that long.  A few small requests a second
+cluster-wide are the cost."""
+
 log = structlog.get_logger("fleetlog.service")
 
 
@@ -89,32 +97,10 @@ class KafkaElection:
         """Join the election (again after :meth:`stop`); a no-op while already a member."""
         if self._consumer is not None:
             return
-        await ensure_topic(self.config, self.config.topic(LEADER_TOPIC), 1)
-        consumer = AIOKafkaConsumer(
-            **(self.config.client_options() | {"client_id": self.member}),
-            group_id=self.group,
-            enable_auto_commit=False,
-            session_timeout_ms=self.session_timeout_ms,
-            heartbeat_interval_ms=max(100, self.session_timeout_ms // 6),
-            max_poll_interval_ms=max(60_000, self.session_timeout_ms * 10),
-            auto_offset_reset="latest",
-            # sticky first; range too, so a process of an older version (range only) still joins
-            partition_assignment_strategy=(sticky_assignor(), RangePartitionAssignor),
-        )
         topic = self.config.topic(LEADER_TOPIC)
-        try:
-            await consumer.start()
-            # The sticky assignor assigns nothing of a topic the group leader has no metadata
-            # for yet (a topic just created), and no rebalance follows when it appears: the lead
-            # would stay unassigned.  Subscribe once this consumer's metadata has the topic.
-            for _ in range(100):
-                if topic in await consumer.topics():
-                    break
-                await asyncio.sleep(0.1)
-        except KafkaError as exc:
-            await consumer.stop()
-            raise LogError(f"join the leader group {self.group}: {exc!r}") from exc
-        consumer.subscribe([topic], listener=_Listener(self))
+        await ensure_topic(self.config, topic, 1)
+        consumer = await join_group(self.config, self.member, self.group, topic,
+                                    self.session_timeout_ms, _Listener(self))
         self._consumer = consumer
         self._task = asyncio.create_task(self._poll(consumer), name="fleetlog-leader-poll")
 
@@ -149,6 +135,38 @@ class KafkaElection:
         task, self._task, consumer, self._consumer = self._task, None, self._consumer, None
         await leave(task, consumer)
         self.set_leader(False)
+
+
+async def join_group(config: KafkaConfig, member: str, group: str, topic: str, session_timeout_ms: int,
+                     listener: ConsumerRebalanceListener) -> AIOKafkaConsumer:
+    """A started consumer, member ``member`` of ``group``, subscribed to ``topic`` (created by
+    the caller) with ``listener``: the membership the election and the cell owners share."""
+    consumer = AIOKafkaConsumer(
+        **(config.client_options() | {"client_id": member}),
+        group_id=group,
+        enable_auto_commit=False,
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=max(100, session_timeout_ms // 6),
+        max_poll_interval_ms=max(60_000, session_timeout_ms * 10),
+        auto_offset_reset="latest",
+        metadata_max_age_ms=MEMBERSHIP_METADATA_MAX_AGE_MS,
+        # sticky first; range too, so a process of an older version (range only) still joins
+        partition_assignment_strategy=(sticky_assignor(), RangePartitionAssignor),
+    )
+    try:
+        await consumer.start()
+        # Assign at the first join where possible: wait until a broker has the topic.  Another
+        # broker can still miss it when the group leader asks; the short metadata age above
+        # makes the group rejoin once its metadata has the topic.
+        for _ in range(100):
+            if topic in await consumer.topics():
+                break
+            await asyncio.sleep(0.1)
+    except KafkaError as exc:
+        await consumer.stop()
+        raise LogError(f"join the group {group}: {exc!r}") from exc
+    consumer.subscribe([topic], listener=listener)
+    return consumer
 
 
 async def leave(task: asyncio.Task[None] | None, consumer: AIOKafkaConsumer | None) -> None:

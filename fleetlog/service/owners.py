@@ -27,12 +27,10 @@ from typing import Any, Final
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
-from fleetlog.log.base import LogError
 from fleetlog.log.kafka import KafkaConfig, ensure_topic
-from fleetlog.service.leader import leave, sticky_assignor
+from fleetlog.service.leader import join_group, leave
 
 OWNERS_TOPIC: Final = "cells.owners"
 
@@ -100,27 +98,9 @@ class Ownership:
         if self._consumer is not None:
             return
         await ensure_topic(self.config, self.topic, self.config.shards)
-        timeout = self.session_timeout_ms
-        consumer = AIOKafkaConsumer(
-            **(self.config.client_options() | {"client_id": self.member}),
-            group_id=self.group, enable_auto_commit=False, session_timeout_ms=timeout,
-            heartbeat_interval_ms=max(100, timeout // 6), max_poll_interval_ms=max(60_000, timeout * 10),
-            auto_offset_reset="latest",
-            partition_assignment_strategy=(sticky_assignor(), RangePartitionAssignor),
-        )
-        try:
-            await consumer.start()
-            # As in the leader election: the sticky assignor assigns nothing of a topic the group
-            # leader has no metadata for yet, and no rebalance follows when it appears.
-            for _ in range(100):
-                if self.topic in await consumer.topics():
-                    break
-                await asyncio.sleep(0.1)
-        except KafkaError as exc:
-            await consumer.stop()
-            raise LogError(f"join the cell owners group {self.group}: {exc!r}") from exc
+        consumer = await join_group(self.config, self.member, self.group, self.topic,
+                                    self.session_timeout_ms, _Listener(self))
         self.waiting_since = time.monotonic()
-        consumer.subscribe([self.topic], listener=_Listener(self))
         log.info("owners_group_joining", group=self.group, topic=self.topic)
         self._consumer = consumer
         self._task = asyncio.create_task(self._poll(consumer), name="fleetlog-owners-poll")

@@ -8,9 +8,10 @@ import time
 import uuid
 
 import pytest
+from aiokafka import ConsumerRebalanceListener
 
-from fleetlog.log.kafka import KafkaConfig
-from fleetlog.service.leader import KafkaElection
+from fleetlog.log.kafka import KafkaConfig, ensure_topic
+from fleetlog.service.leader import KafkaElection, join_group, leave
 
 pytestmark = pytest.mark.kafka
 
@@ -85,3 +86,47 @@ async def test_a_joining_standby_never_takes_the_lead_and_a_leaving_leader_hands
     finally:
         for member in members:
             await member.stop()
+
+
+class Assigned(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.partitions: set[int] = set()
+        self.any = asyncio.Event()
+
+    async def on_partitions_revoked(self, revoked: object) -> None:
+        self.partitions = set()
+
+    async def on_partitions_assigned(self, assigned: set[object]) -> None:
+        self.partitions = {tp.partition for tp in assigned}  # type: ignore[attr-defined]
+        if self.partitions:
+            self.any.set()
+
+
+async def test_a_group_whose_topic_appears_after_the_join_is_assigned_it_within_seconds(
+    kafka_bootstrap: str,
+) -> None:
+    """The group's leader member assigns only the partitions its metadata knows.  On a
+    three-broker cluster the broker it asks can lag behind the one that created the topic (the
+    fault run once waited 120 s for a lead that never came); here the topic does not exist at
+    all when the member joins.  It must still be assigned once the topic appears — a refresh of
+    the membership's metadata, not the 5-minute default, makes the group rejoin."""
+    config = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"late-{uuid.uuid4().hex[:8]}")
+    topic, listener = config.topic("late"), Assigned()
+    consumer = await join_group(config, "member", f"{topic}.group", topic, SESSION_MS, listener)
+
+    async def poll() -> None:
+        while True:
+            await consumer.getmany(timeout_ms=200)
+
+    task = asyncio.create_task(poll())
+    try:
+        await asyncio.sleep(2)
+        assert not listener.partitions, "assigned a topic that does not exist"
+        assert topic not in await consumer.topics(), "the membership created its topic itself"
+        await ensure_topic(config, topic, 2)
+        started = time.monotonic()
+        await asyncio.wait_for(listener.any.wait(), 30)
+        assert listener.partitions == {0, 1}
+        assert time.monotonic() - started < 30
+    finally:
+        await leave(task, consumer)
