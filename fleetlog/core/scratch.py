@@ -225,6 +225,9 @@ def shape_matrix(state: State) -> Array:
     A row of the second view equal to one of the first but for its weight (a group whose tasks
     all fall in one CPU bucket) adds its weight to that row: the score is a sum over rows, linear
     in their weights, so the kernels do the same sum over fewer rows."""
+    kept = state.derived.shape_rows
+    if kept is not None and kept[0] is state.shape_mix and kept[1] is state.shape_mix_cpu:
+        return kept[2]  # type: ignore[no-any-return]
     weights: dict[tuple[int, int, int], int] = {}
     mean_weight = MEAN_VIEW_WEIGHT if state.shape_mix_cpu else 1  # (without it: the matrix as before)
     for g, m, cpu, n in state.shape_mix:
@@ -232,7 +235,9 @@ def shape_matrix(state: State) -> Array:
     for g, m, cpu, n in state.shape_mix_cpu:
         weights[g, m, cpu] = weights.get((g, m, cpu), 0) + n
     rows = [(*key, w) for key, w in weights.items()]
-    return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+    matrix = np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+    state.derived.shape_rows = (state.shape_mix, state.shape_mix_cpu, matrix)  # (read, never written)
+    return matrix
 
 
 def policy_kernel(policy: Policy) -> int:

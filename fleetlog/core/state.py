@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 from typing import Any, Final
 
 import msgspec
@@ -147,6 +148,7 @@ class Quota(msgspec.Struct):
     weight_milli: int
 
 
+@functools.lru_cache(maxsize=1 << 12)  # (fold calls it twice a task; a workload has few shapes)
 def shape_key(shape: tuple[int, int, int]) -> tuple[int, int, int]:
     """The shape mix's key of a task shape (gpus, milli, cpu): its GPUs and milli, and its CPU
     rounded up to a power of two of cores (1, 2, 4, 8, ... cores; 0 to 1,000 milli is 1). The
@@ -272,7 +274,7 @@ class Derived:
 
     __slots__ = (
         "attrs_version", "beat_cache", "decide_memo", "eligibility", "fit_memo", "job_keys", "key_ids",
-        "policy_roles", "steady_gone", "steady_ids", "text_ids", "text_index",
+        "policy_roles", "shape_rows", "steady_gone", "steady_ids", "text_ids", "text_index",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -309,6 +311,10 @@ class Derived:
         self.eligibility: object | None = None
         """Each constraint class's eligible nodes (``fleetlog.core.constraints.Eligibility``,
         built for one ``attrs_version``)."""
+        self.shape_rows: tuple[object, object, Any] | None = None
+        """The shape matrix ``decide`` scores with and the two views it was made of
+        (``fleetlog.core.scratch.shape_matrix``; valid while both views are those very objects:
+        fold replaces them at each refresh of the mix)."""
 
     @classmethod
     def of(cls, state: State) -> Derived:

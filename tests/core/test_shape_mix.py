@@ -40,6 +40,22 @@ def test_a_group_of_two_cpu_needs_is_one_mean_row_and_two_cpu_rows() -> None:
     check(state)  # (raises on a broken invariant: the shape counts against the window)
 
 
+def test_the_matrix_kept_for_decide_follows_every_refresh_of_the_mix() -> None:
+    """``shape_matrix`` keeps its matrix in ``state.derived`` while both views stay the same
+    objects: at each refresh (every doubling of the tasks seen here) it is made again, equal to
+    one made from scratch, and between refreshes it is the same matrix."""
+    state, seen = State(CoreConfig(shape_window=64, shape_mix_every=8)), []
+    for i in range(40):
+        fold(state, job(f"j{i}", cpu=[4_000, 32_000, 6_000][i % 3], gpus=1 + i % 2), i + 1)
+        kept = shape_matrix(state)
+        assert kept is shape_matrix(state)
+        fresh = State()
+        fresh.shape_mix, fresh.shape_mix_cpu = state.shape_mix, state.shape_mix_cpu
+        assert kept.tolist() == shape_matrix(fresh).tolist()
+        seen.append(kept.tolist())
+    assert len({str(m) for m in seen}) >= 4  # (the mix did change along the way)
+
+
 def test_a_group_of_one_cpu_need_is_one_row_of_both_weights() -> None:
     """Its row in the CPU view equals its mean row: the matrix adds the weights (the score is
     linear in them), and fragments are the same as over the two rows."""
