@@ -124,9 +124,7 @@ async def test_a_group_whose_topic_appears_after_the_join_is_assigned_it_within_
         assert not listener.partitions, "assigned a topic that does not exist"
         assert topic not in await consumer.topics(), "the membership created its topic itself"
         await ensure_topic(config, topic, 2)
-        started = time.monotonic()
-        await asyncio.wait_for(listener.any.wait(), 30)
+        await asyncio.wait_for(listener.any.wait(), 30)  # (with aiokafka's default: 5 minutes)
         assert listener.partitions == {0, 1}
-        assert time.monotonic() - started < 30
     finally:
         await leave(task, consumer)
