@@ -399,9 +399,7 @@ def test_the_default_policy_decides_as_measured(variant: str) -> None:
     when benchmarks/README.md measured it (issue 23: the shape mix's view by CPU beside the
     mean one): a change to the kernels, the fold or the code shared with the published rule
     that moves one decision of fleetlog's own FGD fails here."""
-    loops: list[SchedulerLoop] = []
-    inflate_run(Path(find_traces()), variant, "default", 1, "inflate?batch=64", made=loops.append)
-    assert digest(loops[0].state) == DEFAULT_DIGESTS[variant]
+    assert final_digest(variant) == DEFAULT_DIGESTS[variant]
 
 
 @pytest.mark.parametrize("variant", sorted(BEFORE_DIGESTS))
@@ -409,10 +407,14 @@ def test_without_the_cpu_view_default_decides_as_before_it(variant: str) -> None
     """``shape_cpu_rows = 0`` (how a log recorded before 2026-12-06 is replayed) ends the same
     run in the digest pinned at f8b2d06, bit for bit: the old rule is still there, and neither
     the view's config field nor its empty rows enter the digest."""
+    assert final_digest(variant, CoreConfig(shape_cpu_rows=0)) == BEFORE_DIGESTS[variant]
+
+
+def final_digest(variant: str, core: CoreConfig | None = None) -> str:
+    """The state digest a whole openb inflate run of ``default`` ends in (seed 1, 64 a step)."""
     loops: list[SchedulerLoop] = []
-    core = CoreConfig(shape_cpu_rows=0)
     inflate_run(Path(find_traces()), variant, "default", 1, "inflate?batch=64", made=loops.append, core=core)
-    assert digest(loops[0].state) == BEFORE_DIGESTS[variant]
+    return digest(loops[0].state)
 
 
 def test_shards() -> None:

@@ -24,7 +24,6 @@ from fleetlog.core.constraints import ClassKey, NodeAttrs
 from fleetlog.core.fold import count_shape, rebuild_held
 from fleetlog.core.state import (
     BEFORE_FIELDS,
-    CELL_SHARD_DEFAULTS,
     SUM_CLASSES,
     SUM_DISPATCHES,
     SUM_JOB_CELLS,
@@ -117,10 +116,10 @@ def _constraints(state: State, full: bool) -> dict[str, Any]:
 
 
 def _config(config: CoreConfig) -> dict[str, Any]:
-    """The config, less its cell-shard fields at their defaults (a single shard's digest stays
-    what it was before they existed)."""
+    """The config, less the fields added since at the values that behave as before them
+    (``BEFORE_FIELDS``: a digest stays what it was before they existed)."""
     raw: dict[str, Any] = msgspec.to_builtins(config)
-    for name, default in (CELL_SHARD_DEFAULTS | BEFORE_FIELDS).items():
+    for name, default in BEFORE_FIELDS.items():
         if getattr(config, name) == default:
             del raw[name]
     return raw

@@ -108,13 +108,13 @@ class CoreConfig(msgspec.Struct, frozen=True):
     retired rows are this many and more than its live ones."""
 
 
-CELL_SHARD_DEFAULTS: Final = {"hold_ms": 30_000, "cells": ()}
-"""The cell-shard fields of :class:`CoreConfig`: left out of a snapshot's and a digest's config
-at these defaults, so a single shard's digest is what it was before they existed."""
-BEFORE_FIELDS: Final = {"shape_cpu_rows": 0}
-"""Fields of :class:`CoreConfig` left out of a snapshot's and a digest's config at the value
-that decides as fleetlog did before they existed, and read back as it where absent: a log or
-snapshot of an older fleetlog verifies and restores with it, digest for digest."""
+BEFORE_FIELDS: Final = {"hold_ms": 30_000, "cells": (), "shape_cpu_rows": 0}
+"""Fields of :class:`CoreConfig` added after the first snapshots, at the value that behaves as
+fleetlog did before they existed: left out of a snapshot's and a digest's config at that value
+and read back as it where absent, so a log or snapshot of an older fleetlog verifies and
+restores digest for digest. The cell-shard fields (``hold_ms``, ``cells``) at their defaults:
+a single shard's digest is what it was before them; ``shape_cpu_rows`` at 0, no view of the
+shape mix by CPU (its default is 12)."""
 
 
 class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
