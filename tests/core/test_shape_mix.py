@@ -18,6 +18,14 @@ from fleetlog.core.state import CoreConfig, State, shape_key
 from tests.core.builders import Driver, job, node
 
 
+def folded(cpus: list[int], config: CoreConfig | None = None) -> State:
+    """A state that folded one 1-GPU job of each CPU in ``cpus``, in order."""
+    state = State(config or CoreConfig())
+    for i, cpu in enumerate(cpus):
+        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    return state
+
+
 @pytest.mark.parametrize(
     ("cpu", "bucket"),
     [
@@ -30,9 +38,7 @@ def test_the_key_rounds_cpu_up_to_a_power_of_two_of_cores(cpu: int, bucket: int)
 
 
 def test_a_group_of_two_cpu_needs_is_one_mean_row_and_two_cpu_rows() -> None:
-    state = State()
-    for i, cpu in enumerate([4_000] * 6 + [3_000] * 2 + [32_000] * 8):
-        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    state = folded([4_000] * 6 + [3_000] * 2 + [32_000] * 8)
     assert state.shape_mix == ((1, 1000, 17_875, 16),)  # (the view of every fleetlog before it)
     assert state.shape_mix_cpu == ((1, 1000, 3_750, 8), (1, 1000, 32_000, 8))  # (ties: the smaller key)
     w = MEAN_VIEW_WEIGHT * 16
@@ -59,9 +65,7 @@ def test_the_matrix_kept_for_decide_follows_every_refresh_of_the_mix() -> None:
 def test_a_group_of_one_cpu_need_is_one_row_of_both_weights() -> None:
     """Its row in the CPU view equals its mean row: the matrix adds the weights (the score is
     linear in them), and fragments are the same as over the two rows."""
-    state = State()
-    for i in range(8):
-        fold(state, job(f"j{i}", cpu=6_000), i + 1)
+    state = folded([6_000] * 8)
     assert state.shape_mix == state.shape_mix_cpu == ((1, 1000, 6_000, 8),)
     merged = shape_matrix(state)
     assert merged.tolist() == [[1, 1000, 6_000, (MEAN_VIEW_WEIGHT + 1) * 8]]
@@ -96,17 +100,13 @@ def test_each_view_keeps_its_most_common_rows() -> None:
 
 @pytest.mark.parametrize("rows", [0, -1, -12])
 def test_no_rows_or_fewer_is_no_cpu_view_and_the_matrix_as_before(rows: int) -> None:
-    state = State(CoreConfig(shape_cpu_rows=rows))
-    for i, cpu in enumerate([4_000, 32_000] * 8):
-        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    state = folded([4_000, 32_000] * 8, CoreConfig(shape_cpu_rows=rows))
     assert state.shape_mix_cpu == ()
     assert shape_matrix(state).tolist() == [[1, 1000, 18_000, 16]]
 
 
 def test_a_snapshot_keeps_both_views() -> None:
-    state = State()
-    for i, cpu in enumerate([4_000, 32_000] * 8):
-        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    state = folded([4_000, 32_000] * 8)
     back = restore(snapshot(state))
     assert back.shape_mix == state.shape_mix
     assert back.shape_mix_cpu == state.shape_mix_cpu
@@ -142,9 +142,7 @@ def test_the_cpu_view_moves_a_decision_the_mean_view_ties() -> None:
     """The window's 1-GPU tasks ask 4 or 32 cores (mean 18). Two nodes with a free GPU, 40 and
     34 cores: a task of 4 cores leaves both above the mean (a tie for the mean view; neither
     starves), but only the 40-core one still feeds a 32-core task after it."""
-    state = State()
-    for i, cpu in enumerate([4_000, 32_000] * 8):
-        fold(state, job(f"j{i}", cpu=cpu), i + 1)
+    state = folded([4_000, 32_000] * 8)
     both, mean = shape_matrix(state), shape_matrix(state)[:1]
     assert _increase(mean, 40_000, 4_000) == _increase(mean, 34_000, 4_000) == 0
     assert _increase(both, 40_000, 4_000) == 0
