@@ -7,7 +7,8 @@
 * ``jobs``: gang and single-task submissions at a steady rate; every one the client
   acknowledged is written to ``--out`` as a JSON line ``{"job": id, "offset": n}``.
 * ``backend``: tails the decisions log (read-only) as a backend would, and reports each placed
-  task started, then finished 0.5–2 s later (one single-task job in 20: 15–30 s later).
+  task started, then finished 0.5–2 s later (one single-task job in 10: 20–40 s later, so that
+  some still run when the soak's long outage, 12.5–13.5 s, ends).
 
 Each send opens the client anew (:meth:`Client.connect`), as a short-lived producer does: it goes
 to the running service over HTTP, or, when ``service.json`` names a dead process, appends to the
@@ -127,8 +128,8 @@ class Backend:
         self.seq = 0
 
     def placed(self, decision: JobPlaced, now: float) -> None:
-        long_run = self.rng.random() < 0.05 and len(decision.tasks) == 1
-        runs_for = self.rng.uniform(15, 30) if long_run else self.rng.uniform(0.5, 2.0)
+        long_run = self.rng.random() < 0.1 and len(decision.tasks) == 1
+        runs_for = self.rng.uniform(20, 40) if long_run else self.rng.uniform(0.5, 2.0)
         for task in decision.tasks:
             self.later(now, TaskStarted(job_id=decision.job_id, task_index=task.task_index, node=task.node))
             self.later(now + runs_for, TaskFinished(job_id=decision.job_id, task_index=task.task_index))
