@@ -355,11 +355,11 @@ def test_stranded() -> None:
 
 def test_trap() -> None:
     r = smoke("trap")
-    assert sorted(r["rules"]) == ["best-fit", f"default@{MEAN_VIEW_WEIGHT}", "fgd"]
+    assert sorted(r["rules"]) == ["best-fit", f"default@{MEAN_VIEW_WEIGHT}", "fgd", "two-views"]
     for found in r["rules"].values():
-        assert list(found["idle_pct"]) == ["bursts/96c8g/x1/2/a4"]
+        assert list(found["idle_pct"]) == ["bursts/96c8g/x1/2/a4", "cpu-bound/96c8g/x1/2/a4"]
         assert 0 <= found["mean_pct"] <= found["worst_pct"] <= 100
-        assert found["cells_over_2pct"] in (0, 1)
+        assert found["cells_over_2pct"] in (0, 1, 2)
 
 
 def test_simulate() -> None:
@@ -383,9 +383,15 @@ def test_simulate() -> None:
     assert "decide: kernel place_run" in r["step_cost_batch64"]["us_per_pod"]
 
 
-DEFAULT_DIGESTS = {  # seed 1, 64 arrivals a step, measured with the shape mix's view by CPU (issue 23)
+DEFAULT_DIGESTS = {  # seed 1, 64 arrivals a step, measured with the CPU-bound rule (issue 23, 2026-12-07)
+    "default": "df9581f516ad13fcf401392efc63c838df5072a20340e07678eaf72e809887d9",
+    "gpushare40": "03f50d018f2656b4aa413f3f59c85756cdadbf337f797299b237353d65cb6282",
+    "cpu300": "dad1f8faa1273e458ae6c9560aae4e7b82b193ab5c796f4072e93bb45672873e",  # (CPU-bound)
+}
+TWO_VIEWS_DIGESTS = {  # the same runs measured with the shape mix's view by CPU (issue 23, 2026-12-06)
     "default": "3dff3ba945826963cec6f3442e84a65ac9698fe0220333743df76ecbe7e583bb",
     "gpushare40": "f0ccb2fa42c7e297845a244d86295a030a7157d12d8932d3419ccddb460bddb0",
+    "cpu300": "39e543e77c0e93cdd69e1fc716f10716691156018269be11c4e4e1ed51d8ee35",
 }
 BEFORE_DIGESTS = {  # the same runs at f8b2d06, before the view by CPU (and before the published rule)
     "default": "b8c91666417a5e12b219ef003a9455d2a1f760f9c529de91a753ba5e3ad5a056",
@@ -396,18 +402,27 @@ BEFORE_DIGESTS = {  # the same runs at f8b2d06, before the view by CPU (and befo
 @pytest.mark.parametrize("variant", sorted(DEFAULT_DIGESTS))
 def test_the_default_policy_decides_as_measured(variant: str) -> None:
     """A whole inflate run of openb under ``default`` ends in the state digest it ended in
-    when benchmarks/README.md measured it (issue 23: the shape mix's view by CPU beside the
-    mean one): a change to the kernels, the fold or the code shared with the published rule
+    when benchmarks/README.md measured it (issue 23: the CPU-bound rule; ``cpu300``'s window is
+    CPU-bound): a change to the kernels, the fold or the code shared with the published rule
     that moves one decision of fleetlog's own FGD fails here."""
     assert final_digest(variant) == DEFAULT_DIGESTS[variant]
 
 
+@pytest.mark.parametrize("variant", sorted(TWO_VIEWS_DIGESTS))
+def test_without_the_cpu_bound_rule_default_decides_as_before_it(variant: str) -> None:
+    """``cpu_bound_rule`` off (how a log recorded before 2026-12-07 is replayed) ends the same
+    runs in the digests pinned before the rule, bit for bit: the two views' rule is still there,
+    and the setting off does not enter the digest."""
+    assert final_digest(variant, CoreConfig(cpu_bound_rule=False)) == TWO_VIEWS_DIGESTS[variant]
+
+
 @pytest.mark.parametrize("variant", sorted(BEFORE_DIGESTS))
 def test_without_the_cpu_view_default_decides_as_before_it(variant: str) -> None:
-    """``shape_cpu_rows = 0`` (how a log recorded before 2026-12-06 is replayed) ends the same
-    run in the digest pinned at f8b2d06, bit for bit: the old rule is still there, and neither
-    the view's config field nor its empty rows enter the digest."""
-    assert final_digest(variant, CoreConfig(shape_cpu_rows=0)) == BEFORE_DIGESTS[variant]
+    """``shape_cpu_rows = 0`` and ``cpu_bound_rule`` off (how a log recorded before 2026-12-06
+    is replayed) end the same run in the digest pinned at f8b2d06, bit for bit: the old rule is
+    still there, and neither the settings nor the view's empty rows enter the digest."""
+    before = CoreConfig(shape_cpu_rows=0, cpu_bound_rule=False)
+    assert final_digest(variant, before) == BEFORE_DIGESTS[variant]
 
 
 def final_digest(variant: str, core: CoreConfig | None = None) -> str:

@@ -31,6 +31,7 @@ from fleetlog.core.constraints import (
     node_attrs_of,
     untolerated,
 )
+from fleetlog.core.kernels.base import CPU_BOUND_MARK
 from fleetlog.core.state import (
     FULL_GPU,
     MAX_GPU_MODELS,
@@ -498,7 +499,9 @@ def take_shape_mix(state: State) -> None:
     state.shape_mix = tuple((g, m, cpu // n, n) for (g, m), n, cpu in top[:MAX_SHAPES])
     keyed.sort(key=lambda e: (-e[1], e[0]))
     rows = keyed[: max(0, state.config.shape_cpu_rows)]  # (a negative count: none, not all but some)
-    state.shape_mix_cpu = tuple((g, m, cpu // n, n) for (g, m, _), n, cpu in rows)
+    view = tuple((g, m, cpu // n, n) for (g, m, _), n, cpu in rows)
+    bound = view and state.config.cpu_bound_rule and cpu_bound(state)
+    state.shape_mix_cpu = (CPU_BOUND_ROW, *view) if bound else view
     seen, config = state.shapes_seen, state.config
     if seen < config.shape_window:
         state.mix_due = min(2 * seen, config.shape_window)
@@ -507,6 +510,25 @@ def take_shape_mix(state: State) -> None:
 
 
 MAX_SHAPES: Final = 32  # rows of the shape mix: the most common (gpus, milli) of the window
+
+CPU_BOUND_ROW: Final = (CPU_BOUND_MARK, 0, 0, 0)
+"""The first row of ``State.shape_mix_cpu`` when the window is CPU-bound (``cpu_bound``): the
+kernels' marker (``kernels.CPU_BOUND_MARK``, weight 0), so the view is the matrix as it is."""
+
+
+def cpu_bound(state: State) -> bool:
+    """The window asks more of the fleet's CPU than of its GPUs: its tasks' cpu (CPU-only
+    tasks' too) over the cpu of every node not removed exceeds their GPU milli over those
+    nodes' GPU milli. CPU, not GPU, then runs out first (issue 23; docs/scheduling.md)."""
+    cpu, milli = 0, 0
+    for (gpus, share, _), (n, cpu_sum) in state.shape_stats.items():
+        cpu += cpu_sum
+        milli += n * gpus * share if gpus > 0 else 0
+    c, size = state.nodes.cols, state.nodes.size
+    kept = c["status"][:size] != int(NodeStatus.REMOVED)
+    fleet_cpu = int(c["cpu_alloc"][:size][kept].sum())
+    fleet_milli = int(c["gpu_count"][:size][kept].sum()) * FULL_GPU
+    return milli > 0 and cpu * fleet_milli > fleet_cpu * milli
 
 
 def remember_shape(state: State, shape: tuple[int, int, int], count: int) -> None:

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from fleetlog.core.kernels import (
     BEST_FIT,
+    CPU_BOUND_MARK,
     CPU_FEED_CAP,
     CPU_TIEBREAK_CAP,
     FGD,
@@ -23,6 +24,7 @@ from fleetlog.core.kernels import (
     FLOOR_MEAN_CPU,
     FLOOR_MEAN_MILLI,
     FLOOR_OTHER,
+    FLOOR_ROW_STARVED,
     FLOOR_SHARE_OVER,
     FLOOR_SOUND,
     FLOOR_WEIGHTS,
@@ -120,26 +122,40 @@ def _shape_frag(frees: list[int], cpu_avail: int, gpus: int, milli: int, cpu: in
     return sum(free for free in frees if free < milli)
 
 
+def _unfed(frees: list[int], cpu_avail: int, cpu: int, milli: int) -> int:
+    """Free GPU milli the node's cpu cannot feed at ``cpu`` per ``milli`` GPU milli."""
+    if cpu <= 0:
+        return 0
+    fed = min(cpu_avail, CPU_FEED_CAP) * milli // cpu
+    return max(0, sum(frees) - fed)
+
+
 def _starved(frees: list[int], cpu_avail: int, gpu_shapes: list[list[int]]) -> int:
     """Free GPU milli the node's cpu cannot feed at the GPU shapes' mean cpu per mean GPU milli."""
     weights = sum(weight for _, _, _, weight in gpu_shapes)
     mean_cpu = sum(weight * cpu for _, _, cpu, weight in gpu_shapes) // weights
     mean_milli = sum(weight * gpus * milli for gpus, milli, _, weight in gpu_shapes) // weights
-    if mean_cpu <= 0:
-        return 0
-    fed = min(cpu_avail, CPU_FEED_CAP) * mean_milli // mean_cpu
-    return max(0, sum(frees) - fed)
+    return _unfed(frees, cpu_avail, mean_cpu, mean_milli)
+
+
+def _is_cpu_bound(shapes: I64) -> bool:
+    return shapes.shape[0] > 0 and int(shapes[0, 0]) == CPU_BOUND_MARK
 
 
 def _node_frag(frees: list[int], cpu_avail: int, shapes: I64) -> int:
     """F(node) = sum over GPU shapes of weight * frag, plus their total weight times the GPU
-    milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels.frag._frag_pair``)."""
+    milli the node's cpu cannot feed. CPU-only shapes do not count (see ``kernels.frag._frag_pair``).
+    CPU-bound (a first row ``CPU_BOUND_MARK``): instead of that last term, each fractional
+    shape's weight times the milli the cpu cannot feed at that shape's own cpu per GPU milli."""
     gpu_shapes: list[list[int]] = [row for row in shapes.tolist() if row[3] != 0 and row[0] > 0]
     if not gpu_shapes:
         return 0
     total = sum(
         weight * _shape_frag(frees, cpu_avail, gpus, milli, cpu) for gpus, milli, cpu, weight in gpu_shapes
     )
+    if _is_cpu_bound(shapes):
+        fractional = [(g, m, c, w) for g, m, c, w in gpu_shapes if m != FULL_GPU]
+        return int(total + sum(w * _unfed(frees, cpu_avail, c, g * m) for g, m, c, w in fractional))
     weights = sum(row[3] for row in gpu_shapes)
     return int(total + weights * _starved(frees, cpu_avail, gpu_shapes))
 
@@ -347,8 +363,9 @@ def floor_table(shapes: I64) -> I64:
     """What the FGD floor needs of the shape mix, laid out as ``kernels.floor`` says: over the
     GPU shapes (weight != 0, gpus > 0), for each f the weight of one-GPU shares of more than f
     milli, for each g the weight of whole-GPU shapes of more than g GPUs, the weight of the
-    others, of the whole ones and of all, their mean cpu and milli, whether no weight is
-    negative, then their (cpu, weight) pairs by descending cpu (in mix order on ties)."""
+    others, of the whole ones and of all, their mean cpu and milli (0 when CPU-bound), whether
+    no weight is negative, the weight of the fractional ones when CPU-bound, then their (cpu,
+    weight) pairs by descending cpu (in mix order on ties)."""
     gpu_shapes = [(g, m, c, w) for g, m, c, w in shapes.tolist() if w != 0 and g > 0]
     whole = [(g, w) for g, m, _, w in gpu_shapes if m == FULL_GPU]
     shares = [(m, w) for g, m, _, w in gpu_shapes if m != FULL_GPU and g == 1 and 0 < m < FULL_GPU]
@@ -361,9 +378,11 @@ def floor_table(shapes: I64) -> I64:
     table[FLOOR_WHOLE] = sum(w for _, w in whole)
     table[FLOOR_OTHER] = weights - table[FLOOR_WHOLE] - sum(w for _, w in shares)
     table[FLOOR_WEIGHTS] = weights
-    if weights > 0:
+    if weights > 0 and not _is_cpu_bound(shapes):  # (CPU-bound: no starved term at the mean)
         table[FLOOR_MEAN_CPU] = sum(w * c for _, _, c, w in gpu_shapes) // weights
         table[FLOOR_MEAN_MILLI] = sum(w * g * m for g, m, _, w in gpu_shapes) // weights
+    if _is_cpu_bound(shapes):  # (each fractional shape's own starved term)
+        table[FLOOR_ROW_STARVED] = sum(w for _, m, _, w in gpu_shapes if m != FULL_GPU)
     published = any(g == PUBLISHED_MARK for g, *_ in shapes.tolist())  # (no floor under its score)
     table[FLOOR_SOUND] = int(all(w >= 0 for *_, w in gpu_shapes) and not published)
     by_cpu = sorted(((c, w) for _, _, c, w in gpu_shapes), key=lambda pair: -pair[0])

@@ -18,7 +18,7 @@ import numpy as np
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.eligibility import job_eligible
-from fleetlog.core.fold import mask_gpus
+from fleetlog.core.fold import CPU_BOUND_ROW, mask_gpus
 from fleetlog.core.memo import MAX_MEMOS, MEMO_ROWS, MemoCache, Memos, Shape
 from fleetlog.core.never_fits import Fleet, fleet_of
 from fleetlog.core.policy import Policy
@@ -224,17 +224,23 @@ def shape_matrix(state: State) -> Array:
     CPU bucket at their counts (both taken by fold: :func:`fleetlog.core.fold.take_shape_mix`).
     A row of the second view equal to one of the first but for its weight (a group whose tasks
     all fall in one CPU bucket) adds its weight to that row: the score is a sum over rows, linear
-    in their weights, so the kernels do the same sum over fewer rows."""
+    in their weights, so the kernels do the same sum over fewer rows. When fold found the
+    window CPU-bound (``fold.cpu_bound``: the view by CPU starts with ``fold.CPU_BOUND_ROW``),
+    the same rows after that marker: the kernels then score them as CPU-bound (each fractional
+    row's own starvation term instead of one at the rows' mean)."""
     kept = state.derived.shape_rows
     if kept is not None and kept[0] is state.shape_mix and kept[1] is state.shape_mix_cpu:
         return kept[2]  # type: ignore[no-any-return]
+    bound = state.shape_mix_cpu[:1] == (CPU_BOUND_ROW,)
+    by_cpu = state.shape_mix_cpu[1:] if bound else state.shape_mix_cpu
     weights: dict[tuple[int, int, int], int] = {}
-    mean_weight = MEAN_VIEW_WEIGHT if state.shape_mix_cpu else 1  # (without it: the matrix as before)
+    mean_weight = MEAN_VIEW_WEIGHT if by_cpu else 1  # (without it: the matrix as before)
     for g, m, cpu, n in state.shape_mix:
         weights[g, m, cpu] = mean_weight * n
-    for g, m, cpu, n in state.shape_mix_cpu:
+    for g, m, cpu, n in by_cpu:
         weights[g, m, cpu] = weights.get((g, m, cpu), 0) + n
-    rows = [(*key, w) for key, w in weights.items()]
+    rows = [CPU_BOUND_ROW] if bound else []  # (the kernels' marker first: scored as CPU-bound)
+    rows += [(*key, w) for key, w in weights.items()]
     matrix = np.array(rows, dtype=np.int64).reshape(len(rows), 4)
     state.derived.shape_rows = (state.shape_mix, state.shape_mix_cpu, matrix)  # (read, never written)
     return matrix

@@ -90,6 +90,12 @@ class CoreConfig(msgspec.Struct, frozen=True):
     (issue 23: 12 did as well as 16, 24 or 32). 0: no such view, the (gpus, milli) mix alone, as
     every fleetlog before 2026-12-06 decided: replay a log recorded before then with 0
     (``service.shape_cpu_rows``; docs/replay.md)."""
+    cpu_bound_rule: bool = True
+    """When the window asks more of the fleet's CPU than of its GPUs (``fold.cpu_bound``),
+    ``default`` scores against the view by CPU alone, with each fractional shape's own
+    starvation term and none at the mean (issue 23, docs/scheduling.md "When CPU runs out
+    first"). False: the two views as every fleetlog before 2026-12-07 decided; replay a log
+    recorded before then with it off (``service.cpu_bound_rule``; docs/replay.md)."""
     hold_ms: int = 30_000
     """A cell shard hands a dispatched job back (``JobReturned``) when it has waited this long
     (log time) since its dispatch without being placed. Only dispatched jobs are held."""
@@ -108,13 +114,14 @@ class CoreConfig(msgspec.Struct, frozen=True):
     retired rows are this many and more than its live ones."""
 
 
-BEFORE_FIELDS: Final = {"hold_ms": 30_000, "cells": (), "shape_cpu_rows": 0}
+BEFORE_FIELDS: Final = {"hold_ms": 30_000, "cells": (), "shape_cpu_rows": 0, "cpu_bound_rule": False}
 """Fields of :class:`CoreConfig` added after the first snapshots, at the value that behaves as
 fleetlog did before they existed: left out of a snapshot's and a digest's config at that value
 and read back as it where absent, so a log or snapshot of an older fleetlog verifies and
 restores digest for digest. The cell-shard fields (``hold_ms``, ``cells``) at their defaults:
 a single shard's digest is what it was before them; ``shape_cpu_rows`` at 0, no view of the
-shape mix by CPU (its default is 12)."""
+shape mix by CPU (its default is 12); ``cpu_bound_rule`` off, the two views whatever the
+window asks (its default is on)."""
 
 
 class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -122,7 +122,10 @@ def _print_verify(report: Any) -> None:
     if d.what == "state digest" and report.batches == 0:  # (the digest covers the fold's settings)
         print("  hint:      a service run with another node timeout diverges here: replay with its "
               "--node-timeout SECONDS (or service.node_timeout_ms); so does a log recorded before "
-              "2026-12-06: replay it with service.shape_cpu_rows = 0 (FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)")
+              "2026-12-07: replay it with service.cpu_bound_rule = false "
+              "(FLEETLOG_SERVICE_CPU_BOUND_RULE=0), and one recorded before 2026-12-06 with "
+              "service.shape_cpu_rows = 0 as well "
+              "(FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)")
     for row in d.state_diff:
         print(f"  state {row.kind} {row.key}: recorded {row.recorded} vs replayed {row.replayed}")
     print(f"  inputs since the previous batch (as_of {d.previous_as_of}): {d.inputs_since_count}")

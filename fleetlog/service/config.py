@@ -85,11 +85,16 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Rows of the shape mix's view by CPU that ``default`` scores against beside the (gpus,
     milli) one (``CoreConfig.shape_cpu_rows``); 0: none, as fleetlog decided before 2026-12-06.
     Replay a log recorded before then with 0 (docs/replay.md)."""
+    cpu_bound_rule: bool = True
+    """Score CPU-bound windows by the view by CPU alone (``CoreConfig.cpu_bound_rule``); false:
+    as fleetlog decided before 2026-12-07. Replay a log recorded before then with false
+    (docs/replay.md)."""
 
     def core(self, **fields: Any) -> CoreConfig:
         """The fold's settings these service settings make (``fields`` instead, where given)."""
         made = {"node_timeout_ms": self.node_timeout_ms, "retain_finished_ms": self.retain_finished_ms,
-                "dedup_window_ms": self.dedup_window_ms, "shape_cpu_rows": self.shape_cpu_rows}
+                "dedup_window_ms": self.dedup_window_ms, "shape_cpu_rows": self.shape_cpu_rows,
+                "cpu_bound_rule": self.cpu_bound_rule}
         return CoreConfig(**(made | fields))
     http_header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     """A connection must send a whole request head this soon after it opens (or after its

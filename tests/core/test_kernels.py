@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fleetlog.core import kernels as nb
 from fleetlog.core import kernels_ref as ref
-from fleetlog.core.kernels import BEST_FIT, FGD, FULL_GPU, MAX_GPUS
+from fleetlog.core.kernels import BEST_FIT, CPU_BOUND_MARK, FGD, FULL_GPU, MAX_GPUS
 from fleetlog.core.kernels.floor import _fgd_floor, _floor_table
 from tests.core.budget import examples
 
@@ -378,8 +378,12 @@ def tasks(draw: st.DrawFn) -> Task:
     return Task(cpu, mem, draw(st.integers(1, 8)), FULL_GPU, draw(MODEL_BITS))
 
 
+CPU_BOUND = (CPU_BOUND_MARK, 0, 0, 0)  # a first row: the rows are scored as CPU-bound
+
+
 def _mix(draw: st.DrawFn, shapes: st.SearchStrategy[Task], most_rows: int, most_weight: int) -> Array:
-    rows = []
+    """Up to ``most_rows`` rows of ``shapes``; one mix in three scored as CPU-bound."""
+    rows = [CPU_BOUND] if draw(st.integers(0, 2)) == 0 else []
     for _ in range(draw(st.integers(0, most_rows))):
         task = draw(shapes)
         rows.append((task.gpus, task.milli, task.cpu, draw(st.integers(0, most_weight))))
@@ -671,6 +675,24 @@ def test_fgd_floor_is_below_the_increase(cluster: Cluster, task: Task, shapes: A
             assert int(floor) <= int(primary)
 
 
+def test_the_cpu_bound_floor_is_below_a_fall_of_the_rows_own_starvation() -> None:
+    """A CPU-starved node (8 free GPUs, 4 cores) under a CPU-bound mix of one fractional row
+    (half a GPU at 16 cores, 5 tasks): a whole-GPU task lowers the row's fragment by 5 x 1000
+    and its own starvation by 5 x 968 (fed 125 -> 93 of 8000 -> 7000 free milli), -9840 in
+    all; the floor must cover both falls (-10000), not the fragment's alone."""
+    cluster = Cluster()
+    cluster.node(4_000, 65_536, (FULL_GPU,) * 8, 0, 0)
+    shapes = shape_matrix([CPU_BOUND, (1, 500, 16_000, 5)])
+    cpu_free, mem_free, gpu_free, gpu_count, model = cluster.arrays()
+    task = Task(1_000, 1024, 1, FULL_GPU)
+    node = (int(cpu_free[0]), int(mem_free[0]), gpu_free[0], int(gpu_count[0]), int(model[0]))
+    ok, floor, _ = _fgd_floor(*node, task.args(), _floor_table(shapes))
+    primary, _ = nb.node_score(0, cpu_free, gpu_free, gpu_count, task.cpu, task.gpus, task.milli, FGD, shapes)
+    assert ok
+    assert int(primary) == -9840
+    assert int(floor) == -10_000
+
+
 @PROPERTY
 @given(
     cluster=alike_clusters(),
@@ -884,14 +906,27 @@ BOUNDARY_SHAPES = [
 
 @pytest.mark.parametrize(
     "rows",
-    [[], BOUNDARY_SHAPES[:1], BOUNDARY_SHAPES, BOUNDARY_SHAPES[:-1], [(1, 250, 100, 1)] * 3],
-    ids=["empty", "one", "every-bound", "sound", "ties"],
+    [
+        [],
+        BOUNDARY_SHAPES[:1],
+        BOUNDARY_SHAPES,
+        BOUNDARY_SHAPES[:-1],
+        [(1, 250, 100, 1)] * 3,
+        [CPU_BOUND],
+        [CPU_BOUND, *BOUNDARY_SHAPES],
+        [CPU_BOUND, *BOUNDARY_SHAPES[:-1]],
+    ],
+    ids=["empty", "one", "every-bound", "sound", "ties", "cpu-bound-empty", "cpu-bound", "cpu-bound-sound"],
 )
 def test_floor_table_at_the_limits(rows: list[tuple[int, int, int, int]]) -> None:
     shapes = shape_matrix(rows)
     got = nb.floor_table(shapes)
     assert got.tolist() == ref.floor_table(shapes).tolist()
     assert got[nb.FLOOR_SOUND] == int(all(w >= 0 for g, _, _, w in rows if g > 0 and w != 0))
+    bound = rows[:1] == [CPU_BOUND]
+    fractional = sum(w for g, m, _, w in rows if g > 0 and w != 0 and m != FULL_GPU)
+    assert got[nb.FLOOR_ROW_STARVED] == (fractional if bound else 0)
+    assert (got[nb.FLOOR_MEAN_CPU] == 0) or not bound  # (no starved term at the mean)
 
 
 @PROPERTY
@@ -904,10 +939,11 @@ def test_floor_table_at_the_limits(rows: list[tuple[int, int, int, int]]) -> Non
             st.integers(-3, 1 << 16),
         ),
         max_size=12,
-    )
+    ),
+    bound=st.booleans(),
 )
-def test_floor_table_matches_reference(rows: list[tuple[int, int, int, int]]) -> None:
-    shapes = shape_matrix(rows)
+def test_floor_table_matches_reference(rows: list[tuple[int, int, int, int]], bound: bool) -> None:
+    shapes = shape_matrix([CPU_BOUND, *rows] if bound else rows)
     assert nb.floor_table(shapes).tolist() == ref.floor_table(shapes).tolist()
 
 

@@ -11,10 +11,12 @@ import pytest
 from benchmarks import trap
 from fleetlog.core import kernels, scratch
 from fleetlog.core.digest import digest, restore, snapshot
-from fleetlog.core.fold import MAX_SHAPES, fold, take_shape_mix
+from fleetlog.core.fold import CPU_BOUND_ROW, MAX_SHAPES, cpu_bound, fold, take_shape_mix
 from fleetlog.core.invariants import check
+from fleetlog.core.policy import Policy
 from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, shape_matrix
 from fleetlog.core.state import CoreConfig, State, shape_key
+from fleetlog.events import NodeRemoved
 from tests.core.builders import Driver, job, node
 
 
@@ -159,3 +161,101 @@ def _increase(shapes: np.ndarray, cpu_free: int, cpu: int) -> int:
         return int(kernels.fragmentation(cands, np.array([free], dtype=np.int64), gpu_free, count, shapes))
 
     return f(cpu_free - cpu) - f(cpu_free)
+
+
+# ---------------------------------------------------------------- when CPU runs out first
+
+
+def fleet(config: CoreConfig | None = None, *nodes: tuple[str, int, int]) -> State:
+    """A state that folded heartbeats of ``nodes`` (name, cores, GPUs): by default four 96-core
+    8-GPU nodes (12 cores a GPU)."""
+    state = State(config or CoreConfig())
+    for at, (name, cores, gpus) in enumerate(nodes or [(f"n{i}", 96, 8) for i in range(4)]):
+        fold(state, node(name, gpus=gpus, cpu=cores * 1_000), at + 1)
+    return state
+
+
+def window(state: State, *groups: tuple[int, int, int]) -> State:
+    """Fold ``count`` jobs of (count, GPUs, cpu) per group, then take the mix."""
+    at = 100
+    for count, gpus, cpu in groups:
+        for _ in range(count):
+            at += 1
+            fold(state, job(f"j{at}", gpus=gpus, cpu=cpu), at)
+    take_shape_mix(state)
+    return state
+
+
+def is_bound(state: State) -> bool:
+    return state.shape_mix_cpu[:1] == (CPU_BOUND_ROW,)
+
+
+@pytest.mark.parametrize(("cpu", "bound"), [(11_000, False), (12_000, False), (12_001, True), (40_000, True)])
+def test_a_window_is_cpu_bound_when_it_asks_more_of_the_cpu_than_of_the_gpus(cpu: int, bound: bool) -> None:
+    """The fleet has 12 cores a GPU: 1-GPU tasks of up to 12 cores run out of GPUs first."""
+    state = window(fleet(), (16, 1, cpu))
+    assert cpu_bound(state) is bound
+    assert is_bound(state) is bound
+    check(state)
+
+
+def test_cpu_only_tasks_count_and_so_does_the_cpu_of_nodes_without_gpus() -> None:
+    """8-core 1-GPU tasks and as many 8-core CPU-only ones ask 16 cores a GPU: bound on 12. A
+    384-core node without GPUs makes the fleet 24 cores a GPU: not bound; removed, bound again."""
+    state = window(fleet(), (16, 1, 8_000), (16, 0, 8_000))
+    assert is_bound(state)
+    fold(state, node("cpus", gpus=0, cpu=384_000), 1_000)
+    assert not is_bound(window(state))
+    fold(state, NodeRemoved(cell="c1", node="cpus"), 1_001)
+    assert is_bound(window(state))
+
+
+@pytest.mark.parametrize("config", [CoreConfig(cpu_bound_rule=False), CoreConfig(shape_cpu_rows=0)])
+def test_off_or_without_the_cpu_view_no_window_is_cpu_bound(config: CoreConfig) -> None:
+    state = window(fleet(config), (16, 1, 40_000))
+    assert cpu_bound(state)  # (the window does ask more of the CPU)
+    assert not is_bound(state)
+    assert shape_matrix(state)[0, 0] != kernels.CPU_BOUND_MARK
+
+
+def test_without_gpu_tasks_or_gpus_no_window_is_cpu_bound() -> None:
+    assert not cpu_bound(window(fleet(), (16, 0, 40_000)))
+    assert not cpu_bound(window(fleet(None, ("a", 96, 0)), (16, 1, 40_000)))
+    assert not cpu_bound(window(State(), (16, 1, 40_000)))  # (no node at all)
+
+
+def test_a_cpu_bound_matrix_is_the_two_views_after_the_marker_and_a_snapshot_keeps_it() -> None:
+    state = window(fleet(), (12, 1, 4_000), (4, 1, 32_000), (16, 0, 16_000))
+    assert state.shape_mix_cpu == (CPU_BOUND_ROW, (1, 1000, 4_000, 12), (1, 1000, 32_000, 4))
+    w = MEAN_VIEW_WEIGHT * 16
+    rows = [[0, 0, 16_000, w], [1, 1000, 11_000, w], [1, 1000, 4_000, 12], [1, 1000, 32_000, 4]]
+    assert shape_matrix(state).tolist() == [list(CPU_BOUND_ROW), *rows]
+    assert shape_matrix(state) is shape_matrix(state)  # (kept while the views are)
+    back = restore(snapshot(state))
+    assert back.shape_mix_cpu == state.shape_mix_cpu
+    assert digest(back) == digest(state)
+    assert shape_matrix(back).tolist() == shape_matrix(state).tolist()
+
+
+def test_cpu_bound_a_fractional_shape_starves_at_its_own_cpu_and_a_whole_one_not_at_all() -> None:
+    """A node with one free GPU and 20 cores; a CPU-only task takes 12. Rows: a whole GPU at 4
+    cores, half a GPU at 16. Both ways the half-GPU row stops fitting (+1000 milli of fragment).
+    CPU-bound, the half-GPU row's own starvation grows from 1000 - 20 * 500 / 16 = 375 to
+    1000 - 8 * 500 / 16 = 750 (+375), the whole one has none: 1375. As two views' matrix, the
+    rows' mean (10 cores a 750 milli) starves 0, then 1000 - 8 * 750 / 10 = 400, times their
+    weight 2 (+800): 1800."""
+    rows = [(1, 1000, 4_000, 1), (1, 500, 16_000, 1)]
+    bound = np.array([CPU_BOUND_ROW, *rows], dtype=np.int64)
+    plain = np.array(rows, dtype=np.int64)
+    assert _increase(bound, 20_000, 12_000) == 1375
+    assert _increase(plain, 20_000, 12_000) == 1800
+
+
+def test_where_cpu_runs_out_first_the_rule_leaves_fewer_gpus_idle() -> None:
+    """A cell of the trap grid's ``cpu-bound`` mix (25 nodes of 64 cores and 8 GPUs; per round
+    8-core CPU-only tasks for 8 cores a GPU asked, a 1-GPU 4-core task, a 4-GPU 16-core one, a
+    1-GPU 16-core one and every other round an 8-GPU one): 2.5% of the GPUs idle with the
+    CPU-bound rule, 6% without it (benchmarks/README.md, "When CPU runs out first")."""
+    events = [*trap.nodes(25, 64, 8), *trap.arrivals(25, 8, 16_000, 1, "cpu-bound", 64)]
+    assert trap.idle_pct(Policy(), events, 8) == 2.5
+    assert trap.idle_pct(Policy(), events, 8, CoreConfig(cpu_bound_rule=False)) == 6.0

@@ -1,8 +1,14 @@
-"""A log recorded before the shape mix's view by CPU (2026-12-06, issue 23) still verifies, with
-``service.shape_cpu_rows = 0``: ``old-logs/before-cpu-view`` is the clean fixture as the fleetlog
-of that day wrote it (its decision batches' digests, its format-5 snapshot), kept unchanged
-(outside ``data/``: ``make_fixtures`` re-records those, and ``benchmarks.shape`` verifies them
-with the default settings)."""
+"""Logs recorded before a change of ``default``'s rule still verify, given the settings that
+turn the change off; without them they diverge at their first batch, with a hint that names
+them. Each ``old-logs/`` directory is the clean fixture as the fleetlog of that day wrote it
+(its decision batches' digests, its format-5 snapshot), kept unchanged (outside ``data/``:
+``make_fixtures`` re-records those, and ``benchmarks.shape`` verifies them with the default
+settings):
+
+- ``before-cpu-view``: before the shape mix's view by CPU (2026-12-06, issue 23), verified
+  with ``service.shape_cpu_rows = 0`` and ``service.cpu_bound_rule = false``;
+- ``before-cpu-bound``: before the CPU-bound rule (2026-12-07, issue 23), verified with
+  ``service.cpu_bound_rule = false``."""
 
 from __future__ import annotations
 
@@ -13,39 +19,61 @@ import pytest
 
 from fleetlog.cli import main
 
-BEFORE = str(Path(__file__).parent / "old-logs" / "before-cpu-view")
+OLD = Path(__file__).parent / "old-logs"
+BEFORE = {  # old log -> the settings it verifies with
+    "before-cpu-view": {"FLEETLOG_SERVICE_SHAPE_CPU_ROWS": "0", "FLEETLOG_SERVICE_CPU_BOUND_RULE": "0"},
+    "before-cpu-bound": {"FLEETLOG_SERVICE_CPU_BOUND_RULE": "0"},
+}
+HINTS = (
+    "service.cpu_bound_rule = false (FLEETLOG_SERVICE_CPU_BOUND_RULE=0)",
+    "service.shape_cpu_rows = 0 as well (FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)",
+)
 
 
-def verify(capsys: pytest.CaptureFixture[str], code: int, *more: str) -> dict[str, object]:
-    assert main(["replay", "verify", "--log", BEFORE, "--json", *more]) == code
+def verify(capsys: pytest.CaptureFixture[str], log: str, code: int) -> dict[str, object]:
+    assert main(["replay", "verify", "--log", log, "--json"]) == code
     report: dict[str, object] = json.loads(capsys.readouterr().out)
     return report
 
 
-def test_it_verifies_without_the_view(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", sorted(BEFORE))
+def test_it_verifies_with_the_change_turned_off(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FLEETLOG_SERVICE_SHAPE_CPU_ROWS", "0")
-    report = verify(capsys, 0)
+    log = str(OLD / name)
+    for key, value in BEFORE[name].items():
+        monkeypatch.setenv(key, value)
+    report = verify(capsys, log, 0)
     assert report["ok"]
     assert isinstance(report["batches"], int)
     assert report["batches"] > 10
-    assert main(["replay", "state-at", "290", "--log", BEFORE, "--json"]) == 0  # (from its snapshot)
+    assert main(["replay", "state-at", "290", "--log", log, "--json"]) == 0  # (from its snapshot)
     fast = json.loads(capsys.readouterr().out)
-    assert main(["replay", "state-at", "290", "--log", BEFORE, "--json", "--no-snapshots"]) == 0
+    assert main(["replay", "state-at", "290", "--log", log, "--json", "--no-snapshots"]) == 0
     slow = json.loads(capsys.readouterr().out)
     assert fast["snapshot"]
     assert fast["digest"] == slow["digest"] == report["final_digest"]
 
 
-def test_with_the_view_it_diverges_at_the_first_batch_and_says_why(
-    capsys: pytest.CaptureFixture[str],
+def short_of(name: str) -> list[dict[str, str]]:
+    """Every proper subset of an old log's settings (none of them, or all but some)."""
+    keys = sorted(BEFORE[name])
+    subsets = [[k for i, k in enumerate(keys) if bits >> i & 1] for bits in range((1 << len(keys)) - 1)]
+    return [{k: BEFORE[name][k] for k in subset} for subset in subsets]
+
+
+@pytest.mark.parametrize(("name", "settings"), [(name, s) for name in sorted(BEFORE) for s in short_of(name)])
+def test_short_of_them_it_diverges_at_the_first_batch_and_says_why(
+    name: str, settings: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    report = verify(capsys, 1)
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    log = str(OLD / name)
+    report = verify(capsys, log, 1)
     divergence = report["divergence"]
     assert isinstance(divergence, dict)
     assert divergence["what"] == "state digest"
     assert report["batches"] == 0
-    assert main(["replay", "verify", "--log", BEFORE]) == 1
+    assert main(["replay", "verify", "--log", log]) == 1
     out = capsys.readouterr().out
-    assert "service.shape_cpu_rows = 0 (FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)" in out
+    assert all(hint in out for hint in HINTS)

@@ -18,6 +18,8 @@ ATC'23; ``frag._published_pick``): the other rows are then the typical pods, CPU
 included, and its cpu column is the tie seed; the primary is 100 - the plugin's integer score,
 the secondary the node's tie key (``frag._tie_key``: pseudo-random, from the node's index and
 the seed, below 2**40), and a GPU share takes the GPU of the best score (``pick_gpus_scored``).
+A first row (CPU_BOUND_MARK, 0, 0, 0) scores the other rows as CPU-bound: no starvation term at
+their mean, each fractional row its own at its cpu per GPU milli (``frag._frag_pair``).
 
 Scores are pairs ``(primary, secondary)`` of int64, lower is better, compared lexicographically
 (then by node index). BEST_FIT: primary 0, secondary the best-fit score below. FGD: primary the
@@ -71,6 +73,7 @@ from __future__ import annotations
 
 from fleetlog.core.kernels.base import (
     BEST_FIT,
+    CPU_BOUND_MARK,
     CPU_FEED_CAP,
     CPU_TIEBREAK_CAP,
     DEMAND_COLUMNS,
@@ -134,6 +137,7 @@ from fleetlog.core.kernels.floor import (
     FLOOR_MEAN_CPU,
     FLOOR_MEAN_MILLI,
     FLOOR_OTHER,
+    FLOOR_ROW_STARVED,
     FLOOR_SHARE_OVER,
     FLOOR_SOUND,
     FLOOR_WEIGHTS,
@@ -185,6 +189,7 @@ from fleetlog.core.kernels.summary import (
 
 __all__ = [
     "BEST_FIT",
+    "CPU_BOUND_MARK",
     "CPU_FEED_CAP",
     "CPU_TIEBREAK_CAP",
     "DEMAND_COLUMNS",
@@ -200,6 +205,7 @@ __all__ = [
     "FLOOR_MEAN_CPU",
     "FLOOR_MEAN_MILLI",
     "FLOOR_OTHER",
+    "FLOOR_ROW_STARVED",
     "FLOOR_SHARE_OVER",
     "FLOOR_SOUND",
     "FLOOR_WEIGHTS",

@@ -77,6 +77,11 @@ CPU_FEED_CAP = 1 << 40
 # every machine).
 PUBLISHED_MARK = -1
 """SHAPE_GPUS of the first row of a shape matrix that selects the published FGD rule."""
+CPU_BOUND_MARK = -2
+"""SHAPE_GPUS of the first row (weight 0) of a shape matrix scored as CPU-bound: no starvation
+term at the rows' mean; each fractional row (milli below a whole GPU) adds its weight times the
+free GPU milli the node's cpu cannot feed at that row's own cpu per GPU milli (issue 23,
+docs/scheduling.md "When CPU runs out first")."""
 PUBLISHED_LOGITS = np.array(
     [
         4.59511985013459, 3.8918202981106265, 3.4760986898352733, 3.1780538303479458, 2.9444389791664403,

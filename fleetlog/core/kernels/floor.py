@@ -7,6 +7,7 @@ import numpy as np
 from fleetlog.core.kernels.base import (
     _ONE,
     _ZERO,
+    CPU_BOUND_MARK,
     FULL_GPU,
     I16,
     I64,
@@ -35,7 +36,9 @@ from fleetlog.core.kernels.node import _best_fit
 # milli <= the chosen GPU's free share (or whole GPUs taken), whole-GPU shapes when the task
 # takes (from) fully free GPUs and the node has their GPUs, in both cases with their cpu free
 # on the node. The floor is -D times the weight of every other shape, plus the starved term's
-# change (exact).
+# change (exact). A CPU-bound matrix has no starved term at the mean; each fractional shape's
+# own starved term changes by at least -D (the free milli drop by D, the milli the cpu feeds
+# cannot grow) and by at least 0 when the task takes no GPU: -D times their weight more.
 
 # layout of the per-call table built by _floor_table
 FLOOR_SHARE_OVER = 0  # [0 .. 1000]: weight of 1-GPU fractional shapes with milli > f
@@ -46,7 +49,8 @@ FLOOR_WEIGHTS = FLOOR_WHOLE + 1  # W, the weight of all GPU shapes
 FLOOR_MEAN_CPU = FLOOR_WEIGHTS + 1
 FLOOR_MEAN_MILLI = FLOOR_MEAN_CPU + 1
 FLOOR_SOUND = FLOOR_MEAN_MILLI + 1  # 1 when no weight is negative (else no floor)
-FLOOR_CPU = FLOOR_SOUND + 1  # pairs (cpu, weight) of the GPU shapes, by descending cpu
+FLOOR_ROW_STARVED = FLOOR_SOUND + 1  # CPU-bound: weight of the fractional shapes (own starved terms)
+FLOOR_CPU = FLOOR_ROW_STARVED + 1  # pairs (cpu, weight) of the GPU shapes, by descending cpu
 NO_FLOOR_VALUE = -(1 << 62)
 
 
@@ -57,6 +61,7 @@ def _floor_table(shapes: I64) -> I64:
     table = np.zeros(FLOOR_CPU + 2 * n_shapes, dtype=np.int64)
     table[FLOOR_SOUND] = 1
     weights, cpu_sum, milli_sum, n_cpu = 0, 0, 0, 0
+    bound = n_shapes > 0 and int(shapes[0, SHAPE_GPUS]) == CPU_BOUND_MARK
     for k in range(n_shapes):
         gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
         cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
@@ -66,6 +71,8 @@ def _floor_table(shapes: I64) -> I64:
             continue
         if weight < 0:
             table[FLOOR_SOUND] = 0
+        if bound and milli != FULL_GPU:
+            table[FLOOR_ROW_STARVED] += weight
         weights += weight
         cpu_sum += weight * cpu
         milli_sum += weight * gpus * milli
@@ -87,7 +94,7 @@ def _floor_table(shapes: I64) -> I64:
     for g in range(MAX_GPUS - 1, -1, -1):
         table[FLOOR_WHOLE_OVER + g] += table[FLOOR_WHOLE_OVER + g + 1]
     table[FLOOR_WEIGHTS] = weights
-    if weights > 0:
+    if weights > 0 and not bound:  # (mean cpu 0: no starved term at the mean)
         table[FLOOR_MEAN_CPU] = cpu_sum // weights
         table[FLOOR_MEAN_MILLI] = milli_sum // weights
     return table[: FLOOR_CPU + 2 * n_cpu]
@@ -155,7 +162,7 @@ def _fgd_floor(
         unsure += int(whole)
     else:
         unsure = weights
-    unsure += _cpu_short(table, cpu_avail)
+    unsure += _cpu_short(table, cpu_avail) + int(table[FLOOR_ROW_STARVED])
     return True, floor - taken * unsure, secondary
 
 

@@ -6,6 +6,7 @@ import numpy as np
 
 from fleetlog.core.kernels.base import (
     _ZERO,
+    CPU_BOUND_MARK,
     CPU_FEED_CAP,
     FGD,
     FULL_GPU,
@@ -78,24 +79,37 @@ def _starved(total: int, cpu_avail: int, mean_cpu: int, mean_milli: int) -> int:
 
 
 @_hot
+def _is_cpu_bound(shapes: I64) -> bool:
+    """The shape matrix is scored as CPU-bound (its first row is the marker)."""
+    return shapes.shape[0] > 0 and int(shapes[0, SHAPE_GPUS]) == CPU_BOUND_MARK
+
+
+@_hot
 def _frag_pair(
     row: I16, count: int, mask: np.uint64, taken: int, cpu_before: int, cpu_after: int, shapes: I64
 ) -> tuple[int, int]:
     """(F before, F after) of a node from which a task takes ``taken`` milli on the GPUs in
     ``mask`` and its cpu; F = sum_k weight_k * frag_k + W * starved over the GPU shapes k
     (W their total weight). CPU-only shapes count for nothing: every free GPU share is a
-    fragment to them whatever happens, so they add the same to every node's increase."""
+    fragment to them whatever happens, so they add the same to every node's increase. A
+    CPU-bound matrix (``CPU_BOUND_MARK``) has no term at the mean: each fractional shape k adds
+    weight_k * starved at its own cpu per GPU milli instead."""
     total_b, full_b, partial_b, total_a, full_a, partial_a = _gpu_stats(row, count, mask, taken)
     before, after = 0, 0
     weights, cpu_sum, milli_sum = 0, 0, 0
+    bound = _is_cpu_bound(shapes)
     for k in range(shapes.shape[0]):
         gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
         cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
         if weight == 0 or gpus <= 0:
             continue
-        weights += weight
-        cpu_sum += weight * cpu
-        milli_sum += weight * gpus * milli
+        if not bound:
+            weights += weight
+            cpu_sum += weight * cpu
+            milli_sum += weight * gpus * milli
+        elif milli != FULL_GPU:
+            before += weight * _starved(total_b, cpu_before, cpu, gpus * milli)
+            after += weight * _starved(total_a, cpu_after, cpu, gpus * milli)
         if milli != FULL_GPU:
             usable_b, stranded_b, usable_a, stranded_a = _fractional_pair(row, count, mask, taken, milli)
             before += weight * (stranded_b if cpu <= cpu_before and usable_b >= gpus else total_b)
@@ -181,14 +195,19 @@ def _frag_increase(
         return after_f - before
     increase = 0
     weights, cpu_sum, milli_sum = 0, 0, 0
+    bound = _is_cpu_bound(shapes)
     for k in range(shapes.shape[0]):
         gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
         cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
         if weight == 0 or gpus <= 0:
             continue
-        weights += weight
-        cpu_sum += weight * cpu
-        milli_sum += weight * gpus * milli
+        if not bound:
+            weights += weight
+            cpu_sum += weight * cpu
+            milli_sum += weight * gpus * milli
+        elif milli != FULL_GPU:
+            starved_b = _starved(total_b, cpu_before, cpu, gpus * milli)
+            increase += weight * (_starved(total_a, cpu_after, cpu, gpus * milli) - starved_b)
         if milli == FULL_GPU:
             before = _plain_frag(total_b, full_b, partial_b, cpu_before, gpus, cpu)
             increase += weight * (_plain_frag(total_a, full_a, partial_a, cpu_after, gpus, cpu) - before)
