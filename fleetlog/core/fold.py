@@ -513,7 +513,8 @@ MAX_SHAPES: Final = 32  # rows of the shape mix: the most common (gpus, milli) o
 
 CPU_BOUND_ROW: Final = (CPU_BOUND_MARK, 0, 0, 0)
 """The first row of ``State.shape_mix_cpu`` when the window is CPU-bound (``cpu_bound``): the
-kernels' marker (``kernels.CPU_BOUND_MARK``, weight 0), so the view is the matrix as it is."""
+kernels' marker (``kernels.CPU_BOUND_MARK``, weight 0), which ``scratch.shape_matrix`` puts
+first in the matrix (a row of the view, it is snapshotted and digested with it)."""
 
 
 def cpu_bound(state: State) -> bool:

@@ -92,10 +92,11 @@ class CoreConfig(msgspec.Struct, frozen=True):
     (``service.shape_cpu_rows``; docs/replay.md)."""
     cpu_bound_rule: bool = True
     """When the window asks more of the fleet's CPU than of its GPUs (``fold.cpu_bound``),
-    ``default`` scores against the view by CPU alone, with each fractional shape's own
-    starvation term and none at the mean (issue 23, docs/scheduling.md "When CPU runs out
-    first"). False: the two views as every fleetlog before 2026-12-07 decided; replay a log
-    recorded before then with it off (``service.cpu_bound_rule``; docs/replay.md)."""
+    ``default`` scores the same rows with each fractional shape's own starvation term and none
+    at the rows' mean (issue 23, docs/scheduling.md "When CPU runs out first"). False: the
+    starvation term at the mean whatever the window asks, as every fleetlog before 2026-12-07
+    decided; replay a log recorded before then with it off (``service.cpu_bound_rule``;
+    docs/replay.md)."""
     hold_ms: int = 30_000
     """A cell shard hands a dispatched job back (``JobReturned``) when it has waited this long
     (log time) since its dispatch without being placed. Only dispatched jobs are held."""

@@ -86,9 +86,9 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     milli) one (``CoreConfig.shape_cpu_rows``); 0: none, as fleetlog decided before 2026-12-06.
     Replay a log recorded before then with 0 (docs/replay.md)."""
     cpu_bound_rule: bool = True
-    """Score CPU-bound windows by the view by CPU alone (``CoreConfig.cpu_bound_rule``); false:
-    as fleetlog decided before 2026-12-07. Replay a log recorded before then with false
-    (docs/replay.md)."""
+    """Score CPU-bound windows with each fractional shape's own starvation term
+    (``CoreConfig.cpu_bound_rule``); false: as fleetlog decided before 2026-12-07. Replay a log
+    recorded before then with false (docs/replay.md)."""
 
     def core(self, **fields: Any) -> CoreConfig:
         """The fold's settings these service settings make (``fields`` instead, where given)."""
