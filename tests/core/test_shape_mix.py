@@ -5,6 +5,8 @@ first at ``MEAN_VIEW_WEIGHT`` times the second (``scratch.shape_matrix``)."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -12,11 +14,13 @@ from benchmarks import trap
 from fleetlog.core import kernels, scratch
 from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.fold import CPU_BOUND_ROW, MAX_SHAPES, cpu_bound, fold, take_shape_mix
+from fleetlog.core.fold_batch import fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, shape_matrix
 from fleetlog.core.state import CoreConfig, State, shape_key
 from fleetlog.events import NodeRemoved
+from fleetlog.events.model import Event
 from tests.core.builders import Driver, job, node
 
 
@@ -259,3 +263,40 @@ def test_where_cpu_runs_out_first_the_rule_leaves_fewer_gpus_idle() -> None:
     events = [*trap.nodes(25, 64, 8), *trap.arrivals(25, 8, 16_000, 1, "cpu-bound", 64)]
     assert trap.idle_pct(Policy(), events, 8) == 2.5
     assert trap.idle_pct(Policy(), events, 8, CoreConfig(cpu_bound_rule=False)) == 6.0
+
+
+def regime_log() -> list[tuple[Event, int]]:
+    """Four 96-core 8-GPU nodes (12 cores a GPU); runs of 4-core 1-GPU jobs (GPU-bound), steady
+    heartbeats, runs of 40-core ones (CPU-bound), a 2,048-core node without GPUs joining (76
+    cores a GPU: not bound), 24-core half-GPU jobs, that node removed (bound again), CPU-only
+    and 1-GPU 8-core jobs interleaved (16 cores a GPU: bound), 4-core 1-GPU jobs (not bound)."""
+    beats = [node(f"n{i}") for i in range(4)]
+    events: list[Event] = [*beats]
+    events += [job(f"a{i}", cpu=4_000) for i in range(40)] + beats
+    events += [job(f"b{i}", cpu=40_000) for i in range(60)] + beats
+    events += [node("cpus", gpus=0, cpu=2_048_000)] + [job(f"c{i}", cpu=24_000, milli=500) for i in range(40)]
+    events += [NodeRemoved(cell="c1", node="cpus"), *beats]
+    events += [job(f"d{i}", gpus=i % 2, cpu=8_000) for i in range(60)] + beats
+    events += [job(f"e{i}", cpu=4_000) for i in range(80)]
+    return [(e, at + 1) for at, e in enumerate(events)]
+
+
+def test_the_batch_folds_take_the_same_regime_as_folding_one_by_one_however_chunked() -> None:
+    config, log = CoreConfig(shape_window=64, shape_mix_every=16), regime_log()
+    plain, views = State(config), []
+    for e, at in log:
+        fold(plain, e, at)
+        views.append(plain.shape_mix_cpu)
+    regimes = [view[:1] == (CPU_BOUND_ROW,) for view in views]
+    assert sum(a != b for a, b in itertools.pairwise(regimes)) >= 4  # (not, bound, not, bound, not)
+    for chunk in (1, 7, 50, len(log)):
+        for how in ("many", "lists"):
+            state = State(config)
+            for i in range(0, len(log), chunk):
+                part = log[i : i + chunk]
+                if how == "many":
+                    fold_many(state, part)
+                else:
+                    fold_lists(state, [e for e, _ in part], [at for _, at in part])
+                assert state.shape_mix_cpu == views[i + len(part) - 1], (chunk, how, i)
+            assert digest(state) == digest(plain), (chunk, how)
