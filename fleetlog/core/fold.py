@@ -517,6 +517,11 @@ kernels' marker (``kernels.CPU_BOUND_MARK``, weight 0), which ``scratch.shape_ma
 first in the matrix (a row of the view, it is snapshotted and digested with it)."""
 
 
+def is_cpu_bound(state: State) -> bool:
+    """The shape mix was last taken from a CPU-bound window (its view by CPU is marked)."""
+    return state.shape_mix_cpu[:1] == (CPU_BOUND_ROW,)
+
+
 def cpu_bound(state: State) -> bool:
     """The window asks more of the fleet's CPU than of its GPUs: its tasks' cpu (CPU-only
     tasks' too) over the cpu of every node not removed exceeds their GPU milli over those

@@ -18,7 +18,7 @@ import numpy as np
 from fleetlog.core import kernels
 from fleetlog.core.arrays import Array
 from fleetlog.core.eligibility import job_eligible
-from fleetlog.core.fold import CPU_BOUND_ROW, mask_gpus
+from fleetlog.core.fold import CPU_BOUND_ROW, is_cpu_bound, mask_gpus
 from fleetlog.core.memo import MAX_MEMOS, MEMO_ROWS, MemoCache, Memos, Shape
 from fleetlog.core.never_fits import Fleet, fleet_of
 from fleetlog.core.policy import Policy
@@ -231,7 +231,7 @@ def shape_matrix(state: State) -> Array:
     kept = state.derived.shape_rows
     if kept is not None and kept[0] is state.shape_mix and kept[1] is state.shape_mix_cpu:
         return kept[2]  # type: ignore[no-any-return]
-    bound = state.shape_mix_cpu[:1] == (CPU_BOUND_ROW,)
+    bound = is_cpu_bound(state)
     by_cpu = state.shape_mix_cpu[1:] if bound else state.shape_mix_cpu
     weights: dict[tuple[int, int, int], int] = {}
     mean_weight = MEAN_VIEW_WEIGHT if by_cpu else 1  # (without it: the matrix as before)

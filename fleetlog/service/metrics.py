@@ -21,6 +21,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from fleetlog.api.resources import CellItem, TenantItem, list_cells, list_tenants
+from fleetlog.core.fold import is_cpu_bound
 from fleetlog.core.state import State
 from fleetlog.core.views import queues_table
 
@@ -100,6 +101,9 @@ class FleetGauges:
                             f"its {OTHERS!r} series", "family")
         self.seconds = gauge("fleetlog_fleet_gauges_seconds", "How long the last update of the per-tenant, "
                              "per-queue and per-cell gauges took")
+        self.regime = gauge("fleetlog_shape_mix_regime", "1 for the regime the shape mix was last taken "
+                            "in (cpu-bound: the window asks more of the fleet's CPU than of its GPUs), 0 for "
+                            "the other", "regime")
         pending, admitted = ("pending",), ("admitted",)
         self.tenants = CappedFamily("tenant", [(used, ()), (nominal, ()), (borrowed, ()), (tjobs, pending),
                                                (tjobs, admitted)], cap, self.capped)
@@ -126,11 +130,15 @@ class FleetGauges:
         cells = list_cells(state, {}).items
         self.models.update(model_rows(cells))
         self.cells.update(cell_rows(cells))
+        bound = is_cpu_bound(state)
+        for regime, value in (("cpu-bound", bound), ("gpu-bound", not bound)):
+            self.regime.labels(regime).set(int(value))
 
     def clear(self) -> None:
         """No series: a process that does not lead shows nothing stale."""
         for family in (self.tenants, self.queues, self.models, self.cells):
             family.update([])
+        self.regime.clear()
         self._due = 0.0
 
 

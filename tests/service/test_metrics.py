@@ -173,8 +173,23 @@ async def test_a_process_that_stops_leading_shows_no_state(tmp_path: Path) -> No
     left = parse(metrics.exposition().decode())
     assert series(left, "fleetlog_leader") == {(): 0}
     for name in ("fleetlog_tenant_used_gpus", "fleetlog_tenant_jobs", "fleetlog_queue_jobs",
-                 "fleetlog_cell_gpus", "fleetlog_nodes", "fleetlog_pending_jobs"):
+                 "fleetlog_cell_gpus", "fleetlog_nodes", "fleetlog_pending_jobs",
+                 "fleetlog_shape_mix_regime"):
         assert series(left, name) == {}, name
+
+
+def test_the_regime_gauge_says_which_resource_the_window_asks_more_of() -> None:
+    """Two 96-core 8-GPU nodes (12 cores a GPU): 1-GPU jobs of 4 cores leave the mix GPU-bound,
+    then enough of 40 cores make it CPU-bound (the mix is taken at each doubling of the tasks)."""
+    driver, metrics = Driver(), Metrics()
+    driver.feed(node("n1"), node("n2"), *(job(f"a{i}", cpu=4_000) for i in range(8)))
+    metrics.fleet.update(driver.state)
+    assert series(parse(metrics.exposition().decode()), "fleetlog_shape_mix_regime") == {
+        ("cpu-bound",): 0, ("gpu-bound",): 1}
+    driver.feed(*(job(f"b{i}", cpu=40_000) for i in range(24)))
+    metrics.fleet.update(driver.state)
+    assert series(parse(metrics.exposition().decode()), "fleetlog_shape_mix_regime") == {
+        ("cpu-bound",): 1, ("gpu-bound",): 0}
 
 
 def test_the_gauges_wait_a_hundred_times_their_cost_before_the_next_update() -> None:
