@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import digest
 from fleetlog.core.fold import fold
@@ -143,9 +145,16 @@ class Driver:
         return {d.job_id: d.reason for d in decisions if isinstance(d, JobPending)}
 
 
-def fold_chunked(config: CoreConfig, log: list[tuple[Event, int]], chunk: int, how: str) -> State:
+def fold_chunked(
+    config: CoreConfig,
+    log: list[tuple[Event, int]],
+    chunk: int,
+    how: str,
+    each: Callable[[State, int], None] | None = None,
+) -> State:
     """A new state folded from ``log`` (events and their log times) ``chunk`` records at a time,
-    by ``fold_many`` (``how == "many"``) or ``fold_lists``: the batch folds under any chunking."""
+    by ``fold_many`` (``how == "many"``) or ``fold_lists``: the batch folds under any chunking.
+    ``each(state, last)`` after each chunk, ``last`` the index of its last record."""
     state = State(config)
     for i in range(0, len(log), chunk):
         part = log[i : i + chunk]
@@ -153,4 +162,6 @@ def fold_chunked(config: CoreConfig, log: list[tuple[Event, int]], chunk: int, h
             fold_many(state, part)
         else:
             fold_lists(state, [e for e, _ in part], [at for _, at in part])
+        if each is not None:
+            each(state, i + len(part) - 1)
     return state

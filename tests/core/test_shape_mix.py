@@ -14,14 +14,13 @@ from benchmarks import trap
 from fleetlog.core import kernels, scratch
 from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.fold import CPU_BOUND_ROW, MAX_SHAPES, cpu_bound, fold, take_shape_mix
-from fleetlog.core.fold_batch import fold_lists, fold_many
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, shape_matrix
 from fleetlog.core.state import CoreConfig, State, shape_key
 from fleetlog.events import NodeRemoved
 from fleetlog.events.model import Event
-from tests.core.builders import Driver, job, node
+from tests.core.builders import Driver, fold_chunked, job, node
 
 
 def folded(cpus: list[int], config: CoreConfig | None = None) -> State:
@@ -289,14 +288,10 @@ def test_the_batch_folds_take_the_same_regime_as_folding_one_by_one_however_chun
         views.append(plain.shape_mix_cpu)
     regimes = [view[:1] == (CPU_BOUND_ROW,) for view in views]
     assert sum(a != b for a, b in itertools.pairwise(regimes)) >= 4  # (not, bound, not, bound, not)
+    def same_view(state: State, last: int) -> None:
+        assert state.shape_mix_cpu == views[last], last
+
     for chunk in (1, 7, 50, len(log)):
         for how in ("many", "lists"):
-            state = State(config)
-            for i in range(0, len(log), chunk):
-                part = log[i : i + chunk]
-                if how == "many":
-                    fold_many(state, part)
-                else:
-                    fold_lists(state, [e for e, _ in part], [at for _, at in part])
-                assert state.shape_mix_cpu == views[i + len(part) - 1], (chunk, how, i)
+            state = fold_chunked(config, log, chunk, how, same_view)
             assert digest(state) == digest(plain), (chunk, how)
