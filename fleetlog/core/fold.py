@@ -529,7 +529,7 @@ def cpu_bound(state: State) -> bool:
     cpu, milli = 0, 0
     for (gpus, share, _), (n, cpu_sum) in state.shape_stats.items():
         cpu += cpu_sum
-        milli += n * gpus * share if gpus > 0 else 0
+        milli += n * gpus * share  # (a CPU-only task's gpus are 0)
     c, size = state.nodes.cols, state.nodes.size
     kept = c["status"][:size] != int(NodeStatus.REMOVED)
     fleet_cpu = int(c["cpu_alloc"][:size][kept].sum())

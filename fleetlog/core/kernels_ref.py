@@ -378,11 +378,11 @@ def floor_table(shapes: I64) -> I64:
     table[FLOOR_WHOLE] = sum(w for _, w in whole)
     table[FLOOR_OTHER] = weights - table[FLOOR_WHOLE] - sum(w for _, w in shares)
     table[FLOOR_WEIGHTS] = weights
-    if weights > 0 and not _is_cpu_bound(shapes):  # (CPU-bound: no starved term at the mean)
+    if _is_cpu_bound(shapes):  # (no starved term at the mean: each fractional shape's own)
+        table[FLOOR_ROW_STARVED] = sum(w for _, m, _, w in gpu_shapes if m != FULL_GPU)
+    elif weights > 0:
         table[FLOOR_MEAN_CPU] = sum(w * c for _, _, c, w in gpu_shapes) // weights
         table[FLOOR_MEAN_MILLI] = sum(w * g * m for g, m, _, w in gpu_shapes) // weights
-    if _is_cpu_bound(shapes):  # (each fractional shape's own starved term)
-        table[FLOOR_ROW_STARVED] = sum(w for _, m, _, w in gpu_shapes if m != FULL_GPU)
     published = any(g == PUBLISHED_MARK for g, *_ in shapes.tolist())  # (no floor under its score)
     table[FLOOR_SOUND] = int(all(w >= 0 for *_, w in gpu_shapes) and not published)
     by_cpu = sorted(((c, w) for _, _, c, w in gpu_shapes), key=lambda pair: -pair[0])

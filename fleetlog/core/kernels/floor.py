@@ -7,7 +7,6 @@ import numpy as np
 from fleetlog.core.kernels.base import (
     _ONE,
     _ZERO,
-    CPU_BOUND_MARK,
     FULL_GPU,
     I16,
     I64,
@@ -21,7 +20,7 @@ from fleetlog.core.kernels.base import (
     _hot,
     _jit,
 )
-from fleetlog.core.kernels.frag import _starved
+from fleetlog.core.kernels.frag import _is_cpu_bound, _starved
 from fleetlog.core.kernels.gpus import _has_bit, _model_ok
 from fleetlog.core.kernels.node import _best_fit
 
@@ -61,7 +60,7 @@ def _floor_table(shapes: I64) -> I64:
     table = np.zeros(FLOOR_CPU + 2 * n_shapes, dtype=np.int64)
     table[FLOOR_SOUND] = 1
     weights, cpu_sum, milli_sum, n_cpu = 0, 0, 0, 0
-    bound = n_shapes > 0 and int(shapes[0, SHAPE_GPUS]) == CPU_BOUND_MARK
+    bound = _is_cpu_bound(shapes)
     for k in range(n_shapes):
         gpus, milli = int(shapes[k, SHAPE_GPUS]), int(shapes[k, SHAPE_MILLI])
         cpu, weight = int(shapes[k, SHAPE_CPU]), int(shapes[k, SHAPE_WEIGHT])
