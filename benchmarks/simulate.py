@@ -2,12 +2,14 @@
 
     python -m benchmarks.simulate --json [--quick | --smoke] [--traces PATH] [--seeds N] [--batch N]
 
-- ``allocation``: for openb ``default`` and each variant of issue 4, the GPU allocation ratio
-  when arrived demand reaches 130% of the 6,212 GPUs of ``openb_node_list_gpu_node.csv``,
-  mean (and stdev) over seeds 1..N, for fleetlog ``best-fit``, ``fgd`` (the published FGD rule,
-  scoring against the typical pods of the variant's whole trace) and ``default`` (fleetlog's own
-  FGD: the recent window's shape mix, a CPU-starvation term), each with ``fail_unplaced``, next
-  to the published BestFit and FGD figures (Weng et al., USENIX ATC'23, mean of 10 seeds). Jobs
+- ``allocation``: for openb ``default`` and each variant of issue 4 (and, unless ``--variants``
+  names some, issue 23's generated variants of ``benchmarks.variants``: each row says its half,
+  visible or generated, tuning or check), the GPU allocation ratio when arrived demand reaches
+  130% of the 6,212 GPUs of ``openb_node_list_gpu_node.csv``, mean (and stdev) over seeds
+  1..N, for fleetlog ``best-fit``, ``fgd`` (the published FGD rule, scoring against the
+  typical pods of the variant's whole trace) and ``default`` (fleetlog's own FGD: the recent
+  window's shape mix, a CPU-starvation term), each with ``fail_unplaced``, next to the
+  published BestFit and FGD figures (Weng et al., USENIX ATC'23, mean of 10 seeds). Jobs
   arrive one by one in seeded random order; the loop steps every ``--batch`` arrivals
   (decisions are still taken one by one in arrival order; ``default``'s shape mix is what fold
   last took from the window, at set task counts: see ``docs/scheduling.md``). These runs use
@@ -101,7 +103,7 @@ def find_traces() -> str:
     return os.environ.get("FLEETLOG_TRACES") or (str(beside) if beside.is_dir() else DEFAULT_TRACES)
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
@@ -118,10 +120,11 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--variants", default=None,
                         help="comma-separated variants (default: all of issue 4; none: no published variant)")
-    parser.add_argument("--generated", default="", metavar="SPECS",
+    parser.add_argument("--generated", default=None, metavar="SPECS",
                         help="comma-separated generated variants (benchmarks.variants: cpu=150, gpushare=95, "
-                             "cpu=120+gpushare=90; all: issue 23's ten), one file a seed, made in a "
-                             "temporary directory; each row says its half (visible/generated, tuning/check)")
+                             "cpu=120+gpushare=90; all: issue 23's ten; none), one file a seed, made in a "
+                             "temporary directory; each row says its half (visible/generated, tuning/check). "
+                             "Default: all, unless --variants, --quick or --smoke is given (then none)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies to compare")
     parser.add_argument("--jobs", type=int, default=1, help="processes for the allocation runs")
     parser.add_argument(
@@ -129,7 +132,20 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=None, help="runs of the 64-per-step row (5; quick: 2)")
     add_smoke(parser)
-    return parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def selection(args: argparse.Namespace) -> tuple[list[str], list[Spec]]:
+    """The published variants and the generated ones a run reports. Named alone, neither names the
+    other's: ``--variants`` alone runs no generated variant, ``--generated`` alone every
+    published one. Neither named, both halves of issue 23 (issue 4's variants and
+    ``benchmarks.variants.GENERATED``); ``--quick``/``--smoke``: openb default only.
+    Raises ``SpecError`` on a spec ``benchmarks.variants`` cannot read."""
+    small = args.quick or args.smoke
+    variants = args.variants.split(",") if args.variants else list(QUICK_VARIANTS if small else PUBLISHED)
+    named = args.generated if args.generated is not None else "none" if small or args.variants else "all"
+    specs = GENERATED if named == "all" else () if named == "none" else tuple(named.split(","))
+    return ([] if variants == ["none"] else variants), [parse_spec(text) for text in specs if text]
 
 
 def typical_pods_of(workload: Workload) -> tuple[tuple[int, int, int, int], ...]:
@@ -214,8 +230,10 @@ def allocation(
             for policy in ("default", "fgd"):
                 if policy in row:
                     row[f"{policy}_minus_published_fgd"] = round(row[policy]["mean"] - fgd, 2)
-        if "default" in row and "best-fit" in row:
-            row["default_minus_best_fit"] = round(row["default"]["mean"] - row["best-fit"]["mean"], 2)
+        for other in ("best-fit", "fgd"):
+            if "default" in row and other in row:
+                row[f"default_minus_{other.replace('-', '_')}"] = round(
+                    row["default"]["mean"] - row[other]["mean"], 2)
         row["group"] = group_of(variant)
         out[variant] = row
     return out
@@ -223,8 +241,8 @@ def allocation(
 
 def groups(rows: dict[str, Any]) -> dict[str, Any]:
     """Issue 23's targets per half (``benchmarks.variants.group_of``): each group's variants,
-    default's lead over best-fit (least and mean) and, where published, over the published FGD
-    (least, and on how many variants it is >= 0)."""
+    default's lead over best-fit (least and mean), over ``fgd`` (least, and on how many
+    variants it is >= 0) and, where published, over the published FGD (the same two)."""
     out: dict[str, Any] = {}
     for name in sorted({row["group"] for row in rows.values()}):
         members = {v: row for v, row in rows.items() if row["group"] == name}
@@ -233,6 +251,10 @@ def groups(rows: dict[str, Any]) -> dict[str, Any]:
         if leads:
             summary["default_minus_best_fit_min"] = min(leads)
             summary["default_minus_best_fit_mean"] = round(statistics.fmean(leads), 2)
+        against = [row["default_minus_fgd"] for row in members.values() if "default_minus_fgd" in row]
+        if against:
+            summary["default_minus_fgd_min"] = min(against)
+            summary["default_at_or_over_fgd"] = f"{sum(x >= 0 for x in against)}/{len(against)}"
         over = [row["default_minus_published_fgd"] for row in members.values()
                 if "default_minus_published_fgd" in row]
         if over:
@@ -440,11 +462,8 @@ def main() -> None:
         raise SystemExit(f"no openb traces in {traces}: pass --traces PATH or set FLEETLOG_TRACES")
     seeds = args.seeds or (2 if args.quick or args.smoke else 10)
     small = args.quick or args.smoke
-    variants = args.variants.split(",") if args.variants else list(QUICK_VARIANTS if small else PUBLISHED)
-    variants = [] if variants == ["none"] else variants
     try:
-        specs = GENERATED if args.generated == "all" else args.generated.split(",")
-        generated = [parse_spec(text) for text in specs if text]
+        variants, generated = selection(args)
     except SpecError as exc:
         raise SystemExit(f"--generated: {exc}") from None
     extra = SMOKE_RATIO if args.smoke else ""
@@ -487,15 +506,19 @@ def show(result: dict[str, Any]) -> None:
 
 
 def show_allocation(result: dict[str, Any]) -> None:
-    print(f"inflate to 130% on openb ({result['seeds']} seeds, {result['batch']} arrivals per step)")
+    print(f"inflate to 130% on openb ({result['seeds']} seeds, {result['batch']} arrivals per step): "
+          "mean ±stdev over the seeds")
     rows = result["allocation"]
     policies = [p for p, v in next(iter(rows.values())).items() if p != "published" and isinstance(v, dict)]
-    print(f"{'variant':12} " + " ".join(f"{p:>9}" for p in policies) + f" | {'BestFit*':>9} {'FGD*':>9}")
+    lead = "default_minus_fgd" if "fgd" in policies and "default" in policies else None
+    print(f"{'half':17} {'variant':23} " + " ".join(f"{p:>14}" for p in policies)
+          + (f" {'default-fgd':>11}" if lead else "") + f" | {'BestFit*':>8} {'FGD*':>8}")
     for variant, row in rows.items():
-        ours = " ".join(f"{row[p]['mean']:9.2f}" for p in policies)
+        ours = " ".join(f"{row[p]['mean']:8.2f} ±{row[p]['stdev']:4.2f}" for p in policies)
+        ahead = f" {row[lead]:+11.2f}" if lead else ""
         published = row.get("published")
-        theirs = f"{published['BestFit']:9.2f} {published['FGD']:9.2f}" if published else f"{'-':>9} {'-':>9}"
-        print(f"{variant:12} {ours} | {theirs}")
+        theirs = f"{published['BestFit']:8.2f} {published['FGD']:8.2f}" if published else f"{'-':>8} {'-':>8}"
+        print(f"{row['group']:17} {variant:23} {ours}{ahead} | {theirs}")
     print("* published (Weng et al., ATC'23)")
 
 

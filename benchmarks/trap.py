@@ -8,13 +8,15 @@ asked, so CPU runs out before the GPUs do); then one ``decide`` places what fits
 trap of a shape mix keyed by CPU alone (docs/scheduling.md, "The shape mix"): a node that took
 one such task keeps a room of C/2 cores that a second one fills, leaving G-2 GPUs without CPU.
 
-    python -m benchmarks.trap --json                 # the grid: 3 x 3 x 2 x 4 x 3 cells, 4 rules
+    python -m benchmarks.trap --json                 # the grid: 3 x 3 x 2 x 4 x 3 cells, 5 rules
     python -m benchmarks.trap --weights 0,1,2,3      # default at several mean-view weights
 
-Per rule (``default`` at each mean-view weight: 0 is the CPU view alone; ``two-views``,
-``default`` with ``CoreConfig.cpu_bound_rule`` off; ``best-fit``; ``fgd``, the published rule
-with typical pods by exact CPU as its authors take them), the idle GPUs of each cell in % of its
-GPUs (``idle_pct``), the worst cell and the mean.
+Per rule (``default`` at each mean-view weight: 0 is the CPU view alone, and a CPU-bound
+window leaves the mean view out whatever it weighs; ``first-rule``, ``default`` with
+``CoreConfig.cpu_bound_weights`` off (CPU-bound windows scored against both views at their
+counts, as d932362); ``two-views``, ``default`` with ``CoreConfig.cpu_bound_rule`` off;
+``best-fit``; ``fgd``, the published rule with typical pods by exact CPU as its authors take
+them), the idle GPUs of each cell in % of its GPUs (``idle_pct``), the worst cell and the mean.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ Rule = tuple[Policy, int | None, CoreConfig | None]  # (policy, mean-view weight
 
 def rules(weights: list[int], jobs: list[JobSubmitted]) -> dict[str, Rule]:
     out: dict[str, Rule] = {f"default@{w}": (Policy(), w, None) for w in weights}
+    out["first-rule"] = (Policy(), None, CoreConfig(cpu_bound_weights=False))
     out["two-views"] = (Policy(), None, CoreConfig(cpu_bound_rule=False))
     out["best-fit"] = (policy_named("best-fit"), None, None)
     out["fgd"] = (with_typical_pods(policy_named("fgd"), typical_pods_of_jobs(jobs)), None, None)

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.simulate import find_traces, inflate_run
+from benchmarks.simulate import PUBLISHED, find_traces, inflate_run, parse, selection, show_allocation
+from benchmarks.variants import GENERATED, SpecError, parse_spec
 from fleetlog.core.digest import digest
 from fleetlog.core.scratch import MEAN_VIEW_WEIGHT
 from fleetlog.core.state import CoreConfig
@@ -324,7 +325,32 @@ def test_kubernetes_placement_check() -> None:
     assert any("taint: pod t/wrong-effect" in v for v in found)
 
 
-def test_simulate_on_generated_variants() -> None:
+@pytest.mark.parametrize(
+    ("argv", "variants", "generated"),
+    [
+        ([], [*PUBLISHED], [*GENERATED]),  # (issue 23's command: both halves)
+        (["--generated", "none"], [*PUBLISHED], []),
+        (["--generated", "cpu=150"], [*PUBLISHED], ["cpu=150"]),
+        (["--variants", "cpu300"], ["cpu300"], []),
+        (["--variants", "none", "--generated", "all"], [], [*GENERATED]),
+        (["--quick"], ["default"], []),
+        (["--smoke", "--generated", "gpushare=95"], ["default"], ["gpushare=95"]),
+    ],
+)
+def test_simulate_selection(argv: list[str], variants: list[str], generated: list[str]) -> None:
+    """Which variants a run reports: named alone, neither names the other's; neither named, both
+    halves (``python -m benchmarks.simulate --json --only allocation``, issue 23's report)."""
+    got_variants, specs = selection(parse(argv))
+    assert got_variants == variants
+    assert specs == [parse_spec(text) for text in generated]
+
+
+def test_simulate_selection_names_a_bad_spec() -> None:
+    with pytest.raises(SpecError, match="cpu=x"):
+        selection(parse(["--generated", "cpu=x"]))
+
+
+def test_simulate_on_generated_variants(capsys: pytest.CaptureFixture[str]) -> None:
     """``--generated`` (benchmarks.variants): each spec's rows beside the measures it reached."""
     traces = str(find_traces())
     r = smoke("simulate", {"FLEETLOG_TRACES": traces}, "--only", "allocation", "--variants", "none",
@@ -340,6 +366,15 @@ def test_simulate_on_generated_variants() -> None:
     assert r["allocation"]["gen-cpu060-gpushare095"]["group"] == "other"
     assert r["groups"]["generated-tuning"]["variants"] == ["gen-cpu150"]
     assert math.isfinite(r["groups"]["other"]["default_minus_best_fit_min"])
+    for row in r["allocation"].values():
+        assert row["default_minus_fgd"] == round(row["default"]["mean"] - row["fgd"]["mean"], 2)
+    assert r["groups"]["other"]["default_at_or_over_fgd"] in ("0/1", "1/1")
+    show_allocation(r)  # (the terminal table: each row's half, means ±stdev, default − fgd)
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if "gen-cpu150" in line).split()
+    assert row[0] == "generated-tuning"
+    assert row[-4] == f"{r['allocation']['gen-cpu150']['default_minus_fgd']:+.2f}"
+    assert row.count(f"±{r['allocation']['gen-cpu150']['default']['stdev']:.2f}") >= 1
 
 
 def test_stranded() -> None:
@@ -355,7 +390,7 @@ def test_stranded() -> None:
 
 def test_trap() -> None:
     r = smoke("trap")
-    assert sorted(r["rules"]) == ["best-fit", f"default@{MEAN_VIEW_WEIGHT}", "fgd", "two-views"]
+    assert sorted(r["rules"]) == ["best-fit", f"default@{MEAN_VIEW_WEIGHT}", "fgd", "first-rule", "two-views"]
     for found in r["rules"].values():
         assert list(found["idle_pct"]) == ["bursts/96c8g/x1/2/a4", "cpu-bound/96c8g/x1/2/a4"]
         assert 0 <= found["mean_pct"] <= found["worst_pct"] <= 100
@@ -383,10 +418,15 @@ def test_simulate() -> None:
     assert "decide: kernel place_run" in r["step_cost_batch64"]["us_per_pod"]
 
 
-DEFAULT_DIGESTS = {  # seed 1, 64 arrivals a step, measured with the CPU-bound rule (issue 23, 2026-12-07)
+DEFAULT_DIGESTS = {  # seed 1, 64 arrivals a step, measured with the CPU-bound weights (issue 23, 2026-12-07)
+    "default": "b973c9660af882315a8342b28d2fa69ce4ee4fd25a28d3d6be5451da1713c9e4",
+    "gpushare40": "6acc4a1f186644a637123d6e819cf8dc52ae9a856d27edec6aefbecd13280ad4",
+    "cpu300": "9be6efb51589f1dfc7b3a551f745ef3a240f61bc930a5e4692aa6703daa54082",  # (CPU-bound)
+}
+FIRST_RULE_DIGESTS = {  # the same runs measured with the first CPU-bound rule (d932362, 2026-12-07)
     "default": "df9581f516ad13fcf401392efc63c838df5072a20340e07678eaf72e809887d9",
     "gpushare40": "03f50d018f2656b4aa413f3f59c85756cdadbf337f797299b237353d65cb6282",
-    "cpu300": "dad1f8faa1273e458ae6c9560aae4e7b82b193ab5c796f4072e93bb45672873e",  # (CPU-bound)
+    "cpu300": "dad1f8faa1273e458ae6c9560aae4e7b82b193ab5c796f4072e93bb45672873e",
 }
 TWO_VIEWS_DIGESTS = {  # the same runs measured with the shape mix's view by CPU (issue 23, 2026-12-06)
     "default": "3dff3ba945826963cec6f3442e84a65ac9698fe0220333743df76ecbe7e583bb",
@@ -402,26 +442,35 @@ BEFORE_DIGESTS = {  # the same runs at f8b2d06, before the view by CPU (and befo
 @pytest.mark.parametrize("variant", sorted(DEFAULT_DIGESTS))
 def test_the_default_policy_decides_as_measured(variant: str) -> None:
     """A whole inflate run of openb under ``default`` ends in the state digest it ended in
-    when benchmarks/README.md measured it (issue 23: the CPU-bound rule; ``cpu300``'s window is
-    CPU-bound): a change to the kernels, the fold or the code shared with the published rule
-    that moves one decision of fleetlog's own FGD fails here."""
+    when benchmarks/README.md measured it (issue 23: the CPU-bound rule and its weights;
+    ``cpu300``'s window is CPU-bound, and so are openb default's first few): a change to the
+    kernels, the fold or the code shared with the published rule that moves one decision of
+    fleetlog's own FGD fails here."""
     assert final_digest(variant) == DEFAULT_DIGESTS[variant]
+
+
+@pytest.mark.parametrize("variant", sorted(FIRST_RULE_DIGESTS))
+def test_without_the_cpu_bound_weights_default_decides_as_the_first_rule(variant: str) -> None:
+    """``cpu_bound_weights`` off (how a log recorded by d932362 is replayed) ends the same runs
+    in the digests pinned with the first CPU-bound rule, bit for bit."""
+    assert final_digest(variant, CoreConfig(cpu_bound_weights=False)) == FIRST_RULE_DIGESTS[variant]
 
 
 @pytest.mark.parametrize("variant", sorted(TWO_VIEWS_DIGESTS))
 def test_without_the_cpu_bound_rule_default_decides_as_before_it(variant: str) -> None:
-    """``cpu_bound_rule`` off (how a log recorded before 2026-12-07 is replayed) ends the same
-    runs in the digests pinned before the rule, bit for bit: the two views' rule is still there,
-    and the setting off does not enter the digest."""
-    assert final_digest(variant, CoreConfig(cpu_bound_rule=False)) == TWO_VIEWS_DIGESTS[variant]
+    """``cpu_bound_rule`` and its weights off (how a log recorded before 2026-12-07 is replayed)
+    end the same runs in the digests pinned before the rule, bit for bit: the two views' rule is
+    still there, and the settings off do not enter the digest."""
+    before = CoreConfig(cpu_bound_rule=False, cpu_bound_weights=False)
+    assert final_digest(variant, before) == TWO_VIEWS_DIGESTS[variant]
 
 
 @pytest.mark.parametrize("variant", sorted(BEFORE_DIGESTS))
 def test_without_the_cpu_view_default_decides_as_before_it(variant: str) -> None:
-    """``shape_cpu_rows = 0`` and ``cpu_bound_rule`` off (how a log recorded before 2026-12-06
+    """``shape_cpu_rows = 0``, ``cpu_bound_rule`` and its weights off (how a log recorded before 2026-12-06
     is replayed) end the same run in the digest pinned at f8b2d06, bit for bit: the old rule is
     still there, and neither the settings nor the view's empty rows enter the digest."""
-    before = CoreConfig(shape_cpu_rows=0, cpu_bound_rule=False)
+    before = CoreConfig(shape_cpu_rows=0, cpu_bound_rule=False, cpu_bound_weights=False)
     assert final_digest(variant, before) == BEFORE_DIGESTS[variant]
 
 

@@ -234,16 +234,42 @@ def shape_matrix(state: State) -> Array:
     bound = is_cpu_bound(state)
     by_cpu = state.shape_mix_cpu[1:] if bound else state.shape_mix_cpu
     weights: dict[tuple[int, int, int], int] = {}
-    mean_weight = MEAN_VIEW_WEIGHT if by_cpu else 1  # (without it: the matrix as before)
-    for g, m, cpu, n in state.shape_mix:
-        weights[g, m, cpu] = mean_weight * n
-    for g, m, cpu, n in by_cpu:
-        weights[g, m, cpu] = weights.get((g, m, cpu), 0) + n
+    if bound and state.config.cpu_bound_weights:  # (the view by CPU alone, by what a CPU buys)
+        weights = dict(zip([(g, m, cpu) for g, m, cpu, _ in by_cpu], per_cpu_weights(by_cpu), strict=True))
+    else:
+        mean_weight = MEAN_VIEW_WEIGHT if by_cpu else 1  # (without it: the matrix as before)
+        for g, m, cpu, n in state.shape_mix:
+            weights[g, m, cpu] = mean_weight * n
+        for g, m, cpu, n in by_cpu:
+            weights[g, m, cpu] = weights.get((g, m, cpu), 0) + n
     rows = [CPU_BOUND_ROW] if bound else []  # (the kernels' marker first: scored as CPU-bound)
     rows += [(*key, w) for key, w in weights.items()]
     matrix = np.array(rows, dtype=np.int64).reshape(len(rows), 4)
     state.derived.shape_rows = (state.shape_mix, state.shape_mix_cpu, matrix)  # (read, never written)
     return matrix
+
+
+def per_cpu_weights(rows: Sequence[tuple[int, int, int, int]]) -> list[int]:
+    """The weights of the view by CPU's rows (gpus, milli, mean cpu, count) once the window is
+    CPU-bound: each GPU row's count times the GPU milli its tasks take per CPU milli, over the
+    window's (the rows': sum of gpus * milli over sum of cpu), rounded half up, at least 1 and
+    at most ``MEAN_VIEW_WEIGHT`` times the rows' counts (what one row of the two views' matrix
+    could weigh; a task asking no cpu counts as asking 1 milli). When CPU runs out first, what a
+    room on a node is worth is the GPU its CPU places: a CPU-hungry shape's room weighs less
+    than its count, a CPU-light one's more (issue 23, docs/scheduling.md "When CPU runs out
+    first"). Rows without GPUs keep their counts (the kernels skip them). Exact integers."""
+    gpu_rows = [(g * m, max(cpu, 1), n) for g, m, cpu, n in rows if g > 0 and n > 0]
+    window_cpu = sum(n * cpu for _, cpu, n in gpu_rows)
+    window_milli = sum(n * milli for milli, _, n in gpu_rows)
+    most = MEAN_VIEW_WEIGHT * sum(n for _, _, n in gpu_rows)
+    out = []
+    for milli, cpu, n in ((g * m, max(cpu, 1), n) for g, m, cpu, n in rows):
+        if milli <= 0 or n <= 0:
+            out.append(n)
+            continue
+        num, den = n * milli * window_cpu, cpu * window_milli
+        out.append(min(most, max(1, (2 * num + den) // (2 * den))))
+    return out
 
 
 def policy_kernel(policy: Policy) -> int:

@@ -97,6 +97,13 @@ class CoreConfig(msgspec.Struct, frozen=True):
     starvation term at the mean whatever the window asks, as every fleetlog before 2026-12-07
     decided; replay a log recorded before then with it off (``service.cpu_bound_rule``;
     docs/replay.md)."""
+    cpu_bound_weights: bool = True
+    """Once a window is CPU-bound (``cpu_bound_rule``), ``default`` scores against the view by
+    CPU alone, each row weighted by the GPU its tasks take per CPU they take against the
+    window's (``scratch.per_cpu_weights``; issue 23, docs/scheduling.md "When CPU runs out
+    first"). False: both views 8 to 1 at their counts, as fleetlog decided from the CPU-bound
+    rule (d932362, 2026-12-07) until this setting; replay a log recorded then with it off
+    (``service.cpu_bound_weights``; docs/replay.md)."""
     hold_ms: int = 30_000
     """A cell shard hands a dispatched job back (``JobReturned``) when it has waited this long
     (log time) since its dispatch without being placed. Only dispatched jobs are held."""
@@ -115,14 +122,17 @@ class CoreConfig(msgspec.Struct, frozen=True):
     retired rows are this many and more than its live ones."""
 
 
-BEFORE_FIELDS: Final = {"hold_ms": 30_000, "cells": (), "shape_cpu_rows": 0, "cpu_bound_rule": False}
+BEFORE_FIELDS: Final = {
+    "hold_ms": 30_000, "cells": (), "shape_cpu_rows": 0, "cpu_bound_rule": False, "cpu_bound_weights": False,
+}
 """Fields of :class:`CoreConfig` added after the first snapshots, at the value that behaves as
 fleetlog did before they existed: left out of a snapshot's and a digest's config at that value
 and read back as it where absent, so a log or snapshot of an older fleetlog verifies and
 restores digest for digest. The cell-shard fields (``hold_ms``, ``cells``) at their defaults:
 a single shard's digest is what it was before them; ``shape_cpu_rows`` at 0, no view of the
 shape mix by CPU (its default is 12); ``cpu_bound_rule`` off, the two views whatever the
-window asks (its default is on)."""
+window asks (its default is on); ``cpu_bound_weights`` off, CPU-bound windows scored against
+both views at their counts (its default is on)."""
 
 
 class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):

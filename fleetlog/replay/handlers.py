@@ -121,8 +121,10 @@ def _print_verify(report: Any) -> None:
     print(f"  replayed:  {d.replayed}")
     if d.what == "state digest" and report.batches == 0:  # (the digest covers the fold's settings)
         print("  hint:      a service run with another node timeout diverges here: replay with its "
-              "--node-timeout SECONDS (or service.node_timeout_ms); so does a log recorded before "
-              "2026-12-07: replay it with service.cpu_bound_rule = false "
+              "--node-timeout SECONDS (or service.node_timeout_ms); so does a log recorded with the "
+              "first CPU-bound rule (d932362, 2026-12-07): replay it with "
+              "service.cpu_bound_weights = false (FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS=0); one recorded "
+              "before it with service.cpu_bound_rule = false "
               "(FLEETLOG_SERVICE_CPU_BOUND_RULE=0), and one recorded before 2026-12-06 with "
               "service.shape_cpu_rows = 0 as well "
               "(FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)")

@@ -89,12 +89,17 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Score CPU-bound windows with each fractional shape's own starvation term
     (``CoreConfig.cpu_bound_rule``); false: as fleetlog decided before 2026-12-07. Replay a log
     recorded before then with false (docs/replay.md)."""
+    cpu_bound_weights: bool = True
+    """Score CPU-bound windows against the view by CPU alone, each shape weighted by the GPU it
+    takes per CPU (``CoreConfig.cpu_bound_weights``); false: both views at their counts, as
+    fleetlog decided with the first CPU-bound rule (d932362, 2026-12-07). Replay a log recorded
+    with that rule with false (docs/replay.md)."""
 
     def core(self, **fields: Any) -> CoreConfig:
         """The fold's settings these service settings make (``fields`` instead, where given)."""
         made = {"node_timeout_ms": self.node_timeout_ms, "retain_finished_ms": self.retain_finished_ms,
                 "dedup_window_ms": self.dedup_window_ms, "shape_cpu_rows": self.shape_cpu_rows,
-                "cpu_bound_rule": self.cpu_bound_rule}
+                "cpu_bound_rule": self.cpu_bound_rule, "cpu_bound_weights": self.cpu_bound_weights}
         return CoreConfig(**(made | fields))
     http_header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     """A connection must send a whole request head this soon after it opens (or after its

@@ -16,7 +16,7 @@ from fleetlog.core.digest import digest, restore, snapshot
 from fleetlog.core.fold import CPU_BOUND_ROW, MAX_SHAPES, cpu_bound, fold, take_shape_mix
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
-from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, shape_matrix
+from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, per_cpu_weights, shape_matrix
 from fleetlog.core.state import CoreConfig, State, shape_key
 from fleetlog.events import NodeRemoved
 from fleetlog.events.model import Event
@@ -227,17 +227,48 @@ def test_without_gpu_tasks_or_gpus_no_window_is_cpu_bound() -> None:
     assert not cpu_bound(window(State(), (16, 1, 40_000)))  # (no node at all)
 
 
-def test_a_cpu_bound_matrix_is_the_two_views_after_the_marker_and_a_snapshot_keeps_it() -> None:
+def test_a_cpu_bound_matrix_is_the_view_by_cpu_by_what_a_cpu_buys_and_a_snapshot_keeps_it() -> None:
+    """12 1-GPU 4-core tasks, 4 1-GPU 32-core ones, 16 CPU-only 16-core ones: the window's GPU
+    tasks take 16,000 GPU milli for 176,000 CPU milli. A 4-core task's takes 1000 / 4000 of a
+    milli a CPU milli, 2.75 times the window's: 12 * 2.75 = 33; a 32-core one's 0.34375 times
+    it: 4 * 0.34375 = 1.375, 1. The mean view is left out (and CPU-only rows are never in the
+    view by CPU)."""
     state = window(fleet(), (12, 1, 4_000), (4, 1, 32_000), (16, 0, 16_000))
     assert state.shape_mix_cpu == (CPU_BOUND_ROW, (1, 1000, 4_000, 12), (1, 1000, 32_000, 4))
-    w = MEAN_VIEW_WEIGHT * 16
-    rows = [[0, 0, 16_000, w], [1, 1000, 11_000, w], [1, 1000, 4_000, 12], [1, 1000, 32_000, 4]]
+    rows = [[1, 1000, 4_000, 33], [1, 1000, 32_000, 1]]
     assert shape_matrix(state).tolist() == [list(CPU_BOUND_ROW), *rows]
     assert shape_matrix(state) is shape_matrix(state)  # (kept while the views are)
     back = restore(snapshot(state))
     assert back.shape_mix_cpu == state.shape_mix_cpu
+    assert back.config == state.config
     assert digest(back) == digest(state)
     assert shape_matrix(back).tolist() == shape_matrix(state).tolist()
+
+
+def test_without_the_weights_a_cpu_bound_matrix_is_the_two_views_after_the_marker() -> None:
+    config = CoreConfig(cpu_bound_weights=False)
+    state = window(fleet(config), (12, 1, 4_000), (4, 1, 32_000), (16, 0, 16_000))
+    assert state.shape_mix_cpu == (CPU_BOUND_ROW, (1, 1000, 4_000, 12), (1, 1000, 32_000, 4))
+    w = MEAN_VIEW_WEIGHT * 16
+    rows = [[0, 0, 16_000, w], [1, 1000, 11_000, w], [1, 1000, 4_000, 12], [1, 1000, 32_000, 4]]
+    assert shape_matrix(state).tolist() == [list(CPU_BOUND_ROW), *rows]
+    assert restore(snapshot(state)).config == config
+
+
+@pytest.mark.parametrize(
+    ("rows", "weights"),
+    [
+        ([(1, 1000, 4_000, 12), (1, 1000, 32_000, 4)], [33, 1]),  # (the hand-worked window above)
+        ([(1, 1000, 8_000, 5), (2, 1000, 16_000, 3), (1, 500, 4_000, 7)], [5, 3, 7]),  # (alike: counts)
+        ([(4, 1000, 8_000, 1), (1, 1000, 8_000, 1)], [2, 1]),  # (1.6 and 0.4: half up, at least 1)
+        ([(1, 1000, 8_000, 3), (0, 0, 8_000, 9), (1, 250, 1_000, 0)], [3, 9, 0]),  # (no GPU, no count)
+        ([(1, 1000, 0, 1), (1, 1000, 8_000, 1)], [16, 1]),  # (no cpu: 1 milli, 4001, capped at 8 * 2)
+        ([(8, 1000, 0, 4096), (1, 1, 10**9, 4096)], [MEAN_VIEW_WEIGHT * 8192, 1]),  # (hostile: capped)
+        ([], []),
+    ],
+)
+def test_per_cpu_weights(rows: list[tuple[int, int, int, int]], weights: list[int]) -> None:
+    assert per_cpu_weights(rows) == weights
 
 
 def test_cpu_bound_a_fractional_shape_starves_at_its_own_cpu_and_a_whole_one_not_at_all() -> None:
@@ -261,6 +292,7 @@ def test_where_cpu_runs_out_first_the_rule_leaves_fewer_gpus_idle() -> None:
     CPU-bound rule, 6% without it (benchmarks/README.md, "When CPU runs out first")."""
     events = [*trap.nodes(25, 64, 8), *trap.arrivals(25, 8, 16_000, 1, "cpu-bound", 64)]
     assert trap.idle_pct(Policy(), events, 8) == 2.5
+    assert trap.idle_pct(Policy(), events, 8, CoreConfig(cpu_bound_weights=False)) == 2.5
     assert trap.idle_pct(Policy(), events, 8, CoreConfig(cpu_bound_rule=False)) == 6.0
 
 

@@ -6,9 +6,13 @@ them. Each ``old-logs/`` directory is the clean fixture as the fleetlog of that 
 settings):
 
 - ``before-cpu-view``: before the shape mix's view by CPU (2026-12-06, issue 23), verified
-  with ``service.shape_cpu_rows = 0`` and ``service.cpu_bound_rule = false``;
+  with ``service.shape_cpu_rows = 0``, ``service.cpu_bound_rule = false`` and
+  ``service.cpu_bound_weights = false``;
 - ``before-cpu-bound``: before the CPU-bound rule (2026-12-07, issue 23), verified with
-  ``service.cpu_bound_rule = false``."""
+  ``service.cpu_bound_rule = false`` and ``service.cpu_bound_weights = false``;
+- ``before-cpu-weights``: with the first CPU-bound rule (d932362, 2026-12-07), before CPU-bound
+  windows were scored against the view by CPU alone by GPU per CPU, verified with
+  ``service.cpu_bound_weights = false``."""
 
 from __future__ import annotations
 
@@ -21,10 +25,13 @@ from fleetlog.cli import main
 
 OLD = Path(__file__).parent / "old-logs"
 BEFORE = {  # old log -> the settings it verifies with
-    "before-cpu-view": {"FLEETLOG_SERVICE_SHAPE_CPU_ROWS": "0", "FLEETLOG_SERVICE_CPU_BOUND_RULE": "0"},
-    "before-cpu-bound": {"FLEETLOG_SERVICE_CPU_BOUND_RULE": "0"},
+    "before-cpu-view": {"FLEETLOG_SERVICE_SHAPE_CPU_ROWS": "0", "FLEETLOG_SERVICE_CPU_BOUND_RULE": "0",
+                        "FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"},
+    "before-cpu-bound": {"FLEETLOG_SERVICE_CPU_BOUND_RULE": "0", "FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"},
+    "before-cpu-weights": {"FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"},
 }
 HINTS = (
+    "service.cpu_bound_weights = false (FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS=0)",
     "service.cpu_bound_rule = false (FLEETLOG_SERVICE_CPU_BOUND_RULE=0)",
     "service.shape_cpu_rows = 0 as well (FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)",
 )
