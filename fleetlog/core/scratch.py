@@ -226,8 +226,10 @@ def shape_matrix(state: State) -> Array:
     all fall in one CPU bucket) adds its weight to that row: the score is a sum over rows, linear
     in their weights, so the kernels do the same sum over fewer rows. When fold found the
     window CPU-bound (``fold.cpu_bound``: the view by CPU starts with ``fold.CPU_BOUND_ROW``),
-    the same rows after that marker: the kernels then score them as CPU-bound (each fractional
-    row's own starvation term instead of one at the rows' mean)."""
+    that marker, then the view by CPU alone at ``per_cpu_weights`` (with
+    ``CoreConfig.cpu_bound_weights`` off: the same rows as otherwise): the kernels then score
+    them as CPU-bound (each fractional row's own starvation term instead of one at the rows'
+    mean)."""
     kept = state.derived.shape_rows
     if kept is not None and kept[0] is state.shape_mix and kept[1] is state.shape_mix_cpu:
         return kept[2]  # type: ignore[no-any-return]

@@ -92,11 +92,11 @@ class CoreConfig(msgspec.Struct, frozen=True):
     (``service.shape_cpu_rows``; docs/replay.md)."""
     cpu_bound_rule: bool = True
     """When the window asks more of the fleet's CPU than of its GPUs (``fold.cpu_bound``),
-    ``default`` scores the same rows with each fractional shape's own starvation term and none
-    at the rows' mean (issue 23, docs/scheduling.md "When CPU runs out first"). False: the
-    starvation term at the mean whatever the window asks, as every fleetlog before 2026-12-07
-    decided; replay a log recorded before then with it off (``service.cpu_bound_rule``;
-    docs/replay.md)."""
+    ``default`` scores with each fractional shape's own starvation term and none at the rows'
+    mean, against the rows ``cpu_bound_weights`` says (issue 23, docs/scheduling.md "When CPU
+    runs out first"). False: the starvation term at the mean whatever the window asks, as every
+    fleetlog before 2026-12-07 decided; replay a log recorded before then with it off (and
+    ``cpu_bound_weights`` off: ``service.cpu_bound_rule``; docs/replay.md)."""
     cpu_bound_weights: bool = True
     """Once a window is CPU-bound (``cpu_bound_rule``), ``default`` scores against the view by
     CPU alone, each row weighted by the GPU its tasks take per CPU they take against the
