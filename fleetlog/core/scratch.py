@@ -260,12 +260,13 @@ def per_cpu_weights(rows: Sequence[tuple[int, int, int, int]]) -> list[int]:
     room on a node is worth is the GPU its CPU places: a CPU-hungry shape's room weighs less
     than its count, a CPU-light one's more (issue 23, docs/scheduling.md "When CPU runs out
     first"). Rows without GPUs keep their counts (the kernels skip them). Exact integers."""
-    gpu_rows = [(g * m, max(cpu, 1), n) for g, m, cpu, n in rows if g > 0 and n > 0]
+    taken = [(g * m if g > 0 else 0, max(cpu, 1), n) for g, m, cpu, n in rows]  # (GPU milli, cpu, count)
+    gpu_rows = [row for row in taken if row[0] > 0 and row[2] > 0]
     window_cpu = sum(n * cpu for _, cpu, n in gpu_rows)
     window_milli = sum(n * milli for milli, _, n in gpu_rows)
     most = MEAN_VIEW_WEIGHT * sum(n for _, _, n in gpu_rows)
     out = []
-    for milli, cpu, n in ((g * m, max(cpu, 1), n) for g, m, cpu, n in rows):
+    for milli, cpu, n in taken:
         if milli <= 0 or n <= 0:
             out.append(n)
             continue

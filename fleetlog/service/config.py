@@ -88,7 +88,7 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cpu_bound_rule: bool = True
     """Score CPU-bound windows with each fractional shape's own starvation term
     (``CoreConfig.cpu_bound_rule``); false: as fleetlog decided before 2026-12-07. Replay a log
-    recorded before then with false (docs/replay.md)."""
+    recorded before then with false, and ``cpu_bound_weights`` false (docs/replay.md)."""
     cpu_bound_weights: bool = True
     """Score CPU-bound windows against the view by CPU alone, each shape weighted by the GPU it
     takes per CPU (``CoreConfig.cpu_bound_weights``); false: both views at their counts, as

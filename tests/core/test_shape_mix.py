@@ -9,6 +9,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks import trap
 from fleetlog.core import kernels, scratch
@@ -327,3 +329,26 @@ def test_the_batch_folds_take_the_same_regime_as_folding_one_by_one_however_chun
         for how in ("many", "lists"):
             state = fold_chunked(config, log, chunk, how, same_view)
             assert digest(state) == digest(plain), (chunk, how)
+
+
+MILLI = st.sampled_from([1, 100, 250, 500, 999, 1000])
+ROW = st.tuples(st.integers(0, 8), MILLI, st.integers(0, 200_000), st.integers(0, 5000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ROW, max_size=14), st.integers(2, 9))
+def test_per_cpu_weights_on_generated_views(rows: list[tuple[int, int, int, int]], k: int) -> None:
+    """Every GPU row with a count weighs 1 to 8 times the view's GPU counts; rows without GPUs or
+    count keep their counts; scaling every row's cpu by k (all at least 1) changes no weight; of
+    two rows alike in count, the one whose tasks take more GPU per CPU weighs at least as much."""
+    weights = per_cpu_weights(rows)
+    counted = sum(n for g, _, _, n in rows if g > 0 and n > 0)
+    for (g, _, _, n), w in zip(rows, weights, strict=True):
+        assert 1 <= w <= MEAN_VIEW_WEIGHT * counted if g > 0 and n > 0 else w == n
+    fed = [(g, m, max(cpu, 1) * k, n) for g, m, cpu, n in rows]
+    assert per_cpu_weights(fed) == per_cpu_weights([(g, m, max(cpu, 1), n) for g, m, cpu, n in rows])
+    pairs = zip(rows, weights, strict=True)
+    gpu = [(g * m, max(cpu, 1), n, w) for (g, m, cpu, n), w in pairs if g > 0 and n > 0]
+    for (ma, ca, na, wa), (mb, cb, nb, wb) in itertools.product(gpu, gpu):
+        if na == nb and ma * cb >= mb * ca:
+            assert wa >= wb
