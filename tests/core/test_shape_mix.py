@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from benchmarks import trap
 from fleetlog.core import kernels, scratch
 from fleetlog.core.digest import digest, restore, snapshot
-from fleetlog.core.fold import CPU_BOUND_ROW, MAX_SHAPES, cpu_bound, fold, take_shape_mix
+from fleetlog.core.fold import CPU_BOUND_ROW, MAX_SHAPES, cpu_bound, fold, is_cpu_bound, take_shape_mix
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.scratch import MEAN_VIEW_WEIGHT, per_cpu_weights, shape_matrix
@@ -191,16 +191,12 @@ def window(state: State, *groups: tuple[int, int, int]) -> State:
     return state
 
 
-def is_bound(state: State) -> bool:
-    return state.shape_mix_cpu[:1] == (CPU_BOUND_ROW,)
-
-
 @pytest.mark.parametrize(("cpu", "bound"), [(11_000, False), (12_000, False), (12_001, True), (40_000, True)])
 def test_a_window_is_cpu_bound_when_it_asks_more_of_the_cpu_than_of_the_gpus(cpu: int, bound: bool) -> None:
     """The fleet has 12 cores a GPU: 1-GPU tasks of up to 12 cores run out of GPUs first."""
     state = window(fleet(), (16, 1, cpu))
     assert cpu_bound(state) is bound
-    assert is_bound(state) is bound
+    assert is_cpu_bound(state) is bound
     check(state)
 
 
@@ -208,18 +204,18 @@ def test_cpu_only_tasks_count_and_so_does_the_cpu_of_nodes_without_gpus() -> Non
     """8-core 1-GPU tasks and as many 8-core CPU-only ones ask 16 cores a GPU: bound on 12. A
     384-core node without GPUs makes the fleet 24 cores a GPU: not bound; removed, bound again."""
     state = window(fleet(), (16, 1, 8_000), (16, 0, 8_000))
-    assert is_bound(state)
+    assert is_cpu_bound(state)
     fold(state, node("cpus", gpus=0, cpu=384_000), 1_000)
-    assert not is_bound(window(state))
+    assert not is_cpu_bound(window(state))
     fold(state, NodeRemoved(cell="c1", node="cpus"), 1_001)
-    assert is_bound(window(state))
+    assert is_cpu_bound(window(state))
 
 
 @pytest.mark.parametrize("config", [CoreConfig(cpu_bound_rule=False), CoreConfig(shape_cpu_rows=0)])
 def test_off_or_without_the_cpu_view_no_window_is_cpu_bound(config: CoreConfig) -> None:
     state = window(fleet(config), (16, 1, 40_000))
     assert cpu_bound(state)  # (the window does ask more of the CPU)
-    assert not is_bound(state)
+    assert not is_cpu_bound(state)
     assert shape_matrix(state)[0, 0] != kernels.CPU_BOUND_MARK
 
 
