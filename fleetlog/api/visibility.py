@@ -1,0 +1,217 @@
+"""What a reader may see (issue 46): every read of the API shows a principal only the jobs it may
+see, and a job's ``payload.env`` only to those who run it.
+
+A job is seen by its tenant (``tenant:NAME``), by the ``backend:`` and ``node-agent:`` roles of
+the cell it is placed in or held to (``allowed_cells``: they run it), and by ``operator`` and
+``reader`` (the fleet's readers, as the policy says).  Other principals — another tenant, a
+``quota-admin`` or ``policy-admin`` without a tenant role — see no job of that tenant: lists and
+history leave it out (their ``total`` too), a job detail answers 404 as for a job that never
+existed (so a job id's existence does not leak), and the watch leaves out its records.
+
+``payload.env`` (where producers put what a job needs to run, too often an API key) is shown
+only to the job's tenant and to a ``backend:`` of its cell: the values of everyone else's copy
+are replaced by :data:`REDACTED` (the names stay: they say what the job expects, not what it
+holds).  ``operator`` and ``reader`` see everything else.
+
+Without ``[auth]`` (no principal) and with tokens but no policy file (every principal holds every
+role) the viewer is :data:`EVERYTHING`: the API answers as it always did.  Nodes, queues, cells
+and tenants are aggregates and show no job nor payload: every viewer sees them whole.
+
+Pure functions of the roles, the state and the events: the live service, ``fleetlog replay
+serve`` and the watch share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+import msgspec
+import numpy as np
+
+from fleetlog.core.authorize import Roles
+from fleetlog.core.state import State
+from fleetlog.events.model import (
+    Decision,
+    DecisionBatch,
+    Event,
+    JobCancelled,
+    JobDispatched,
+    JobPlaced,
+    JobReturned,
+    JobSubmitted,
+    PolicySet,
+    TaskFailed,
+    TaskFinished,
+    TaskPreempted,
+    TaskStarted,
+)
+
+REDACTED: Final = "<redacted>"
+"""What a ``payload.env`` value reads as to a viewer who may not see it."""
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """What one request may see (hashable: a watch can share frames among equal viewers)."""
+
+    sees_all: bool
+    """Every job (``operator``, ``reader``, or no policy in force)."""
+    sees_env: bool = False
+    """Every job's ``payload.env`` too (only when no policy is in force)."""
+    tenants: frozenset[str] = frozenset()
+    """Its ``tenant:`` roles: their jobs, env included."""
+    cells: frozenset[str] = frozenset()
+    """Its ``backend:`` and ``node-agent:`` roles: the jobs placed in or held to these cells."""
+    env_cells: frozenset[str] = frozenset()
+    """Its ``backend:`` roles alone: those jobs' env too (a backend runs what it is given)."""
+    reads_policy: bool = False
+    """``policy-admin`` or ``operator``: the ``PolicySet`` records of the watch (as ``GET /v1/policy``)."""
+
+
+EVERYTHING: Final = Viewer(sees_all=True, sees_env=True, reads_policy=True)
+"""No policy restricts the request: no ``[auth]``, or every principal holds every role."""
+
+
+def viewer_for(roles: Roles | None) -> Viewer:
+    """The viewer of a request whose principal holds ``roles``; ``None``: no policy restricts it
+    (no ``[auth]``, or no policy file: the caller passes ``None`` for ``authz.EVERY_ROLE``)."""
+    if roles is None:
+        return EVERYTHING
+    reads_all = roles.operator or "reader" in roles.names
+    return Viewer(sees_all=reads_all, tenants=roles.tenants, cells=roles.cells, env_cells=roles.backend_cells,
+                  reads_policy=roles.operator or roles.policy_admin)
+
+
+def may_see(viewer: Viewer, tenant: str, cells: Iterable[str] = ()) -> bool:
+    """Whether ``viewer`` may see a job of ``tenant`` placed in or held to ``cells``."""
+    return viewer.sees_all or tenant in viewer.tenants or not viewer.cells.isdisjoint(cells)
+
+
+def may_see_env(viewer: Viewer, tenant: str, cells: Iterable[str] = ()) -> bool:
+    """Whether ``viewer`` may see the ``payload.env`` of a job of ``tenant`` placed in or held to
+    ``cells``: its tenant, a backend of its cell, or no policy in force."""
+    return viewer.sees_env or tenant in viewer.tenants or not viewer.env_cells.isdisjoint(cells)
+
+
+# --- the state's jobs: lists, details, history -----------------------------------------------
+
+JobLookup = Callable[[str], "tuple[str, tuple[str, ...]] | None"]
+"""A job id's (tenant, cells it is placed in or held to), or ``None`` if the state does not know it."""
+
+
+def state_lookup(state: State) -> JobLookup:
+    """:data:`JobLookup` over ``state`` (its current placements and submissions)."""
+    def lookup(job_id: str) -> tuple[str, tuple[str, ...]] | None:
+        row = state.names["job"].get(job_id)
+        if not 0 <= row < state.jobs.size:
+            return None
+        return job_tenant(state, row), job_cells(state, row)
+    return lookup
+
+
+def job_tenant(state: State, row: int) -> str:
+    return state.names["tenant"].names[int(state.jobs.cols["tenant"][row])]
+
+
+def job_cells(state: State, row: int) -> tuple[str, ...]:
+    """The cell job ``row`` is placed in (none while it waits)."""
+    cell = int(state.jobs.cols["cell"][row])
+    return (state.names["cell"].names[cell],) if cell >= 0 else ()
+
+
+def job_mask(state: State, viewer: Viewer) -> np.ndarray | None:
+    """Per job row, whether ``viewer`` sees it (``None``: every row, nothing to filter)."""
+    if viewer.sees_all:
+        return None
+    n, cols = state.jobs.size, state.jobs.cols
+    mask = np.isin(cols["tenant"][:n], _ids(state, "tenant", viewer.tenants))
+    if viewer.cells:
+        mask |= np.isin(cols["cell"][:n], _ids(state, "cell", viewer.cells))
+    return mask
+
+
+def sees_row(state: State, viewer: Viewer, row: int) -> bool:
+    """Whether ``viewer`` sees job ``row`` (a job detail's check)."""
+    return may_see(viewer, job_tenant(state, row), job_cells(state, row))
+
+
+def _ids(state: State, table: str, names: Iterable[str]) -> list[int]:
+    found = (state.names[table].get(name) for name in sorted(names))
+    return [i for i in found if i >= 0]
+
+
+R = TypeVar("R")
+
+
+def visible_records(records: Iterable[R], viewer: Viewer, tenant_of: Callable[[R], str]) -> list[R]:
+    """The records (e.g. history's) of jobs ``viewer`` sees, in order: by tenant alone (an ended
+    job is held to no cell any more; its backend reads the logs)."""
+    if viewer.sees_all:
+        return list(records)
+    return [r for r in records if tenant_of(r) in viewer.tenants]
+
+
+# --- the watch: one event at a time ----------------------------------------------------------
+
+
+def redact_event(event: Event, viewer: Viewer, lookup: JobLookup) -> Event | None:
+    """``event`` as ``viewer`` may see it in ``GET /v1/watch``: ``None`` to leave it out (another
+    tenant's job's record, a ``PolicySet`` to one who may not read the policy), a decision batch
+    with only the decisions of jobs it sees, a submission with ``payload.env`` redacted unless it
+    may see it.  ``lookup`` names the tenant and cell of a job the event names by id alone (a job
+    it does not know is not shown to a viewer who does not see all)."""
+    if viewer.sees_env and viewer.reads_policy:
+        return event
+    if isinstance(event, JobSubmitted):
+        return redact_submission(event, viewer, lookup)
+    if isinstance(event, JobDispatched):
+        job = redact_submission(event.job, viewer, lookup)
+        return None if job is None else msgspec.structs.replace(event, job=job)
+    if isinstance(event, DecisionBatch):
+        return _decisions(event, viewer, lookup)
+    if isinstance(event, PolicySet):
+        return event if viewer.reads_policy else None
+    if isinstance(event, (JobCancelled, JobReturned, TaskStarted, TaskFinished, TaskFailed)):
+        return event if _sees_id(viewer, lookup, event.job_id) else None
+    return event  # (nodes, quotas, cell summaries: aggregates, no job's)
+
+
+def redact_submission(job: JobSubmitted, viewer: Viewer, lookup: JobLookup) -> JobSubmitted | None:
+    """``job`` as ``viewer`` may see it: ``None`` if it may not see the job, else with the values
+    of ``payload.env`` replaced by :data:`REDACTED` unless it may see them."""
+    found = lookup(job.job_id)
+    cells = (*job.allowed_cells, *(found[1] if found is not None else ()))
+    if not may_see(viewer, job.tenant, cells):
+        return None
+    if job.payload is None or not job.payload.env or may_see_env(viewer, job.tenant, cells):
+        return job
+    return msgspec.structs.replace(job, payload=msgspec.structs.replace(
+        job.payload, env=dict.fromkeys(job.payload.env, REDACTED)))
+
+
+def _sees_id(viewer: Viewer, lookup: JobLookup, job_id: str) -> bool:
+    if viewer.sees_all:
+        return True
+    found = lookup(job_id)
+    return found is not None and may_see(viewer, *found)
+
+
+def _decisions(batch: DecisionBatch, viewer: Viewer, lookup: JobLookup) -> DecisionBatch:
+    """The batch with only the decisions of jobs ``viewer`` sees (a placement into one of its
+    cells included); a preemption of its job by one it does not see names no preemptor."""
+    if viewer.sees_all:
+        return batch
+    kept: list[Decision] = []
+    for decision in batch.decisions:
+        placed_here = isinstance(decision, JobPlaced) and decision.cell in viewer.cells
+        if not (placed_here or _sees_id(viewer, lookup, decision.job_id)):
+            continue
+        if isinstance(decision, TaskPreempted) and not _sees_id(viewer, lookup, decision.by_job_id):
+            kept.append(msgspec.structs.replace(decision, by_job_id="", message=""))
+        else:
+            kept.append(decision)
+    if kept == list(batch.decisions):
+        return batch
+    return msgspec.structs.replace(batch, decisions=tuple(kept))
