@@ -117,12 +117,12 @@ def _folded(args: argparse.Namespace, jobs: list[JobSubmitted], config: Config) 
                         "service (--url)")
     import asyncio
 
-    from fleetlog.core.policy import policy_named
+    from fleetlog.core.policy import service_policy
     from fleetlog.replay import handlers
     from fleetlog.replay.source import ReplayError
 
     place: Any = config.kafka if config.kafka is not None else Path(str(config.log.dir))
-    args.dry_jobs, args.dry_policy = jobs, policy_named(config.service.policy)
+    args.dry_jobs, args.dry_policy = jobs, service_policy(config.service.policy)
     args.core = config.service.core()  # fold as the service would
     try:
         asyncio.run(handlers.run("dry-run", place, args))

@@ -31,6 +31,12 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A higher priority may preempt lower ones."""
     reclaim: bool = True
     """A tenant under its nominal quota may preempt borrowers in its cohort."""
+    priority_within_tenant: bool = False
+    """Priority preempts only the same tenant's lower jobs; another tenant's running job is
+    evicted only by reclaim (its tenant uses more than its nominal quota, the preemptor's less),
+    as Kueue does: a tenant inside its guarantee is never preempted by another tenant's
+    priority (issue 46). The service turns it on (:func:`service_policy`); a bare policy name
+    leaves it off, as every log recorded before 2026-12-07 decided, so they replay unchanged."""
     thrash_window_ms: int = 300_000
     """A job preempted for a cause is not preempted again for the same cause within this window."""
     max_victims: int = 64
@@ -80,6 +86,19 @@ def policy_named(spec: str, **overrides: object) -> Policy:
         return msgspec.convert(raw, Policy)
     except msgspec.ValidationError as exc:
         raise UnknownPolicyError(f"policy {spec!r}: {exc}") from None
+
+
+GUARDED: Final = {"priority_within_tenant": True}
+"""What the service adds to its policy spec unless the spec sets it (:func:`service_policy`)."""
+
+
+def service_policy(spec: str) -> Policy:
+    """The policy the service decides with: ``spec`` with :data:`GUARDED` wherever the spec does
+    not set those fields itself. The additions are part of the policy's name, so each decision
+    batch records them and replay rebuilds the same policy from the log alone."""
+    _, _, query = spec.partition("?")
+    named = {key for key, _ in _parse_query(query)}
+    return policy_named(spec, **{k: v for k, v in GUARDED.items() if k not in named})
 
 
 def batch_policy(name: str, typical_pods: tuple[tuple[int, int, int, int], ...] = ()) -> Policy:

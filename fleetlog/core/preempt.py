@@ -1,6 +1,7 @@
-"""Step 4 of decide: when a job does not fit, a higher priority may evict lower ones and a
-tenant within its nominal quota may evict cohort borrowers (the fewest whole gangs, lowest
-priority and youngest first, never twice for one cause within a window).
+"""Step 4 of decide: when a job does not fit, a higher priority may evict lower ones (of the
+same tenant alone under ``Policy.priority_within_tenant``) and a tenant within its nominal
+quota may evict cohort borrowers (the fewest whole gangs, lowest priority and youngest first,
+never twice for one cause within a window).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def victim_candidates(sc: Scratch, job: int, cause: str) -> list[int]:
     running = sc.running()
     if cause == "priority":
         running = running[jc["priority"][running] < prio]
+        if sc.policy.priority_within_tenant:  # (across tenants: reclaim alone, below)
+            running = running[jc["tenant"][running] == jc["tenant"][job]]
     else:
         running = running[np.isin(jc["tenant"][running], np.array(sorted(tenants), dtype=np.int32))]
     cells = set(allowed_cells(sc, job))

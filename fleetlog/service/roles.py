@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import structlog
 
-from fleetlog.core.policy import policy_named
+from fleetlog.core.policy import service_policy
 from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.file import LockedError
 from fleetlog.log.kafka import FencedError, KafkaLogStore, shard_config
@@ -166,7 +166,7 @@ class RoleService:
     def __init__(self, config: Config, stopping: asyncio.Event | None = None) -> None:
         self.config, self.settings = config, config.service
         self.role = config.service.role
-        self.policy = policy_named(self.settings.policy)
+        self.policy = service_policy(self.settings.policy)
         self.metrics = Metrics()
         self.stopping = stopping or asyncio.Event()
         guard = security(config.auth, self.settings.http_host)
