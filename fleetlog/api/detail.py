@@ -8,11 +8,13 @@ never a scan); ``fleetlog explain`` reads the logs for the whole history.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import msgspec
 
 from fleetlog.api.resources import queue_positions
+from fleetlog.api.visibility import EVERYTHING, Viewer, sees_row
 from fleetlog.core.fold import CAUSE_CODES
 from fleetlog.core.state import JobState, Requeue, State
 from fleetlog.core.views import job_status, pending_reason, tasks_started
@@ -68,17 +70,47 @@ class JobDetail(msgspec.Struct, frozen=True, omit_defaults=True):
 _CAUSES: Final = {code: cause for cause, code in CAUSE_CODES.items()}
 
 
-def job_detail(state: State, job_id: str) -> JobDetail | None:
-    """What ``GET /v1/jobs/{job_id}`` answers; ``None`` if the state has no such job."""
+def job_detail(state: State, job_id: str, viewer: Viewer = EVERYTHING) -> JobDetail | None:
+    """What ``GET /v1/jobs/{job_id}`` answers; ``None`` if the state has no such job, or
+    ``viewer`` may not see it (:mod:`fleetlog.api.visibility`: the same 404, so another tenant's
+    job ids do not show by their answer)."""
+    row = state.job_row(job_id)
+    if row < 0 or not sees_row(state, viewer, row):
+        return None
     found = job_status(state, job_id)
     if found is None:
         return None
-    row = state.job_row(job_id)
     position = int(queue_positions(state)[row])
     labels, annotations = state.job_meta.get(row, ({}, {}))
     extra: dict[str, Any] = {"story": story(state, row), "queue_position": position or None,
                              "labels": dict(labels), "annotations": dict(annotations)}
-    return msgspec.convert(found | extra, JobDetail)
+    detail = msgspec.convert(found | extra, JobDetail)
+    return detail if viewer.sees_all else _without_preemptor(state, viewer, detail)
+
+
+_PREEMPTOR: Final = re.compile(r"preempted by job (\S+) \(")
+
+
+def _without_preemptor(state: State, viewer: Viewer, detail: JobDetail) -> JobDetail:
+    """``detail`` without the id of the job that preempted it when ``viewer`` may not see that
+    job (another tenant's: its id is no business of this one)."""
+    note = detail.requeued.message if detail.requeued is not None else ""
+    texts = [note, *(step.detail for step in detail.story)]
+    hidden = {m.group(1) for text in texts for m in _PREEMPTOR.finditer(text)}
+    hidden = {job for job in hidden if (row := state.job_row(job)) < 0 or not sees_row(state, viewer, row)}
+    if not hidden:
+        return detail
+
+    def hide(text: str) -> str:
+        return _PREEMPTOR.sub(lambda m: "preempted by another tenant's job (" if m.group(1) in hidden
+                              else m.group(0), text)
+    requeued = detail.requeued
+    if requeued is not None:
+        requeued = msgspec.structs.replace(requeued, message=hide(requeued.message))
+        if requeued.by_job_id in hidden:
+            requeued = msgspec.structs.replace(requeued, by_job_id="")
+    story_ = [msgspec.structs.replace(step, detail=hide(step.detail)) for step in detail.story]
+    return msgspec.structs.replace(detail, requeued=requeued, story=story_)
 
 
 def story(state: State, row: int) -> list[StoryStep]:

@@ -17,6 +17,7 @@ from typing import Final
 import msgspec
 
 from fleetlog.api.resources import ApiError, Query, _single, check_params, one_of, paging
+from fleetlog.api.visibility import EVERYTHING, Viewer, visible_records
 
 ENDED: Final = ("succeeded", "failed", "cancelled", "rejected")
 """The end states a record can have (``fleetlog history --state``, ``GET /v1/history?state=``)."""
@@ -99,7 +100,9 @@ def _log_time(query: Query, name: str, log_time_ms: Callable[[str], int]) -> int
         raise ApiError(400, "invalid_value", f"{name}={text!r}: {exc}", name) from None
 
 
-def history_page(records: list[Finished], start: int, limit: int) -> HistoryPage:
-    """The page of ``records`` from index ``start``, at most ``limit``."""
+def history_page(records: list[Finished], start: int, limit: int, viewer: Viewer = EVERYTHING) -> HistoryPage:
+    """The page of ``records`` ``viewer`` may see (:mod:`fleetlog.api.visibility`: its tenants'
+    records, unless it sees all) from index ``start``, at most ``limit``."""
+    records = visible_records(records, viewer, lambda record: record.tenant)
     end = start + limit
     return HistoryPage(records[start:end], len(records), str(end) if end < len(records) else None)

@@ -19,6 +19,7 @@ import msgspec
 import numpy as np
 
 from fleetlog.api.names import DEFAULT_LIMIT, JOB_STATES, MAX_LIMIT, NODE_STATUSES
+from fleetlog.api.visibility import EVERYTHING, Viewer, job_mask
 from fleetlog.core.constraints import NO_ATTRS
 from fleetlog.core.order import dominant_share, fleet_capacity, waiting_order
 from fleetlog.core.shares import SCALE
@@ -258,7 +259,9 @@ def started_counts(state: State) -> np.ndarray:
     return started
 
 
-def list_jobs(state: State, query: Query) -> JobPage:
+def list_jobs(state: State, query: Query, viewer: Viewer = EVERYTHING) -> JobPage:
+    """``GET /v1/jobs``: the jobs ``viewer`` may see (:mod:`fleetlog.api.visibility`; ``total``
+    counts only those), filtered and paged."""
     check_params(query, JOB_PARAMS)
     phases = one_of(query, "state", JOB_STATES)
     start, limit = paging(query)
@@ -266,6 +269,9 @@ def list_jobs(state: State, query: Query) -> JobPage:
     status = c["state"][:n]
     started = started_counts(state)
     mask = status != JobState.RETIRED
+    visible = job_mask(state, viewer)
+    if visible is not None:
+        mask &= visible
     for column, table in (("tenant", "tenant"), ("queue", "queue"), ("cell", "cell")):
         if column in query:
             mask &= np.isin(c[column][:n], _ids(state, table, query[column]))

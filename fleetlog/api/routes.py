@@ -37,6 +37,7 @@ from fleetlog.api.resources import (
     list_queues,
     list_tenants,
 )
+from fleetlog.api.visibility import EVERYTHING, Viewer
 from fleetlog.core.state import State
 
 API_VERSION: Final = "1"
@@ -170,8 +171,12 @@ def route_for(method: str, path: str) -> tuple[Route | None, dict[str, str], boo
     return None, {}, other
 
 
-def answer_list(state: State, path: str, query: Query) -> msgspec.Struct:
-    """The list at ``path`` (one of :data:`LISTS`); an :class:`ApiError` for a bad query."""
+def answer_list(state: State, path: str, query: Query, viewer: Viewer = EVERYTHING) -> msgspec.Struct:
+    """The list at ``path`` (one of :data:`LISTS`) as ``viewer`` may see it (only ``/v1/jobs``
+    lists jobs; the others are aggregates every reader sees: :mod:`fleetlog.api.visibility`); an
+    :class:`ApiError` for a bad query."""
+    if path == "/v1/jobs":
+        return list_jobs(state, query, viewer)
     return LISTS[path][0](state, query)
 
 

@@ -36,6 +36,7 @@ from fleetlog.api.detail import job_detail
 from fleetlog.api.dryrun import dry_run, parse_jobs
 from fleetlog.api.resources import ApiError, PolicyList
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
+from fleetlog.api.visibility import Viewer, viewer_for
 from fleetlog.core.authorize import Roles
 from fleetlog.core.policy import policy_named
 from fleetlog.core.views import pending_by_reason
@@ -46,6 +47,7 @@ from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
 from fleetlog.service.auth import security
 from fleetlog.service.authz import (
+    EVERY_ROLE,
     Authorizer,
     forbidden,
     policy_reader,
@@ -406,12 +408,12 @@ class Service:
             if refused is not None:
                 return forbidden(refused)
         if request.method == "GET" and path in LISTS:
-            return self._list(path, request.query)
+            return self._list(path, request.query, _viewer(roles))
         if request.method == "GET" and path == "/v1/watch":
             return await self._watch(request)
         route, found, elsewhere = route_for(request.method, request.raw_path or path)
         if route is not None and route.path == "/v1/jobs/{job_id}":
-            return self._job(found["job_id"])
+            return self._job(found["job_id"], _viewer(roles))
         if route is not None and route.path == "/v1/quotas/{tenant}":
             return await self._put_quota(found["tenant"], request, roles)
         if route is not None and route.path == "/v1/dry-run":
@@ -465,12 +467,12 @@ class Service:
         answer = await self.ingest.serve(as_json, self._leading, roles)
         return _quota_fields(answer)
 
-    def _list(self, path: str, query: dict[str, list[str]]) -> Response:
-        """A read-only list (fleetlog.api) of the live state."""
+    def _list(self, path: str, query: dict[str, list[str]], viewer: Viewer) -> Response:
+        """A read-only list (fleetlog.api) of the live state, as ``viewer`` may see it."""
         if self.loop is None:
             return refusal(503, "standby", "this process is not leading")
         try:
-            answer = answer_list(self.loop.state, path, query)
+            answer = answer_list(self.loop.state, path, query, viewer)
         except ApiError as exc:
             return refusal(exc.status, exc.code, exc.message, exc.field)
         if isinstance(answer, PolicyList) and answer.source == "none":  # (no PolicySet folded yet)
@@ -494,12 +496,15 @@ class Service:
             found["truncations"] = self._truncations
         return found
 
-    def _job(self, job_id: str) -> Response:
+    def _job(self, job_id: str, viewer: Viewer) -> Response:
+        """``GET /v1/jobs/JOB``: a job ``viewer`` may not see is 404 ``unknown_job``, as one that
+        never was (and a retired one too, to a viewer who does not see all: the state no longer
+        knows whose it was)."""
         if self.loop is None:
             return refusal(503, "standby", "this process is not leading")
         state = self.loop.state
-        found = job_detail(state, job_id)
-        if found is None and job_id in state.retired:  # (docs/retention.md: the logs hold the rest)
+        found = job_detail(state, job_id, viewer)
+        if found is None and job_id in state.retired and viewer.sees_all:  # (docs/retention.md: in the logs)
             at = state.retired[job_id]
             return refusal(404, "retired", f"job {job_id!r} retired from the state at log time {at} ms "
                            "(`fleetlog status` reads it from the logs)")
@@ -532,6 +537,12 @@ def _quota_fields(answer: Response) -> Response:
         body["field"] = field.removeprefix("event.")
         return json_response(answer.status, body, answer.headers)
     return answer
+
+
+def _viewer(roles: Roles | None) -> Viewer:
+    """What a request may read (fleetlog.api.visibility): everything when no policy restricts it
+    (no ``[auth]``, or no policy file: every principal holds every role)."""
+    return viewer_for(None if roles is None or roles is EVERY_ROLE else roles)
 
 
 def _not_allowed() -> Response:
