@@ -16,10 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 import msgspec
+import numpy as np
 
 from fleetlog.core.authorize import Roles
 from fleetlog.core.never_fits import Fleet, never_fits_submitted
-from fleetlog.core.state import State
+from fleetlog.core.state import JobState, NodeStatus, State
 from fleetlog.core.views import as_folded, folded_spec, job_ended, pending_tasks
 from fleetlog.events.codec import (
     CONTENT_TYPE_HEADER,
@@ -248,18 +249,50 @@ def http_limits(settings: ServiceSettings) -> HttpLimits:
         max_field_bytes=settings.http_max_header_bytes, max_body_bytes=settings.max_request_bytes)
 
 
+def tenant_tasks(events: list[InputEvent]) -> Counter[str]:
+    """Tasks submitted per tenant: the pending work ``events`` create for each."""
+    out: Counter[str] = Counter()
+    for e in events:
+        if isinstance(e, JobSubmitted):
+            out[e.tenant] += sum(g.count for g in e.task_groups)
+    return out
+
+
+def known_cells(state: State) -> frozenset[str]:
+    """The cells that hold a node the state knows (not removed): the cells that exist."""
+    nodes = state.nodes
+    cells = np.unique(nodes.view("cell")[nodes.view("status") != int(NodeStatus.REMOVED)])
+    names = state.names["cell"].names
+    return frozenset(names[int(c)] for c in cells.tolist() if c >= 0)
+
+
+def backend_own(roles: Roles | None, event: JobSubmitted, cells: frozenset[str]) -> bool:
+    """Whether ``event`` is what a backend must submit for its own cell (a job its cluster holds,
+    held by ``allowed_cells`` to cells of its ``backend:`` roles that exist): exempt from the
+    rate limits, since the work is there already (issue 46: a role alone exempts nothing)."""
+    if roles is None or not event.allowed_cells:
+        return False
+    return roles.backend_cells.issuperset(event.allowed_cells) and cells.issuperset(event.allowed_cells)
+
+
 class IngestGate:
     """Bounds the pending work ingest can create: tasks of pending jobs plus tasks appended but
-    not folded yet."""
+    not folded yet, in all and per tenant; and the jobs and tasks each tenant submits a second."""
 
     def __init__(self, settings: ServiceSettings, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        rate = settings.max_submissions_per_s
+        rate, task_rate = settings.max_submissions_per_s, settings.max_submitted_tasks_per_s
         self.rates = None if rate is None else SubmissionRates(
             rate, settings.max_submission_burst or max(1, math.ceil(rate)), monotonic)
         """Submissions per second per tenant (``max_submissions_per_s``), if bounded."""
+        self.task_rates = None if task_rate is None else SubmissionRates(
+            task_rate, settings.max_submitted_task_burst or max(1, math.ceil(task_rate)), monotonic,
+            "tasks", "max_submitted_tasks_per_s")
+        """Tasks submitted per second per tenant (``max_submitted_tasks_per_s``), if bounded."""
+        self.tenant_limit = settings.max_pending_tasks_per_tenant or max(1, settings.max_pending_tasks // 4)
+        """What one tenant may hold of the pending work (``max_pending_tasks_per_tenant``)."""
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleetlog-ingest")
-        self._unfolded: deque[tuple[int, int]] = deque()  # (end offset, tasks) of appended requests
+        self._unfolded: deque[tuple[int, int, Counter[str]]] = deque()  # (end, tasks, per tenant) appended
         self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission
         self._job_ends: deque[tuple[int, str]] = deque()  # (end offset, job id) of those, in order
         self._appending: set[str] = set()  # ids in ``_jobs`` whose append has not returned yet
@@ -267,32 +300,58 @@ class IngestGate:
     def pending(self, loop: SchedulerLoop) -> int:
         while self._unfolded and self._unfolded[0][0] <= loop.offset:
             self._unfolded.popleft()
-        return pending_tasks(loop.state) + sum(tasks for _, tasks in self._unfolded)
+        return pending_tasks(loop.state) + sum(tasks for _, tasks, _ in self._unfolded)
 
-    def admit(self, loop: SchedulerLoop, tasks: int) -> Response | None:
-        """``None`` when a request creating ``tasks`` pending tasks fits, else the 429."""
-        if tasks == 0:
+    def tenant_pending(self, loop: SchedulerLoop, tenant: str) -> int:
+        """Tasks ``tenant`` holds pending: of its pending jobs, and appended but not folded."""
+        self.pending(loop)  # (drops what the loop folded)
+        state, tid = loop.state, loop.state.names["tenant"].get(tenant)
+        folded = 0 if tid < 0 else int(state.jobs.view("ntasks")[
+            (state.jobs.view("state") == JobState.PENDING) & (state.jobs.view("tenant") == tid)].sum())
+        return folded + sum(by[tenant] for _, _, by in self._unfolded)
+
+    def admit(self, loop: SchedulerLoop, batch: IngestBatch) -> Response | None:
+        """``None`` when the pending tasks ``batch`` creates fit, in all and for each tenant's
+        share, else the 429."""
+        if batch.tasks == 0:
             return None
-        limit = self.settings.max_pending_tasks
+        limit, tasks = self.settings.max_pending_tasks, batch.tasks
         pending = self.pending(loop)
-        if pending + tasks <= limit:
-            return None
-        return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
-                       f"the limit of {limit}", extra={"pending": pending, "limit": limit})
+        if pending + tasks > limit:
+            return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
+                           f"the limit of {limit}", extra={"pending": pending, "limit": limit,
+                                                           "bound": "max_pending_tasks"})
+        for tenant, wanted in sorted(tenant_tasks(batch.events).items()):
+            held = self.tenant_pending(loop, tenant)
+            if held + wanted > self.tenant_limit:
+                return refusal(429, "too_much_pending", f"tenant {tenant!r} holds {held} tasks pending; "
+                               f"{wanted} more would pass its share of {self.tenant_limit} "
+                               "(max_pending_tasks_per_tenant)", extra={
+                                   "tenant": tenant, "pending": held, "limit": self.tenant_limit,
+                                   "bound": "max_pending_tasks_per_tenant"})
+        return None
 
-    def rate_limited(self, batch: IngestBatch, roles: Roles | None) -> Response | None:
-        """``None`` when every tenant of ``batch``'s submissions may submit them now (they are
-        taken from its bucket), else the 429.  A principal holding a ``backend:``/``node-agent:``
-        role reports jobs that exist already and is not held back."""
-        if self.rates is None or (roles is not None and roles.cells):
+    def rate_limited(self, batch: IngestBatch, roles: Roles | None, state: State) -> Response | None:
+        """``None`` when every tenant of ``batch``'s submissions may submit them now (jobs and
+        tasks taken from its buckets, from all or from none), else the 429.  What a backend
+        submits for its own existing cell (:func:`backend_own`) is not counted."""
+        if self.rates is None and self.task_rates is None:
             return None
-        counts = Counter(e.tenant for e in batch.events if isinstance(e, JobSubmitted))
-        limited = self.rates.take(counts) if counts else None
-        if limited is None:
+        cells = known_cells(state) if roles is not None and roles.backend_cells else frozenset()
+        jobs = [e for e in batch.events if isinstance(e, JobSubmitted) and not backend_own(roles, e, cells)]
+        if not jobs:
             return None
-        return refusal(429, "too_many_submissions", limited.message,
-                       extra={"tenant": limited.tenant, "limit": self.rates.rate},
-                       retry_after_s=limited.retry_after_s)
+        limits = [(r, c) for r, c in ((self.rates, Counter(e.tenant for e in jobs)),
+                                      (self.task_rates, tenant_tasks(list(jobs)))) if r is not None]
+        for rates, counts in limits:
+            limited = rates.check(counts)
+            if limited is not None:
+                return refusal(429, "too_many_submissions", limited.message,
+                               extra={"tenant": limited.tenant, "limit": rates.rate, "unit": rates.unit},
+                               retry_after_s=limited.retry_after_s)
+        for rates, counts in limits:
+            rates.commit(counts)
+        return None
 
     def unfolded_jobs(self, loop: SchedulerLoop) -> dict[str, JobSubmitted]:
         """The jobs appended through ingest that the loop has not folded yet, with their submission
@@ -319,7 +378,7 @@ class IngestGate:
     def appended(self, first: int, batch: IngestBatch) -> None:
         end = first + len(batch.messages)
         if batch.tasks:
-            self._unfolded.append((end, batch.tasks))
+            self._unfolded.append((end, batch.tasks, tenant_tasks(batch.events)))
         for event in batch.events:
             if isinstance(event, JobSubmitted) and event.job_id in self._appending:
                 self._appending.discard(event.job_id)
@@ -352,13 +411,13 @@ class IngestGate:
             return forbidden(exc)
         except IngestError as exc:
             return refusal(exc.status, exc.reason, str(exc), extra=exc.extra)
-        refused = self.admit(loop, batch.tasks)
+        refused = self.admit(loop, batch)
         if refused is not None:
             return refused
         refused = None if _accepts_never_fits(request) else never_fitting(loop.state, batch.events)
         if refused is not None:
             return refused
-        refused = self.rate_limited(batch, roles)  # (last: a request refused otherwise takes nothing)
+        refused = self.rate_limited(batch, roles, loop.state)  # (last: if refused otherwise, takes nothing)
         if refused is not None:
             return refused
         log_ = store.log(INPUTS)

@@ -39,6 +39,7 @@ LIMITS: dict[str, Any] = {
     "max_request_bytes": 1 << 20,
     "max_request_tasks": 1_000,
     "max_pending_tasks": 1_500,
+    "max_pending_tasks_per_tenant": 1_500,  # (one tenant: the bound in all is tested here)
 }
 
 

@@ -15,7 +15,7 @@ from fleetlog.events import envelope
 from fleetlog.service.auth import entry_toml
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from fleetlog.service.limits import FORGET_EVERY, SubmissionRates
-from tests.core.builders import job
+from tests.core.builders import job, node
 from tests.service.test_auth import acall, tokens_file
 from tests.service.test_authz import PEOPLE, POLICY, TOKENS, secret, send
 from tests.service.test_service import Running, events_body, start
@@ -160,9 +160,13 @@ async def test_a_tenant_past_its_rate_gets_429_with_retry_after_and_others_go_on
         assert (await send(running, "alice", job("a1", tenant="a")))[0] == 200  # a duplicate: not counted
         assert (await send(running, "alice", job("a1", tenant="a")))[0] == 200
         backend = job("o1", tenant="a", cells=("c2",))
-        assert (await send(running, "agent2", backend))[0] == 200  # a backend: not limited
+        assert (await send(running, "agent2", backend))[0] == 429  # a backend of a cell with no node: limited
+        assert (await send(running, "agent2", node("n2", cell="c2")))[0] == 200
+        await running.until(lambda: running.service.loop is not None
+                            and running.service.loop.state.names["cell"].get("c2") >= 0)
+        assert (await send(running, "agent2", backend))[0] == 200  # a backend of its own cell: not limited
         metrics = (await acall(running.url + "/metrics", TOKENS["reader"]))[2].decode()
-        assert "fleetlog_http_rate_limited_total 1.0" in metrics
+        assert "fleetlog_http_rate_limited_total 2.0" in metrics
     finally:
         await running.stop()
 

@@ -1,0 +1,112 @@
+"""Admission and fairness under ``[auth]`` (issue 46), against a real service: one tenant
+cannot take every tenant's share of the pending work, tasks count in the rate limit, and a
+``backend:``/``node-agent:`` role exempts from it only what a backend submits for its own
+existing cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fleetlog.service.auth import entry_toml
+from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
+from tests.core.builders import job, node
+from tests.service.test_auth import tokens_file
+from tests.service.test_authz import TOKENS, secret, send
+from tests.service.test_service import Running, start
+
+POLICY = """
+[[grant]]
+principal = "alice"
+roles = ["tenant:a"]
+[[grant]]
+principal = "bob"
+roles = ["tenant:b"]
+[[grant]]
+principal = "agent2"
+roles = ["backend:c2"]
+[[grant]]
+principal = "agent1"
+roles = ["backend:nope", "node-agent:nope"]
+[[grant]]
+principal = "ops"
+roles = ["operator"]
+"""
+WHO = ("alice", "bob", "agent1", "agent2", "ops")
+
+
+async def policed(tmp_path: Path, **settings: Any) -> Running:
+    tokens = tokens_file(tmp_path / "tokens.toml", *(entry_toml(who, TOKENS[who], None) for who in WHO))
+    config = Config(log=LogConfig(dir=str(tmp_path / "log"), fsync="never"),
+                    service=ServiceSettings(http_port=0, idle_wait_ms=20, **settings),
+                    auth=AuthSettings(tokens_file=str(tokens),
+                                      policy_file=str(secret(tmp_path / "policy.toml", POLICY))))
+    return await start(config)
+
+
+async def test_one_tenant_fills_its_share_of_pending_work_and_another_still_submits(tmp_path: Path) -> None:
+    running = await policed(tmp_path, max_pending_tasks=1_000, max_request_tasks=1_000)
+    try:  # (no node: everything stays pending)
+        sent = 0
+        while True:  # alice submits 100 tasks at a time until she is refused
+            status, answer = await send(running, "alice", job(f"a{sent}", tenant="a", tasks=100))
+            if status != 200:
+                break
+            sent += 1
+        assert sent == 2, "her share: a quarter of max_pending_tasks"
+        assert (status, answer["code"], answer["tenant"], answer["limit"], answer["pending"]) == (
+            429, "too_much_pending", "a", 250, 200), answer
+        assert answer["bound"] == "max_pending_tasks_per_tenant"
+        assert "tenant 'a'" in answer["message"] and "max_pending_tasks_per_tenant" in answer["message"]
+        assert (await send(running, "alice", job("a-small", tenant="a", tasks=50)))[0] == 200  # (to 250)
+        for i in range(2):
+            status, answer = await send(running, "bob", job(f"b{i}", tenant="b", tasks=100))
+            assert status == 200, answer
+    finally:
+        await running.stop()
+
+
+async def test_the_share_is_a_setting_and_the_bound_in_all_still_holds(tmp_path: Path) -> None:
+    running = await policed(tmp_path, max_pending_tasks=300, max_pending_tasks_per_tenant=200)
+    try:
+        assert (await send(running, "alice", job("a0", tenant="a", tasks=200)))[0] == 200
+        status, answer = await send(running, "alice", job("a1", tenant="a", tasks=1))
+        assert (status, answer["tenant"], answer["limit"]) == (429, "a", 200), answer
+        assert (await send(running, "bob", job("b0", tenant="b", tasks=100)))[0] == 200
+        status, answer = await send(running, "bob", job("b1", tenant="b", tasks=1))
+        assert (status, answer["code"], answer["bound"], answer["limit"]) == (
+            429, "too_much_pending", "max_pending_tasks", 300), answer
+    finally:
+        await running.stop()
+
+
+async def test_tasks_count_in_the_rate_limit(tmp_path: Path) -> None:
+    running = await policed(tmp_path, max_submissions_per_s=1_000, max_submitted_tasks_per_s=0.5,
+                            max_submitted_task_burst=100)
+    try:
+        assert (await send(running, "alice", job("a0", tenant="a", tasks=100)))[0] == 200
+        status, answer = await send(running, "alice", job("a1", tenant="a", tasks=1))
+        assert (status, answer["code"], answer["tenant"], answer["unit"]) == (
+            429, "too_many_submissions", "a", "tasks"), answer
+        assert "max_submitted_tasks_per_s" in answer["message"]
+        assert (await send(running, "bob", *[job(f"b{i}", tenant="b") for i in range(100)]))[0] == 200
+    finally:
+        await running.stop()
+
+
+async def test_a_backend_role_for_a_cell_that_does_not_exist_is_rate_limited(tmp_path: Path) -> None:
+    running = await policed(tmp_path, max_submissions_per_s=0.5, max_submission_burst=2)
+    try:
+        jobs = [job(f"n{i}", tenant="a", cells=("nope",)) for i in range(3)]
+        assert (await send(running, "agent1", *jobs[:2]))[0] == 200
+        status, answer = await send(running, "agent1", jobs[2])
+        assert (status, answer["code"], answer["tenant"]) == (429, "too_many_submissions", "a"), answer
+        # its own existing cell: what the backend reports is there already, not limited
+        assert (await send(running, "agent2", node("n2", cell="c2")))[0] == 200
+        await running.until(lambda: running.service.loop is not None
+                            and running.service.loop.state.names["cell"].get("c2") >= 0)
+        for i in range(5):
+            status, answer = await send(running, "agent2", job(f"k{i}", tenant="a", cells=("c2",)))
+            assert status == 200, answer
+    finally:
+        await running.stop()
