@@ -38,7 +38,7 @@ from fleetlog.api.resources import ApiError, PolicyList
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
 from fleetlog.api.visibility import Viewer, viewer_for
 from fleetlog.core.authorize import Roles
-from fleetlog.core.policy import policy_named
+from fleetlog.core.policy import service_policy
 from fleetlog.core.views import pending_by_reason
 from fleetlog.events import SCHEMA_VERSION
 from fleetlog.log import errorpolicy
@@ -118,7 +118,7 @@ class Service:
 
     def __init__(self, config: Config, stopping: asyncio.Event | None = None) -> None:
         self.config, self.settings = config, config.service
-        self.policy = policy_named(self.settings.policy)
+        self.policy = service_policy(self.settings.policy)
         self.metrics = Metrics()
         guard = security(config.auth, self.settings.http_host)
         self.http = HttpServer(self._handle, self.settings.http_host, self.settings.http_port,
