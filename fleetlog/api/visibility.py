@@ -23,7 +23,7 @@ serve`` and the watch share them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -47,6 +47,8 @@ from fleetlog.events.model import (
     TaskPreempted,
     TaskStarted,
 )
+
+R = TypeVar("R")
 
 REDACTED: Final = "<redacted>"
 """What a ``payload.env`` value reads as to a viewer who may not see it."""
@@ -97,18 +99,47 @@ def may_see_env(viewer: Viewer, tenant: str, cells: Iterable[str] = ()) -> bool:
 
 # --- the state's jobs: lists, details, history -----------------------------------------------
 
-JobLookup = Callable[[str], "tuple[str, tuple[str, ...]] | None"]
-"""A job id's (tenant, cells it is placed in or held to), or ``None`` if the state does not know it."""
+JobWhere = tuple[str, tuple[str, ...]]
+"""A job's tenant and the cells it is placed in (none while it waits)."""
+JobLookup = Callable[[Collection[str]], Mapping[str, JobWhere]]
+"""Where each of some job ids is, as the state knows them (an id it does not know is left out).
+One call per event, for every job the event names: a lookup that must hop to the thread that
+owns the state (the watch: :func:`on_owner`) hops once per event, not per job."""
 
 
 def state_lookup(state: State) -> JobLookup:
-    """:data:`JobLookup` over ``state`` (its current placements and submissions)."""
-    def lookup(job_id: str) -> tuple[str, tuple[str, ...]] | None:
-        row = state.names["job"].get(job_id)
-        if not 0 <= row < state.jobs.size:
-            return None
-        return job_tenant(state, row), job_cells(state, row)
+    """:data:`JobLookup` over ``state`` (its current placements and submissions), to be called
+    where ``state`` does not change meanwhile (its loop's thread)."""
+    def lookup(job_ids: Collection[str]) -> dict[str, JobWhere]:
+        found = {}
+        for job_id in job_ids:
+            row = state.job_row(job_id)
+            if 0 <= row < state.jobs.size:
+                found[job_id] = (job_tenant(state, row), job_cells(state, row))
+        return found
     return lookup
+
+
+Found = Mapping[str, JobWhere]
+
+
+def on_owner(lookup: Callable[[], JobLookup], call: Callable[[Callable[[], Found]], Found]) -> JobLookup:
+    """A :data:`JobLookup` that runs ``lookup()`` (the current state's) through ``call`` — which
+    runs a function on the thread that owns the state and returns its result (the service's event
+    loop) — so a watch's worker thread never reads a state the loop is changing."""
+    def hop(job_ids: Collection[str]) -> Found:
+        if not job_ids:
+            return {}
+        wanted = tuple(job_ids)
+        return call(lambda: lookup()(wanted))
+    return hop
+
+
+def view_of(viewer: Viewer, lookup: JobLookup) -> Callable[[Event], Event | None] | None:
+    """What the watch applies to each event for ``viewer`` (``None``: it sees every event whole)."""
+    if viewer.sees_env and viewer.reads_policy:
+        return None
+    return lambda event: redact_event(event, viewer, lookup)
 
 
 def job_tenant(state: State, row: int) -> str:
@@ -142,9 +173,6 @@ def _ids(state: State, table: str, names: Iterable[str]) -> list[int]:
     return [i for i in found if i >= 0]
 
 
-R = TypeVar("R")
-
-
 def visible_records(records: Iterable[R], viewer: Viewer, tenant_of: Callable[[R], str]) -> list[R]:
     """The records (e.g. history's) of jobs ``viewer`` sees, in order: by tenant alone (an ended
     job is held to no cell any more; its backend reads the logs)."""
@@ -160,8 +188,9 @@ def redact_event(event: Event, viewer: Viewer, lookup: JobLookup) -> Event | Non
     """``event`` as ``viewer`` may see it in ``GET /v1/watch``: ``None`` to leave it out (another
     tenant's job's record, a ``PolicySet`` to one who may not read the policy), a decision batch
     with only the decisions of jobs it sees, a submission with ``payload.env`` redacted unless it
-    may see it.  ``lookup`` names the tenant and cell of a job the event names by id alone (a job
-    it does not know is not shown to a viewer who does not see all)."""
+    may see it.  ``lookup`` names the tenant and cell of the jobs the event names by id alone (a
+    job it does not know is not shown to a viewer who does not see all); it is called at most
+    once, and only when the answer depends on it (never for ``operator`` and ``reader``)."""
     if viewer.sees_env and viewer.reads_policy:
         return event
     if isinstance(event, JobSubmitted):
@@ -174,15 +203,21 @@ def redact_event(event: Event, viewer: Viewer, lookup: JobLookup) -> Event | Non
     if isinstance(event, PolicySet):
         return event if viewer.reads_policy else None
     if isinstance(event, (JobCancelled, JobReturned, TaskStarted, TaskFinished, TaskFailed)):
-        return event if _sees_id(viewer, lookup, event.job_id) else None
+        seen = viewer.sees_all or ((viewer.tenants or viewer.cells) and _seen(viewer, lookup([event.job_id]),
+                                                                               event.job_id))
+        return event if seen else None
     return event  # (nodes, quotas, cell summaries: aggregates, no job's)
 
 
 def redact_submission(job: JobSubmitted, viewer: Viewer, lookup: JobLookup) -> JobSubmitted | None:
     """``job`` as ``viewer`` may see it: ``None`` if it may not see the job, else with the values
-    of ``payload.env`` replaced by :data:`REDACTED` unless it may see them."""
-    found = lookup(job.job_id)
-    cells = (*job.allowed_cells, *(found[1] if found is not None else ()))
+    of ``payload.env`` replaced by :data:`REDACTED` unless it may see them.  Where the job is
+    placed is looked up only for a viewer with cells, which the job is not held to."""
+    cells: tuple[str, ...] = job.allowed_cells
+    mine = job.tenant in viewer.tenants or not viewer.cells.isdisjoint(cells)
+    if not mine and viewer.cells:
+        found = lookup([job.job_id]).get(job.job_id)
+        cells += found[1] if found is not None else ()
     if not may_see(viewer, job.tenant, cells):
         return None
     if job.payload is None or not job.payload.env or may_see_env(viewer, job.tenant, cells):
@@ -191,11 +226,9 @@ def redact_submission(job: JobSubmitted, viewer: Viewer, lookup: JobLookup) -> J
         job.payload, env=dict.fromkeys(job.payload.env, REDACTED)))
 
 
-def _sees_id(viewer: Viewer, lookup: JobLookup, job_id: str) -> bool:
-    if viewer.sees_all:
-        return True
-    found = lookup(job_id)
-    return found is not None and may_see(viewer, *found)
+def _seen(viewer: Viewer, found: Mapping[str, JobWhere], job_id: str) -> bool:
+    where = found.get(job_id)
+    return viewer.sees_all or (where is not None and may_see(viewer, *where))
 
 
 def _decisions(batch: DecisionBatch, viewer: Viewer, lookup: JobLookup) -> DecisionBatch:
@@ -203,12 +236,15 @@ def _decisions(batch: DecisionBatch, viewer: Viewer, lookup: JobLookup) -> Decis
     cells included); a preemption of its job by one it does not see names no preemptor."""
     if viewer.sees_all:
         return batch
+    ids = {d.job_id for d in batch.decisions} | {d.by_job_id for d in batch.decisions
+                                                 if isinstance(d, TaskPreempted)}
+    found = lookup(sorted(ids)) if viewer.tenants or viewer.cells else {}
     kept: list[Decision] = []
     for decision in batch.decisions:
         placed_here = isinstance(decision, JobPlaced) and decision.cell in viewer.cells
-        if not (placed_here or _sees_id(viewer, lookup, decision.job_id)):
+        if not (placed_here or _seen(viewer, found, decision.job_id)):
             continue
-        if isinstance(decision, TaskPreempted) and not _sees_id(viewer, lookup, decision.by_job_id):
+        if isinstance(decision, TaskPreempted) and not _seen(viewer, found, decision.by_job_id):
             kept.append(msgspec.structs.replace(decision, by_job_id="", message=""))
         else:
             kept.append(decision)

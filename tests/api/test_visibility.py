@@ -5,6 +5,7 @@ tenants' jobs and redact ``payload.env`` for all but the job's tenant and its ce
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 
 import msgspec
 import pytest
@@ -16,10 +17,13 @@ from fleetlog.api.routes import answer_list
 from fleetlog.api.visibility import (
     EVERYTHING,
     REDACTED,
+    JobWhere,
     Viewer,
     may_see,
+    on_owner,
     redact_event,
     state_lookup,
+    view_of,
     viewer_for,
 )
 from fleetlog.core.authorize import Roles
@@ -203,3 +207,28 @@ def test_a_decision_batch_keeps_the_viewers_decisions(driver: Driver) -> None:
     nobody = redact_event(batch, ADMINS, lookup)
     assert isinstance(nobody, DecisionBatch)
     assert nobody.decisions == ()
+
+
+def test_the_watchs_lookup_hops_to_the_owner_once_per_event_and_only_when_needed(driver: Driver) -> None:
+    hops: list[int] = []
+
+    def call(fn: Callable[[], Mapping[str, JobWhere]]) -> Mapping[str, JobWhere]:
+        hops.append(1)
+        return fn()
+    lookup = on_owner(lambda: state_lookup(driver.state), call)
+    batch = DecisionBatch(as_of=5, digest="d", decisions=tuple(
+        JobPending(job_id=j, reason="insufficient_gpus") for j in ("a1", "b1", "b2", "a1")))
+    seen = redact_event(batch, ALICE, lookup)
+    assert isinstance(seen, DecisionBatch)
+    assert [d.job_id for d in seen.decisions] == ["a1", "a1"]
+    assert len(hops) == 1
+    for viewer in (READER, OPS, ADMINS):  # (they see all, or no job: nothing to look up)
+        redact_event(batch, viewer, lookup)
+        redact_event(secret_job("b1", "b"), viewer, lookup)
+        redact_event(TaskStarted(job_id="b1", task_index=0, node="n2"), viewer, lookup)
+    redact_event(secret_job("a1", "a"), ALICE, lookup)  # (its own: its tenant says so)
+    assert len(hops) == 1
+    assert view_of(EVERYTHING, lookup) is None
+    view = view_of(ALICE, lookup)
+    assert view is not None
+    assert view(secret_job("b1", "b")) is None
