@@ -54,15 +54,23 @@ class Roles:
     backend_cells: frozenset[str] = frozenset()
     """Of its ``backend:`` roles alone."""
     policy_admin: bool = False
+    ceilings: tuple[tuple[str, int], ...] = ()
+    """(tenant, the highest priority its jobs may have), sorted: tenants whose every grant to
+    this principal sets ``max_priority`` (the highest of them); the others' are unbounded."""
 
     @staticmethod
-    def of(names: Sequence[str]) -> Roles:
+    def of(names: Sequence[str], ceilings: Mapping[str, int] | None = None) -> Roles:
         kinds = [name.partition(":") for name in names]
         return Roles(tuple(sorted(set(names))),
                      frozenset(n for k, _, n in kinds if k == "tenant"),
                      frozenset(n for k, _, n in kinds if k in ("node-agent", "backend")),
                      "quota-admin" in names, "operator" in names,
-                     frozenset(n for k, _, n in kinds if k == "backend"), "policy-admin" in names)
+                     frozenset(n for k, _, n in kinds if k == "backend"), "policy-admin" in names,
+                     tuple(sorted((ceilings or {}).items())))
+
+    def ceiling(self, tenant: str) -> int | None:
+        """The highest priority ``tenant``'s jobs may have from this principal (``None``: any)."""
+        return next((top for name, top in self.ceilings if name == tenant), None)
 
 
 class GrantLike(Protocol):
@@ -73,11 +81,19 @@ class GrantLike(Protocol):
 
 
 def roles_by_principal(grants: Sequence[GrantLike]) -> dict[str, Roles]:
-    """Each principal's roles (a principal granted twice holds both grants' roles)."""
+    """Each principal's roles (a principal granted twice holds both grants' roles, and of a
+    tenant granted twice, the higher priority ceiling: none if either grant sets none)."""
     found: dict[str, list[str]] = {}
+    tops: dict[str, dict[str, int | None]] = {}
     for grant in grants:
         found.setdefault(grant.principal, []).extend(grant.roles)
-    return {principal: Roles.of(roles) for principal, roles in found.items()}
+        top: int | None = getattr(grant, "max_priority", None)
+        mine = tops.setdefault(grant.principal, {})
+        for tenant in (r.partition(":")[2] for r in grant.roles if r.startswith("tenant:")):
+            before = mine.get(tenant, top)
+            mine[tenant] = None if before is None or top is None else max(before, top)
+    return {principal: Roles.of(roles, {t: c for t, c in tops[principal].items() if c is not None})
+            for principal, roles in found.items()}
 
 
 Problem = tuple[str, str] | None
@@ -85,8 +101,14 @@ Problem = tuple[str, str] | None
 
 
 def _submit(roles: Roles, state: State, e: JobSubmitted, batch: object, unfolded: object) -> Problem:
-    if roles.operator or e.tenant in roles.tenants:
+    if roles.operator:
         return None
+    if e.tenant in roles.tenants:
+        top = roles.ceiling(e.tenant)
+        if top is None or e.priority <= top:
+            return None
+        return (f"may not submit job {e.job_id!r} of tenant {e.tenant!r} at priority {e.priority} "
+                f"(its grant's max_priority is {top})", PRIORITY_RULE)
     if e.allowed_cells and roles.backend_cells.issuperset(e.allowed_cells):
         return None  # a backend reports the jobs its cluster holds (a Kubernetes pod group)
     return (f"may not submit job {e.job_id!r} for tenant {e.tenant!r}",
@@ -152,6 +174,7 @@ STATEFUL: Final = frozenset({JobCancelled, TaskStarted, TaskFinished, TaskFailed
 """The types whose rule reads the state (a job's tenant, the cell it is placed in): checked only
 once every record before them is folded.  The others' rules read the roles alone."""
 NOT_THEIRS: Final = "only the service's own parts append it"
+PRIORITY_RULE: Final = "a grant's max_priority bounds the priority of the jobs its tenant:NAME roles submit"
 UNNAMED: Final = "a principal the policy does not name may do nothing"
 
 

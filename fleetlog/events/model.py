@@ -418,6 +418,9 @@ class PolicyGrant(_Struct, frozen=True):
 
     principal: Principal
     roles: Annotated[tuple[Role, ...], Meta(max_length=MAX_ROLES)]
+    max_priority: Priority | None = None
+    """The highest priority the jobs of this grant's ``tenant:`` roles may have (issue 46: a
+    higher one is refused, at ingest and by the fold's gate); none: any."""
 
 
 class PolicySet(_Event, frozen=True):

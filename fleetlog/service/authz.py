@@ -6,6 +6,7 @@ each principal (what its token names, :mod:`fleetlog.service.auth`) to roles::
     [[grant]]
     principal = "ci-team-a"
     roles = ["tenant:team-a", "tenant:team-a-batch"]
+    max_priority = 100    # optional: the highest priority these tenants' jobs may have (issue 46)
 
     [[grant]]
     principal = "slurm-backend"
@@ -48,7 +49,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -64,6 +65,8 @@ from fleetlog.service.http import Response, refusal
 class Grant(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     principal: str
     roles: list[str]
+    max_priority: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    """The highest priority the jobs of this grant's ``tenant:`` roles may have (issue 46)."""
 
 
 class PolicyFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -108,7 +111,8 @@ def _grants(path: Path, data: bytes) -> list[Grant]:
 def policy_set(path: Path, data: bytes) -> PolicySet:
     """A policy file's grants as a ``PolicySet`` (``fleetlog policy set``), not validated yet (the
     client's envelope check does it); an :class:`AuthError` names what is wrong, as for the file."""
-    return PolicySet(grants=tuple(PolicyGrant(g.principal, tuple(g.roles)) for g in _grants(path, data)))
+    return PolicySet(grants=tuple(PolicyGrant(g.principal, tuple(g.roles), g.max_priority)
+                                  for g in _grants(path, data)))
 
 
 def leaves_no_admin(policy: PolicySet) -> bool:

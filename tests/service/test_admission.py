@@ -1,13 +1,17 @@
 """Admission and fairness under ``[auth]`` (issue 46), against a real service: one tenant
-cannot take every tenant's share of the pending work, tasks count in the rate limit, and a
+cannot take every tenant's share of the pending work, tasks count in the rate limit, a
 ``backend:``/``node-agent:`` role exempts from it only what a backend submits for its own
-existing cell."""
+existing cell, and a grant's ``max_priority`` bounds the priority its tenant submits at."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from fleetlog.core.authorize import PRIORITY_RULE, refusal, roles_by_principal
+from fleetlog.core.fold import fold
+from fleetlog.core.state import CoreConfig, State
+from fleetlog.events import PolicyGrant, PolicySet, decode, encode, envelope
 from fleetlog.service.auth import entry_toml
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from tests.core.builders import job, node
@@ -57,7 +61,8 @@ async def test_one_tenant_fills_its_share_of_pending_work_and_another_still_subm
         assert (status, answer["code"], answer["tenant"], answer["limit"], answer["pending"]) == (
             429, "too_much_pending", "a", 250, 200), answer
         assert answer["bound"] == "max_pending_tasks_per_tenant"
-        assert "tenant 'a'" in answer["message"] and "max_pending_tasks_per_tenant" in answer["message"]
+        assert "tenant 'a'" in answer["message"]
+        assert "max_pending_tasks_per_tenant" in answer["message"]
         assert (await send(running, "alice", job("a-small", tenant="a", tasks=50)))[0] == 200  # (to 250)
         for i in range(2):
             status, answer = await send(running, "bob", job(f"b{i}", tenant="b", tasks=100))
@@ -110,3 +115,50 @@ async def test_a_backend_role_for_a_cell_that_does_not_exist_is_rate_limited(tmp
             assert status == 200, answer
     finally:
         await running.stop()
+
+
+CEILED = POLICY.replace('''principal = "alice"
+roles = ["tenant:a"]''', '''principal = "alice"
+roles = ["tenant:a"]
+max_priority = 100''')
+
+
+async def test_a_grant_bounds_the_priority_its_tenant_submits_at(tmp_path: Path) -> None:
+    tokens = tokens_file(tmp_path / "tokens.toml", *(entry_toml(who, TOKENS[who], None) for who in WHO))
+    config = Config(log=LogConfig(dir=str(tmp_path / "log"), fsync="never"),
+                    service=ServiceSettings(http_port=0, idle_wait_ms=20),
+                    auth=AuthSettings(tokens_file=str(tokens),
+                                      policy_file=str(secret(tmp_path / "policy.toml", CEILED))))
+    running = await start(config)
+    try:
+        assert (await send(running, "alice", job("a0", tenant="a", priority=100)))[0] == 200
+        end = await running.inputs_end()
+        status, answer = await send(running, "alice", job("a1", tenant="a", priority=1_000_000))
+        assert (status, answer["code"], answer["rule"], answer["action"]) == (
+            403, "forbidden", PRIORITY_RULE, "JobSubmitted"), answer
+        assert "priority 1000000" in answer["message"]
+        assert "max_priority is 100" in answer["message"]
+        assert await running.inputs_end() == end  # nothing appended
+        assert (await send(running, "bob", job("b0", tenant="b", priority=1_000_000)))[0] == 200  # (none)
+        assert (await send(running, "ops", job("o0", tenant="a", priority=1_000_000)))[0] == 200  # (operator)
+    finally:
+        await running.stop()
+
+
+def test_the_ceiling_is_in_the_policy_set_and_the_folds_gate_refuses_past_it() -> None:
+    grants = (PolicyGrant("alice", ("tenant:a",), max_priority=100), PolicyGrant("alice", ("tenant:c",)),
+              PolicyGrant("carol", ("tenant:a",), max_priority=5), PolicyGrant("carol", ("tenant:a",), 50),
+              PolicyGrant("padmin", ("policy-admin",)))
+    state = State(CoreConfig())
+    fold(state, PolicySet(grants=grants), 1)
+    refused = refusal(state, "alice", job("x", tenant="a", priority=101))
+    assert refused is not None
+    assert refused[1] == PRIORITY_RULE
+    assert refusal(state, "alice", job("x", tenant="a", priority=100)) is None
+    assert refusal(state, "alice", job("x", tenant="c", priority=1_000_000)) is None
+    assert refusal(state, "carol", job("x", tenant="a", priority=50)) is None  # (the higher of two grants)
+    assert roles_by_principal(grants)["carol"].ceiling("a") == 50
+    wire = envelope(PolicySet(grants=grants), "k")
+    assert decode(encode(wire)).event == wire.event
+    old = PolicySet(grants=(PolicyGrant("padmin", ("policy-admin",)),))
+    assert b"max_priority" not in encode(envelope(old, "k"), "json")  # (encodes as before the field)
