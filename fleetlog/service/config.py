@@ -138,6 +138,10 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     (a job of 10,000 tasks costs 10,000; more: 429 ``too_many_submissions``); none: no bound."""
     max_submitted_task_burst: Positive | None = None
     """...and at once (default: a second's worth, at least 1), in debt as the jobs' bucket."""
+    job_ids_by_tenant: bool = False
+    """With ``[auth]`` roles: a job submitted by a ``tenant:NAME`` role must have an id that
+    starts with ``NAME/`` (else 403 naming the rule), so no tenant can take the ids another will
+    use (issue 46; docs/api.md "Job ids")."""
 
 
 class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -128,6 +128,10 @@ def _resubmitted(state: State, earlier: JobSubmitted | None, event: JobSubmitted
         before, after = folded, as_folded(state, submission_spec(event))
     if before == after:
         return True
+    if before.tenant != after.tenant:  # (another tenant's job: say nothing of it)
+        raise IngestError(f"event {index}: job id {event.job_id!r} is taken by another tenant's job; job ids "
+                          "are global: choose ids under your tenant's prefix (TENANT/NAME, docs/api.md)",
+                          "job_id_taken", 409, job_id=event.job_id, index=index)
     changed = "; ".join(spec_differences(before, after))
     raise IngestError(f"event {index}: job {event.job_id!r} already exists with another spec ({changed}); "
                       "a job id is submitted once: cancel it and submit under a new id", "already_exists",
@@ -256,6 +260,25 @@ def tenant_tasks(events: list[InputEvent]) -> Counter[str]:
         if isinstance(e, JobSubmitted):
             out[e.tenant] += sum(g.count for g in e.task_groups)
     return out
+
+
+TENANT_IDS_RULE: Final = ("with service.job_ids_by_tenant, the jobs a tenant:NAME role submits have ids "
+                          "that start with NAME/")
+
+
+def check_job_ids(roles: Roles | None, events: list[InputEvent]) -> Forbidden | None:
+    """``service.job_ids_by_tenant``: a job a principal submits as tenant NAME (by its
+    ``tenant:NAME`` role; an operator's and a backend's for its cell are not checked) must
+    have an id under ``NAME/``, so no tenant can take another's ids (issue 46)."""
+    if roles is None or roles.operator:
+        return None
+    for index, e in enumerate(events):
+        if not isinstance(e, JobSubmitted) or e.tenant not in roles.tenants:
+            continue
+        if not e.job_id.startswith(f"{e.tenant}/"):
+            return Forbidden(f"event {index}: job id {e.job_id!r} of tenant {e.tenant!r} does not start with "
+                             f"{e.tenant + '/'!r}", TENANT_IDS_RULE, index, "JobSubmitted")
+    return None
 
 
 def known_cells(state: State) -> frozenset[str]:
@@ -406,6 +429,9 @@ class IngestGate:
         try:
             if roles is not None:  # (before the checks below: a 403 reveals no other tenant's job state)
                 check_events(roles, loop.state, batch.events, self.unfolded_jobs(loop))
+                wrong_id = check_job_ids(roles, batch.events) if self.settings.job_ids_by_tenant else None
+                if wrong_id is not None:
+                    raise wrong_id
             batch, duplicates = screened(loop.state, self.unfolded_jobs(loop), batch)
         except Forbidden as exc:
             return forbidden(exc)

@@ -14,6 +14,7 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import PolicyGrant, PolicySet, decode, encode, envelope
 from fleetlog.service.auth import entry_toml
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
+from fleetlog.service.ingest import TENANT_IDS_RULE
 from tests.core.builders import job, node
 from tests.service.test_auth import tokens_file
 from tests.service.test_authz import TOKENS, secret, send
@@ -162,3 +163,35 @@ def test_the_ceiling_is_in_the_policy_set_and_the_folds_gate_refuses_past_it() -
     assert decode(encode(wire)).event == wire.event
     old = PolicySet(grants=(PolicyGrant("padmin", ("policy-admin",)),))
     assert b"max_priority" not in encode(envelope(old, "k"), "json")  # (encodes as before the field)
+
+
+async def test_with_job_ids_by_tenant_no_tenant_can_take_anothers_ids(tmp_path: Path) -> None:
+    running = await policed(tmp_path, job_ids_by_tenant=True)
+    try:
+        end = await running.inputs_end()
+        for squat in ("b/train-1", "train-1"):
+            status, answer = await send(running, "alice", job(squat, tenant="a"))
+            assert (status, answer["code"], answer["rule"]) == (403, "forbidden", TENANT_IDS_RULE), answer
+            assert "does not start with 'a/'" in answer["message"]
+        assert await running.inputs_end() == end
+        assert (await send(running, "bob", job("b/train-1", tenant="b")))[0] == 200  # the victim's id is free
+        assert (await send(running, "alice", job("a/train-1", tenant="a")))[0] == 200
+        assert (await send(running, "ops", job("anything", tenant="a")))[0] == 200  # (an operator: any id)
+    finally:
+        await running.stop()
+
+
+async def test_another_tenants_id_is_a_distinct_409_that_says_nothing_of_its_job(tmp_path: Path) -> None:
+    running = await policed(tmp_path)
+    try:
+        taken = job("train-1", tenant="a", tasks=7, gpus=0, cpu=4321)
+        assert (await send(running, "alice", taken))[0] == 200
+        status, answer = await send(running, "bob", job("train-1", tenant="b"))
+        assert (status, answer["code"], answer["job_id"]) == (409, "job_id_taken", "train-1"), answer
+        assert "'a'" not in answer["message"]
+        assert "4321" not in answer["message"]
+        assert "TENANT/NAME" in answer["message"]
+        status, answer = await send(running, "alice", job("train-1", tenant="a"))  # (her own id: as before)
+        assert (status, answer["code"]) == (409, "already_exists"), answer
+    finally:
+        await running.stop()
