@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
 import numpy as np
@@ -47,6 +47,9 @@ from fleetlog.events.model import (
     TaskPreempted,
     TaskStarted,
 )
+
+if TYPE_CHECKING:
+    from fleetlog.api.dryrun import DryRun, DryRunJob  # (which imports the lists, which import this)
 
 R = TypeVar("R")
 
@@ -251,3 +254,35 @@ def _decisions(batch: DecisionBatch, viewer: Viewer, lookup: JobLookup) -> Decis
     if kept == list(batch.decisions):
         return batch
     return msgspec.structs.replace(batch, decisions=tuple(kept))
+
+
+# --- dry runs --------------------------------------------------------------------------------
+
+HIDDEN_JOB: Final = "<another tenant's job>"
+"""What a dry run lists, in ``preempts``, for a job its reader may not see."""
+
+
+def redact_dry_run(answer: DryRun, viewer: Viewer, lookup: JobLookup) -> DryRun:
+    """``answer`` as ``viewer`` may read it: a job it would preempt that the viewer may not see is
+    :data:`HIDDEN_JOB` (how many it would preempt stays: it is the viewer's job's cost); a job id
+    the state holds for a job the viewer may not see answers as ingest's 409 does — taken — without
+    comparing the specs (else a dry run would tell another tenant's spec field by field)."""
+    if viewer.sees_all:
+        return answer
+    known = {j.job_id for j in answer.items if j.reason in ("already_exists", "already_submitted")}
+    ids = known | {p for j in answer.items for p in j.preempts}
+    found = lookup(sorted(ids)) if ids else {}
+    items = [_dry_run_job(job, viewer, found) for job in answer.items]
+    return answer if items == answer.items else msgspec.structs.replace(answer, items=items)
+
+
+def _dry_run_job(job: DryRunJob, viewer: Viewer, found: Mapping[str, JobWhere]) -> DryRunJob:
+    if job.reason in ("already_exists", "already_submitted") and job.job_id in found \
+            and not _seen(viewer, found, job.job_id):
+        return msgspec.structs.replace(
+            job, outcome="refused", reason="already_exists",
+            message=f"job {job.job_id!r} already exists (another tenant's: choose another id)")
+    if all(_seen(viewer, found, p) for p in job.preempts):
+        return job
+    return msgspec.structs.replace(job, preempts=[p if _seen(viewer, found, p) else HIDDEN_JOB
+                                                  for p in job.preempts])

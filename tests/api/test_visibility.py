@@ -11,22 +11,26 @@ import msgspec
 import pytest
 
 from fleetlog.api.detail import job_detail
+from fleetlog.api.dryrun import DryRun, DryRunJob, dry_run
 from fleetlog.api.history import Finished, history_page
 from fleetlog.api.resources import list_jobs
 from fleetlog.api.routes import answer_list
 from fleetlog.api.visibility import (
     EVERYTHING,
+    HIDDEN_JOB,
     REDACTED,
     JobWhere,
     Viewer,
     may_see,
     on_owner,
+    redact_dry_run,
     redact_event,
     state_lookup,
     view_of,
     viewer_for,
 )
 from fleetlog.core.authorize import Roles
+from fleetlog.core.policy import Policy
 from fleetlog.core.state import Requeue
 from fleetlog.events.model import (
     DecisionBatch,
@@ -232,3 +236,19 @@ def test_the_watchs_lookup_hops_to_the_owner_once_per_event_and_only_when_needed
     view = view_of(ALICE, lookup)
     assert view is not None
     assert view(secret_job("b1", "b")) is None
+
+
+def test_a_dry_run_names_no_job_nor_spec_of_another_tenant(driver: Driver) -> None:
+    state, lookup = driver.state, state_lookup(driver.state)
+    asked = [msgspec.structs.replace(job("b1", tenant="a", gpus=0), priority=5), job("a1", tenant="a")]
+    whole = dry_run(state, Policy(), asked)
+    assert "priority" in whole.items[0].message  # (what differs from bob's b1: not alice's to learn)
+    seen = redact_dry_run(whole, ALICE, lookup)
+    assert seen.items[0].reason == "already_exists"
+    assert seen.items[0].message == "job 'b1' already exists (another tenant's: choose another id)"
+    assert seen.items[1] == whole.items[1]  # (her own a1: the spec compared, as ever)
+    assert redact_dry_run(whole, READER, lookup) is whole
+    victims = DryRun(at_ms=0, items=[DryRunJob("a9", "placed", "", "placed", preempts=["a1", "b1", "b2"])])
+    hidden = redact_dry_run(victims, ALICE, lookup)
+    assert hidden.items[0].preempts == ["a1", HIDDEN_JOB, HIDDEN_JOB]
+    assert redact_dry_run(victims, viewer_for(Roles.of(["tenant:a", "tenant:b"])), lookup) == victims
