@@ -22,8 +22,11 @@ WIDE: Final = 100_000
 """Columns of a console that is not a terminal: a table piped to a file keeps every column whole
 (rich would otherwise cut it to 80 columns, or to the width of a terminal on another stream)."""
 
-TIME_KEYS: Final = frozenset({"last_heartbeat_ms", "log_time_ms", "time_ms", "timestamp_ms"})
-"""Keys that hold a log time (so do those ending in ``_at_ms``); other ``*_ms`` are durations."""
+TIME_KEYS: Final = frozenset({"at_ms", "last_heartbeat_ms", "log_time_ms", "oldest_ms", "taken_ms", "time_ms",
+                               "timestamp_ms"})
+"""Keys that hold a log time (so do those ending in ``_at_ms``); other ``*_ms`` are durations.  The one
+rule every table and ``describe`` follow; ``tests/test_display.py`` classifies every ``*_ms`` field
+of every struct in the package, so a new one cannot be shown the wrong way unnoticed."""
 
 
 def console(stderr: bool = False) -> Console:
@@ -60,6 +63,7 @@ def duration(ms: int) -> str:
 
 
 def is_time(key: str) -> bool:
+    """Whether ``key`` (a ``*_ms`` key) holds an epoch time rather than a duration (:data:`TIME_KEYS`)."""
     return key.endswith("_at_ms") or key in TIME_KEYS
 
 

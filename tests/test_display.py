@@ -137,3 +137,49 @@ def test_rows_and_facts_for_people() -> None:
         "step x  why gone 1s, nodes n1; n2",
     ]
     assert not any("[" in line or "{" in line or "'" in line for line in lines)
+
+
+TIMES = frozenset({"at_ms", "ended_at_ms", "last_heartbeat_ms", "oldest_ms", "placed_at_ms", "requeued_at_ms",
+                   "started_at_ms", "submitted_at_ms", "taken_ms", "time_ms", "timestamp_ms"})
+"""Every ``*_ms`` struct field of the package that holds an epoch time, classified by hand."""
+
+
+def _ms_fields() -> set[str]:
+    """The ``*_ms`` fields of every msgspec struct defined in the package (not the kernels)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import msgspec
+
+    import fleetlog
+
+    found: set[str] = set()
+    for info in pkgutil.walk_packages(fleetlog.__path__, "fleetlog."):
+        if ".kernels" in info.name or info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if (inspect.isclass(value) and issubclass(value, msgspec.Struct)
+                    and value.__module__ == module.__name__):
+                found.update(f for f in value.__struct_fields__ if f.endswith("_ms"))
+    return found
+
+
+def test_one_rule_says_which_keys_are_times_for_every_struct_field() -> None:
+    """``history --audit`` showed its ``at_ms`` (an epoch time) as ``20794d15h26m48s``: every
+    ``*_ms`` field any table or ``describe`` may show is a time exactly when it is classified so."""
+    from fleetlog.display import is_time
+
+    fields = _ms_fields()
+    assert not TIMES - fields, TIMES - fields
+    wrong = sorted(f for f in fields if is_time(f) != (f in TIMES))
+    assert not wrong, f"classify these in TIMES (a time) or fix is_time: {wrong}"
+    assert human_row({"at_ms": 1_767_225_640_000})["at"] == "2026-01-01T00:00:40Z"
+
+
+def test_the_audit_table_shows_log_times(tmp_path: Path) -> None:
+    """A table as a user reads it: the recorded log's audit trail shows ISO times, never days."""
+    text = piped(["history", "--audit", "--all", "--log", CLEAN], tmp_path)
+    assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", text), text
+    assert not re.search(r"\d+d\d\dh\d\dm", text), text
