@@ -42,10 +42,13 @@ from fleetlog.replay.source import ReplayError, Source
 from fleetlog.replay.state_at import Point, resolve, state_at
 from fleetlog.replay.terminal import parse_point
 from fleetlog.service.auth import is_loopback
+from fleetlog.service.config import ServiceSettings
 from fleetlog.service.http import HttpServer, Request, Response, json_response, refusal, unrouted
 
 KEPT: Final = 4
 """States kept for the next requests (by inputs offset)."""
+DRY_RUN_MAX_TASKS: Final = ServiceSettings().max_request_tasks
+"""Tasks of all the jobs of one dry run: the service's default bound (more: 413 ``too_many_tasks``)."""
 
 
 class LogApi:
@@ -121,7 +124,8 @@ class LogApi:
             if route.path in LISTS:
                 return json_response(200, answer_list(state, route.path, query), headers)
             if route.path == "/v1/dry-run":
-                return json_response(200, dry_run(state, self.policy, parse_jobs(request.body)), headers)
+                jobs = parse_jobs(request.body, max_tasks=DRY_RUN_MAX_TASKS)  # (bounded as the service's)
+                return json_response(200, dry_run(state, self.policy, jobs), headers)
         except ApiError as exc:
             return refusal(exc.status, exc.code, exc.message, exc.field)
         status = job_detail(state, found["job_id"])

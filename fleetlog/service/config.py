@@ -129,6 +129,13 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_submission_burst: Positive | None = None
     """...and at once (default: a second's worth, at least 1); a request of more waits for a full
     bucket and leaves it in debt."""
+    max_dry_runs_per_s: Annotated[float, Meta(gt=0)] = 1.0
+    """``POST /v1/dry-run`` requests one principal may make a second, on average
+    (fleetlog.service.dryruns; more: 429 ``too_many_dry_runs`` with ``Retry-After``)..."""
+    max_dry_run_burst: Positive = 10
+    """...and at once."""
+    max_dry_runs_in_flight: Positive = 1
+    """Dry runs of one principal running or waiting at a time (the service runs one at a time in all)."""
     max_pending_tasks_per_tenant: Positive | None = None
     """Of ``max_pending_tasks``, what one tenant may hold (its pending tasks plus those accepted
     but not folded; more: 429 ``too_much_pending`` naming the tenant), so one tenant cannot lock the others

@@ -33,7 +33,6 @@ import structlog
 from tenacity import RetryCallState
 
 from fleetlog.api.detail import job_detail
-from fleetlog.api.dryrun import dry_run, parse_jobs
 from fleetlog.api.resources import ApiError, PolicyList
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
 from fleetlog.api.visibility import Viewer, viewer_for
@@ -55,6 +54,7 @@ from fleetlog.service.authz import (
     warn_unpoliced,
 )
 from fleetlog.service.config import Config
+from fleetlog.service.dryruns import DryRuns
 from fleetlog.service.http import (
     BindError,
     HttpServer,
@@ -125,6 +125,7 @@ class Service:
                                http_limits(self.settings), guard.auth, self.metrics.unauthenticated.inc,
                                guard.tls)
         self.ingest = IngestGate(self.settings)
+        self.dry_runs = DryRuns(self.settings, self.policy)
         self.authz = Authorizer(config.auth.policy_file)
         self.snapshots = snapshot_store(config)
         self.snapshotter = Snapshotter(self.snapshots, self.settings, self.policy.name, self.metrics)
@@ -291,6 +292,7 @@ class Service:
         finally:
             self.metrics.stopped_leading()
             self.loop = self.store = self._recovering = None
+            self.dry_runs.between_steps(None)  # (a dry run waiting for a copy gets 503)
             await self.snapshotter.finish()
             await store.close()
             self.leadership.unadvertise()
@@ -330,6 +332,7 @@ class Service:
                 await loop.commit()
                 await self._gauges(loop)
             self.snapshotter.maybe(loop, now)
+            self.dry_runs.between_steps(loop)  # (the one point a copy of the state is consistent)
         if not self.leadership.fenced_out():
             await loop.commit()
         self.snapshotter.maybe(loop, time.monotonic(), force=self.stopping.is_set())
@@ -416,8 +419,8 @@ class Service:
             return self._job(found["job_id"], _viewer(roles))
         if route is not None and route.path == "/v1/quotas/{tenant}":
             return await self._put_quota(found["tenant"], request, roles)
-        if route is not None and route.path == "/v1/dry-run":
-            return self._dry_run(request)
+        if route is not None and route.path == "/v1/dry-run":  # (off the loop: fleetlog.service.dryruns)
+            return await self.dry_runs.serve(request, self.loop is not None)
         if route is not None and route.path == "/v1/history":  # (it replays the whole log: not on this loop)
             return refusal(404, "not_served", "GET /v1/history folds the whole log, so it is served by "
                            "`fleetlog replay serve` and `fleetlog history`, not by the live service")
@@ -511,16 +514,6 @@ class Service:
         if found is None:
             return refusal(404, "unknown_job", f"unknown job {job_id!r}")
         return json_response(200, found)
-
-    def _dry_run(self, request: Request) -> Response:
-        """``POST /v1/dry-run`` (fleetlog.api.dryrun): decided on a copy of the live state, with
-        the service's policy; nothing is appended and the live state is not changed."""
-        if self.loop is None:
-            return refusal(503, "standby", "this process is not leading")
-        try:
-            return json_response(200, dry_run(self.loop.state, self.policy, parse_jobs(request.body)))
-        except ApiError as exc:
-            return refusal(exc.status, exc.code, exc.message, exc.field)
 
     def _leading(self) -> tuple[LogStore | None, SchedulerLoop | None]:
         return self.store, self.loop
