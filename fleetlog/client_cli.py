@@ -37,6 +37,7 @@ from fleetlog.events.model import (
     JobCancelled,
     JobPayload,
     JobSubmitted,
+    NodeDrained,
     NodeLabel,
     NodeSelectorRequirement,
     NodeSelectorTerm,
@@ -328,9 +329,15 @@ def _report(args: argparse.Namespace, envelopes: list[Envelope], sent: Sent, whe
             print(f"{type(event).__name__} {label} (key {env.key}) {what}: nothing appended ({where})")
         else:
             inputs = f"the {shard} inputs" if shard else "inputs"
-            print(
-                f"{type(event).__name__} {label} (key {env.key}) appended at {inputs} offset {at} ({where})"
-            )
+            print(f"{_named(event, label)} (key {env.key}) appended at {inputs} offset {at} ({where})")
+
+
+def _named(event: object, label: str) -> str:
+    """The event and what it names, as a person reads what it does: an undrain is a ``NodeDrained``
+    with ``drained=false``, and its type alone (``NodeDrained n1``) read as a drain."""
+    if isinstance(event, NodeDrained) and not event.drained:
+        return f"undrain {label}: NodeDrained drained=false"
+    return f"{type(event).__name__} {label}"
 
 
 # -- what to submit -----------------------------------------------------------------------------

@@ -64,8 +64,9 @@ async def test_node_add_drain_undrain_remove_through_the_service(
         assert (n1["cell"], n1["cordoned"], n1["drained"]) == ("c1", True, "disk swap")
         jobs = await listed_live(capsys, "jobs", "--log", str(log), "-o", "json")
         assert [(j["state"], j["reason"]) for j in jobs["items"]] == [("pending", "no_eligible_nodes")]
-        code, _, err = await _run(capsys, "node", "undrain", "n1", "--log", str(log))
+        code, out, err = await _run(capsys, "node", "undrain", "n1", "--log", str(log))
         assert code == 0, err
+        assert "undrain n1: NodeDrained drained=false" in out  # not "NodeDrained n1": that read as a drain
         await running.until(lambda: loop.offset == 5)
         await running.until(lambda: loop.state.jobs.cols["placed_at_ms"][loop.state.job_row("j")] >= 0)
         code, _, err = await _run(capsys, "node", "remove", "n1", "--cell", "c1", "--log", str(log))
