@@ -209,7 +209,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_service(config)
     except BindError as exc:  # leading without HTTP would strand producers: say so and exit
         print_error("fleetlog run", str(exc))
-        return EXIT_FAILURE
+        return EXIT_USAGE  # the address given (--http-port, service.http_*) cannot be served: as replay serve
     return 0
 
 

@@ -43,7 +43,7 @@ from fleetlog.replay.state_at import Point, resolve, state_at
 from fleetlog.replay.terminal import parse_point
 from fleetlog.service.auth import is_loopback
 from fleetlog.service.config import ServiceSettings
-from fleetlog.service.http import HttpServer, Request, Response, json_response, refusal, unrouted
+from fleetlog.service.http import BindError, HttpServer, Request, Response, json_response, refusal, unrouted
 
 KEPT: Final = 4
 """States kept for the next requests (by inputs offset)."""
@@ -154,7 +154,10 @@ async def serve_logs(args: argparse.Namespace, source: Source) -> int:
                           "proxy")
     api = LogApi(source, policy, sharded=getattr(args, "topology", None) is not None)
     server = HttpServer(api.handle, args.http_host, args.http_port)
-    await server.start()
+    try:
+        await server.start()
+    except BindError as exc:  # a busy or unusable --http-port: one line, exit 2 (as fleetlog run)
+        raise ReplayError(f"{exc} (--http-port)") from None
     where = f"http://{args.http_host}:{server.port}"
     if args.json:
         print(json.dumps({"serving": where, "logs": source.where}), flush=True)

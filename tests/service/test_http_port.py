@@ -87,7 +87,7 @@ def test_a_second_run_on_the_same_port_stands_by_and_takes_over(
     assert "Traceback" not in (tmp_path / "second.log").read_text()
 
 
-def test_a_port_held_by_another_program_is_one_line_and_exit_1(tmp_path: Path) -> None:
+def test_a_port_held_by_another_program_is_one_line_and_exit_2(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
@@ -99,7 +99,7 @@ def test_a_port_held_by_another_program_is_one_line_and_exit_1(tmp_path: Path) -
             check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
             env={**os.environ, **ENV},
         )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     said = [line for line in done.stderr.splitlines() if not line.startswith("{")]  # the JSON log aside
     assert said == [f"fleetlog run: error: cannot serve HTTP on 127.0.0.1:{port}: the port is in use by "
                     "another process, still 5 s after this one took the lead: free it or give this process "
@@ -109,7 +109,7 @@ def test_a_port_held_by_another_program_is_one_line_and_exit_1(tmp_path: Path) -
     assert not (tmp_path / "log" / "service.json").exists()  # never advertised an address it has not
 
 
-def test_an_address_that_cannot_be_bound_is_one_line_and_exit_1_at_start(tmp_path: Path) -> None:
+def test_an_address_that_cannot_be_bound_is_one_line_and_exit_2_at_start(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.toml"  # (a host beyond this machine needs authentication first)
     tokens.write_text(f'[[token]]\nprincipal = "operator"\nsha256 = "{"0" * 64}"\n')
     tokens.chmod(0o600)
@@ -119,7 +119,7 @@ def test_an_address_that_cannot_be_bound_is_one_line_and_exit_1_at_start(tmp_pat
         env={**os.environ, **ENV, "FLEETLOG_SERVICE_HTTP_HOST": "no-such-host.invalid",
              "FLEETLOG_AUTH_TOKENS_FILE": str(tokens)},
     )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
     assert len(said) == 1, done.stderr
     assert said[0].startswith("fleetlog run: error: cannot serve HTTP on no-such-host.invalid:9: "), said
@@ -144,3 +144,21 @@ def test_stopped_while_waiting_for_the_port_it_exits_0(tmp_path: Path) -> None:
     text = (tmp_path / "service.log").read_text()
     assert "error:" not in text
     assert "Traceback" not in text
+
+
+def test_replay_serve_on_a_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """It printed a 39-line traceback (exit 1)."""
+    clean = str(REPO / "tests" / "replay" / "data" / "clean")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "fleetlog.cli", "replay", "serve", "--log", clean,
+             "--http-port", str(port)],
+            check=False, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **ENV},
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"fleetlog replay: error: cannot serve HTTP on 127.0.0.1:{port}: the port is in use (--http-port)"
+    ], done.stderr
