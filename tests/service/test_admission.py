@@ -5,6 +5,7 @@ existing cell, and a grant's ``max_priority`` bounds the priority its tenant sub
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,9 @@ from fleetlog.service.auth import entry_toml
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from fleetlog.service.ingest import TENANT_IDS_RULE
 from tests.core.builders import job, node
-from tests.service.test_auth import tokens_file
+from tests.service.test_auth import acall, tokens_file
 from tests.service.test_authz import TOKENS, secret, send
-from tests.service.test_service import Running, start
+from tests.service.test_service import Running, events_body, start
 
 POLICY = """
 [[grant]]
@@ -193,5 +194,22 @@ async def test_another_tenants_id_is_a_distinct_409_that_says_nothing_of_its_job
         assert "TENANT/NAME" in answer["message"]
         status, answer = await send(running, "alice", job("train-1", tenant="a"))  # (her own id: as before)
         assert (status, answer["code"]) == (409, "already_exists"), answer
+    finally:
+        await running.stop()
+
+
+async def test_a_dry_run_under_another_tenants_id_says_nothing_of_its_job(tmp_path: Path) -> None:
+    running = await policed(tmp_path)
+    try:
+        assert (await send(running, "alice", job("train-1", tenant="a", cpu=4321)))[0] == 200
+        await running.until(lambda: running.service.loop is not None
+                            and running.service.loop.state.job_row("train-1") >= 0)
+        status, _, raw = await acall(running.url + "/v1/dry-run", TOKENS["bob"],
+                                     events_body(job("train-1", tenant="b")), "POST")
+        assert status == 200, raw
+        (item,) = json.loads(raw)["items"]
+        assert (item["outcome"], item["reason"]) == ("refused", "job_id_taken"), item
+        assert "4321" not in item["message"]
+        assert "'a'" not in item["message"]
     finally:
         await running.stop()

@@ -425,7 +425,8 @@ def test_the_documented_service_settings_are_the_defaults() -> None:
     defaults = msgspec.to_builtins(ServiceSettings())
     unset = sorted(key for key, value in defaults.items() if value is None)  # (TOML has no null)
     assert documented == {key: value for key, value in defaults.items() if value is not None}
-    assert unset == ["max_submission_burst", "max_submissions_per_s"]
+    assert unset == ["max_pending_tasks_per_tenant", "max_submission_burst", "max_submissions_per_s",
+                     "max_submitted_task_burst", "max_submitted_tasks_per_s"]
     for key in unset:  # shown commented out, with an example value
         assert f"\n# {key} = " in block, key
 

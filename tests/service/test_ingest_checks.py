@@ -107,9 +107,13 @@ async def test_concurrent_submissions_of_one_id_take_one_on_kafka(kafka_bootstra
 
 
 async def test_another_spec_twice_in_one_batch_is_refused(service: Running) -> None:
-    status, answer = await service.request("/v1/events", events_body(job("j1"), job("j1", tenant="t2")))
+    status, answer = await service.request("/v1/events", events_body(job("j1"), job("j1", priority=3)))
     assert (status, answer["reason"], answer["index"]) == (409, "already_exists", 1)
-    assert "tenant: 't1' -> 't2'" in answer["error"]
+    assert "priority: 0 -> 3" in answer["error"]
+    # another tenant's: a distinct 409 that says nothing of the job that holds the id (issue 46)
+    status, answer = await service.request("/v1/events", events_body(job("j1"), job("j1", tenant="t2")))
+    assert (status, answer["reason"], answer["index"]) == (409, "job_id_taken", 1)
+    assert "t1" not in answer["error"]
     assert await service.inputs_end() == 0
 
 
