@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from fleetlog.auth_client import TokenError
+from fleetlog.log.logdir import UntrustedError
 from fleetlog.usage import EXIT_USAGE, Parser, add_log_options, add_logging_options, print_error, walk
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "build_parser", "main"]
@@ -459,6 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except (UsageError, TokenError) as exc:  # TokenError: FLEETLOG_TOKEN_FILE, FLEETLOG_CA_FILE...
+        print_error(prog, str(exc))
+        return EXIT_USAGE
+    except UntrustedError as exc:  # a log directory or service.json others may write (issue 46)
         print_error(prog, str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -174,24 +174,51 @@ def keyed(event: InputEvent, producer_id: str, key: str | None = None, seq: int 
 def envelope_from_json(data: bytes, producer_id: str, default_type: str | None = None) -> Envelope:
     """An envelope from JSON text: a full envelope (it has ``schema_version``) or a bare event,
     which gets wrapped (and, without a ``type``, typed ``default_type``).  Validated like
-    :func:`checked`; the error names the JSON path, e.g. ``$.event.task_groups[0].cpu_milli``."""
+    :func:`checked`; the error names the JSON path, e.g. ``$.event.task_groups[0].cpu_milli``.
+
+    The bytes given are decoded by the codec, as the HTTP API decodes a body (issue 46: one
+    decoder, one set of rules): a bare event is wrapped by splicing bytes, not re-encoded, so a
+    repeated key is refused (not kept last) and deep nesting is ``too_deep`` (not a traceback)."""
     try:
-        doc = msgspec.json.decode(data)
+        top = _TOP_LEVEL.decode(data)
+    except msgspec.ValidationError:
+        got = _json_type(data)
+        raise ClientError(f"expected a JSON object, got {got}", InvalidEventError.reason) from None
     except msgspec.DecodeError as exc:
         raise ClientError(f"not valid JSON: {exc}", "undecodable") from None
-    if not isinstance(doc, dict):
-        raise ClientError(f"expected a JSON object, got {type(doc).__name__}", InvalidEventError.reason)
-    if "schema_version" not in doc:
-        if default_type is not None:
-            doc = {"type": default_type, **doc}
-        doc = {"schema_version": SCHEMA_VERSION, "producer_id": producer_id, "event": doc}
+    except RecursionError:
+        top = {"schema_version": msgspec.Raw(b"0")}  # (the codec names it: too_deep)
+    if "schema_version" not in top:
+        data = _wrapped(data, producer_id, default_type if "type" not in top else None)
     try:
-        env = decode(msgspec.json.encode(doc), JSON)
+        env = decode(data, JSON)
     except BadEventError as exc:
         raise ClientError(exc.message, exc.reason) from None
     if env.key is None and isinstance(env.event, INPUT_TYPES):
         env = msgspec.structs.replace(env, key=key_of(env.event))
     return checked(env)
+
+
+_TOP_LEVEL: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _json_type(data: bytes) -> str:
+    """The Python name of what ``data`` holds instead of an object (``list``, ``int``...)."""
+    try:
+        return type(msgspec.json.decode(data)).__name__
+    except (msgspec.DecodeError, RecursionError):
+        return "something else"
+
+
+def _wrapped(event: bytes, producer_id: str, type_: str | None) -> bytes:
+    """The envelope around a bare event's own bytes (``type_``: spliced in as its first key)."""
+    if type_ is not None:
+        rest = event.lstrip()[1:]
+        tag = b'{"type":' + msgspec.json.encode(type_)
+        event = tag + (rest if rest.lstrip().startswith(b"}") else b"," + rest)
+    producer = msgspec.json.encode(producer_id)
+    head = b'{"schema_version":%d,"producer_id":%s,"event":' % (SCHEMA_VERSION, producer)
+    return head + event + b"}"
 
 
 # -- transports ---------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import pytest
 
 from fleetlog.cli import main
 from fleetlog.events import Envelope, JobCancelled, JobSubmitted, TaskGroup, decode, encode, envelope
-from fleetlog.events.codec import CONTENT_TYPE_HEADER
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError
+from fleetlog.events.codec import JSON as CONTENT_TYPE_JSON
 from fleetlog.log.base import INPUTS
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
@@ -494,3 +495,92 @@ def test_submit_with_placement_constraints_from_flags(
     plain = logged(log_dir)[-1].event
     assert isinstance(plain, JobSubmitted)
     assert (plain.spread, plain.task_groups[0].preferred_affinity) == (None, ())
+
+
+# -- a log directory another local user may write (issue 46) --------------------------------------
+
+
+def _planted(log_dir: Path, trap: int, dir_mode: int, file_mode: int) -> None:
+    """What another local user leaves in a log directory: ``service.json`` naming a live pid (1)
+    and an address of theirs (``trap``)."""
+    log_dir.mkdir()
+    log_dir.chmod(dir_mode)
+    planted = log_dir / "service.json"
+    planted.write_text(json.dumps({"pid": 1, "http": f"127.0.0.1:{trap}"}))
+    planted.chmod(file_mode)
+
+
+@pytest.mark.parametrize(("dir_mode", "file_mode", "says"), [
+    (0o777, 0o600, "drwxrwxrwx lets other users write it"),
+    (0o1777, 0o600, "drwxrwxrwt lets other users write it"),
+    (0o700, 0o666, "-rw-rw-rw- lets other users write it"),
+])
+def test_a_log_directory_or_service_json_others_may_write_is_refused_before_any_token_is_sent(
+    capsys: pytest.CaptureFixture[str], log_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    dir_mode: int, file_mode: int, says: str,
+) -> None:
+    import socket
+
+    monkeypatch.setenv("FLEETLOG_TOKEN", "secret-token-of-the-victim")
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(8)
+        trap.setblocking(False)
+        _planted(log_dir, trap.getsockname()[1], dir_mode, file_mode)
+        for argv in (["submit", "j1", "--tenant", "t"], ["cancel", "j1"], ["jobs"]):
+            argv += ["--log", str(log_dir)]
+            code, out, err = run(capsys, *argv)
+            assert (code, out) == (2, ""), err
+            assert says in err
+            assert len(err.strip().splitlines()) == 1, err
+            with pytest.raises(BlockingIOError):
+                trap.accept()  # nobody connected: the token went nowhere
+    log_dir.chmod(0o700)
+
+
+def test_run_refuses_a_log_directory_others_may_write(
+    capsys: pytest.CaptureFixture[str], log_dir: Path,
+) -> None:
+    log_dir.mkdir()
+    log_dir.chmod(0o777)
+    code, _, err = run(capsys, "run", "--log", str(log_dir), "--http-port", "0")
+    assert code == 2, err
+    assert "drwxrwxrwx lets other users write it" in err
+    assert "chmod 700" in err
+    assert len(err.strip().splitlines()) == 1, err
+    log_dir.chmod(0o700)
+
+
+# -- submit --file decodes as the HTTP API does (issue 46) ----------------------------------------
+
+GROUP_JSON = '{"count": 1, "cpu_milli": 1000, "mem_mib": 1024}'
+
+
+@pytest.mark.parametrize(("text", "reason", "says"), [
+    ('{"job_id": "a", "job_id": "b", "tenant": "t", "task_groups": [' + GROUP_JSON + "]}",
+     "duplicate_key", "repeats the key 'job_id'"),
+    ('{"job_id": "a", "tenant": "t", "task_groups": [{"count": 1, "count": 9, "cpu_milli": 1000, '
+     '"mem_mib": 1024}]}', "duplicate_key", "repeats the key 'count'"),
+    ('{"job_id": "a", "tenant": "t", "task_groups": [' + GROUP_JSON + '], "labels": '
+     + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "}", "too_deep", "nested too deeply"),
+    ('{"schema_version": 1, "producer_id": "p", "producer_id": "q", "event": {"type": "JobCancelled", '
+     '"job_id": "a"}}', "duplicate_key", "repeats the key 'producer_id'"),
+], ids=["top-level", "in-a-group", "deep", "envelope"])
+def test_submit_file_refuses_what_the_http_api_refuses_in_one_line(
+    capsys: pytest.CaptureFixture[str], log_dir: Path, tmp_path: Path, text: str, reason: str, says: str,
+) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(text)
+    verb = "send" if "schema_version" in text else "submit"
+    code, out, err = run(capsys, verb, "--file", str(path), "--log", str(log_dir), "--create")
+    assert (code, out) == (2, ""), err
+    assert says in err
+    assert f"(reason {reason})" in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err[:500]
+    assert logged(log_dir) == []
+    head = '{"schema_version": 1, "producer_id": "p", "event": {"type": "JobSubmitted", '
+    wrapped = text if verb == "send" else head + text.lstrip()[1:] + "}"
+    with pytest.raises(BadEventError) as http:  # the HTTP API's decoder says the same
+        decode(wrapped.encode(), CONTENT_TYPE_JSON)
+    assert http.value.reason == reason

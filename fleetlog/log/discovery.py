@@ -4,6 +4,10 @@ The service writes ``{"pid": ..., "http": "host:port"}`` (with ``"scheme": "http
 serves TLS; mode 0600: a file others could rewrite would redirect producers) once it leads, and
 removes it when it stops; the client and the backends' shared log read it and send to that
 address while the process is alive, a backend with the :data:`ACCEPT_NEVER_FITS` header.
+They read it only from a directory no other user may write, and only a ``service.json`` no other
+user may write (:func:`~fleetlog.log.logdir.check_trusted`): else a planted file would receive
+their events and their bearer token (issue 46); that is a
+:class:`~fleetlog.log.logdir.UntrustedError`, not a fallback.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from fleetlog.log.file import process_alive
+from fleetlog.log.logdir import check_trusted
 from fleetlog.log.private import write_private
 
 SERVICE_FILE: Final = "service.json"
@@ -73,7 +78,10 @@ def running_service(directory: Path) -> tuple[str, int] | None:
 
 def announced(directory: Path) -> Announced | None:
     """Host, port and scheme of the service announced in ``directory/service.json`` if its
-    process is alive; ``None`` when there is no such file or it is stale."""
+    process is alive; ``None`` when there is no such file or it is stale; an
+    :class:`~fleetlog.log.logdir.UntrustedError` when another user may write the directory or the file."""
+    check_trusted(directory)
+    check_trusted(directory / SERVICE_FILE, "the service's address file")
     try:
         info = json.loads((directory / SERVICE_FILE).read_text())
         pid, address, scheme = int(info["pid"]), str(info["http"]), str(info.get("scheme", "http"))

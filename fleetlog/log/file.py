@@ -96,6 +96,7 @@ from fleetlog.log.base import (
     Target,
     pick_log,
 )
+from fleetlog.log.logdir import check_trusted
 from fleetlog.log.memory import wall_clock_ms
 from fleetlog.log.private import append_private, open_private, private_dir, write_private
 from fleetlog.waiting import event_or_timeout
@@ -1077,6 +1078,8 @@ class FileLogStore(LogStore):
             return
         if self.config.read_only and not self.directory.is_dir():
             raise LogError(f"no file log at {self.directory}")
+        for directory in dict.fromkeys((self.base, self.directory)):  # (issue 46: others may not write it)
+            check_trusted(directory)
         if not self.config.read_only:
             self._lock_fd = _acquire_lock(self.directory, self.yields)
         logs = {name: FileLog(name, self.directory / name, self._clock, self.config) for name in LOG_NAMES}

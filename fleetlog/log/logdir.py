@@ -7,6 +7,11 @@ file by file by name; and only when told to (``replace``: ``--force``, or a defa
 under ``.fleetlog/`` that is fleetlog's own scratch space).  A directory holding anything else —
 a file of the user's, a symlink, an unknown subdirectory — is never touched, even when told to.
 A log another process holds open is never deleted either.
+
+And the one check behind every *use* of a file log directory (:func:`check_trusted`, issue 46):
+a directory (or ``service.json``) that another local user may write is refused, as the tokens
+file is — such a user could plant a ``service.json`` that sends producers' bearer tokens to an
+address of theirs, or forge segments and snapshots the scheduler would fold.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +41,36 @@ LOCK_FILE: Final = "LOCK"
 
 class LogDirError(LogError):
     """A directory a command may not write a fresh log into: one line naming it and why."""
+
+
+class UntrustedError(LogDirError):
+    """A log directory or ``service.json`` another local user may write: refused (one line)."""
+
+
+TRUSTED_OWNERS_ROOT: Final = 0
+"""Root may own what fleetlog trusts as well as this process's user (root may write anything)."""
+
+
+def check_trusted(path: Path, what: str = "file log directory") -> None:
+    """Refuse ``path`` (when it exists) if a user other than this process's may write it: group-
+    or world-writable (a sticky bit does not help: anyone may still *create* ``service.json``), or
+    owned by another user; ``service.json`` must moreover be a plain file, not a symlink."""
+    try:
+        st = path.lstat() if path.name == "service.json" else path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UntrustedError(f"{what} {path}: {exc.strerror or exc}") from None
+    if path.name == "service.json" and not stat.S_ISREG(st.st_mode):
+        raise UntrustedError(f"{what} {path}: not a plain file (fleetlog writes it with mode 0600); "
+                             "remove it")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        fix = "chmod 700" if stat.S_ISDIR(st.st_mode) else "rm"
+        raise UntrustedError(f"{what} {path}: mode {stat.filemode(st.st_mode)} lets other users write it "
+                             f"(they could redirect producers or forge the log); {fix} {path}")
+    if hasattr(os, "getuid") and st.st_uid not in (os.getuid(), TRUSTED_OWNERS_ROOT):
+        raise UntrustedError(f"{what} {path}: owned by uid {st.st_uid}, not this process's user "
+                             f"(uid {os.getuid()})")
 
 
 @dataclass(frozen=True)

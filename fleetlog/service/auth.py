@@ -17,10 +17,13 @@ that lookup depends on the *hash* of the attacker's input, which the attacker ca
 stored hash (preimage resistance), so it leaks nothing usable; the stored digest is then compared
 with :func:`hmac.compare_digest` all the same.
 
-The file is re-read when its inode, size or mtime changes (looked at most once a second), so a
-token is rotated without a restart; a rewrite that does not parse keeps the last good tokens and
-logs an error naming the file (never a token or hash).  At start, a file that is group- or
-world-readable or -writable, or not owned by this process's user, is refused.
+The file is re-read when its inode, size, mtime or mode changes (looked at most once a second), so
+a token is rotated without a restart.  At start, a file that is group- or world-readable or
+-writable, or not owned by this process's user, is refused.  Later the file **fails closed**
+(issue 46): a rewrite with such a mode, a deleted file, or one that does not parse authenticates
+nobody (401 naming the file's problem, never a token or hash; ``/healthz`` says why) until a good
+file is back.  Keeping the last good tokens instead would keep a revoked token valid for as long
+as the revocation was written wrong.
 
 **Mutual TLS** (``[auth] tls_cert_file``, ``tls_key_file``: the API is served over HTTPS;
 ``client_ca_file``: client certificates that CA signed are accepted, see :func:`server_tls`).  The
@@ -144,18 +147,23 @@ def parse(path: Path, data: bytes) -> dict[str, TokenEntry]:
 class WatchedFile(Generic[T]):
     """A secrets file (tokens, policy) parsed at start and re-read when its inode, size, mtime or
     mode changes (looked at most once a second): rotated without a restart.  A rewrite that is
-    refused (mode, owner, syntax) keeps the last good content and logs the problem."""
+    refused (mode, owner, syntax) or a deleted file fails closed: :meth:`current` is ``None`` and
+    :attr:`problem` says why until a good file is back — the last good content is not kept, since
+    that would keep a revoked token (or a withdrawn role) valid."""
 
     def __init__(self, path: Path, key: str, parser: Callable[[Path, bytes], T],
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.path, self.key, self._parser, self._monotonic = path, key, parser, monotonic
         self.noun = key.removeprefix("auth.").removesuffix("_file")  # tokens, policy
         st = check_mode(path, key)
-        self._value = parser(path, path.read_bytes())
-        self._seen = _identity(st)
+        self._value: T | None = parser(path, path.read_bytes())
+        self._seen: tuple[int, int, int, int] | None = _identity(st)
         self._looked = monotonic()
+        self.problem: str | None = None
+        """Why the file is not in force (``None``: it is), one line naming the file, never a secret."""
 
-    def current(self) -> T:
+    def current(self) -> T | None:
+        """The file's content, or ``None`` while it is refused or missing (see :attr:`problem`)."""
         now = self._monotonic()
         if now - self._looked >= RECHECK_S:
             self._looked = now
@@ -166,7 +174,9 @@ class WatchedFile(Generic[T]):
         try:
             st = self.path.stat()
         except OSError as exc:
-            LOG.error("%s %s: %s; keeping the last good %s", self.key, self.path, exc.strerror, self.noun)
+            if self._seen is not None:
+                self._refuse(f"{self.key} {self.path}: {exc.strerror or exc}")
+            self._seen = None
             return
         if _identity(st) == self._seen:
             return
@@ -175,9 +185,25 @@ class WatchedFile(Generic[T]):
             check_mode(self.path, self.key)
             self._value = self._parser(self.path, self.path.read_bytes())
         except (AuthError, OSError) as exc:
-            LOG.error("%s; keeping the last good %s", exc, self.noun)
+            self._refuse(str(exc))
             return
+        self.problem = None
         LOG.info("%s %s re-read", self.key, self.path)
+
+    def _refuse(self, problem: str) -> None:
+        self._value, self.problem = None, problem
+        LOG.error("%s; no %s in force (fail closed) until a good file is back", problem, self.noun)
+
+
+def refused_files(*files: WatchedFile[Any] | None) -> dict[str, str]:
+    """The problem of each watched file that is not in force, by its setting (``/healthz``)."""
+    found: dict[str, str] = {}
+    for watched in files:
+        if watched is not None:
+            watched.current()
+            if watched.problem is not None:
+                found[watched.key] = watched.problem
+    return found
 
 
 class Authenticator:
@@ -199,11 +225,22 @@ class Authenticator:
             return Verdict(None, NO_CERTIFICATE)
         if not authorization and self.certificates:
             return Verdict(None, NEITHER)
-        return self._token(self._tokens.current(), authorization)
+        tokens = self._tokens.current()
+        if tokens is None:
+            return Verdict(None, f"no token is accepted until the tokens file is good again: "
+                                 f"{self._tokens.problem}")
+        return self._token(tokens, authorization)
+
+    @property
+    def tokens(self) -> WatchedFile[dict[str, TokenEntry]] | None:
+        """The watched tokens file (``None``: certificates only)."""
+        return self._tokens
 
     def _token(self, tokens: dict[str, TokenEntry], authorization: str | None) -> Verdict:
         if not authorization:
             return Verdict(None, "no token: send Authorization: Bearer <token>")
+        if not authorization.isascii():  # (a token is ASCII; other bytes would not even hash)
+            return Verdict(None, "the Authorization header is not ASCII: send Authorization: Bearer <token>")
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return Verdict(None, "the Authorization header is not 'Bearer <token>'")

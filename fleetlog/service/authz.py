@@ -38,7 +38,8 @@ the health probes); every refusal names the rule that refused it.  A principal i
 names or a client certificate's CN.  With tokens (or client certificates) but no policy file,
 every authenticated principal holds every role (the first slice's behaviour; the service says so at
 start).  The file is kept as the tokens file is: refused when others may read or write it, re-read
-when it changes, a bad rewrite keeping the last good policy.
+when it changes; a rewrite that is refused (mode, owner, syntax) or a deleted file fails closed (no
+principal holds a role from it until a good file is back; ``/healthz`` says why).
 
 The checks read the state only to find the policy, the tenant of a job being cancelled and the
 cell a job is placed in; they never change what is appended or what the core decides.
@@ -139,13 +140,15 @@ class Authorizer:
             return self._folded[1].get(principal)
         if self.file is None:
             return EVERY_ROLE
-        return self.file.current().get(principal)
+        grants = self.file.current()  # (None: the file is refused or missing: fail closed)
+        return None if grants is None else grants.get(principal)
 
     def file_policy(self) -> PolicyList | None:
         """The policy file's grants as ``GET /v1/policy`` answers them (``None``: no file)."""
         if self.file is None:
             return None
-        return policy_list([(p, r.names) for p, r in self.file.current().items()], "file")
+        grants = self.file.current() or {}
+        return policy_list([(p, r.names) for p, r in grants.items()], "file")
 
 
 def authenticates(auth: AuthSettings) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import uvloop
 
 from fleetlog.log.location import ConfigError
+from fleetlog.log.logdir import UntrustedError, check_trusted
 from fleetlog.service.auth import AuthError, security
 from fleetlog.service.authz import Authorizer, authenticates
 from fleetlog.service.config import Config, load_config
@@ -49,7 +50,9 @@ def check_role(config: Config) -> None:
     try:  # the TLS files, the bind rule and the files' modes, before anything starts
         security(auth, config.service.http_host)
         Authorizer(auth.policy_file)
-    except AuthError as exc:
+        if config.log.dir is not None:  # (issue 46: a directory others may write is not the log's)
+            check_trusted(Path(config.log.dir))
+    except (AuthError, UntrustedError) as exc:
         raise CommandError(str(exc)) from None
 
 

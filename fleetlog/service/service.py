@@ -44,7 +44,7 @@ from fleetlog.log import errorpolicy
 from fleetlog.log.base import INPUTS, LogStore
 from fleetlog.log.file import TRUNCATIONS_NAME, FileLogStore
 from fleetlog.log.kafka import FencedError
-from fleetlog.service.auth import security
+from fleetlog.service.auth import refused_files, security
 from fleetlog.service.authz import (
     EVERY_ROLE,
     Authorizer,
@@ -497,6 +497,10 @@ class Service:
             found["problem"] = msgspec.to_builtins(problem)
         if self._truncations:
             found["truncations"] = self._truncations
+        auth = self.http.auth
+        refused = refused_files(None if auth is None else auth.tokens, self.authz.file)
+        if refused:  # (fail closed: nobody authenticates, or holds a role, until the file is good)
+            found["auth_refused"] = refused
         return found
 
     def _job(self, job_id: str, viewer: Viewer) -> Response:

@@ -96,9 +96,7 @@ async def test_every_route_but_health_needs_a_known_live_token(tmp_path: Path) -
         await running.stop()
 
 
-async def test_a_rotated_token_is_honoured_without_restart_and_a_bad_rewrite_keeps_the_last_good(
-    tmp_path: Path,
-) -> None:
+async def test_a_rotated_token_is_honoured_without_restart(tmp_path: Path) -> None:
     tokens = standard_tokens(tmp_path / "tokens.toml")
     running = await authed(tmp_path, tokens)
     try:
@@ -110,9 +108,50 @@ async def test_a_rotated_token_is_honoured_without_restart_and_a_bad_rewrite_kee
         assert (await acall(running.url + "/v1/jobs", fresh))[0] == 200
         assert (await acall(running.url + "/v1/jobs", OLD))[0] == 401
         assert (await acall(running.url + "/v1/jobs", GOOD))[0] == 401
-        tokens_file(tokens, "[[token]]\nprincipal = \n")  # not TOML: the last good tokens stay
-        await asyncio.sleep(1.2)
-        assert (await acall(running.url + "/v1/jobs", fresh))[0] == 200
+    finally:
+        await running.stop()
+
+
+async def refused_until_good(running: Running, tokens: Path, spoil: Any, said: str) -> None:
+    """After ``spoil(tokens)`` every token (the revoked one too) gets 401 naming the file's problem
+    and health says why; once a good file is back the good token works again."""
+    spoil(tokens)
+    await asyncio.sleep(1.2)
+    for token in (GOOD, OLD):
+        status, _, raw = await acall(running.url + "/v1/jobs", token)
+        assert status == 401, raw
+        message = json.loads(raw)["message"]
+        assert said in message
+        assert "tokens file" in message
+    health = json.loads((await acall(running.url + "/healthz"))[2])
+    assert said in health["auth_refused"]["auth.tokens_file"]
+    tokens_file(tokens, entry_toml("tenant:a", GOOD, None),
+                entry_toml("tenant:old", OLD, None) + "revoked = true\n")
+    await asyncio.sleep(1.2)
+    assert (await acall(running.url + "/v1/jobs", GOOD))[0] == 200
+    assert (await acall(running.url + "/v1/jobs", OLD))[0] == 401
+    assert "auth_refused" not in json.loads((await acall(running.url + "/healthz"))[2])
+
+
+def _public(path: Path) -> None:  # the revocation written at a mode the service refuses
+    path.write_text(entry_toml("tenant:a", GOOD, None) + entry_toml("tenant:old", OLD, None)
+                    + "revoked = true\n")
+    path.chmod(0o644)
+
+
+@pytest.mark.parametrize(("spoil", "said"), [
+    (_public, "lets others read or write it"),
+    (lambda path: path.unlink(), "No such file"),
+    (lambda path: tokens_file(path, "[[token]]\nprincipal = \n"), "Invalid"),
+], ids=["mode-0644", "deleted", "not-toml"])
+async def test_a_refused_or_missing_tokens_file_authenticates_nobody_until_a_good_one_is_back(
+    tmp_path: Path, spoil: Any, said: str,
+) -> None:
+    tokens = standard_tokens(tmp_path / "tokens.toml")
+    running = await authed(tmp_path, tokens)
+    try:
+        assert (await acall(running.url + "/v1/jobs", OLD))[0] == 200
+        await refused_until_good(running, tokens, spoil, said)
     finally:
         await running.stop()
 
@@ -169,13 +208,13 @@ def test_run_with_auth_on_a_public_bind_serves_and_never_logs_a_token(tmp_path: 
         assert statuses == [200, 401, 401, 401, 401]
         tokens_file(tokens, "not toml [[")
         time.sleep(1.2)
-        assert call(url + "/v1/jobs", GOOD)[0] == 200
+        assert call(url + "/v1/jobs", GOOD)[0] == 401  # (fail closed: issue 46)
     finally:
         proc.stop()
     logged = (tmp_path / "service.log").read_text()
     for secret in (GOOD, EXPIRED, REVOKED, token_hash(GOOD)):
         assert secret not in logged
-    assert "keeping the last good tokens" in logged
+    assert "no tokens in force (fail closed)" in logged
 
 
 def test_auth_token_prints_a_token_and_its_entry(tmp_path: Path) -> None:

@@ -161,18 +161,30 @@ async def test_quotas_need_quota_admin_and_records_carry_their_principal(tmp_pat
         await running.stop()
 
 
-async def test_a_rewritten_policy_is_honoured_without_restart_and_a_bad_one_keeps_the_last(
+async def test_a_rewritten_policy_is_honoured_without_restart_and_a_bad_one_fails_closed(
     tmp_path: Path,
 ) -> None:
     running = await policed(tmp_path)
+    policy = tmp_path / "policy.toml"
     try:
         refused(await send(running, "bob", job("a9", tenant="a")), "tenant:NAME submits")
-        secret(tmp_path / "policy.toml", POLICY + '[[grant]]\nprincipal = "bob"\nroles = ["tenant:a"]\n')
+        secret(policy, POLICY + '[[grant]]\nprincipal = "bob"\nroles = ["tenant:a"]\n')
         await asyncio.sleep(1.3)
         assert (await send(running, "bob", job("a9", tenant="a")))[0] == 200
-        secret(tmp_path / "policy.toml", '[[grant]]\nprincipal = "bob"\nroles = ["king"]\n')
-        await asyncio.sleep(1.3)
-        assert (await send(running, "bob", job("a10", tenant="a")))[0] == 200  # the last good policy
+        king = '[[grant]]\nprincipal = "bob"\nroles = ["king"]\n'
+        spoils = [(lambda: secret(policy, king), "unknown role"),
+                  (lambda: policy.chmod(0o666), "lets others read or write it"), (policy.unlink, "No such file")]
+        for i, (spoil, said) in enumerate(spoils):
+            spoil()
+            await asyncio.sleep(1.3)
+            refused(await send(running, "bob", job(f"b{i}", tenant="a")), "")  # fail closed: no roles
+            refused(await send(running, "alice", job(f"c{i}", tenant="a")), "")
+            _, _, raw = await acall(running.url + "/healthz")
+            assert said in json.loads(raw)["auth_refused"]["auth.policy_file"]
+            secret(policy, POLICY)
+            await asyncio.sleep(1.3)
+            assert (await send(running, "alice", job(f"c{i}", tenant="a")))[0] == 200
+            assert "auth_refused" not in json.loads((await acall(running.url + "/healthz"))[2])
     finally:
         await running.stop()
 
