@@ -34,7 +34,7 @@ from fleetlog.events.model import (
     TaskStarted,
 )
 from fleetlog.log.base import DECISIONS, INPUTS
-from fleetlog.replay.source import Progress, ReplayError, Source, batches, mentioning
+from fleetlog.replay.source import InputReader, Progress, ReplayError, Source, batches, mentioning
 from fleetlog.replay.state_at import state_before_batch
 
 SHOWN_RIVALS = 3
@@ -111,8 +111,24 @@ async def _requeue_step(source: Source, job_id: str, after: Step) -> list[Step]:
     if note is None or note.cause not in _REQUEUE_WHAT:
         return []
     detail = f"{note.message}; the job was requeued"
-    at = note.inputs_offset - 1  # the input whose fold found the node down
+    # The note counts inputs folded (not log offsets): the sweep that finds a node silent runs as
+    # an input's time is taken, before that input is counted; the other causes are handled after.
+    folded_before = note.inputs_offset if note.cause == "node_lost" else note.inputs_offset - 1
+    at = await _folded_input_offset(source, after.position, state.offset - folded_before)
     return [Step(INPUTS, at, note.requeued_at_ms, _REQUEUE_WHAT[note.cause], detail, position=at)]
+
+
+async def _folded_input_offset(source: Source, as_of: int, back: int) -> int:
+    """The log offset of the input ``back`` folded inputs before ``as_of`` (``back`` >= 1): the
+    inputs log also holds records the scheduler parked (undecodable, refused), which the state's
+    count of folded inputs leaves out, so the offset is found by reading back from ``as_of``."""
+    lo = max(0, as_of - back)
+    while True:
+        reader = InputReader(source.store, lo, source.core.cells if source.core is not None else ())
+        folded = [offset async for chunk in reader.until(as_of) for offset in chunk.offsets]
+        if len(folded) >= back or lo == 0:
+            return folded[-back] if len(folded) >= back else lo
+        lo = max(0, lo - max(back, as_of - lo))
 
 
 async def _input_steps(source: Source, job_id: str, progress: Progress | None) -> list[Step]:

@@ -22,8 +22,9 @@ from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from tests.core.builders import job, node
 
 
-async def _record(directory: Path) -> None:
-    """Second 0: n1, n2, j1 (placed on n1). Seconds 1-5: n1 beats once more, then only n2: n1 is
+async def _record(directory: Path, parked: bool = False) -> None:
+    """Second 0: n1, n2, j1 (placed on n1). Seconds 1-5: n1 beats once more, then only n2 (and,
+    ``parked``, a record that does not decode, which the loop parks, after second 2): n1 is
     lost at second 5 (silent 4 s), j1 placed again on n2. Second 6: ``high`` preempts j1.
     Second 7: j1 submitted again, another spec (appended directly: no service to refuse it)."""
     clock = [1_000]
@@ -39,7 +40,10 @@ async def _record(directory: Path) -> None:
 
         await at(0, node("n1"), node("n2", rack="r2"), job("j1", gpus=8))
         await at(1, node("n1"), node("n2", rack="r2"))
-        for second in range(2, 6):
+        await at(2, node("n2", rack="r2"))
+        if parked:  # the dead letter at offset 6 is in the log but never folded
+            await store.log(INPUTS).append([Message(b"\x00 not an event")])
+        for second in range(3, 6):
             await at(second, node("n2", rack="r2"))
         await at(6, job("high", gpus=8, priority=10), node("n2", rack="r2"))
         await at(7, job("j1", gpus=1))
@@ -54,6 +58,13 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def recorded_parked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("truth-parked") / "log"
+    asyncio.run(_record(directory, parked=True))
+    return directory
+
+
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     code = main(list(argv))
     out = capsys.readouterr()
@@ -61,16 +72,21 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     return out.out
 
 
+@pytest.mark.parametrize("parked", [False, True])
 def test_explain_shows_the_node_lost_step_between_the_two_placements(
-    recorded: Path, capsys: pytest.CaptureFixture[str]
+    recorded: Path, recorded_parked: Path, parked: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = _run(capsys, "replay", "explain", "j1", "--log", str(recorded), "--node-timeout", "3", "--json")
+    log = recorded_parked if parked else recorded
+    out = _run(capsys, "replay", "explain", "j1", "--log", str(log), "--node-timeout", "3", "--json")
     steps = json.loads(out)["steps"]
     whats = [s["what"] for s in steps]
     assert whats[:4] == ["submitted", "placed", "node lost", "placed"], whats
     lost = steps[2]
     assert lost["detail"] == "node n1 lost (no heartbeat for 4 s); the job was requeued"
     assert (lost["log"], lost["time_ms"]) == ("inputs", 6_000)
+    # the heartbeat of second 5 found n1 silent: offset 8 (0-2, 3-4, 5, 6, 7, 8), not one early (7);
+    # with the parked record at 6, offset 9, not short by it
+    assert lost["offset"] == (9 if parked else 8), steps
     assert "n1" in steps[1]["detail"]
     assert "n2" in steps[3]["detail"]
 
