@@ -10,6 +10,13 @@ GPU indices of each task), ``waits`` (the pending reason code and message, as
 ``refused`` (ingest would refuse it: ``never_fits``, or ``already_exists`` for a job id the
 state holds with another spec) or ``duplicate`` (the state holds that job with the same spec:
 submitting it again appends nothing).
+
+A request is bounded as ingest bounds one (:func:`parse_jobs`: jobs, tasks of all its jobs,
+tasks of one job) and so is its answer: at most :data:`MAX_LISTED_TASKS` task placements and
+:data:`MAX_LISTED_PREEMPTS` preempted jobs are listed in all, in the order of the jobs; a job
+whose list was cut says how many it left out (``tasks_omitted``, ``preempts_omitted``), so a
+request of the largest jobs answers in about a megabyte instead of hundreds.  The live service
+runs it off its event loop (:mod:`fleetlog.service.dryruns`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,10 @@ from fleetlog.events.spec import spec_differences, submission_spec
 
 MAX_DRY_RUN_JOBS: Final = 1000
 """The most jobs one dry run answers for."""
+MAX_LISTED_TASKS: Final = 10_000
+"""Task placements listed in one answer, in all (past it a job lists none, and says so)."""
+MAX_LISTED_PREEMPTS: Final = 10_000
+"""Preempted jobs listed in one answer, in all."""
 OUTCOMES: Final = ("placed", "waits", "rejected", "refused", "duplicate")
 _PRODUCER: Final = "fleetlog-dry-run"
 _RAW_LIST: Final = msgspec.json.Decoder(list[msgspec.Raw])
@@ -64,6 +75,11 @@ class DryRunJob(msgspec.Struct, frozen=True):
     tasks: list[TaskWhere] = []
     preempts: list[str] = []
     """The jobs it would preempt to make room (their ids, sorted)."""
+    tasks_omitted: int | msgspec.UnsetType = msgspec.UNSET
+    """Present when ``tasks`` was cut (the answer lists at most ``MAX_LISTED_TASKS`` placements in
+    all): how many of the job's placements it leaves out, the last ones."""
+    preempts_omitted: int | msgspec.UnsetType = msgspec.UNSET
+    """Present when ``preempts`` was cut (at most ``MAX_LISTED_PREEMPTS`` in all): how many."""
 
 
 class DryRun(msgspec.Struct, frozen=True):
@@ -73,10 +89,13 @@ class DryRun(msgspec.Struct, frozen=True):
     """One per submitted job, in the order given."""
 
 
-def parse_jobs(body: bytes) -> list[JobSubmitted]:
+def parse_jobs(body: bytes, max_jobs: int = MAX_DRY_RUN_JOBS, max_tasks: int | None = None
+               ) -> list[JobSubmitted]:
     """The jobs of a dry-run body: a JSON object or a JSON array of them, each an envelope (as
     ``POST /v1/events`` takes) or a bare ``JobSubmitted`` (its ``type`` may be left out).  A bad one
-    is an :class:`ApiError` 400 naming it."""
+    is an :class:`ApiError` 400 naming it; more than ``max_jobs`` jobs, or more than ``max_tasks``
+    tasks in all (ingest's ``max_request_tasks``), a 413 — found as the jobs are decoded, so a
+    body of many large jobs is refused at the first job past the bound, not after all of them."""
     stripped = body.strip()
     if not stripped:
         raise ApiError(400, "undecodable", "the body is empty: give a JobSubmitted, an envelope or an array")
@@ -86,10 +105,17 @@ def parse_jobs(body: bytes) -> list[JobSubmitted]:
         raise ApiError(400, "undecodable", f"body is not a JSON array of jobs: {exc}") from None
     if not parts:
         raise ApiError(400, "undecodable", "the body is an empty array: give at least one job")
-    if len(parts) > MAX_DRY_RUN_JOBS:
-        raise ApiError(413, "too_many_events",
-                       f"{len(parts)} jobs; a dry run takes at most {MAX_DRY_RUN_JOBS}")
-    return [_job(index, bytes(part)) for index, part in enumerate(parts)]
+    if len(parts) > max_jobs:
+        raise ApiError(413, "too_many_events", f"{len(parts)} jobs; a dry run takes at most {max_jobs}")
+    jobs, tasks = [], 0
+    for index, part in enumerate(parts):
+        job = _job(index, bytes(part))
+        tasks += sum(group.count for group in job.task_groups)
+        if max_tasks is not None and tasks > max_tasks:
+            raise ApiError(413, "too_many_tasks", f"the jobs of this dry run have over {max_tasks} tasks "
+                           f"(job {index} passes it; max_request_tasks, as for ingest): split it")
+        jobs.append(job)
+    return jobs
 
 
 def _job(index: int, data: bytes) -> JobSubmitted:
@@ -111,8 +137,9 @@ def _job(index: int, data: bytes) -> JobSubmitted:
     return event
 
 
-def dry_run(state: State, policy: Policy, jobs: list[JobSubmitted]) -> DryRun:
-    """What appending ``jobs`` now would do to each (``state`` is not changed)."""
+def dry_run(state: State, policy: Policy, jobs: list[JobSubmitted], owned: bool = False) -> DryRun:
+    """What appending ``jobs`` now would do to each: ``state`` is not changed, unless ``owned`` (a
+    copy the caller made for this dry run alone: it is folded into instead of copied again)."""
     answers: dict[int, DryRunJob] = {}
     new: list[tuple[int, JobSubmitted]] = []
     seen: dict[str, JobSubmitted] = {}
@@ -130,9 +157,28 @@ def dry_run(state: State, policy: Policy, jobs: list[JobSubmitted]) -> DryRun:
             continue
         seen[job.job_id] = job
         new.append((index, job))
+    at_ms = state.now_ms
     if new:
-        answers |= _decided(state, policy, new)
-    return DryRun(state.now_ms, [answers[i] for i in range(len(jobs))])
+        answers |= _decided(state if owned else restore(snapshot(state)), policy, new)
+    return DryRun(at_ms, _bounded([answers[i] for i in range(len(jobs))]))
+
+
+def _bounded(items: list[DryRunJob]) -> list[DryRunJob]:
+    """``items`` with at most :data:`MAX_LISTED_TASKS` placements and :data:`MAX_LISTED_PREEMPTS`
+    preempted jobs listed in all, the jobs in order: the answer's size is bounded whatever the
+    jobs' sizes (a cut list says how much it left out)."""
+    tasks_left, preempts_left, out = MAX_LISTED_TASKS, MAX_LISTED_PREEMPTS, []
+    for item in items:
+        cut: dict[str, object] = {}
+        if len(item.tasks) > tasks_left:
+            cut |= {"tasks": item.tasks[:tasks_left], "tasks_omitted": len(item.tasks) - tasks_left}
+        if len(item.preempts) > preempts_left:
+            cut |= {"preempts": item.preempts[:preempts_left],
+                    "preempts_omitted": len(item.preempts) - preempts_left}
+        tasks_left -= min(tasks_left, len(item.tasks))
+        preempts_left -= min(preempts_left, len(item.preempts))
+        out.append(msgspec.structs.replace(item, **cut) if cut else item)
+    return out
 
 
 def _known(state: State, earlier: JobSubmitted | None, job: JobSubmitted) -> DryRunJob | None:
@@ -157,14 +203,18 @@ def _known(state: State, earlier: JobSubmitted | None, job: JobSubmitted) -> Dry
         return DryRunJob(job.job_id, "refused", "job_id_taken",
                          f"job id {job.job_id!r} is taken by another tenant's job; job ids are global: "
                          "choose ids under your tenant's prefix (TENANT/NAME, docs/api.md)")
+    if before.tenant != after.tenant:  # (another tenant's job: say nothing of it, as ingest)
+        return DryRunJob(job.job_id, "refused", "job_id_taken",
+                         f"job id {job.job_id!r} is taken by another tenant's job; job ids are global: "
+                         "choose ids under your tenant's prefix (TENANT/NAME, docs/api.md)")
     changed = "; ".join(spec_differences(before, after))
     return DryRunJob(job.job_id, "refused", "already_exists",
                      f"job {job.job_id!r} already exists with another spec ({changed})")
 
 
-def _decided(state: State, policy: Policy, new: list[tuple[int, JobSubmitted]]) -> dict[int, DryRunJob]:
-    """Fold ``new`` into a copy of ``state`` at its log time, decide once, and read each job's fate."""
-    copy = restore(snapshot(state))
+def _decided(copy: State, policy: Policy, new: list[tuple[int, JobSubmitted]]) -> dict[int, DryRunJob]:
+    """Fold ``new`` into ``copy`` (a copy of the state, changed here) at its log time, decide once,
+    and read each job's fate."""
     for _, job in new:
         fold(copy, job, copy.now_ms)
     mine = {job.job_id for _, job in new}
