@@ -40,6 +40,7 @@ from fleetlog.events.codec import (
     MSGPACK,
     BadEventError,
     InvalidEventError,
+    TooDeepError,
     decode,
     encode,
     envelope,
@@ -182,8 +183,7 @@ def envelope_from_json(data: bytes, producer_id: str, default_type: str | None =
     try:
         top = _TOP_LEVEL.decode(data)
     except msgspec.ValidationError:
-        got = _json_type(data)
-        raise ClientError(f"expected a JSON object, got {got}", InvalidEventError.reason) from None
+        raise _not_an_object(data) from None
     except msgspec.DecodeError as exc:
         raise ClientError(f"not valid JSON: {exc}", "undecodable") from None
     except RecursionError:
@@ -202,12 +202,17 @@ def envelope_from_json(data: bytes, producer_id: str, default_type: str | None =
 _TOP_LEVEL: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-def _json_type(data: bytes) -> str:
-    """The Python name of what ``data`` holds instead of an object (``list``, ``int``...)."""
+def _not_an_object(data: bytes) -> ClientError:
+    """Why ``data``, which is no JSON object, is refused: not JSON at all, nested too deeply (as
+    the codec says it), or what it holds instead (``list``, ``int``...)."""
     try:
-        return type(msgspec.json.decode(data)).__name__
-    except (msgspec.DecodeError, RecursionError):
-        return "something else"
+        got = type(msgspec.json.decode(data)).__name__
+    except msgspec.DecodeError as exc:
+        return ClientError(f"not valid JSON: {exc}", "undecodable")
+    except RecursionError:
+        deep = TooDeepError("arrays or maps nested too deeply (no event nests more than 6 levels)")
+        return ClientError(deep.message, deep.reason)
+    return ClientError(f"expected a JSON object, got {got}", InvalidEventError.reason)
 
 
 def _wrapped(event: bytes, producer_id: str, type_: str | None) -> bytes:
