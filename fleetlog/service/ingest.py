@@ -325,13 +325,19 @@ class IngestGate:
             self._unfolded.popleft()
         return pending_tasks(loop.state) + sum(tasks for _, tasks, _ in self._unfolded)
 
-    def tenant_pending(self, loop: SchedulerLoop, tenant: str) -> int:
-        """Tasks ``tenant`` holds pending: of its pending jobs, and appended but not folded."""
+    def tenant_pending(self, loop: SchedulerLoop, tenants: list[str]) -> dict[str, int]:
+        """Tasks each of ``tenants`` holds pending: of its pending jobs, and appended but not
+        folded (one pass over the jobs, however many tenants a request names)."""
         self.pending(loop)  # (drops what the loop folded)
-        state, tid = loop.state, loop.state.names["tenant"].get(tenant)
-        folded = 0 if tid < 0 else int(state.jobs.view("ntasks")[
-            (state.jobs.view("state") == JobState.PENDING) & (state.jobs.view("tenant") == tid)].sum())
-        return folded + sum(by[tenant] for _, _, by in self._unfolded)
+        jobs, names = loop.state.jobs, loop.state.names["tenant"]
+        waiting = jobs.view("state") == JobState.PENDING
+        sums = np.bincount(jobs.view("tenant")[waiting], weights=jobs.view("ntasks")[waiting])
+        out = {}
+        for tenant in tenants:
+            tid = names.get(tenant)
+            folded = int(sums[tid]) if 0 <= tid < len(sums) else 0
+            out[tenant] = folded + sum(by[tenant] for _, _, by in self._unfolded)
+        return out
 
     def admit(self, loop: SchedulerLoop, batch: IngestBatch) -> Response | None:
         """``None`` when the pending tasks ``batch`` creates fit, in all and for each tenant's
@@ -344,8 +350,10 @@ class IngestGate:
             return refusal(429, "too_much_pending", f"{pending} tasks pending; {tasks} more would pass "
                            f"the limit of {limit}", extra={"pending": pending, "limit": limit,
                                                            "bound": "max_pending_tasks"})
-        for tenant, wanted in sorted(tenant_tasks(batch.events).items()):
-            held = self.tenant_pending(loop, tenant)
+        wants = tenant_tasks(batch.events)
+        holds = self.tenant_pending(loop, sorted(wants))
+        for tenant, held in holds.items():
+            wanted = wants[tenant]
             if held + wanted > self.tenant_limit:
                 return refusal(429, "too_much_pending", f"tenant {tenant!r} holds {held} tasks pending; "
                                f"{wanted} more would pass its share of {self.tenant_limit} "
