@@ -32,7 +32,9 @@ ensure_venv() {  # ensure_venv EXTRAS  (e.g. "" or "dev")
     [ -x "$VENV/bin/python" ] || "$python" -m venv "$VENV"
     stamp="$VENV/.fleetlog-installed"
     want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)-$extras"
-    if [ ! -f "$stamp" ] || ! grep -qx -- "$want" "$stamp"; then
+    # a .venv installed with the test tools ("dev") serves the demo ("") as it is: no reinstall
+    # each time one switches between ./scripts/demo and ./scripts/test
+    if [ ! -f "$stamp" ] || ! { grep -qx -- "$want" "$stamp" || { [ -z "$extras" ] && grep -qx -- "${want}dev" "$stamp"; }; }; then
         echo "fleetlog: installing Python packages into .venv (first run takes a minute)" >&2
         "$VENV/bin/python" -m pip install -q --upgrade pip
         "$VENV/bin/python" -m pip install -q -e "$ROOT${extras:+[$extras]}"

@@ -199,3 +199,77 @@ def test_labels_retire_with_their_job_and_follow_it_through_a_compaction() -> No
     for k in range(30, 40):
         assert state.job_meta[state.job_row(f"j{k}")][0] == {"team": f"t{k % 3}", "run": str(k)}
     assert restore(snapshot(state)).job_meta == state.job_meta
+
+
+# --- what the state holds of them, counted per tenant, and at 10,000 jobs (issue 46) ----------
+
+
+def test_a_tenants_metadata_is_counted_from_submission_to_retirement() -> None:
+    """``State.metadata_bytes`` (what the service's per-tenant bound reads): the held bytes of
+    each live job's labels and annotations, the same by the plain and the batched fold, counted
+    afresh after a restore, and given back as jobs retire (through a compaction too)."""
+    from fleetlog.core.state import CoreConfig, held_bytes
+    from fleetlog.events import JobCancelled
+
+    config = CoreConfig(node_timeout_ms=4_000, retain_finished_ms=1_000, dedup_window_ms=2_000,
+                        compact_min_rows=8)
+    jobs = [dressed(job(f"j{k}", tenant=f"t{k % 2}", gpus=0), k) for k in range(40)]
+    held = {t: sum(held_bytes(j.labels, j.annotations) for j in jobs if j.tenant == t) for t in ("t0", "t1")}
+    batched = State(config)
+    fold_lists(batched, [node("n0"), *jobs], list(range(41)))
+    state = State(config)
+    assert state.metadata_bytes("t0") == 0  # (asked before any job: kept by fold from then on)
+    for at, e in enumerate([node("n0"), *jobs]):
+        fold(state, e, at)
+    for s in (state, batched, restore(snapshot(state))):
+        assert [s.metadata_bytes(t) for t in ("t0", "t1", "t9")] == [held["t0"], held["t1"], 0]
+    gone = jobs[:30]
+    for e in gone:
+        fold(state, JobCancelled(job_id=e.job_id), 50)
+    fold(state, node("n0"), 3_050)  # a sweep: the cancelled ones retire, the table compacts
+    assert state.jobs.size == 10
+    left = {t: held[t] - sum(held_bytes(j.labels, j.annotations) for j in gone if j.tenant == t)
+            for t in held}
+    assert (state.metadata_bytes("t0"), state.metadata_bytes("t1")) == (left["t0"], left["t1"])
+    assert restore(snapshot(state)).metadata_bytes("t1") == left["t1"]
+
+
+def largest_record(i: int, payload: msgspec.Raw) -> bytes:
+    """A submission at the bounds: 64 labels and 64 annotations of 16,256 bytes (as much as the
+    per-job bound leaves for keys this long) and the largest payload (``payload``, encoded once)."""
+    from fleetlog.events.model import MAX_JOB_METADATA_BYTES, metadata_bytes
+
+    labels = {f"l{k:02d}-{i:05d}": "v" * 118 for k in range(64)}
+    notes = {f"a{k:02d}-{i:05d}": "w" * 118 for k in range(64)}
+    assert MAX_JOB_METADATA_BYTES - 128 <= metadata_bytes(labels, notes) <= MAX_JOB_METADATA_BYTES
+    event = {"type": "JobSubmitted", "job_id": f"j{i}", "tenant": "t1", "labels": labels,
+             "annotations": notes, "payload": payload,
+             "task_groups": [{"count": 1, "cpu_milli": 1000, "mem_mib": 1024}]}
+    return msgspec.msgpack.encode({"schema_version": 1, "producer_id": "p", "event": event})
+
+
+def test_ten_thousand_jobs_at_the_bounds_hold_their_labels_and_annotations_only() -> None:
+    """The issue's case: 10,000 jobs with the largest labels, annotations and payload the codec
+    takes, decoded and folded one by one as the service does, grow the state by at most 34 KB
+    a job (they hold 16 KB of metadata each; the payloads, 256 Ki characters each, are not kept):
+    under 340 MB where today's main took 1.1 GB (its bounds let 98 KB of metadata a job in), and
+    what the per-tenant bound counts (``held_bytes``) is within 10% of it."""
+    import tracemalloc
+
+    from fleetlog.events import decode
+    from fleetlog.events.model import MAX_PAYLOAD_CHARS
+
+    payload = msgspec.Raw(msgspec.msgpack.encode({"script": "#!" + "s" * (MAX_PAYLOAD_CHARS - 2)}))
+    state, n = State(), 10_000
+    fold(state, node("n0"), 0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            fold(state, decode(largest_record(i, payload)).event, i + 1)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(state.job_meta) == n
+    assert grown < n * 34_000, grown
+    assert 0.9 * grown < state.metadata_bytes("t1") < 1.1 * grown, (grown, state.metadata_bytes("t1"))

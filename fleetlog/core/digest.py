@@ -35,6 +35,7 @@ from fleetlog.core.state import (
     SUM_RETURNED,
     CoreConfig,
     Derived,
+    JobMeta,
     JobState,
     Quota,
     Requeue,
@@ -168,12 +169,20 @@ def _policy(state: State) -> dict[str, Any]:
 
 
 def _job_meta(state: State) -> dict[str, Any]:
-    """The jobs' labels and annotations, each map's items sorted (snapshotted, not digested: no
-    decision reads them; a state with none has no key, and its snapshot is what it was)."""
-    if not state.job_meta:
-        return {}
-    return {"job_meta": [[row, sorted(labels.items()), sorted(notes.items())]
-                         for row, (labels, notes) in sorted(state.job_meta.items())]}
+    """The jobs' labels and annotations (snapshotted, not digested: no decision reads them; a
+    state with none has no key, and its snapshot is what it was): a copy of the map, its entries
+    sorted and encoded by :func:`_meta_entries` when the snapshot is encoded (fold replaces an
+    entry or drops it, never changes one, so the copy is a consistent view of now)."""
+    return {"job_meta": dict(state.job_meta)} if state.job_meta else {}
+
+
+def _meta_entries(job_meta: dict[int, JobMeta]) -> list[msgspec.Raw]:
+    """Each job's ``[row, labels' items sorted, annotations' items sorted]``, by row, each
+    encoded on its own: the bytes of the list encoded whole, but in many short calls, so a
+    snapshot encoded in a thread lets the event loop run between them."""
+    encode = msgspec.msgpack.encode
+    return [msgspec.Raw(encode([row, sorted(labels.items()), sorted(notes.items())]))
+            for row, (labels, notes) in sorted(job_meta.items())]
 
 
 def _summaries(state: State) -> dict[str, Any]:
@@ -352,14 +361,31 @@ def _digest_scalars(state: State) -> dict[str, Any]:
 
 def snapshot(state: State) -> bytes:
     """The state as bytes; :func:`restore` gives back a state with the same digest."""
-    body = {
+    return encode_parts(snapshot_parts(state))
+
+
+def snapshot_parts(state: State) -> dict[str, Any]:
+    """What :func:`snapshot` encodes, taken off the state: the columns copied, the collections
+    sorted or copied, the digest computed — nothing a later fold changes — so that
+    :func:`encode_parts` may run in a thread while the loop folds on (the service's snapshots,
+    issue 46).  The costly part, the jobs' labels and annotations, is left to ``encode_parts``."""
+    encode = msgspec.msgpack.encode  # (each scalar as its bytes: some hold live lists of the state)
+    scalars = {k: v if k == "job_meta" else msgspec.Raw(encode(v)) for k, v in _scalars(state).items()}
+    return {
         "format": SNAPSHOT_FORMAT,
-        "scalars": _scalars(state),
+        "scalars": scalars,
         "columns": _columns(state),
         "sizes": {t: getattr(state, t).size for t in _TABLES},
         "digest": digest(state),
     }
-    return msgspec.msgpack.encode(body)
+
+
+def encode_parts(parts: dict[str, Any]) -> bytes:
+    """The snapshot bytes of :func:`snapshot_parts` (pure: reads only ``parts``)."""
+    scalars = parts["scalars"]
+    if "job_meta" in scalars:  # (the same key, the same place: the bytes of a whole-list encode)
+        scalars = scalars | {"job_meta": _meta_entries(scalars["job_meta"])}
+    return msgspec.msgpack.encode(parts | {"scalars": scalars})
 
 
 def restore(data: bytes) -> State:

@@ -213,7 +213,9 @@ def retire(state: State) -> None:
         counts[RETIRABLE.index(code)] += 1
         drop_reason_text(state, row)
         state.requeues.pop(row, None)
-        state.job_meta.pop(row, None)
+        meta = state.job_meta.pop(row, None)
+        if meta is not None:
+            state.derived.count_meta(tenant, *meta, -1)
         state.held.pop(row, None)
         cells = state.job_cells.pop(row, None)
         if cells is not None:
@@ -428,14 +430,16 @@ def on_submitted(state: State, e: JobSubmitted) -> None:
     if state.shapes_seen >= state.mix_due:
         take_shape_mix(state)
     state.pending_count += 1
-    keep_meta(state, job, e)
+    keep_meta(state, job, int(jc["tenant"][job]), e)
 
 
-def keep_meta(state: State, job: int, e: JobSubmitted) -> None:
+def keep_meta(state: State, job: int, tenant: int, e: JobSubmitted) -> None:
     """Job ``job``'s labels and annotations, if it has any (``State.job_meta``: nothing kept,
-    no cost, for a job without them)."""
+    no cost, for a job without them), counted to its ``tenant``'s metadata bytes (never the
+    payload: the state does not keep it)."""
     if e.labels or e.annotations:
         state.job_meta[job] = (e.labels, e.annotations)
+        state.derived.count_meta(tenant, e.labels, e.annotations, 1)
 
 
 def topology_code(e: JobSubmitted) -> int:

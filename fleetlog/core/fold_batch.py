@@ -214,7 +214,7 @@ class NewJobs:
             self.cell_entries.append((job, cells))
         self.tasks += self.shapes(state, kind)
         state.pending_count += 1
-        keep_meta(state, job, e)
+        keep_meta(state, job, tenant, e)
         return job
 
     def shapes(self, state: State, kind: int) -> int:
@@ -466,7 +466,7 @@ def dispatch_run(state: State, events: Sequence[JobSubmitted | JobDispatched], t
     state.next_return_ms = min(state.next_return_ms, nows[0] + config.hold_ms)
     state.pending_count += len(ids)
     for job, spec in zip(rows, specs, strict=True):
-        keep_meta(state, job, spec)
+        keep_meta(state, job, tenant_of[spec.tenant], spec)
     state.now_ms, state.offset = nows[-1], offset + len(ids)
     new.write(state)
     return True

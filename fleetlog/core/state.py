@@ -16,13 +16,25 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import Interner, Table, entries_sum
-from fleetlog.events.model import CellSummary, JobReturned, PolicySet
+from fleetlog.events.model import CellSummary, JobReturned, PolicySet, metadata_bytes
 from fleetlog.events.spec import NO_CONSTRAINTS as NO_CLASS
 from fleetlog.events.spec import ConstraintsKey as ClassKey
 from fleetlog.events.spec import NodeAttrs
 
 JobMeta = tuple[dict[str, str], dict[str, str]]
 """A job's labels and annotations (``State.job_meta``)."""
+META_ENTRY_BYTES: Final = 112
+META_JOB_BYTES: Final = 256
+"""What the state holds for a job's labels and annotations beyond their UTF-8: per entry, two
+string objects and a map slot; per job, the two maps and their pair (measured with tracemalloc:
+a job of 128 empty entries holds 10 KB, one at the 16 KiB bound 32 KB; issue 46)."""
+
+
+def held_bytes(labels: dict[str, str], notes: dict[str, str]) -> int:
+    """The memory one job's labels and annotations take in ``State.job_meta``, about: their
+    UTF-8 bytes and the objects around them — what the per-tenant bound counts, so many tiny
+    entries cannot hold more than the bound says."""
+    return metadata_bytes(labels, notes) + META_ENTRY_BYTES * (len(labels) + len(notes)) + META_JOB_BYTES
 Foreign = tuple[int, int, int, int, int, int]
 """A node's foreign work: wanted cpu, mem, GPUs; held cpu, mem, GPU mask (``State.node_foreign``)."""
 
@@ -292,7 +304,7 @@ class Derived:
 
     __slots__ = (
         "attrs_version", "beat_cache", "decide_memo", "eligibility", "fit_memo", "job_keys", "key_ids",
-        "policy_roles", "shape_rows", "steady_gone", "steady_ids", "text_ids", "text_index",
+        "meta_bytes", "policy_roles", "shape_rows", "steady_gone", "steady_ids", "text_ids", "text_index",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -333,6 +345,10 @@ class Derived:
         """The shape matrix ``decide`` scores with and the two views it was made of
         (``fleetlog.core.scratch.shape_matrix``; valid while both views are those very objects:
         fold replaces them at each refresh of the mix)."""
+        self.meta_bytes: dict[int, int] | None = None
+        """tenant id -> :func:`held_bytes` of the labels and annotations ``State.job_meta`` holds
+        for its jobs (:meth:`State.metadata_bytes`: the service's per-tenant bound); ``None``:
+        counted afresh at the next ask (a restore sets the tables after the caches)."""
 
     @classmethod
     def of(cls, state: State) -> Derived:
@@ -350,6 +366,15 @@ class Derived:
         self.fit_memo = self.decide_memo = None
         self.text_ids = RowIds()
         self.number_texts(state.reason_text)
+
+    def count_meta(self, tenant: int, labels: dict[str, str], notes: dict[str, str], sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) one job's labels and annotations from ``tenant``'s bytes."""
+        if self.meta_bytes is not None:
+            total = self.meta_bytes.get(tenant, 0) + sign * held_bytes(labels, notes)
+            if total:
+                self.meta_bytes[tenant] = total
+            else:
+                self.meta_bytes.pop(tenant, None)
 
     def number_texts(self, reason_text: dict[int, str]) -> None:
         """Give every job's reason text its id in ``text_ids``, numbering the texts afresh."""
@@ -490,6 +515,19 @@ class State:
 
     def tenant_id(self, tenant: str) -> int:
         return self.names["tenant"].intern(tenant)
+
+    def metadata_bytes(self, tenant: str) -> int:
+        """The memory the labels and annotations of ``tenant``'s jobs take in the state (from
+        submission until the jobs retire; :func:`held_bytes`); counted once after a restore, then
+        kept by fold."""
+        derived = self.derived
+        if derived.meta_bytes is None:
+            tenants = self.jobs.cols["tenant"]
+            derived.meta_bytes = {}
+            for row, (labels, notes) in self.job_meta.items():
+                derived.count_meta(int(tenants[row]), labels, notes, 1)
+        tenant_id = self.names["tenant"].ids.get(tenant)
+        return 0 if tenant_id is None else derived.meta_bytes.get(tenant_id, 0)
 
     def job_tasks(self, job: int) -> range:
         first = int(self.jobs.cols["first_task"][job])

@@ -169,9 +169,15 @@ MAX_JOB_LABELS: Final = 64
 """The most labels one job carries (each key a :data:`Name`, each value printable without spaces,
 at most 253 characters, maybe empty: Kubernetes' label values fit)."""
 MAX_JOB_ANNOTATIONS: Final = 64
-MAX_ANNOTATION_CHARS: Final = 65_536
-"""The most characters of one job's annotations, keys and values together (64 Ki: Kubernetes
-allows 256 KiB, but fleetlog keeps a submission well inside one record)."""
+MAX_JOB_METADATA_BYTES: Final = 16_384
+"""The most bytes (UTF-8) of one job's labels and annotations, keys and values together: the
+scheduler's state holds them for the read API while the job lives, so they are bounded by what
+that memory may cost (10,000 jobs at this bound: 164 MB, where 64 KiB of annotations and 64 full
+labels took 1.1 GB; issue 46).  Past it: ``invalid_event``."""
+MAX_ANNOTATION_CHARS: Final = MAX_JOB_METADATA_BYTES
+"""The most characters of one job's annotations, keys and values together (16 Ki: Kubernetes
+allows 256 KiB, but fleetlog holds them in memory; :data:`MAX_JOB_METADATA_BYTES` bounds their
+bytes with the labels')."""
 MAX_COMMAND_ARGS: Final = 4096
 MAX_ARG_CHARS: Final = 32_000
 """The most characters of one command argument or environment value: at four bytes a character,
@@ -287,8 +293,9 @@ class JobSubmitted(_Event, frozen=True):
     identifiers, values printable without spaces (both checked by the codec, like every
     :data:`Name`).  Kept in the log; the scheduler does not read them."""
     annotations: Annotated[dict[LabelKey, AnnotationValue], Meta(max_length=MAX_JOB_ANNOTATIONS)] = {}
-    """Free text about the job (any characters), at most :data:`MAX_ANNOTATION_CHARS` in all.
-    Kept in the log; the scheduler does not read them."""
+    """Free text about the job (any characters), at most :data:`MAX_ANNOTATION_CHARS` in all, and
+    with the labels at most :data:`MAX_JOB_METADATA_BYTES` bytes.  Kept in the log; the scheduler
+    does not read them."""
     payload: JobPayload | None = None
     """What the job runs, for the backends (:class:`JobPayload`); the scheduler never reads it."""
 
@@ -301,6 +308,22 @@ class JobSubmitted(_Event, frozen=True):
             if chars > MAX_ANNOTATION_CHARS:
                 raise ValueError(f"annotations hold at most {MAX_ANNOTATION_CHARS} characters "
                                  f"(keys and values), not {chars}")
+        if self.labels or self.annotations:
+            size = metadata_bytes(self.labels, self.annotations)
+            if size > MAX_JOB_METADATA_BYTES:
+                raise ValueError(f"labels and annotations hold at most {MAX_JOB_METADATA_BYTES} bytes "
+                                 f"(UTF-8, keys and values together), not {size}")
+
+
+def metadata_bytes(labels: dict[str, str], annotations: dict[str, str]) -> int:
+    """UTF-8 bytes of a job's labels and annotations, keys and values: what the per-job bound
+    (:data:`MAX_JOB_METADATA_BYTES`) and the service's per-tenant bound count.  (An annotation may
+    hold a lone surrogate a JSON escape made: counted as UTF-8 would write it, never an error.)"""
+    return sum(_utf8_len(k) + _utf8_len(v) for m in (labels, annotations) for k, v in m.items())
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 class JobCancelled(_Event, frozen=True):

@@ -23,6 +23,7 @@ from fleetlog.events.model import (
     EVENT_TYPES,
     INPUT_TYPES,
     MAX_ANNOTATION_CHARS,
+    MAX_JOB_METADATA_BYTES,
     MAX_PAYLOAD_CHARS,
     MAX_TASKS_PER_JOB,
     SCHEMA_VERSION,
@@ -84,6 +85,8 @@ NOT_IN_SCHEMA: Final = (
     f"JobSubmitted: at most {MAX_TASKS_PER_JOB} tasks summed over its task_groups (reason invalid_event)",
     f"JobSubmitted: annotations at most {MAX_ANNOTATION_CHARS} characters, keys and values together "
     "(reason invalid_event)",
+    f"JobSubmitted: labels and annotations at most {MAX_JOB_METADATA_BYTES} bytes of UTF-8, keys and values "
+    "together (reason invalid_event)",
     f"JobPayload: at most {MAX_PAYLOAD_CHARS} characters over its command, script, env names and values "
     "and image (reason invalid_event)",
     "an encoded envelope is at most 4 MiB (reason too_large)",

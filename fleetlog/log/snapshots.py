@@ -66,19 +66,34 @@ class CorruptSnapshotError(LogError):
 
 
 def encode_snapshot(snap: Snapshot) -> bytes:
+    """The file's bytes: magic, header, state, CRC32C (the state copied once: it can be
+    hundreds of MB, and each copy holds the interpreter while it runs)."""
     header = msgspec.msgpack.encode(snap.header)
-    body = MAGIC + _U32.pack(len(header)) + header + snap.state
-    return body + _U32.pack(crc32c.crc32c(body))
+    head = MAGIC + _U32.pack(len(header)) + header
+    crc = crc32c.crc32c(snap.state, crc32c.crc32c(head))
+    return b"".join((head, snap.state, _U32.pack(crc)))
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
     """The snapshot in ``data``; :class:`CorruptSnapshotError` says what is wrong."""
+    header, start = _checked(data)
+    return Snapshot(header, data[start:-4])
+
+
+def snapshot_header(data: bytes) -> SnapshotHeader:
+    """:func:`decode_snapshot`'s header, its checks made, without copying the state out."""
+    return _checked(data)[0]
+
+
+def _checked(data: bytes) -> tuple[SnapshotHeader, int]:
+    """The header of the snapshot in ``data`` and where its state starts, once its magic, length
+    and checksum are checked."""
     if not data.startswith(MAGIC):
         raise CorruptSnapshotError("does not start with the snapshot magic")
     if len(data) < len(MAGIC) + 8:
         raise CorruptSnapshotError(f"truncated ({len(data)} bytes)")
     (crc,) = _U32.unpack_from(data, len(data) - 4)
-    if crc32c.crc32c(data[:-4]) != crc:
+    if crc32c.crc32c(memoryview(data)[:-4]) != crc:  # (a view: no copy of the whole)
         raise CorruptSnapshotError("checksum mismatch (torn or damaged)")
     (size,) = _U32.unpack_from(data, len(MAGIC))
     start = len(MAGIC) + 4
@@ -86,7 +101,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
         header = msgspec.msgpack.decode(data[start : start + size], type=SnapshotHeader)
     except (msgspec.DecodeError, RecursionError) as exc:  # a forged header may nest deeply
         raise CorruptSnapshotError(f"bad header: {exc!r}") from None
-    return Snapshot(header, data[start + size : -4])
+    return header, start + size
 
 
 class SnapshotStore(abc.ABC):
@@ -114,7 +129,12 @@ class DirectorySnapshots(SnapshotStore):
         return self.directory / f"snapshot-{inputs_offset:020d}.bin"
 
     async def save(self, data: bytes) -> str:
-        header = decode_snapshot(data).header
+        """Check, write and sync in a thread: a snapshot can be hundreds of MB, and the loop
+        that saves it answers health and folds meanwhile."""
+        return await asyncio.to_thread(self._save, data)
+
+    def _save(self, data: bytes) -> str:
+        header = snapshot_header(data)
         private_dir(self.directory)
         path = self._path(header.inputs_offset)
         write_private(path, data, sync=True)  # 0600: a snapshot others could write could be forged

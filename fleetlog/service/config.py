@@ -145,6 +145,11 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     (a job of 10,000 tasks costs 10,000; more: 429 ``too_many_submissions``); none: no bound."""
     max_submitted_task_burst: Positive | None = None
     """...and at once (default: a second's worth, at least 1), in debt as the jobs' bucket."""
+    max_metadata_bytes_per_tenant: Positive = 64 * 1024 * 1024
+    """The memory the labels and annotations of one tenant's jobs may take in the scheduler's
+    state (their UTF-8 and the objects around them, ``fleetlog.core.state.held_bytes``; held
+    from submission until a job retires), with those accepted but not folded; more: 429
+    ``too_much_metadata`` naming the tenant (fleetlog.service.metadata; issue 46)."""
     job_ids_by_tenant: bool = False
     """With ``[auth]`` roles: a job submitted by a ``tenant:NAME`` role must have an id that
     starts with ``NAME/`` (else 403 naming the rule), so no tenant can take the ids another will

@@ -41,6 +41,7 @@ from fleetlog.service.config import ServiceSettings
 from fleetlog.service.http import HttpLimits, Request, Response, json_response, refusal
 from fleetlog.service.limits import SubmissionRates
 from fleetlog.service.loop import SchedulerLoop
+from fleetlog.service.metadata import metadata_refusal
 
 INLINE_DECODE_BYTES: Final = 64 * 1024
 """Ingest bodies up to this size are decoded on the loop (a few ms); larger ones in a thread."""
@@ -446,6 +447,10 @@ class IngestGate:
         except IngestError as exc:
             return refusal(exc.status, exc.reason, str(exc), extra=exc.extra)
         refused = self.admit(loop, batch)
+        if refused is not None:
+            return refused
+        refused = metadata_refusal(loop.state, self.unfolded_jobs(loop), batch.events,
+                                   self.settings.max_metadata_bytes_per_tenant)
         if refused is not None:
             return refused
         refused = None if _accepts_never_fits(request) else never_fitting(loop.state, batch.events)

@@ -1,6 +1,7 @@
 """Snapshots: where they are kept, how the service recovers from them (the newest that restores
 and lines up with the logs, then the tail), the check that the logs reach what they cover,
-and taking them while it leads (in the background: a step never waits for a save)."""
+and taking them while it leads (in the background: a step never waits for a save, and the loop
+only for the state's copy, not for its encoding or its write)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import structlog
 
-from fleetlog.core.digest import SnapshotError, restore, snapshot
+from fleetlog.core.digest import SnapshotError, encode_parts, restore, snapshot_parts
 from fleetlog.core.state import State
 from fleetlog.log.base import DECISIONS, INPUTS, LogError, LogStore, OffsetOutOfRangeError
 from fleetlog.log.consumer import decision_batches
@@ -119,6 +121,11 @@ async def recover(
     return loop, None
 
 
+def encoded(parts: dict[str, Any], header: SnapshotHeader) -> bytes:
+    """The snapshot file's bytes of :func:`~fleetlog.core.digest.snapshot_parts` (for a thread)."""
+    return encode_snapshot(Snapshot(header, encode_parts(parts)))
+
+
 class Snapshotter:
     """Takes the leader's snapshots: every ``snapshot_every_events`` inputs or, with something new,
     every ``snapshot_every_s`` seconds; one save at a time, in a task of its own."""
@@ -147,11 +154,14 @@ class Snapshotter:
         if (not due and not (force and loop.offset > offset)) or busy:
             return
         header = SnapshotHeader(loop.offset, loop.decisions_next, self.policy, int(time.time() * 1000))
-        data = encode_snapshot(Snapshot(header, snapshot(loop.state)))
+        parts = snapshot_parts(loop.state)  # (between steps: what the state is now, copied)
         self._last = (loop.offset, now, time.time())
-        self._task = asyncio.create_task(self._save(data, header))
+        self._task = asyncio.create_task(self._save(parts, header))
 
-    async def _save(self, data: bytes, header: SnapshotHeader) -> None:
+    async def _save(self, parts: dict[str, Any], header: SnapshotHeader) -> None:
+        """Encode the snapshot in a thread (its costly part, the jobs' labels and annotations,
+        in short calls: the loop steps and answers meanwhile), then store it."""
+        data = await asyncio.to_thread(encoded, parts, header)
         try:
             where = await self.store.save(data)
         except (LogError, OSError) as exc:

@@ -100,7 +100,7 @@ build_apiserver() {
   [[ -x "$out" ]] && return 0
   [[ -x "$GO" ]] || die "the Go toolchain is needed to build kube-apiserver (looked for $GO)"
   mkdir -p "$CACHE"
-  say "building kube-apiserver into $out (once; 20-40 minutes on 2 cores)"
+  say "building kube-apiserver into $out (once; about 10 minutes on 2 cores)"
   (cd "$HERE/tools" && nice -n 10 "$GO" build -trimpath -ldflags "$(version_flags)" -o "$out.partial" \
     k8s.io/kubernetes/cmd/kube-apiserver) || die "building kube-apiserver failed"
   mv "$out.partial" "$out"

@@ -131,5 +131,5 @@ def test_every_state_attribute_is_snapshotted_rebuilt_or_derived() -> None:
     assert set(vars(State())) == SNAPSHOTTED | REBUILT_ON_RESTORE | DERIVED
     assert set(Derived.__slots__) == {
         "job_keys", "key_ids", "text_ids", "text_index", "beat_cache", "steady_ids", "steady_gone",
-        "fit_memo", "decide_memo", "attrs_version", "eligibility", "policy_roles", "shape_rows",
+        "fit_memo", "decide_memo", "attrs_version", "eligibility", "policy_roles", "shape_rows", "meta_bytes",
     }  # fmt: skip

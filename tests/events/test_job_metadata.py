@@ -25,7 +25,9 @@ from fleetlog.events.model import (
     MAX_IMAGE_CHARS,
     MAX_JOB_ANNOTATIONS,
     MAX_JOB_LABELS,
+    MAX_JOB_METADATA_BYTES,
     MAX_PAYLOAD_CHARS,
+    metadata_bytes,
 )
 from fleetlog.events.schema import NOT_IN_SCHEMA, json_schema
 from fleetlog.events.spec import same_submission, spec_differences, submission_spec
@@ -90,9 +92,12 @@ AT_THE_BOUNDS = [
     pytest.param(doc(labels={WIDE * 253: WIDE * 253}), id="label-253-wide-characters"),
     pytest.param(doc(labels={"app.kubernetes.io/name": "", "é-训练": "x"}), id="label-value-empty"),
     pytest.param(doc(annotations=labels(MAX_JOB_ANNOTATIONS)), id="64-annotations"),
-    pytest.param(doc(annotations={"k": "v" * (MAX_ANNOTATION_CHARS - 1)}), id="annotations-65536-chars"),
-    pytest.param(doc(annotations={"a": "x" * 30_000, "b": "y" * (MAX_ANNOTATION_CHARS - 30_002)}),
-                 id="annotations-65536-chars-over-two"),
+    pytest.param(doc(annotations={"k": "v" * (MAX_ANNOTATION_CHARS - 1)}), id="annotations-16384-chars"),
+    pytest.param(doc(annotations={"a": "x" * 8_000, "b": "y" * (MAX_ANNOTATION_CHARS - 8_002)}),
+                 id="annotations-16384-chars-over-two"),
+    pytest.param(doc(labels=labels(MAX_JOB_LABELS, value="v" * 200),  # 64 x 202 or 203 bytes: 12,982
+                     annotations={"a": WIDE * 849, "b": "é" * 2}),  # 3,397 + 5 bytes: 16,384 in all
+                 id="metadata-16384-bytes"),
     pytest.param(doc(annotations={"note": "free text: spaces, 'quotes', $(x)\n\ttabs\r\n", "e": ""}),
                  id="annotation-any-text"),
     pytest.param(payload(command=["p", *["a"] * (MAX_COMMAND_ARGS - 1)]), id="4096-arguments"),
@@ -135,12 +140,20 @@ PAST_THE_BOUNDS = [  # (doc, where the message points, what it says; "schema": t
                  id="label-value-bidi"),
     pytest.param(doc(annotations=labels(MAX_JOB_ANNOTATIONS + 1)), "$.event.annotations", "length <= 64",
                  True, id="65-annotations"),
-    pytest.param(doc(annotations={"k": "v" * MAX_ANNOTATION_CHARS}), "$.event", "at most 65536", False,
-                 id="annotations-65537-chars"),
+    pytest.param(doc(annotations={"k": "v" * MAX_ANNOTATION_CHARS}), "$.event", "at most 16384 characters",
+                 False, id="annotations-16385-chars"),
     pytest.param(doc(annotations={"k": "v" * (MAX_ANNOTATION_CHARS + 1)}), "$.event.annotations",
-                 "length <= 65536", True, id="annotation-value-65537"),
-    pytest.param(doc(annotations={"a": "x" * 40_000, "b": "y" * 40_000}), "$.event", "at most 65536", False,
-                 id="annotations-over-two"),
+                 "length <= 16384", True, id="annotation-value-16385"),
+    pytest.param(doc(annotations={"a": "x" * 10_000, "b": "y" * 10_000}), "$.event",
+                 "at most 16384 characters", False, id="annotations-over-two"),
+    pytest.param(doc(labels=labels(MAX_JOB_LABELS, value="v" * 200),
+                     annotations={"a": WIDE * 849, "b": "é" * 2 + "x"}),
+                 "$.event", "labels and annotations hold at most 16384 bytes", False,
+                 id="metadata-16385-bytes"),
+    pytest.param(doc(annotations={"a": WIDE * 4_096}), "$.event", "at most 16384 bytes (UTF-8", False,
+                 id="metadata-4096-wide-characters"),
+    pytest.param(doc(labels={f"{i:02d}" + WIDE * 64: WIDE * 64 for i in range(MAX_JOB_LABELS)}), "$.event",
+                 "not 32896", False, id="labels-alone-past-the-bytes"),
     pytest.param(doc(annotations={"k\x1b": "v"}), "$.event.annotations['k\\x1b']", "printable", True,
                  id="annotation-key-escape"),
     pytest.param(payload(command=["p", *["a"] * MAX_COMMAND_ARGS]), "$.event.payload.command",
@@ -219,17 +232,17 @@ def test_the_schema_names_the_new_fields_and_their_bounds() -> None:
 
 
 def test_a_submission_at_every_new_bound_at_once_fits_one_record_and_its_dispatch_too() -> None:
-    """Four-byte characters wherever they are allowed: 1.4 MB, well inside a 4 MiB record, so
+    """Four-byte characters wherever they are allowed: 1.1 MB, well inside a 4 MiB record, so
     the dispatcher's ``JobDispatched`` of it (the whole submission, docs/scale-out.md) fits too."""
     big = JobSubmitted(
         job_id="j" * 253, tenant="t", task_groups=(TaskGroup(count=1, cpu_milli=1, mem_mib=1),),
-        labels={f"{i:02d}" + WIDE * 251: WIDE * 253 for i in range(MAX_JOB_LABELS)},
-        annotations={f"{i:02d}": WIDE * (MAX_ANNOTATION_CHARS // MAX_JOB_ANNOTATIONS - 2)
-                     for i in range(MAX_JOB_ANNOTATIONS)},
+        labels={f"{i:02d}" + WIDE * 30: WIDE * 30 for i in range(MAX_JOB_LABELS)},  # 64 x 242 bytes
+        annotations={"a": WIDE * 223},  # 893 bytes: 16,381 in all
         payload=JobPayload(script="#!" + WIDE * (MAX_PAYLOAD_CHARS - 2)),
     )
+    assert metadata_bytes(big.labels, big.annotations) > MAX_JOB_METADATA_BYTES - 4
     data = encode(envelope(big, "p"))
-    assert 1_300_000 < len(data) < 2 << 20
+    assert 1_000_000 < len(data) < 2 << 20
     assert decode(data).event == big
     dispatched = JobDispatched(job=big, cell="c" * 253, attempt=1, seq=1, as_of=0)
     assert decode(encode(envelope(dispatched, "p"))).event == dispatched

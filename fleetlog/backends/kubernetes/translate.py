@@ -44,6 +44,7 @@ from fleetlog.events.model import (
     MAX_GPUS_PER_NODE,
     MAX_JOB_ANNOTATIONS,
     MAX_JOB_LABELS,
+    MAX_JOB_METADATA_BYTES,
     NOT_PRINTABLE,
     TAINT_EFFECTS,
     TOPOLOGY_LEVELS,
@@ -55,6 +56,7 @@ from fleetlog.events.model import (
     Taint,
     Toleration,
     TopologyLevel,
+    metadata_bytes,
 )
 
 MAX_PRIORITY: Final = 1_000_000
@@ -384,8 +386,8 @@ def job_submitted(job_id: str, pods: Sequence[Pod], cfg: KubeBackendConfig) -> J
         required_topology=topology_level(level),
         expected_duration_ms=int(duration) if duration.isdigit() else None,
         spread=spread,
-        labels=kept_labels(labels),
-        annotations=kept_annotations(notes),
+        labels=(kept := kept_labels(labels)),
+        annotations=kept_annotations(notes, metadata_bytes(kept, {})),
     )
 
 
@@ -397,22 +399,31 @@ def kept_labels(labels: dict[str, str]) -> dict[str, str]:
     """A pod's labels as its job carries them: in key order, the first 64 of those within a job
     label's bounds (a key of 1..253 characters: a prefixed Kubernetes key can be longer).  The
     rest are left out: a pod is never refused for its labels (docs/kubernetes.md)."""
-    kept = [(k, v) for k, v in sorted(labels.items()) if _is_name(k) and (not v or _is_name(v))]
-    return dict(kept[:MAX_JOB_LABELS])
-
-
-def kept_annotations(notes: dict[str, str]) -> dict[str, str]:
-    """A pod's annotations as its job carries them: in key order, each whose key is within
-    bounds and that still fits the job's 64 entries and 65,536 characters; one that does not fit
-    (a large ``kubectl.kubernetes.io/last-applied-configuration``) is left out, the next may fit."""
+    valid = [(k, v) for k, v in sorted(labels.items()) if _is_name(k) and (not v or _is_name(v))]
     kept: dict[str, str] = {}
-    chars = 0
+    size = 0
+    for key, value in valid[:MAX_JOB_LABELS]:  # (and within the job's metadata bytes)
+        more = metadata_bytes({key: value}, {})
+        if size + more <= MAX_JOB_METADATA_BYTES:
+            kept[key], size = value, size + more
+    return kept
+
+
+def kept_annotations(notes: dict[str, str], used: int = 0) -> dict[str, str]:
+    """A pod's annotations as its job carries them: in key order, each whose key is within
+    bounds and that still fits the job's 64 entries, 16,384 characters and, with the ``used``
+    bytes of its labels, 16,384 bytes; one that does not fit (a large
+    ``kubectl.kubernetes.io/last-applied-configuration``) is left out, the next may fit."""
+    kept: dict[str, str] = {}
+    chars, size = 0, used
     for key, value in sorted(notes.items()):
         if len(kept) == MAX_JOB_ANNOTATIONS:
             break
-        if _is_name(key) and chars + len(key) + len(value) <= MAX_ANNOTATION_CHARS:
+        more = metadata_bytes({}, {key: value})
+        if (_is_name(key) and chars + len(key) + len(value) <= MAX_ANNOTATION_CHARS
+                and size + more <= MAX_JOB_METADATA_BYTES):
             kept[key] = value
-            chars += len(key) + len(value)
+            chars, size = chars + len(key) + len(value), size + more
     return kept
 
 
