@@ -20,26 +20,39 @@ COMPILE_EVENT: Final = "numba:compile"
 NOTICE: Final = "fleetlog: compiling kernels (first run only; up to two minutes) ..."
 
 
+class CompileCounter:
+    """How many compiles numba has started (read by another thread: ``fleetlog run``'s health)."""
+
+    def __init__(self) -> None:
+        self.compiles = 0
+
+
 class _Notice(event.Listener):
     """Writes the notice once, at the start of the first compile numba reports."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, counter: CompileCounter) -> None:
         self.stream = stream
-        self.compiles = 0
+        self.counter = counter
+
+    @property
+    def compiles(self) -> int:
+        return self.counter.compiles
 
     def on_start(self, ev: object) -> None:
-        self.compiles += 1
-        if self.compiles == 1:
+        self.counter.compiles += 1
+        if self.counter.compiles == 1:
             print(NOTICE, file=self.stream, flush=True)
 
     def on_end(self, ev: object) -> None:
         """Nothing to do when a compile ends."""
 
 
-def warm_kernels(warm_up: Callable[[], None], stream: TextIO | None = None) -> tuple[float, int]:
+def warm_kernels(warm_up: Callable[[], None], stream: TextIO | None = None,
+                 counter: CompileCounter | None = None) -> tuple[float, int]:
     """Run ``warm_up`` (which exercises every hot kernel), noticing compiles on ``stream``
-    (default stderr).  Returns (seconds taken, kernels numba compiled: 0 when all were cached)."""
-    notice = _Notice(stream if stream is not None else sys.stderr)
+    (default stderr) and counting them in ``counter`` as they start.  Returns (seconds taken,
+    kernels numba compiled: 0 when all were cached)."""
+    notice = _Notice(stream if stream is not None else sys.stderr, counter or CompileCounter())
     started = time.perf_counter()
     with event.install_listener(COMPILE_EVENT, notice):
         warm_up()

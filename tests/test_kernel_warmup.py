@@ -130,3 +130,46 @@ def test_the_warm_up_compiles_a_cell_shards_fold_and_summary_kernels() -> None:
     expected = {"fleetlog.core.fold_batch._take_many", "fleetlog.core.fold_batch._usage_sums",
                 "fleetlog.core.cellshard._free_table"}
     assert JIT_OFF or (set(found) >= expected and all(found[k] >= 1 for k in expected)), found
+
+
+@pytest.mark.parametrize("cells", [False, True], ids=["one-shard", "role-all-with-cells"])
+def test_a_cold_start_serves_health_while_warming_and_stops_at_once(tmp_path: Path, cells: bool) -> None:
+    """``fleetlog run`` on a cold numba cache printed nothing for minutes, refused connections on
+    ``/healthz`` (a liveness probe kills it) and ignored SIGTERM for about 130 s: it warmed the
+    kernels on the event loop before binding HTTP.  Now it says it compiles, answers ``warming``
+    with progress, and a SIGTERM during the compile ends it in seconds with exit code 0 — in the
+    single shard and in ``--role all`` with a ``[cells]`` map alike."""
+    import signal
+    import time
+
+    from tests.service.process import ServiceProcess, health_at
+
+    args = ["--log", str(tmp_path / "log")]
+    if cells:
+        config = tmp_path / "fleetlog.toml"
+        config.write_text('[cells]\nc1 = 0\nc2 = 1\n')
+        args = ["--config", str(config), *args, "--role", "all"]
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "NUMBA_DISABLE_JIT": "0"}
+    process = ServiceProcess(tmp_path / "run.log", args, env).start()
+    try:
+        started = time.monotonic()
+        address = process.address(timeout_s=60)
+        found = health_at(address)
+        assert found is not None, process.tail()
+        assert found["status"] == "warming", found
+        assert set(found["warming"]) == {"kernels_compiled", "seconds"}, found
+        while NOTICE not in (tmp_path / "run.log").read_text() and time.monotonic() - started < 60:
+            time.sleep(0.2)
+        assert NOTICE in (tmp_path / "run.log").read_text(), process.tail()
+        compiling = health_at(address)
+        assert compiling is not None, process.tail()
+        assert compiling["status"] == "warming", compiling
+        assert compiling["warming"]["kernels_compiled"] >= 1, compiling
+        assert process.proc is not None
+        signalled = time.monotonic()
+        process.proc.send_signal(signal.SIGTERM)
+        assert process.proc.wait(timeout=15) == 0, process.tail()
+        assert time.monotonic() - signalled < 15
+        assert "kernels_ready" not in (tmp_path / "run.log").read_text()  # stopped while warming
+    finally:
+        process.stop()

@@ -44,7 +44,7 @@ from fleetlog.service.leader import KafkaElection
 from fleetlog.service.loop import keep_recovered
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.owners import Ownership
-from fleetlog.service.warmup import warm_up
+from fleetlog.service.warmup import Warming, warm_off_loop
 from fleetlog.waiting import event_or_timeout
 
 LOCK_POLL_S: Final = 0.1
@@ -176,14 +176,11 @@ class RoleService:
         self.dispatching = Dispatching(config, self.stopping, self.metrics) if self.role != "cell" else None
         self.cells: CellShards | None = None
         self.ownership: Ownership | None = None
+        self.warming = Warming()
 
     async def run(self) -> None:
         """Serve until stopped (SIGTERM): every shard commits and snapshots, then it returns."""
-        started = time.monotonic()
-        if self.role != "dispatch":
-            warm_up(self.policy)
-            log.info("kernels_ready", seconds=round(time.monotonic() - started, 3))
-        try:
+        try:  # HTTP first: health says ``warming`` while the kernels compile off the loop (issue 47)
             await self.http.start()
         except PortInUseError as exc:  # every process of these roles steps: none waits for the port
             log.warning("http_port_in_use", error=str(exc), action="running without HTTP: give each "
@@ -194,6 +191,11 @@ class RoleService:
                  config=self.config.redacted())
         warn_unpoliced(self.config.auth, log)
         try:
+            if self.role != "dispatch":  # (the dispatcher runs no placement kernel)
+                if not await warm_off_loop(self.policy, self.stopping, self.warming):
+                    return
+                log.info("kernels_ready", seconds=round(self.warming.seconds or 0.0, 3),
+                         compiled=self.warming.counter.compiles)
             if self.config.kafka is None:
                 await self._embedded()
             else:
@@ -316,9 +318,13 @@ class RoleService:
         dispatch = self.dispatching.health() if self.dispatching is not None else None
         partitions = self.cells.health() if self.cells is not None else {}
         leading = bool(dispatch and dispatch["leading"]) or any(p["stepping"] for p in partitions.values())
-        found: dict[str, Any] = {"status": "leading" if leading else "standby", "pid": os.getpid(),
+        status = "leading" if leading else "standby"
+        warming = self.role != "dispatch" and not self.warming.done
+        found: dict[str, Any] = {"status": "warming" if warming else status, "pid": os.getpid(),
                                  "role": self.role, "policy": self.policy.name,
                                  "inputs_offset": dispatch["inputs_offset"] if dispatch else None}
+        if warming:
+            found["warming"] = self.warming.progress()
         if dispatch is not None:
             found["dispatcher"] = dispatch
         if self.role != "dispatch":

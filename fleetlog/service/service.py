@@ -71,7 +71,7 @@ from fleetlog.service.leadership import Leadership
 from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, StepResult, keep_recovered
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter, check_ends, recover, snapshot_store
-from fleetlog.service.warmup import warm_up
+from fleetlog.service.warmup import Warming, warm_off_loop
 from fleetlog.service.watch import Frames, resolve, where_from
 from fleetlog.service.watch import events as watch_events
 from fleetlog.waiting import event_or_timeout
@@ -135,6 +135,7 @@ class Service:
         self.loop: SchedulerLoop | None = None
         self.problem: Problem | None = None
         self._stage = "starting"
+        self.warming = Warming()
         self._recovering: SchedulerLoop | None = None
         self._failed_at: str | None = None
         self._truncations: list[dict[str, object]] = []
@@ -158,14 +159,17 @@ class Service:
 
     async def run(self) -> None:
         """Serve until :meth:`stop`; leads the shard whenever it can."""
-        started = time.monotonic()
-        warm_up(self.policy)
-        log.info("kernels_ready", seconds=round(time.monotonic() - started, 3))
+        # HTTP first: on a cold numba cache the kernels compile for minutes, while /healthz says
+        # ``warming`` (with progress) and a signal stops the process at once (issue 47)
         await self._serve_http(leading=False)
         log.info("service_started", http=self._http_address(), pid=os.getpid(),
                  policy=self.policy.name, config=self.config.redacted())
         warn_unpoliced(self.config.auth, log)
         try:
+            if not await warm_off_loop(self.policy, self.stopping, self.warming):
+                return
+            log.info("kernels_ready", seconds=round(self.warming.seconds or 0.0, 3),
+                     compiled=self.warming.counter.compiles)
             while not self.stopping.is_set():
                 await self._retrier.run(self._cycle)
         finally:
@@ -487,6 +491,8 @@ class Service:
         problem: what, where, what next), and the newest truncations the file log reported."""
         loop, problem = self.loop, self.problem
         status = "leading" if loop is not None else problem.status if problem is not None else "standby"
+        if not self.warming.done:
+            status = "warming"
         found: dict[str, Any] = {
             "status": status,
             "pid": os.getpid(),
@@ -495,6 +501,8 @@ class Service:
         }
         if problem is not None and loop is None:
             found["problem"] = msgspec.to_builtins(problem)
+        if not self.warming.done:
+            found["warming"] = self.warming.progress()
         if self._truncations:
             found["truncations"] = self._truncations
         auth = self.http.auth

@@ -4,8 +4,12 @@ cache for every policy ahead of time, as an image build or the test script does)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import threading
 import time
+from typing import Any
 
 from fleetlog.core.cellshard import cell_summary
 from fleetlog.core.decide import decide
@@ -15,7 +19,7 @@ from fleetlog.core.fold_batch import fold_fast, fold_lists
 from fleetlog.core.policy import POLICIES, Policy
 from fleetlog.core.state import CoreConfig, State
 from fleetlog.events.model import DecisionBatch, Event, JobDispatched, JobSubmitted, NodeHeartbeat, TaskGroup
-from fleetlog.kernel_warmup import warm_kernels
+from fleetlog.kernel_warmup import CompileCounter, warm_kernels
 
 
 def warm_up(policy: Policy) -> None:
@@ -76,6 +80,66 @@ def _warm_job(
     group = TaskGroup(count=tasks, cpu_milli=1000, mem_mib=1024, gpu_count=gpus, gpu_milli=milli)
     return JobSubmitted(job_id=name, tenant=tenant, task_groups=(group,), priority=priority,
                         required_topology="rack" if tasks > 1 else None)
+
+
+class Warming:
+    """Kernels being compiled (or loaded from numba's cache) off the event loop, so that a process
+    on a cold cache serves ``/healthz`` (``warming``, with this progress) and honours SIGTERM at
+    once instead of going silent and deaf for minutes (issue 47)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+        self.counter = CompileCounter()
+
+    @property
+    def done(self) -> bool:
+        return self.seconds is not None
+
+    def progress(self) -> dict[str, Any]:
+        """What health shows while warming: kernels compiled so far and seconds spent."""
+        return {"kernels_compiled": self.counter.compiles,
+                "seconds": round(time.monotonic() - self.started, 1)}
+
+
+async def warm_off_loop(policy: Policy, stopping: asyncio.Event, warming: Warming) -> bool:
+    """Warm ``policy``'s kernels in a daemon thread (the compile notice on stderr, as ``simulate``
+    says it); ``True`` once warm, ``False`` when ``stopping`` was set first — the thread is left
+    to end with the process (a compile cannot be interrupted, and a stop must not wait for it)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[float] = loop.create_future()
+
+    def settle(result: float | None, failure: BaseException | None) -> None:
+        def on_loop() -> None:
+            if done.done():
+                return
+            if failure is not None:
+                done.set_exception(failure)
+            else:
+                done.set_result(result or 0.0)
+
+        with contextlib.suppress(RuntimeError):  # (the loop closed: the process is stopping)
+            loop.call_soon_threadsafe(on_loop)
+
+    def work() -> None:
+        try:
+            seconds = warm_kernels(functools.partial(warm_up, policy), counter=warming.counter)[0]
+        except BaseException as exc:  # handed to the awaiting task
+            settle(None, exc)
+            return
+        settle(seconds, None)
+
+    threading.Thread(target=work, name="fleetlog-warm-up", daemon=True).start()
+    stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
+    waited: set[asyncio.Future[Any]] = {done, stop}
+    try:
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if not done.done():
+        return False
+    warming.seconds = done.result()
+    return True
 
 
 def main() -> None:
