@@ -200,6 +200,7 @@ async def test_a_second_embedded_service_stands_by_until_the_first_exits(tmp_pat
     second_service = Service(embedded(tmp_path / "log"))
     second = Running(second_service, asyncio.create_task(second_service.run()))
     await asyncio.sleep(1.5)
+    await second.until(lambda: second_service.warming.done)  # (health says warming until then)
     assert second_service.loop is None
     assert (await second.request("/healthz"))[1]["status"] == "standby"
     assert (await second.request("/v1/events", events_body(node("n1"))))[0] == 503
