@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from fleetlog.core import kernels
+from fleetlog.core.eligibility import eligible
 from fleetlog.core.fold import fold_decision
 from fleetlog.core.policy import Policy, UnknownPolicyError, batch_policy
 from fleetlog.core.scratch import policy_kernel, policy_shapes
@@ -251,7 +252,9 @@ RULES = {
 
 
 def rank_nodes(state: State, policy: Policy, placed: JobPlaced) -> dict[str, Any]:
-    """Task 0's candidates in the placed cell, best first, by (primary, secondary, node) score."""
+    """Task 0's candidates in the placed cell, best first, by (primary, secondary, node) score: the
+    up nodes of the cell its constraints allow (a taint it does not tolerate, a selector it does
+    not match or a drain rules a node out, as for the placement itself) where it fits."""
     job = state.job_row(placed.job_id)
     if job < 0:
         return {"error": "the job is unknown at that point"}
@@ -262,9 +265,10 @@ def rank_nodes(state: State, policy: Policy, placed: JobPlaced) -> dict[str, Any
     free = (nc["cpu_free"][:n], nc["mem_free"][:n], nc["gpu_free"][:n], nc["gpu_count"][:n], nc["model"][:n])
     policy_id, shapes = policy_kernel(policy), policy_shapes(state, policy)
     up = np.flatnonzero((nc["status"][:n] == NodeStatus.UP) & (nc["cell"][:n] == cell)).tolist()
+    allowed = eligible(state, int(tc["cls"][t]))  # (taints it does not tolerate, selectors, drains)
     scored = []
     for node in up:
-        if kernels.fits(node, *free, *task):
+        if (allowed is None or bool(allowed[node])) and kernels.fits(node, *free, *task):
             a, b = kernels.node_score(
                 node, free[0], free[2], free[3], task[0], task[2], task[3], policy_id, shapes
             )
