@@ -20,6 +20,7 @@ import numpy as np
 
 from fleetlog.api.names import DEFAULT_LIMIT, JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.api.visibility import EVERYTHING, Viewer, job_mask
+from fleetlog.core.authorize import roles_by_principal
 from fleetlog.core.constraints import NO_ATTRS
 from fleetlog.core.order import dominant_share, fleet_capacity, waiting_order
 from fleetlog.core.shares import SCALE
@@ -165,10 +166,13 @@ class CellList(msgspec.Struct, frozen=True):
     items: list[CellItem]
 
 
-class PolicyItem(msgspec.Struct, frozen=True):
+class PolicyItem(msgspec.Struct, frozen=True, omit_defaults=True):
     principal: str
     roles: list[str]
     """Sorted; a principal granted twice holds both grants' roles."""
+    max_priority: dict[str, int] = {}
+    """Tenant -> the highest priority its jobs may have from this principal (its grants'
+    ``max_priority``, docs/service.md "Authorization"); a tenant left out: any."""
 
 
 class PolicyList(msgspec.Struct, frozen=True):
@@ -466,14 +470,20 @@ def list_policy(state: State, query: Query) -> PolicyList:
     check_params(query, ())
     if state.policy is None:
         return PolicyList([], "none")
-    return policy_list([(g.principal, g.roles) for g in state.policy.grants], "log", state.policy.reason)
+    ceilings = {p: dict(r.ceilings) for p, r in roles_by_principal(state.policy.grants).items()}
+    return policy_list([(g.principal, g.roles) for g in state.policy.grants], "log", state.policy.reason,
+                       ceilings)
 
 
-def policy_list(grants: Sequence[tuple[str, Sequence[str]]], source: str, reason: str = "") -> PolicyList:
+def policy_list(grants: Sequence[tuple[str, Sequence[str]]], source: str, reason: str = "",
+                ceilings: Mapping[str, dict[str, int]] | None = None) -> PolicyList:
+    """The policy by principal; ``ceilings``: each principal's priority ceilings by tenant."""
     found: dict[str, set[str]] = {}
     for principal, roles in grants:
         found.setdefault(principal, set()).update(roles)
-    return PolicyList([PolicyItem(p, sorted(found[p])) for p in sorted(found)], source, reason)
+    tops = ceilings or {}
+    items = [PolicyItem(p, sorted(found[p]), tops.get(p, {})) for p in sorted(found)]
+    return PolicyList(items, source, reason)
 
 
 def list_cells(state: State, query: Query) -> CellList:

@@ -148,7 +148,8 @@ class Authorizer:
         if self.file is None:
             return None
         grants = self.file.current() or {}
-        return policy_list([(p, r.names) for p, r in grants.items()], "file")
+        return policy_list([(p, r.names) for p, r in grants.items()], "file",
+                           ceilings={p: dict(r.ceilings) for p, r in grants.items()})
 
 
 def authenticates(auth: AuthSettings) -> bool:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fleetlog.api.resources import list_policy
 from fleetlog.core.authorize import PRIORITY_RULE, refusal, roles_by_principal
 from fleetlog.core.fold import fold
 from fleetlog.core.state import CoreConfig, State
@@ -143,6 +144,10 @@ async def test_a_grant_bounds_the_priority_its_tenant_submits_at(tmp_path: Path)
         assert await running.inputs_end() == end  # nothing appended
         assert (await send(running, "bob", job("b0", tenant="b", priority=1_000_000)))[0] == 200  # (none)
         assert (await send(running, "ops", job("o0", tenant="a", priority=1_000_000)))[0] == 200  # (operator)
+        status, _, raw = await acall(running.url + "/v1/policy", TOKENS["ops"])
+        items = {item["principal"]: item for item in json.loads(raw)["items"]}
+        assert (status, items["alice"]["max_priority"]) == (200, {"a": 100})
+        assert "max_priority" not in items["bob"]
     finally:
         await running.stop()
 
@@ -160,6 +165,8 @@ def test_the_ceiling_is_in_the_policy_set_and_the_folds_gate_refuses_past_it() -
     assert refusal(state, "alice", job("x", tenant="c", priority=1_000_000)) is None
     assert refusal(state, "carol", job("x", tenant="a", priority=50)) is None  # (the higher of two grants)
     assert roles_by_principal(grants)["carol"].ceiling("a") == 50
+    shown = {item.principal: item.max_priority for item in list_policy(state, {}).items}
+    assert shown == {"alice": {"a": 100}, "carol": {"a": 50}, "padmin": {}}
     wire = envelope(PolicySet(grants=grants), "k")
     assert decode(encode(wire)).event == wire.event
     old = PolicySet(grants=(PolicyGrant("padmin", ("policy-admin",)),))
