@@ -242,11 +242,13 @@ def test_a_dry_run_names_no_job_nor_spec_of_another_tenant(driver: Driver) -> No
     state, lookup = driver.state, state_lookup(driver.state)
     asked = [msgspec.structs.replace(job("b1", tenant="a", gpus=0), priority=5), job("a1", tenant="a")]
     whole = dry_run(state, Policy(), asked)
-    assert "priority" in whole.items[0].message  # (what differs from bob's b1: not alice's to learn)
-    seen = redact_dry_run(whole, ALICE, lookup)
+    assert whole.items[0].reason == "job_id_taken"  # (issue 46: as ingest, bob's b1 is not compared)
+    assert "priority" not in whole.items[0].message
+    assert redact_dry_run(whole, ALICE, lookup).items == whole.items  # (her own a1: the spec compared)
+    compared = DryRun(at_ms=0, items=[DryRunJob("b1", "refused", "already_exists", "priority: 0 -> 5")])
+    seen = redact_dry_run(compared, ALICE, lookup)  # (an answer that compared a job she may not see)
     assert seen.items[0].reason == "already_exists"
     assert seen.items[0].message == "job 'b1' already exists (another tenant's: choose another id)"
-    assert seen.items[1] == whole.items[1]  # (her own a1: the spec compared, as ever)
     assert redact_dry_run(whole, READER, lookup) is whole
     victims = DryRun(at_ms=0, items=[DryRunJob("a9", "placed", "", "placed", preempts=["a1", "b1", "b2"])])
     hidden = redact_dry_run(victims, ALICE, lookup)
