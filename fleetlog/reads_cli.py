@@ -25,7 +25,7 @@ import msgspec
 
 from fleetlog.api.names import JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.auth_client import auth_headers, refused_why, tls_for, unreachable_why
-from fleetlog.display import console, human_row
+from fleetlog.display import human_row, plain_table, terminal_width
 from fleetlog.usage import add_log_options
 
 Fetch = Callable[[dict[str, list[str]]], dict[str, Any]]
@@ -70,6 +70,10 @@ LISTINGS: Final = {
 }
 
 
+TABLE_ROWS: Final = 1_000
+"""Rows a table shows unless ``--limit`` says otherwise (``-o json``/``yaml``: every item)."""
+
+
 class ReadError(Exception):
     """A refused query or an unreachable ``--url``: one line, exit code 2."""
 
@@ -81,7 +85,8 @@ def add_read_commands(sub: Any, usage_error: type[Exception], locate: Locate) ->
         for flag, text, values in listing.filters:
             parser.add_argument(f"--{flag}", action="append", default=[], choices=values or None, help=text)
         if listing.path in ("/v1/jobs", "/v1/nodes"):
-            parser.add_argument("--limit", type=_positive, help="at most this many (default: all)")
+            parser.add_argument("--limit", type=_positive, help=f"at most this many (default: {TABLE_ROWS:,} "
+                                "in a table, with a line saying how many more; all with -o json or yaml)")
         parser.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
                             help="table (default), wide (every field), json or yaml (what the API answers)")
         parser.add_argument("--json", action="store_const", const="json", dest="output", help="-o json")
@@ -101,6 +106,8 @@ def _positive(text: str) -> int:
 def _command(name: str, listing: Listing, usage_error: type[Exception], locate: Locate) -> Any:
     def run(args: argparse.Namespace) -> int:
         query = {flag: getattr(args, flag) for flag, _, _ in listing.filters if getattr(args, flag)}
+        if hasattr(args, "limit") and args.limit is None and args.output in ("table", "wide"):
+            args.limit = TABLE_ROWS  # (a person reads the first rows; scripts take -o json, whole)
         try:
             if args.watch:
                 return _watch(args, listing, query, locate)
@@ -246,19 +253,13 @@ def show(name: str, listing: Listing, found: dict[str, Any], output: str) -> Non
         return
     rows = [flat(item) for item in found["items"]]
     columns = list(rows[0]) if rows and output == "wide" else list(listing.columns)
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    for column in columns:
-        table.add_column(_header(column))
-    for row in rows:
-        human = human_row({c: row.get(c) for c in columns})
-        table.add_row(*human.values())
-    screen = console()
-    screen.print(table)
+    cells = [list(human_row({c: row.get(c) for c in columns}).values()) for row in rows]
+    lines = plain_table([_header(c) for c in columns], cells, terminal_width())
     total = found.get("total")
     if total is not None and total > len(rows):
-        screen.print(f"({len(rows):,} of {total:,} {name}; --limit shows more)")
+        lines.append(f"({len(rows):,} of {total:,} {name} shown, {total - len(rows):,} more: --limit N shows "
+                     "more, -o json all)")
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def flat(item: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -202,6 +202,10 @@ def test_api() -> None:
     assert r["list_vs_jobs_table"] == pytest.approx(r["list_10k_p50_ms"] / r["jobs_table_10k_ms"], rel=0.01)
     assert isinstance(r["target_met_p50"], bool)
     assert isinstance(r["target_met_p99"], bool)
+    positive(r, "cli_jobs_table_10k_s", "cli_jobs_json_10k_s")  # (the harness checked every row is there)
+    ratio = r["cli_jobs_table_10k_s"] / r["cli_jobs_json_10k_s"]
+    assert r["cli_table_vs_json"] == pytest.approx(ratio, rel=0.02)
+    assert (r["cli_rounds"], isinstance(r["cli_target_met"], bool)) == (1, True)
     assert (r["watchers"], r["watch_jobs"], r["watch_nodes"], r["watch_rounds"]) == (10, 400, 50, 1)
     assert r["watch_order"] == "ABC"
     positive(r, "decisions_per_s_without_watchers")

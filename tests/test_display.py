@@ -183,3 +183,46 @@ def test_the_audit_table_shows_log_times(tmp_path: Path) -> None:
     text = piped(["history", "--audit", "--all", "--log", CLEAN], tmp_path)
     assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", text), text
     assert not re.search(r"\d+d\d\dh\d\dm", text), text
+
+
+def test_a_plain_table_is_as_wide_as_its_content_or_cut_to_the_terminal() -> None:
+    from fleetlog.display import plain_table
+
+    rows = [["j1", "pending", "no node has 8 free GPUs of model A100 in one rack"],
+            ["job-two", "running", "-"]]
+    whole = plain_table(["JOB", "STATE", "REASON"], rows, None)
+    assert whole[0].split() == ["JOB", "STATE", "REASON"]
+    assert whole[1] == "j1       pending  no node has 8 free GPUs of model A100 in one rack"
+    cut = plain_table(["JOB", "STATE", "REASON"], rows, 40)
+    assert max(map(len, cut)) <= 40
+    assert cut[1].endswith("…")
+    assert cut[2].split() == ["job-two", "running", "-"]
+
+
+def test_a_jobs_table_shows_the_first_rows_and_says_how_many_more(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fleetlog jobs`` on 10,000 jobs took 27–34 s laying out a rich table: a table shows
+    ``TABLE_ROWS`` unless ``--limit`` says otherwise, and says how many it left out."""
+    import argparse
+
+    from fleetlog import reads_cli
+
+    asked: list[int | None] = []
+
+    def read(args: argparse.Namespace, *_: object) -> dict[str, object]:
+        asked.append(args.limit)
+        items = [{"job_id": f"j{i}", "state": "pending"} for i in range(args.limit or 10_000)]
+        return {"items": items, "total": 10_000, "next_page_token": "t" if args.limit else None}
+
+    monkeypatch.setattr(reads_cli, "_read", read)
+    run = reads_cli._command("jobs", reads_cli.LISTINGS["jobs"], SystemExit, lambda _: None)
+    for output, limit in (("table", None), ("json", None), ("table", 10_000)):
+        args = argparse.Namespace(output=output, limit=limit, watch=False, tenant=[], queue=[], state=[],
+                                  reason=[], cell=[], label=[])
+        assert run(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert asked == [reads_cli.TABLE_ROWS, None, 10_000]
+    assert lines[reads_cli.TABLE_ROWS + 1] == (
+        "(1,000 of 10,000 jobs shown, 9,000 more: --limit N shows more, -o json all)")
+    assert len(lines) == reads_cli.TABLE_ROWS + 2 + 1 + 10_001  # the table, the json line, 10,000 rows
