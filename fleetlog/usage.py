@@ -15,6 +15,7 @@ Two rules that argparse does not follow by default:
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, NoReturn
@@ -41,8 +42,19 @@ class Parser(argparse.ArgumentParser):
         reports its own unknown flags (argparse would hand them up to the top-level parser)."""
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._did_you_mean(extras)}")
         return parsed, extras
+
+    def _did_you_mean(self, extras: list[str]) -> str:
+        """`` (did you mean --tenant?)`` for the first unknown flag close to one of this command's
+        (never a guess taken: a prefix is still no flag)."""
+        flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        for extra in extras:
+            if extra.startswith("--"):
+                found = difflib.get_close_matches(extra.split("=", 1)[0], flags, n=1, cutoff=0.6)
+                if found:
+                    return f" (did you mean {found[0]}?)"
+        return ""
 
     def error(self, message: str) -> NoReturn:
         usage = " ".join(self.format_usage().split())

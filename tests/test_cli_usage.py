@@ -211,3 +211,22 @@ def test_flags_beat_the_file_and_the_environment(tmp_path: Path, monkeypatch: py
     config.write_text("[service]\nhttp_port = 1234\n")
     loaded = configure(str(config), str(tmp_path), None, policy="fgd", http_port=4321)
     assert (loaded.service.policy, loaded.service.http_port) == ("fgd", 4321)
+
+
+def test_a_mistyped_flag_or_config_key_says_what_was_meant(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, "jobs", "--stat", "pending")
+    assert code == EXIT_USAGE
+    said = "fleetlog jobs: error: unrecognized arguments: --stat pending (did you mean --state?)"
+    assert err.startswith(said), err
+    code, _, err = run(capsys, "jobs", "--zzzzzz")
+    assert "did you mean" not in err  # nothing close: no guess
+    config = tmp_path / "fleetlog.toml"
+    config.write_text("[service]\nhttp_prot = 1\n")
+    code, _, err = run(capsys, "run", "--config", str(config), "--log", str(tmp_path / "log"))
+    assert code == EXIT_USAGE
+    assert "unknown key service.http_prot; did you mean service.http_port?" in err
+    config.write_text("[servce]\nhttp_port = 1\n")
+    code, _, err = run(capsys, "run", "--config", str(config), "--log", str(tmp_path / "log"))
+    assert "unknown table [servce]; did you mean [service]?" in err

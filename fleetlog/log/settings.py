@@ -13,6 +13,7 @@ ever shows the SASL password.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Callable, Collection, Mapping
@@ -117,7 +118,10 @@ class Schema:
     def _check_known(self, table: str, key: str, where: str) -> None:
         known = self.field_types[table]
         if key not in known:
-            raise ConfigError(f"{where}: unknown key {table}.{key}; known keys: {', '.join(sorted(known))}")
+            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {table}.{close[0]}?" if close else ""
+            raise ConfigError(f"{where}: unknown key {table}.{key}{hint}; known keys: "
+                              f"{', '.join(sorted(known))}")
 
     def typed(self, table: str, key: str, value: object, where: str, strict: bool) -> Any:
         """``value`` converted to the type of ``table.key``, or a :class:`ConfigError` naming ``where``."""
@@ -156,7 +160,9 @@ class Schema:
             if table in self.others:
                 continue
             if table not in self.tables and table not in MAPS:
-                raise ConfigError(f"{path}: unknown table [{table}]; expected "
+                close = difflib.get_close_matches(table, [*self.tables, *MAPS], n=1, cutoff=0.6)
+                hint = f"; did you mean [{close[0]}]?" if close else ""
+                raise ConfigError(f"{path}: unknown table [{table}]{hint}; expected "
                                   f"{', '.join([*self.tables, *MAPS, *sorted(self.others)])}")
             if not isinstance(values, dict):
                 raise ConfigError(f"{path}: {table} must be a table ([{table}]), not a value")
