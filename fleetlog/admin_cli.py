@@ -42,7 +42,7 @@ from fleetlog.events.model import (
 from fleetlog.reads_cli import Listing, ReadError, _read, show
 from fleetlog.service.auth import AuthError
 from fleetlog.service.authz import leaves_no_admin, policy_set
-from fleetlog.usage import add_log_options
+from fleetlog.usage import add_log_options, url_argument
 
 Locate = Any
 
@@ -85,7 +85,7 @@ def _add_read_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
                         help="table (default), wide (every field), json or yaml (what the API answers)")
     parser.add_argument("--json", action="store_const", const="json", dest="output", help="-o json")
-    parser.add_argument("--url", metavar="URL", help="the service's address (http[s]://host:port)")
+    parser.add_argument("--url", metavar="URL", type=url_argument, help="the service's address (http[s]://host:port)")
     add_log_options(parser)
 
 
@@ -114,7 +114,8 @@ def _add_node_commands(sub: Any, usage_error: type[Exception], locate: Locate) -
         one.add_argument("--cell", help="the node's cell (default: the one cell that has a node so named)")
         if name == "drain":
             one.add_argument("--reason", default="", help="why (shown by fleetlog nodes)")
-        one.add_argument("--url", metavar="URL", help="the service's HTTP address, to find the node")
+        one.add_argument("--url", metavar="URL", type=url_argument,
+                         help="the service's HTTP address, to find the node")
         one.set_defaults(func=_reporting(_node_change(name, locate), usage_error))
     for parser in (add, *(cmds.choices[n] for n in ("drain", "undrain", "remove"))):
         _add_common(parser)

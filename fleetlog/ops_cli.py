@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from fleetlog.usage import add_log_options, walk
+from fleetlog.usage import add_log_options, url_argument, walk
 
 Locate = Callable[[argparse.Namespace], Any]
 DEFAULT_INTERVAL_S: Final = 2.0
@@ -48,7 +48,7 @@ def add_ops_commands(
                      help=f"seconds between refreshes (default: {DEFAULT_INTERVAL_S:g})")
     top.add_argument("--once", action="store_true",
                      help="print one frame and exit (what it does when the output is not a terminal)")
-    top.add_argument("--url", metavar="URL", help="the service's address (http[s]://host:port)")
+    top.add_argument("--url", metavar="URL", type=url_argument, help="the service's address (http[s]://host:port)")
     add_log_options(top)
     top.set_defaults(func=_top(usage_error, locate))
     completion = sub.add_parser(

@@ -26,7 +26,7 @@ import msgspec
 from fleetlog.api.names import JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.auth_client import auth_headers, refused_why, tls_for, unreachable_why
 from fleetlog.display import human_row, plain_table, terminal_width
-from fleetlog.usage import add_log_options
+from fleetlog.usage import add_log_options, url_argument
 
 Fetch = Callable[[dict[str, list[str]]], dict[str, Any]]
 """One page of a list for a query (parameters with every value)."""
@@ -90,7 +90,7 @@ def add_read_commands(sub: Any, usage_error: type[Exception], locate: Locate) ->
         parser.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
                             help="table (default), wide (every field), json or yaml (what the API answers)")
         parser.add_argument("--json", action="store_const", const="json", dest="output", help="-o json")
-        parser.add_argument("--url", metavar="URL", help="the service's address (http[s]://host:port)")
+        parser.add_argument("--url", metavar="URL", type=url_argument, help="the service's address (http[s]://host:port)")
         parser.add_argument("-w", "--watch", action="store_true",
                             help="then each item that changes, until Ctrl-C (needs the running service)")
         add_log_options(parser)

@@ -31,6 +31,7 @@ from fleetlog.events.codec import encode
 from fleetlog.events.model import Envelope, JobSubmitted
 from fleetlog.log.discovery import announced
 from fleetlog.service.config import Config
+from fleetlog.usage import url_argument
 
 EXIT_NOT_ALL: Final = 1
 WAIT_FOR: Final = ("placed", "running", "ended")
@@ -57,7 +58,7 @@ def add_mode_flags(submit: argparse.ArgumentParser) -> None:
     submit.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                         help="with --wait: give up after this long, exit 1 "
                         f"(default {DEFAULT_TIMEOUT_S:.0f})")
-    submit.add_argument("--url", metavar="URL",
+    submit.add_argument("--url", metavar="URL", type=url_argument,
                         help="the service's HTTP address for --dry-run and --wait (default: the one the file "
                         "log announces)")
 

@@ -61,6 +61,20 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {' '.join(message.split())} ({usage})\n")
 
 
+def url_argument(text: str) -> str:
+    """A ``--url``: ``http[s]://host:port``, or ``host:port`` as a user types it (``http://`` is
+    meant, as curl takes it); anything else is a usage error naming what is expected."""
+    url = text.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    scheme, _, rest = url.partition("://")
+    host, _, port = rest.partition("/")[0].rpartition(":")
+    if scheme.lower() not in ("http", "https") or not host or not (port.isascii() and port.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not the service's address: http[s]://HOST:PORT or "
+                                         "HOST:PORT")
+    return url
+
+
 def add_log_options(parser: argparse.ArgumentParser) -> None:
     """Where the log is, the same three flags on every command that opens one (``run``,
     ``status``, ``submit``, ``cancel``): defined here so both CLI modules import it one way."""

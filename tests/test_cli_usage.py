@@ -230,3 +230,27 @@ def test_a_mistyped_flag_or_config_key_says_what_was_meant(
     config.write_text("[servce]\nhttp_port = 1\n")
     code, _, err = run(capsys, "run", "--config", str(config), "--log", str(tmp_path / "log"))
     assert "unknown table [servce]; did you mean [service]?" in err
+
+
+URL_COMMANDS = [p for p in LEAVES if "--url" in p.values[1]._option_string_actions]  # type: ignore[attr-defined]
+
+
+def test_some_commands_take_a_url() -> None:
+    assert {p.values[1].prog for p in URL_COMMANDS} >= {  # type: ignore[attr-defined]
+        "fleetlog jobs", "fleetlog top", "fleetlog submit", "fleetlog node drain"}
+
+
+@pytest.mark.parametrize(("path", "parser"), URL_COMMANDS)
+def test_every_url_takes_host_and_port_without_a_scheme(
+    path: list[str], parser: argparse.ArgumentParser
+) -> None:
+    """``--url 127.0.0.1:9464`` was refused (or taken as a path): ``http://`` is meant, as curl
+    takes it, on every command that has ``--url``; a scheme that is not HTTP is a usage error."""
+    base = [*path, *_required(parser)]
+    for given, meant in (("127.0.0.1:9464", "http://127.0.0.1:9464"), ("https://h:1/", "https://h:1"),
+                         ("[::1]:80", "http://[::1]:80")):
+        assert build_parser().parse_args([*base, "--url", given]).url == meant
+    for wrong in ("ftp://h:1", "h", "http://h:port"):
+        with pytest.raises(SystemExit) as stopped:
+            build_parser().parse_args([*base, "--url", wrong])
+        assert stopped.value.code == EXIT_USAGE

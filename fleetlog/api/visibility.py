@@ -265,8 +265,9 @@ HIDDEN_JOB: Final = "<another tenant's job>"
 def redact_dry_run(answer: DryRun, viewer: Viewer, lookup: JobLookup) -> DryRun:
     """``answer`` as ``viewer`` may read it: a job it would preempt that the viewer may not see is
     :data:`HIDDEN_JOB` (how many it would preempt stays: it is the viewer's job's cost); a job id
-    the state holds for a job the viewer may not see answers as ingest's 409 does — taken — without
-    comparing the specs (else a dry run would tell another tenant's spec field by field)."""
+    the state holds for a job the viewer may not see is ``job_id_taken``, as when the tenants
+    differ, without comparing the specs — else a dry run naming that job's tenant would tell its
+    spec field by field (``already_exists`` lists the differences, ``duplicate`` confirms a guess)."""
     if viewer.sees_all:
         return answer
     known = {j.job_id for j in answer.items if j.reason in ("already_exists", "already_submitted")}
@@ -280,8 +281,9 @@ def _dry_run_job(job: DryRunJob, viewer: Viewer, found: Mapping[str, JobWhere]) 
     if job.reason in ("already_exists", "already_submitted") and job.job_id in found \
             and not _seen(viewer, found, job.job_id):
         return msgspec.structs.replace(
-            job, outcome="refused", reason="already_exists",
-            message=f"job {job.job_id!r} already exists (another tenant's: choose another id)")
+            job, outcome="refused", reason="job_id_taken",
+            message=f"job id {job.job_id!r} is taken by another tenant's job; job ids are global: choose "
+                    "ids under your tenant's prefix (TENANT/NAME, docs/api.md)")
     if all(_seen(viewer, found, p) for p in job.preempts):
         return job
     return msgspec.structs.replace(job, preempts=[p if _seen(viewer, found, p) else HIDDEN_JOB

@@ -37,6 +37,7 @@ import structlog
 
 from fleetlog.api.dryrun import MAX_DRY_RUN_JOBS, dry_run, parse_jobs
 from fleetlog.api.resources import ApiError
+from fleetlog.api.visibility import EVERYTHING, Viewer, redact_dry_run, state_lookup
 from fleetlog.core.digest import restore, snapshot
 from fleetlog.core.policy import Policy
 from fleetlog.events.model import JobSubmitted
@@ -114,9 +115,9 @@ class DryRuns:
 
     # -- the request's side -------------------------------------------------------------------
 
-    async def serve(self, request: Request, leading: bool) -> Response:
+    async def serve(self, request: Request, leading: bool, viewer: Viewer = EVERYTHING) -> Response:
         """``POST /v1/dry-run``: admitted (or 429), then decided in the worker on a copy of the
-        state taken between steps."""
+        state taken between steps; answered as ``viewer`` may read it (fleetlog.api.visibility)."""
         if not leading:
             return refusal(503, "standby", "this process is not leading")
         who = request.principal or ANONYMOUS
@@ -131,7 +132,7 @@ class DryRuns:
                 jobs = await self._parsed(request.body)
                 data = await self._copy_between_steps()
                 answer = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, self.answer, data, jobs)
+                    self.executor, self.answer, data, jobs, viewer)
                 return Response(200, answer + b"\n")
         except ApiError as exc:
             return refusal(exc.status, exc.code, exc.message, exc.field)
@@ -176,7 +177,9 @@ class DryRuns:
             return parse_jobs(body, *limits)
         return await asyncio.get_running_loop().run_in_executor(self.executor, parse_jobs, body, *limits)
 
-    def answer(self, data: bytes, jobs: list[JobSubmitted]) -> bytes:
+    def answer(self, data: bytes, jobs: list[JobSubmitted], viewer: Viewer = EVERYTHING) -> bytes:
         """The dry run itself, in the worker thread: the state restored from ``data`` (this dry run's
-        own copy), the jobs decided on it, the answer encoded."""
-        return msgspec.json.encode(dry_run(restore(data), self.policy, jobs, owned=True))
+        own copy), the jobs decided on it, the answer redacted for ``viewer`` and encoded."""
+        state = restore(data)
+        found = dry_run(state, self.policy, jobs, owned=True)
+        return msgspec.json.encode(redact_dry_run(found, viewer, state_lookup(state)))

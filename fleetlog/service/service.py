@@ -424,7 +424,7 @@ class Service:
         if route is not None and route.path == "/v1/quotas/{tenant}":
             return await self._put_quota(found["tenant"], request, roles)
         if route is not None and route.path == "/v1/dry-run":  # (off the loop: fleetlog.service.dryruns)
-            return await self.dry_runs.serve(request, self.loop is not None)
+            return await self.dry_runs.serve(request, self.loop is not None, _viewer(roles))
         if route is not None and route.path == "/v1/history":  # (it replays the whole log: not on this loop)
             return refusal(404, "not_served", "GET /v1/history folds the whole log, so it is served by "
                            "`fleetlog replay serve` and `fleetlog history`, not by the live service")

@@ -240,15 +240,21 @@ def test_the_watchs_lookup_hops_to_the_owner_once_per_event_and_only_when_needed
 
 def test_a_dry_run_names_no_job_nor_spec_of_another_tenant(driver: Driver) -> None:
     state, lookup = driver.state, state_lookup(driver.state)
-    asked = [msgspec.structs.replace(job("b1", tenant="a", gpus=0), priority=5), job("a1", tenant="a")]
+    other = dry_run(state, Policy(), [msgspec.structs.replace(job("b1", tenant="a", gpus=0), priority=5)])
+    assert other.items[0].reason == "job_id_taken"  # (alice's job under bob's id: nothing compared)
+    assert redact_dry_run(other, ALICE, lookup) == other
+    # alice dry-runs bob's jobs, guessed under his tenant: what differs, or that it is exact, is not hers
+    asked = [msgspec.structs.replace(secret_job("b1", "b", ("c2",)), priority=5),
+             secret_job("b2", "b", ("c2",)), msgspec.structs.replace(job("a1", tenant="a"), priority=3)]
     whole = dry_run(state, Policy(), asked)
-    assert whole.items[0].reason == "job_id_taken"  # (issue 46: as ingest, bob's b1 is not compared)
-    assert "priority" not in whole.items[0].message
-    assert redact_dry_run(whole, ALICE, lookup).items == whole.items  # (her own a1: the spec compared)
-    compared = DryRun(at_ms=0, items=[DryRunJob("b1", "refused", "already_exists", "priority: 0 -> 5")])
-    seen = redact_dry_run(compared, ALICE, lookup)  # (an answer that compared a job she may not see)
-    assert seen.items[0].reason == "already_exists"
-    assert seen.items[0].message == "job 'b1' already exists (another tenant's: choose another id)"
+    assert "priority" in whole.items[0].message
+    assert whole.items[1].outcome == "duplicate"
+    seen = redact_dry_run(whole, ALICE, lookup)
+    for item in seen.items[:2]:
+        assert (item.outcome, item.reason) == ("refused", "job_id_taken")
+        assert "priority" not in item.message
+    assert seen.items[2] == whole.items[2]  # (her own a1: the spec compared, as ever)
+    assert "priority" in seen.items[2].message
     assert redact_dry_run(whole, READER, lookup) is whole
     victims = DryRun(at_ms=0, items=[DryRunJob("a9", "placed", "", "placed", preempts=["a1", "b1", "b2"])])
     hidden = redact_dry_run(victims, ALICE, lookup)
