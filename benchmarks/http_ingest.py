@@ -1,12 +1,14 @@
 """HTTP ingest of ``fleetlog run --log DIR``: requests and events per second through the server.
 
-The service runs as a child process (embedded file log, ``fsync = "never"``); this process posts
+The service runs as a child process (embedded file log, ``fsync = "never"``, or ``--fsync``: what an
+ingest 200 costs when it is on disk, issue 46); this process posts
 JSON arrays of node heartbeats (``--events`` per request) from ``--clients`` threads with the
 standard library's ``http.client`` (one connection per request, as ``fleetlog submit`` does), and
 times ``--requests`` requests per round, and the CPU time the service process spends per request
 (from ``/proc``: what a busy shared machine disturbs least).  The median of ``--repeats`` rounds
-is reported, and the time ``/healthz`` takes to answer while the load runs (median and max of
-one probe per 50 ms). ``--smoke`` (CI): 8 requests, one round — a test that it runs.
+is reported, with each request's latency (median and p99 over the rounds), and the time
+``/healthz`` takes to answer while the load runs (median and max of one probe per 50 ms).
+``--smoke`` (CI): 8 requests, one round — a test that it runs.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def _body(round_no: int, request: int, events: int) -> bytes:
     return b"[" + b",".join(encode(envelope(b, f"bench-{round_no}"), "json") for b in beats) + b"]"
 
 
-def _post(host: str, port: int, body: bytes) -> int:
+def _post(host: str, port: int, body: bytes, latencies: list[float] | None = None) -> int:
+    started = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=60)
     try:
         conn.request("POST", "/v1/events", body, {"Content-Type": "application/json"})
@@ -45,6 +48,8 @@ def _post(host: str, port: int, body: bytes) -> int:
         return response.status
     finally:
         conn.close()
+        if latencies is not None:
+            latencies.append(time.perf_counter() - started)
 
 
 def _health_probe(host: str, port: int, stop: threading.Event, seconds: list[float]) -> None:
@@ -76,7 +81,7 @@ def _round(host: str, port: int, args: argparse.Namespace, round_no: int
     cpu = _cpu_s(args.pid)
     started = time.perf_counter()
     with ThreadPoolExecutor(args.clients) as pool:
-        statuses = list(pool.map(lambda b: _post(host, port, b), bodies))
+        statuses = list(pool.map(lambda b: _post(host, port, b, args.latencies), bodies))
     elapsed = time.perf_counter() - started
     cpu_ms = (_cpu_s(args.pid) - cpu) * 1000 / args.requests
     stop.set()
@@ -93,30 +98,36 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50, help="events per request")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fsync", choices=("never", "batch", "always"), default="never",
+                        help="the log's [log] fsync (default never: the CPU cost alone)")
     add_smoke(parser)
     args = parser.parse_args()
     if args.smoke:
         args.requests, args.repeats = 8, 1
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "fleetlog.toml"
-        config.write_text(f'[log]\ndir = "{tmp}/log"\nfsync = "never"\n')
+        config.write_text(f'[log]\ndir = "{tmp}/log"\nfsync = "{args.fsync}"\n')
         service = ServiceProcess(Path(tmp) / "service.log", ["--config", str(config)], {}).start()
         try:
             service.address(600)
             service.wait_leading(600)
             host, _, port = service.address().rpartition(":")
             args.pid = service.pid
+            args.latencies = []
             _round(host, int(port), args, 0)  # warm-up, not counted
+            args.latencies = []
             rounds = [_round(host, int(port), args, r + 1) for r in range(args.repeats)]
         finally:
             service.stop()
     health = [s for _, probes, _ in rounds for s in probes]
     rate = statistics.median(r for r, _, _ in rounds)
     result: dict[str, Any] = {
-        "benchmark": "http_ingest", "machine": machine(), "clients": args.clients,
+        "benchmark": "http_ingest", "machine": machine(), "clients": args.clients, "fsync": args.fsync,
         "events_per_request": args.events, "requests_per_s": round(rate, 1),
         "events_per_s": round(rate * args.events, 1),
         "service_cpu_ms_per_request": round(statistics.median(c for _, _, c in rounds), 3),
+        "request_ms_median": round(statistics.median(args.latencies) * 1000, 2),
+        "request_ms_p99": round(statistics.quantiles(args.latencies, n=100)[98] * 1000, 2),
         "healthz_ms_median": round(statistics.median(health) * 1000, 2),
         "healthz_ms_max": round(max(health) * 1000, 2),
     }

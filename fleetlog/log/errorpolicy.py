@@ -26,6 +26,7 @@ from tenacity import (
 from fleetlog.log.base import LogError
 from fleetlog.log.consumer import CorruptDecisionsError
 from fleetlog.log.file import CorruptLogError
+from fleetlog.log.highwater import ACCEPT_LOSS, LogShorterError
 
 Action = tuple[type[BaseException], str]
 RETRY_INITIAL_S: Final = 0.1
@@ -38,6 +39,7 @@ UNEXPECTED: Final = "unexpected error (see the stalled line in the log); re-chec
 STALLED: Final[tuple[Action, ...]] = (
     (CorruptDecisionsError, "the decisions log holds a record this build cannot read: restore the log "
                             "or run a build that reads it; re-checked every few seconds"),
+    (LogShorterError, ACCEPT_LOSS),  # (before CorruptLogError: a log shorter than it once was, issue 46)
     (CorruptLogError, "restore the damaged segment or move it away; re-checked every few seconds"),
 )
 

@@ -80,7 +80,9 @@ from typing import Final, Literal, NamedTuple, get_args
 import msgspec
 from crc32c import crc32c
 
+from fleetlog.log import highwater
 from fleetlog.log.base import (
+    DECISIONS,
     INPUTS,
     LOG_NAMES,
     Clock,
@@ -137,6 +139,8 @@ OUTBOX_NAME: Final = "outbox"
 owner's commit frame until each target directory has recorded them (docs/logs.md, "Shards")."""
 OUTBOX_GROUP: Final = "outbox:"
 TRUNCATIONS_NAME: Final = "truncations.jsonl"
+HIGH_WATER_EVERY_S: Final = 0.2
+"""How often, at most, a durability barrier updates ``high-water.json`` (close always does)."""
 """One JSON line per torn or corrupt tail cut on open (what, where, which offsets were lost)."""
 _OFFSET_DIGITS: Final = 20
 _MAX_OPEN_SEGMENTS: Final = 16
@@ -1072,6 +1076,13 @@ class FileLogStore(LogStore):
         self._borrowed: list[FileLogStore] = []
         """Target stores this one opened for a cross-shard append (closed with it)."""
         self._outbox: _Outbox | None = None
+        self._high: dict[str, int] = {}
+        """What ``high-water.json`` records (a writer's: :meth:`_mark_high_water`)."""
+        self._marked_at = -HIGH_WATER_EVERY_S
+        self._barrier: dict[str, int] = {}
+        """Each log's end at the last durability barrier (a transactional append)."""
+        self.shorter: highwater.LogShorterError | None = None
+        """A read-only store's finding that a log is shorter than it once was (a writer refuses)."""
 
     async def open(self) -> None:
         if self._logs:
@@ -1101,10 +1112,51 @@ class FileLogStore(LogStore):
                 raise
         rebuilt = tuple(p for log in logs.values() for p in log.indexes_rebuilt)
         self.recovery = RecoveryReport(tuple(truncations), rebuilt)
+        self._check_high_water(truncations)
         if truncations and not self.config.read_only:
             self._persist_truncations(truncations)
         for cut in truncations:
             warnings.warn(str(cut), RecoveryWarning, stacklevel=2)
+
+    def _check_high_water(self, truncations: list[Truncation]) -> None:
+        """Refuse to write a log shorter than it once was durably, unless a truncation just said
+        why (:mod:`fleetlog.log.highwater`); a read-only store keeps the finding in
+        :attr:`shorter`.  The record is then brought up to date (a reported cut lowers it)."""
+        ends = {name: log._end() for name, log in self._logs.items()}
+        recorded = highwater.read(self.directory)
+        found = highwater.shorter(self.directory, recorded, ends, {t.log for t in truncations})
+        if self.config.read_only:
+            self.shorter = found
+            return
+        if found is not None:
+            self._close_all(self._logs.values())
+            self._logs = {}
+            raise found
+        cut = {t.log: ends[t.log] for t in truncations}
+        ends.pop(DECISIONS)  # (only its transactions count: _mark_high_water)
+        self._high = highwater.grown({**recorded, **cut}, ends)
+        if self._high != recorded:
+            highwater.write(self.directory, self._high)
+
+    def _mark_high_water(self, now: float | None = None) -> None:
+        """After a durability barrier (``now``: written at most every :data:`HIGH_WATER_EVERY_S`)
+        or on close: record how far every log is durable.  The decisions log counts only what its
+        transactions (the scheduler's steps) made durable: a plain append to it is no decision, and
+        an operator who cuts one off again has lost nothing."""
+        if self.config.read_only or not self._logs:
+            return
+        ends = {name: log._end() for name, log in self._logs.items()}
+        if now is not None:
+            self._barrier = ends
+            if now - self._marked_at < HIGH_WATER_EVERY_S:
+                return
+            self._marked_at = now
+        else:
+            ends[DECISIONS] = self._barrier.get(DECISIONS, 0)
+        high = highwater.grown(self._high, ends)
+        if high != self._high:
+            highwater.write(self.directory, high)
+            self._high = high
 
     def _persist_truncations(self, truncations: list[Truncation]) -> None:
         """Append what was cut to ``truncations.jsonl``: the next process (and an operator) can
@@ -1153,14 +1205,20 @@ class FileLogStore(LogStore):
         borrowed, self._borrowed = self._borrowed, []
         for peer in borrowed:
             await peer.close()
-        logs, self._logs = self._logs, {}
-        self._close_all(logs.values())
+        logs = self._logs
+        try:
+            self._close_all(logs.values(), mark=True)
+        finally:
+            self._logs = {}
 
-    def _close_all(self, logs: Iterable[FileLog]) -> None:
-        """Close (and sync) every log, then release the lock, even if a close fails."""
+    def _close_all(self, logs: Iterable[FileLog], mark: bool = False) -> None:
+        """Close (and sync) every log, then (``mark``) record the high water, then release the
+        lock, even if a close fails."""
         try:
             for log in logs:
                 log.close()
+            if mark:
+                self._mark_high_water()
         finally:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)  # releases the flock
@@ -1178,7 +1236,9 @@ class FileLogStore(LogStore):
         for log in self._logs.values():
             if log is not target:
                 log.sync()  # what the commit depends on is durable before the commit is
-        return self._commit_frame(target, messages, group, consumed)
+        first = self._commit_frame(target, messages, group, consumed)
+        self._mark_high_water(time.monotonic())
+        return first
 
     def _commit_frame(self, target: FileLog, messages: Sequence[Message], group: str, consumed: int) -> int:
         """One frame of ``messages`` with the commit record of ``group``, synced."""
@@ -1270,6 +1330,7 @@ class FileLogStore(LogStore):
         if remotes:
             (self.directory / OUTBOX_NAME).unlink()
             self._outbox = None
+        self._mark_high_water(time.monotonic())
         return firsts
 
     async def committed_offset(self, group: str) -> int | None:

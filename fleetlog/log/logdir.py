@@ -33,7 +33,8 @@ SNAPSHOT_FILE: Final = re.compile(r"snapshot-\d{20}\.bin(\.tmp)?")
 SUBDIRS: Final = {**dict.fromkeys(LOG_NAMES, SEGMENT_FILE), "snapshots": SNAPSHOT_FILE}
 """Each subdirectory of a file log, and the names of the only files fleetlog writes in it."""
 TOP_FILES: Final = frozenset(
-    {"LOCK", "LOCK.intent", "LOCK.intent.tmp", "truncations.jsonl", "service.json", "service.json.tmp"}
+    {"LOCK", "LOCK.intent", "LOCK.intent.tmp", "truncations.jsonl", "service.json", "service.json.tmp",
+     "high-water.json", "high-water.json.tmp"}
 )
 """The files fleetlog writes at the top of a file log directory."""
 LOCK_FILE: Final = "LOCK"

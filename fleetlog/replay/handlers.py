@@ -94,16 +94,24 @@ async def cmd_verify(args: argparse.Namespace, source: Source) -> int:
     if report.empty:  # nothing was checked: not a pass (docs/replay.md, exit code 3)
         inputs = await src.end_offset(source.store, INPUTS)
         report = msgspec.structs.replace(report, inputs=max(report.inputs, inputs))
+    cut = source.cut  # (a torn decisions tail, a log shorter than it once was: issue 46)
     if args.json:
-        _print_json({"ok": report.ok and not report.empty, "nothing_to_verify": report.empty,
-                     **msgspec.to_builtins(report)})
+        _print_json({"ok": report.ok and not report.empty and not cut, "nothing_to_verify": report.empty,
+                     "cut": list(cut), **msgspec.to_builtins(report)})
     else:
-        _print_verify(report)
+        _print_verify(report, cut)
+    if cut and report.ok:
+        return EXIT_DIVERGED
     return EXIT_NOTHING_TO_VERIFY if report.empty else 0 if report.ok else EXIT_DIVERGED
 
 
-def _print_verify(report: Any) -> None:
+def _print_verify(report: Any, cut: tuple[str, ...] = ()) -> None:
     summary = f"{report.batches:,} batches, {report.decisions:,} decisions, {report.inputs:,} inputs"
+    if cut and report.ok:  # what is left verifies, but it is not the whole log: not a pass
+        print(f"CUT: {summary} replayed bit-exactly, but the log was cut: what it lost is not verified")
+        for note in cut:
+            print(f"  {note}")
+        return
     if report.empty:
         print(f"NOTHING TO VERIFY: {report.inputs:,} inputs and no decision batch: no scheduler has "
               "decided on this log yet (`fleetlog run` does)")

@@ -59,6 +59,9 @@ class Source:
     """Open the same logs again (another process's own handles: parallel verify)."""
     core: CoreConfig | None = None
     """The settings the log was folded with (``service.node_timeout_ms``…); ``None``: defaults."""
+    cut: tuple[str, ...] = ()
+    """How the decisions log (or any log) was found cut: a torn or corrupt decisions tail, a log
+    shorter than its recorded high water (issue 46); ``replay verify`` fails on any."""
 
     async def close(self) -> None:
         if self.snapshots is not None:
@@ -83,7 +86,9 @@ async def open_file_source(
     notes = tuple(str(w.message) for w in caught if issubclass(w.category, RecoveryWarning))
     snaps = DirectorySnapshots(here / "snapshots") if snapshots and shard != Shard.GLOBAL else None
     where = f"file log {path}" + (f" shard {shard}" if shard != Shard.SINGLE else "")
-    return Source(store, snaps, where, notes, lambda: open_file_source(path, snapshots, shard))
+    cut = tuple(str(t) for t in store.recovery.truncations if t.log == DECISIONS)
+    cut += () if store.shorter is None else (str(store.shorter),)
+    return Source(store, snaps, where, notes, lambda: open_file_source(path, snapshots, shard), cut=cut)
 
 
 async def open_kafka_source(

@@ -6,9 +6,11 @@ events at offsets the state already counts as folded.  Real file logs and a real
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -19,11 +21,14 @@ from fleetlog.events import encode, envelope
 from fleetlog.events.model import Event
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.highwater import HIGH_WATER_NAME, LogShorterError
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
 from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop
+from fleetlog.service.service import Service
 from fleetlog.service.snapshots import check_ends, recover
 from tests.core.builders import job, node
+from tests.service.test_service import embedded
 
 GROUP = "fleetlog-scheduler"
 POLICY = policy_named("default")
@@ -53,6 +58,17 @@ async def decided(store: LogStore, snapshots: DirectorySnapshots | None = None) 
     return loop
 
 
+async def reopened_without_high_water(directory: Path, said: str, **options: Any) -> FileLogStore:
+    """The store, once its open has refused the shorter log (``said``) and ``high-water.json`` is
+    moved away (an older log without it): what the checks below catch on their own."""
+    with pytest.raises(LogShorterError, match=said):
+        await FileLogStore(directory, **options).open()
+    (directory / HIGH_WATER_NAME).rename(directory.parent / "high-water.json.old")
+    store = FileLogStore(directory, **options)
+    await store.open()
+    return store
+
+
 async def refused(store: LogStore, snapshots: DirectorySnapshots) -> str:
     """The LogBehindError of both checks (before ingest, and in recovery itself)."""
     with pytest.raises(LogBehindError) as early:
@@ -73,8 +89,8 @@ async def test_a_deleted_last_inputs_segment_is_refused_not_led(tmp_path: Path) 
     last = sorted((directory / INPUTS).glob("*.log"))[-1]
     assert last.name == f"{4:020d}.log"
     last.unlink()
-    store = FileLogStore(directory, fsync="never", segment_bytes=200)
-    await store.open()
+    store = await reopened_without_high_water(directory, "the inputs log ends at 4 but once held 7 records",
+                                              fsync="never", segment_bytes=200)
     try:
         assert await store.log(INPUTS).end_offset() == 4
         message = await refused(store, snapshots)
@@ -92,8 +108,8 @@ async def test_a_decisions_log_that_lost_its_batches_is_refused(tmp_path: Path) 
     await store.close()
     inputs_commit_free = tmp_path / "decisions-gone"
     shutil.move(directory / DECISIONS, inputs_commit_free)  # the batches and the commits with them
-    store = FileLogStore(directory, fsync="never")
-    await store.open()
+    store = await reopened_without_high_water(
+        directory, "the decisions log ends at 0 but once held 1 records", fsync="never")
     try:
         message = await refused(store, snapshots)
         assert "snapshot-00000000000000000007.bin covers decisions up to offset 1" in message
@@ -113,8 +129,8 @@ async def test_without_snapshots_a_batch_past_the_inputs_end_is_a_log_behind_err
     assert (await loop.step(timeout_ms=0)).published
     await store.close()
     sorted((directory / INPUTS).glob("*.log"))[-1].unlink()  # inputs 2..3, which decisions@0 saw
-    store = FileLogStore(directory, fsync="never", segment_bytes=150)
-    await store.open()
+    store = await reopened_without_high_water(directory, "the inputs log ends at 2 but once held 4 records",
+                                              fsync="never", segment_bytes=150)
     try:
         with pytest.raises(LogBehindError, match="inputs log ends at 2"):
             await make_loop(store).recover()
@@ -173,3 +189,65 @@ async def test_a_recreated_kafka_inputs_topic_is_refused(kafka_bootstrap: str, t
             await make_loop(store).recover()
     finally:
         await store.close()
+
+
+# -- losses no snapshot, batch or commit proves: the high-water record (issue 46) -------------------
+
+
+async def stalled_health(directory: Path) -> dict[str, Any]:
+    """``/healthz`` of a real service on ``directory`` once it has stalled (it must not lead)."""
+    service = Service(embedded(directory))
+    task = asyncio.create_task(service.run())
+    try:
+        for _ in range(1200):  # (60 s at most: it stalls at its first open)
+            assert service.loop is None, "led on a log that lost acknowledged records"
+            if service.problem is not None and service.problem.status == "stalled":
+                break
+            await asyncio.sleep(0.05)
+        health = service.health()
+        assert health["status"] == "stalled", health
+        return health
+    finally:
+        service.stop()
+        await task
+
+
+async def test_a_deleted_last_inputs_segment_no_snapshot_covered_stalls_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "log"
+    for producer in range(50):  # 500 acknowledged direct appends (fsync "batch"), no service yet
+        store = FileLogStore(directory, segment_bytes=4096)
+        await store.open()
+        for i in range(10):
+            await store.log(INPUTS).append(messages(job(f"p{producer}-{i}")))
+        await store.close()
+    last = sorted((directory / INPUTS).glob("*.log"))[-1]
+    kept = int(last.name.removesuffix(".log"))
+    assert 0 < kept < 500
+    last.unlink()
+    said = f"the inputs log ends at {kept} but once held 500 records (offsets {kept}..499 are gone)"
+    health = await stalled_health(directory)
+    assert said in health["problem"]["message"]
+    assert "move high-water.json away" in health["problem"]["action"]
+    with pytest.raises(LogShorterError, match=re.escape(said)):  # a producer appending directly: refused too
+        await FileLogStore(directory).open()
+    (directory / HIGH_WATER_NAME).rename(tmp_path / "accepted")  # the operator accepts the loss
+    async with FileLogStore(directory) as store:
+        assert await store.log(INPUTS).end_offset() == kept
+
+
+async def test_snapshots_and_the_decisions_log_deleted_together_stall_with_the_reason(tmp_path: Path) -> None:
+    directory = tmp_path / "log"
+    store = FileLogStore(directory, fsync="never")
+    await store.open()
+    loop = await decided(store, DirectorySnapshots(directory / "snapshots"))
+    decisions_end = loop.decisions_next
+    await store.close()
+    shutil.rmtree(directory / "snapshots")
+    shutil.rmtree(directory / DECISIONS)
+    health = await stalled_health(directory)
+    assert (f"the decisions log ends at 0 but once held {decisions_end} records"
+            in health["problem"]["message"])
+    async with FileLogStore(directory, read_only=True) as store:  # nothing was decided again
+        assert await store.log(DECISIONS).end_offset() == 0
