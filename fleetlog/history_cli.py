@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, Final, TextIO
 
@@ -48,9 +50,11 @@ def add_history_command(
                             help=f"only this {name}'s jobs (repeat: any of them)")
     parser.add_argument("--state", action="append", default=[], choices=ENDED,
                         help="only jobs that ended in this state (repeat: any of them)")
-    parser.add_argument("--since", type=log_time_ms, metavar="TIME",
-                        help="only jobs that ended at or after TIME (ISO 8601, or epoch ms: 1700000000000ms)")
-    parser.add_argument("--until", type=log_time_ms, metavar="TIME", help="only jobs that ended before TIME")
+    parser.add_argument("--since", type=_time_arg(log_time_ms), metavar="TIME",
+                        help="only jobs that ended at or after TIME (ISO 8601, epoch ms: 1700000000000ms, "
+                        "or ago: 90s, 30m, 1h, 2d)")
+    parser.add_argument("--until", type=_time_arg(log_time_ms), metavar="TIME",
+                        help="only jobs that ended before TIME (as --since)")
     audit = parser.add_argument_group("the audit trail (--audit)")
     audit.add_argument("--audit", action="store_true",
                        help="who did what when instead: one entry per submission, cancel, quota change, "
@@ -116,6 +120,28 @@ def _command(usage_error: type[Exception], locate: Callable[[argparse.Namespace]
         return 0
 
     return run
+
+
+AGO: Final = re.compile(r"(\d+(?:\.\d+)?)(s|m|h|d|w)")
+AGO_MS: Final = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def _time_arg(absolute: Callable[[str], int]) -> Callable[[str], int]:
+    """A ``--since``/``--until`` value: a duration ago as ``journalctl`` and ``kubectl logs`` take
+    one (``1h``: an hour before now, this machine's clock; log times are append times), else an
+    absolute time as ``absolute`` reads it; a bad one is a usage error naming every form."""
+
+    def parse(text: str) -> int:
+        found = AGO.fullmatch(text.strip())
+        if found:
+            return int(time.time() * 1000) - round(float(found.group(1)) * AGO_MS[found.group(2)])
+        try:
+            return absolute(text)
+        except Exception as exc:  # (argparse turns it into one usage line)
+            raise argparse.ArgumentTypeError(f"{exc}; or a duration ago: 90s, 30m, 1h, 2d, 1w") from None
+
+    parse.__name__ = "time"
+    return parse
 
 
 def _check_audit(args: argparse.Namespace, usage_error: type[Exception]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import subprocess
 import sys
 import tomllib
@@ -254,3 +255,19 @@ def test_every_url_takes_host_and_port_without_a_scheme(
         with pytest.raises(SystemExit) as stopped:
             build_parser().parse_args([*base, "--url", wrong])
         assert stopped.value.code == EXIT_USAGE
+
+
+def test_history_takes_since_and_until_as_a_duration_ago(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--since 1h`` as journalctl and kubectl take it: the recorded log ended in 2026-01-01."""
+    clean = str(Path(__file__).resolve().parent / "replay" / "data" / "clean")
+    code, out, err = run(capsys, "history", "--log", clean, "--since", "1h", "-o", "json")
+    assert (code, json.loads(out)["items"]) == (0, []), err
+    code, out, err = run(capsys, "history", "--log", clean, "--since", "36500d", "-o", "json")
+    everything = json.loads(out)["items"]
+    assert code == 0, err
+    assert len(everything) > 10
+    code, out, _ = run(capsys, "history", "--log", clean, "--until", "1.5h", "-o", "json")
+    assert json.loads(out)["items"] == everything
+    code, _, err = run(capsys, "history", "--log", clean, "--since", "1x")
+    assert code == EXIT_USAGE
+    assert "or a duration ago: 90s, 30m, 1h, 2d, 1w" in err
