@@ -68,16 +68,40 @@ def is_time(key: str) -> bool:
 
 
 def label(key: str) -> str:
-    """The column or line label of ``key`` in text: ``submitted_at_ms`` -> ``submitted_at``."""
-    return key.removesuffix("_ms") if key.endswith("_ms") else key
+    """The column or line label of ``key`` in text: ``submitted_at_ms`` -> ``submitted_at``, and
+    resources in the units people count (:func:`_unit`): ``gpu_free_milli`` -> ``gpus_free``,
+    ``cpu_free_milli`` -> ``cores_free``, ``mem_free_mib`` -> ``mem_free_gib``."""
+    if key.endswith("_ms"):
+        return key.removesuffix("_ms")
+    unit = _unit(key)
+    return unit[0] if unit is not None else key
+
+
+def _unit(key: str) -> tuple[str, int] | None:
+    """(label, divisor) of a resource key kept in milli-units or MiB (the API's and the log's
+    integers: exact), shown in GPUs, cores and GiB in text; ``None``: not a resource key."""
+    if key.endswith("_mib"):
+        return key.removesuffix("_mib") + "_gib", 1024
+    if not key.endswith("_milli"):
+        return None
+    base = key.removesuffix("_milli")
+    for resource, plural in (("gpu", "gpus"), ("cpu", "cores")):
+        words = base.split("_")
+        if resource in words:
+            return "_".join(plural if w == resource else w for w in words), 1000
+    return None
 
 
 def cell(key: str, value: Any) -> str:
-    """``value`` of ``key`` as text: log times and durations for people, ``None`` as ``-``."""
+    """``value`` of ``key`` as text: log times and durations for people, resources in GPUs, cores
+    and GiB (``2750`` GPU milli is ``2.75``), ``None`` as ``-``."""
     if value is None:
         return "-"
     if isinstance(value, int) and not isinstance(value, bool) and key.endswith("_ms"):
         return log_time(value) if is_time(key) else duration(value)
+    unit = _unit(key)
+    if unit is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{round(value / unit[1], 3):g}"
     if isinstance(value, (list, tuple)):
         return "; ".join(cell(key, v) for v in value) or "-"
     if isinstance(value, Mapping):

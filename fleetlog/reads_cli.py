@@ -25,7 +25,7 @@ import msgspec
 
 from fleetlog.api.names import JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.auth_client import auth_headers, refused_why, tls_for, unreachable_why
-from fleetlog.display import human_row, plain_table, terminal_width
+from fleetlog.display import human_row, label, plain_table, terminal_width
 from fleetlog.usage import add_log_options, url_argument
 
 Fetch = Callable[[dict[str, list[str]]], dict[str, Any]]
@@ -180,7 +180,7 @@ _SHORT: Final = {"queue_position": "POS"}
 
 
 def _header(column: str) -> str:
-    return _SHORT.get(column) or column.removesuffix("_ms").upper()
+    return _SHORT.get(column) or label(column).upper()
 
 
 def _announced(place: Any) -> str | None:

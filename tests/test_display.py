@@ -45,10 +45,10 @@ def test_a_table_piped_to_a_file_keeps_every_column_and_line_whole(tmp_path: Pat
     assert lines[0].startswith("state at inputs offset 290 (log time 2026-01-01T00:01:55Z)")
     assert lines[0].endswith(" s")  # the whole sentence on one line
     header = next(line for line in lines if "last_heartbeat" in line)
-    for column in ("cell", "gpu_free_milli", "cpu_free_milli", "mem_free_mib", "last_heartbeat"):
+    for column in ("cell", "gpus_free", "cores_free", "mem_free_gib", "last_heartbeat"):  # people's units
         assert f" {column} " in header
     assert "│ c1   │ n0   │ up     │ A100      │ 8    │" in out
-    assert "786432" in out
+    assert "│ 768     │" in out  # 786,432 MiB of memory: 768 GiB
     assert "2026-01-01T00:01:45Z" in out  # a heartbeat time, whole
     assert max(len(line) for line in lines) > 100
 
@@ -226,3 +226,11 @@ def test_a_jobs_table_shows_the_first_rows_and_says_how_many_more(
     assert lines[reads_cli.TABLE_ROWS + 1] == (
         "(1,000 of 10,000 jobs shown, 9,000 more: --limit N shows more, -o json all)")
     assert len(lines) == reads_cli.TABLE_ROWS + 2 + 1 + 10_001  # the table, the json line, 10,000 rows
+
+
+def test_resources_read_in_gpus_cores_and_gib() -> None:
+    """Tables showed milli-units (``gpu_free_milli 2750``); ``-o json`` keeps them (exact integers)."""
+    row = human_row({"gpu_free_milli": 2750, "used_gpu_milli": 8000, "cpu_free_milli": 91_500,
+                     "mem_free_mib": 786_432, "pending_gpu_milli": None, "gpus": 8})
+    assert row == {"gpus_free": "2.75", "used_gpus": "8", "cores_free": "91.5", "mem_free_gib": "768",
+                   "pending_gpus": "-", "gpus": "8"}

@@ -81,8 +81,9 @@ async def test_tables_and_yaml_for_people(tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["jobs", "--log", str(log), "--state", "pending"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["JOB_ID", "STATE", "TENANT", "QUEUE", "PRIORITY", "TASKS", "GPU_MILLI",
-                                "CELL", "REASON", "POS", "SUBMITTED_AT"]
+    assert lines[0].split() == ["JOB_ID", "STATE", "TENANT", "QUEUE", "PRIORITY", "TASKS", "GPUS",
+                                "CELL", "REASON", "POS", "SUBMITTED_AT"]  # (gpu_milli shown in GPUs)
+    assert {line.split()[6] for line in lines[1:]} == {"1", "4"}  # four-GPU jobs (4000 milli in the API), q
     assert len(lines) == 1 + 6  # five four-GPU jobs and q wait
     assert all(" pending " in line for line in lines[1:])
     positions = {line.split()[0]: int(line.split()[-2]) for line in lines[1:]}
