@@ -204,6 +204,7 @@ def test_run_with_auth_on_a_public_bind_serves_and_never_logs_a_token(tmp_path: 
         port = proc.address().rsplit(":", 1)[1]
         url = f"http://127.0.0.1:{port}"
         assert health_at(f"127.0.0.1:{port}") is not None
+        proc.wait_leading(60)  # (HTTP is served before it leads: the kernels compile first)
         statuses = [call(url + "/v1/jobs", t)[0] for t in (GOOD, "x" + GOOD, EXPIRED, REVOKED, None)]
         assert statuses == [200, 401, 401, 401, 401]
         tokens_file(tokens, "not toml [[")
