@@ -208,6 +208,7 @@ def test_a_tenants_metadata_is_counted_from_submission_to_retirement() -> None:
     """``State.metadata_bytes`` (what the service's per-tenant bound reads): the held bytes of
     each live job's labels and annotations, the same by the plain and the batched fold, counted
     afresh after a restore, and given back as jobs retire (through a compaction too)."""
+    from fleetlog.core.invariants import check
     from fleetlog.core.state import CoreConfig, held_bytes
     from fleetlog.events import JobCancelled
 
@@ -221,6 +222,7 @@ def test_a_tenants_metadata_is_counted_from_submission_to_retirement() -> None:
     assert state.metadata_bytes("t0") == 0  # (asked before any job: kept by fold from then on)
     for at, e in enumerate([node("n0"), *jobs]):
         fold(state, e, at)
+        check(state)  # (the kept count equals a count afresh: invariants.metadata_bytes_match)
     for s in (state, batched, restore(snapshot(state))):
         assert [s.metadata_bytes(t) for t in ("t0", "t1", "t9")] == [held["t0"], held["t1"], 0]
     gone = jobs[:30]
@@ -228,6 +230,7 @@ def test_a_tenants_metadata_is_counted_from_submission_to_retirement() -> None:
         fold(state, JobCancelled(job_id=e.job_id), 50)
     fold(state, node("n0"), 3_050)  # a sweep: the cancelled ones retire, the table compacts
     assert state.jobs.size == 10
+    check(state)
     left = {t: held[t] - sum(held_bytes(j.labels, j.annotations) for j in gone if j.tenant == t)
             for t in held}
     assert (state.metadata_bytes("t0"), state.metadata_bytes("t1")) == (left["t0"], left["t1"])

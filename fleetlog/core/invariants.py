@@ -13,6 +13,7 @@ from fleetlog.core.state import (
     State,
     TaskState,
     collection_sums,
+    held_bytes,
     shape_key,
 )
 
@@ -32,6 +33,7 @@ def check(state: State) -> None:
         pending_count_matches,
         shape_stats_match_window,
         sums_match_collections,
+        metadata_bytes_match,
         retired_rows_released,
         constraints_consistent,
         foreign_consistent,
@@ -155,6 +157,22 @@ def sums_match_collections(state: State) -> str:
     """The running entry sums the digest reads equal sums computed afresh."""
     fresh = collection_sums(state)
     return "" if state.sums == fresh else f"running sums {state.sums} != {fresh} computed afresh"
+
+
+def metadata_bytes_match(state: State) -> str:
+    """Each tenant's metadata bytes fold keeps (once the service asked for them) equal a count
+    afresh over ``job_meta``: the per-tenant bound reads what is really held."""
+    kept = state.derived.meta_bytes
+    if kept is None:
+        return ""
+    fresh: dict[int, int] = {}
+    tenants = state.jobs.cols["tenant"]
+    for row, (labels, notes) in state.job_meta.items():
+        tenant = int(tenants[row])
+        fresh[tenant] = fresh.get(tenant, 0) + held_bytes(labels, notes)
+    if kept == fresh:
+        return ""
+    return f"metadata bytes by tenant {sorted(kept.items())[:3]} != {sorted(fresh.items())[:3]} afresh"
 
 
 def retired_rows_released(state: State) -> str:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import msgspec
 
-from fleetlog.core.state import held_bytes
+from fleetlog.core.fold import fold
+from fleetlog.core.state import State, held_bytes
 from fleetlog.events import JobSubmitted
 from fleetlog.events.model import MAX_JOB_METADATA_BYTES, metadata_bytes
+from fleetlog.service.metadata import metadata_refusal
 from tests.core.builders import job, node
 from tests.service.test_service import events_body, serving
 
@@ -75,3 +77,19 @@ async def test_a_tenant_past_its_metadata_bound_is_refused_and_the_others_go_on(
             assert status == 200, answer
         await running.until(lambda: running.service.loop is not None
                             and running.service.loop.state.metadata_bytes("a") == limit)
+
+
+def test_jobs_accepted_but_not_folded_count_toward_the_bound() -> None:
+    """What ingest appended and the loop has not folded yet is counted beside the state's: a
+    burst of requests cannot pass the bound before the fold catches up."""
+    state = State()
+    fold(state, dressed("a0", "a", 5_000), 1)
+    one = held_bytes(LABELS, {"n": "é" * 2_500})
+    unfolded = {"a1": dressed("a1", "a", 5_000), "b1": dressed("b1", "b", 5_000)}
+    assert metadata_refusal(state, unfolded, [dressed("a2", "a", 5_000)], 3 * one) is None
+    refused = metadata_refusal(state, unfolded, [dressed("a2", "a", 5_000)], 3 * one - 1)
+    assert refused is not None
+    assert refused.status == 429
+    answer = json.loads(refused.body)
+    assert (answer["code"], answer["held"], answer["limit"]) == ("too_much_metadata", 2 * one, 3 * one - 1)
+    assert metadata_refusal(state, unfolded, [job("a3", tenant="a")], 1) is None  # (no metadata)
