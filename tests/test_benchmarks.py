@@ -185,6 +185,14 @@ def test_http_ingest() -> None:
     assert cpu >= 0
 
 
+def test_http_ingest_with_each_fsync() -> None:
+    """docs/service.md quotes what ``fsync = "always"`` costs an ingest from this benchmark."""
+    for fsync in ("batch", "always"):
+        r = smoke("http_ingest", None, "--fsync", fsync)
+        assert r["fsync"] == fsync
+        positive(r, "requests_per_s", "request_ms_median", "request_ms_p99")
+
+
 def test_api() -> None:
     """The read API over HTTP against an embedded service holding only pending jobs (200 at
     --smoke): every job in one page, the first default page, one tenant's tenth; the in-process
