@@ -139,7 +139,8 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_pending_tasks_per_tenant: Positive | None = None
     """Of ``max_pending_tasks``, what one tenant may hold (its pending tasks plus those accepted
     but not folded; more: 429 ``too_much_pending`` naming the tenant), so one tenant cannot lock the others
-    out (issue 46); default: a quarter of ``max_pending_tasks``."""
+    out (issue 46); default: a quarter of ``max_pending_tasks``, and at least ``max_request_tasks``
+    (one largest request always fits an empty share)."""
     max_submitted_tasks_per_s: Annotated[float, Meta(gt=0)] | None = None
     """Tasks one tenant may submit a second, on average, beside ``max_submissions_per_s``'s jobs
     (a job of 10,000 tasks costs 10,000; more: 429 ``too_many_submissions``); none: no bound."""

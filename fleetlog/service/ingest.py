@@ -313,8 +313,10 @@ class IngestGate:
             task_rate, settings.max_submitted_task_burst or max(1, math.ceil(task_rate)), monotonic,
             "tasks", "max_submitted_tasks_per_s")
         """Tasks submitted per second per tenant (``max_submitted_tasks_per_s``), if bounded."""
-        self.tenant_limit = settings.max_pending_tasks_per_tenant or max(1, settings.max_pending_tasks // 4)
-        """What one tenant may hold of the pending work (``max_pending_tasks_per_tenant``)."""
+        self.tenant_limit = settings.max_pending_tasks_per_tenant or max(
+            settings.max_pending_tasks // 4, min(settings.max_request_tasks, settings.max_pending_tasks))
+        """What one tenant may hold of the pending work (``max_pending_tasks_per_tenant``; by
+        default a quarter, and at least one largest request: it always fits an empty share)."""
         self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fleetlog-ingest")
         self._unfolded: deque[tuple[int, int, Counter[str]]] = deque()  # (end, tasks, per tenant) appended
         self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission

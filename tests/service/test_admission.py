@@ -52,7 +52,7 @@ async def policed(tmp_path: Path, **settings: Any) -> Running:
 
 
 async def test_one_tenant_fills_its_share_of_pending_work_and_another_still_submits(tmp_path: Path) -> None:
-    running = await policed(tmp_path, max_pending_tasks=1_000, max_request_tasks=1_000)
+    running = await policed(tmp_path, max_pending_tasks=1_000, max_request_tasks=100)
     try:  # (no node: everything stays pending)
         sent = 0
         while True:  # alice submits 100 tasks at a time until she is refused
@@ -218,5 +218,16 @@ async def test_a_dry_run_under_another_tenants_id_says_nothing_of_its_job(tmp_pa
         assert (item["outcome"], item["reason"]) == ("refused", "job_id_taken"), item
         assert "4321" not in item["message"]
         assert "'a'" not in item["message"]
+    finally:
+        await running.stop()
+
+
+async def test_one_largest_request_always_fits_an_empty_share(tmp_path: Path) -> None:
+    running = await policed(tmp_path, max_pending_tasks=1_000, max_request_tasks=600)
+    try:  # (a quarter is 250: the share is the 600 of one request instead)
+        assert (await send(running, "alice", job("a0", tenant="a", tasks=600)))[0] == 200
+        status, answer = await send(running, "alice", job("a1", tenant="a", tasks=1))
+        assert (status, answer["limit"]) == (429, 600), answer
+        assert (await send(running, "bob", job("b0", tenant="b", tasks=400)))[0] == 200
     finally:
         await running.stop()
