@@ -565,3 +565,32 @@ def test_fuzz() -> None:
     assert set(r["targets"]) == {"envelope", "ingest_body", "config", "tokens_file", "policy_file", "http"}
     assert all(t["examples"] > 0 and t["failure"] is None for t in r["targets"].values())
     positive(r, "examples", "seconds_per_target")
+
+
+ABUSE_ATTACKS = ["body_slots", "dry_run", "errors_500", "exemption", "job_ids", "metadata", "pending",
+                 "priority", "reading", "tls_handshakes", "watch"]
+
+
+def test_abuse() -> None:
+    """Issue 46's bar at its tiniest: every attack ran against the real services beside the victim,
+    and each reports what it won (``attacks_succeeded``) and the victim's measures; the targets are
+    judged (``targets_met``) but not asserted — 2 s an attack measures nothing."""
+    r = smoke("abuse")
+    assert (r["benchmark"], r["size"]) == ("abuse", "smoke")
+    assert sorted(r["attacks"]) == ABUSE_ATTACKS
+    for name, found in r["attacks"].items():
+        assert "error" not in found["details"], (name, found["details"])
+        assert isinstance(found["attacks_succeeded"], int), name
+        assert found["attacks_succeeded"] >= found["attack_won"] + found["server_500s"], name
+        positive(found, "victim_submits", "victim_health_probes", "victim_health_max_s",
+                 "victim_submit_p99_ms")
+        assert found["victim_submit_p99_ms"] <= found["victim_submit_max_ms"], name
+    assert r["attacks_succeeded"] == sum(a["attacks_succeeded"] for a in r["attacks"].values())
+    assert r["attacks"]["reading"]["details"]["control_bob_reads_his_own"] is True  # (the probe can see)
+    assert len(r["attacks"]["reading"]["details"]["foreign_payload_read"]) == 12
+    assert r["attacks"]["watch"]["details"]["stuck_watchers"] == 2
+    assert r["attacks"]["tls_handshakes"]["details"]["silent_connections"] == 60
+    assert r["service_rss_growth_mib"] == r["attacks"]["watch"]["service_rss_growth_mib"] >= 0
+    assert set(r["targets_met"]) == {"attacks_succeeded_0", "victim_submit_p99_le_1s", "victim_health_le_1s",
+                                     "rss_growth_le_256mib", "all"}
+    assert r["service_starts"] == 2
