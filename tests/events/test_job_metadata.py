@@ -339,6 +339,7 @@ def test_the_docs_table_quotes_the_bounds_of_the_code() -> None:
         f"at most {MAX_JOB_LABELS} (`MAX_JOB_LABELS`)",
         f"at most {MAX_JOB_ANNOTATIONS} (`MAX_JOB_ANNOTATIONS`)",
         f"together at most {MAX_ANNOTATION_CHARS:,} characters (`MAX_ANNOTATION_CHARS`)",
+        f"keys and values at most {MAX_JOB_METADATA_BYTES:,} bytes of UTF-8 (`MAX_JOB_METADATA_BYTES`)",
         f"at most {MAX_PAYLOAD_CHARS:,} characters over its command's arguments, script, env names and "
         "values and image (`MAX_PAYLOAD_CHARS`)",
         f"at most {MAX_COMMAND_ARGS:,} arguments of at most {MAX_ARG_CHARS:,} characters "
