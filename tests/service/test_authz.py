@@ -173,7 +173,8 @@ async def test_a_rewritten_policy_is_honoured_without_restart_and_a_bad_one_fail
         assert (await send(running, "bob", job("a9", tenant="a")))[0] == 200
         king = '[[grant]]\nprincipal = "bob"\nroles = ["king"]\n'
         spoils = [(lambda: secret(policy, king), "unknown role"),
-                  (lambda: policy.chmod(0o666), "lets others read or write it"), (policy.unlink, "No such file")]
+                  (lambda: policy.chmod(0o666), "lets others read or write it"),
+                  (policy.unlink, "No such file")]
         for i, (spoil, said) in enumerate(spoils):
             spoil()
             await asyncio.sleep(1.3)
