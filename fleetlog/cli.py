@@ -304,6 +304,9 @@ def _add_module_commands(sub: Any) -> None:
     from fleetlog.client_cli import add_client_commands
 
     add_client_commands(sub, UsageError)
+    from fleetlog.cancel_cli import add_cancel_command
+
+    add_cancel_command(sub, UsageError, _replay_place)
     from fleetlog.replay.command import add_replay_commands
 
     add_replay_commands(sub, UsageError, _replay_place)

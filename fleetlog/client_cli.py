@@ -54,7 +54,7 @@ from fleetlog.usage import add_log_options
 
 CLI_PRODUCER_ID = "fleetlog-cli"
 EXIT_REFUSED = 1
-REFUSALS = frozenset({"already_exists", "unknown_job", "already_ended", "never_fits"})
+REFUSALS = frozenset({"already_exists", "job_id_taken", "unknown_job", "already_ended", "never_fits"})
 """Reasons that refuse what the log holds (exit 1), not the command line (exit 2)."""
 MAX_FILE_BYTES = MAX_EVENT_BYTES
 """The most ``submit --file`` reads (one event, a JSON array or JSON lines alike)."""
@@ -103,7 +103,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
-    """Register ``submit`` and ``cancel`` on the ``fleetlog`` subparsers; their problems are
+    """Register ``submit`` and ``send`` on the ``fleetlog`` subparsers (``cancel``:
+    :mod:`fleetlog.cancel_cli`); their problems are
     raised as ``usage_error``."""
     submit = sub.add_parser(
         "submit",
@@ -150,11 +151,6 @@ def add_client_commands(sub: Any, usage_error: type[Exception]) -> None:
     )
     _add_common(send)
     send.set_defaults(func=_reporting(cmd_send, usage_error))
-    cancel = sub.add_parser("cancel", help="cancel a job, pending or running")
-    cancel.add_argument("job_id", metavar="JOB_ID")
-    cancel.add_argument("--reason", default="", help="why (kept in the log)")
-    _add_common(cancel)
-    cancel.set_defaults(func=_reporting(cmd_cancel, usage_error))
 
 
 def _add_placement_flags(submit: argparse.ArgumentParser) -> None:
@@ -230,14 +226,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return code if url is None or code != 0 else modes.wait(args, envelopes, url)
     except modes.ModeError as exc:
         raise CommandLineError(str(exc)) from None
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    try:
-        env = keyed(JobCancelled(job_id=args.job_id, reason=args.reason), args.producer_id)
-    except ClientError as exc:
-        raise CommandLineError(f"invalid cancel: {exc}") from None
-    return _send(args, [env])
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -329,7 +317,7 @@ def _report(args: argparse.Namespace, envelopes: list[Envelope], sent: Sent, whe
             print(f"{type(event).__name__} {label} (key {env.key}) {what}: nothing appended ({where})")
         else:
             inputs = f"the {shard} inputs" if shard else "inputs"
-            print(f"{_named(event, label)} (key {env.key}) appended at {inputs} offset {at} ({where})")
+            print(f"{_named(event, str(label))} (key {env.key}) appended at {inputs} offset {at} ({where})")
 
 
 def _named(event: object, label: str) -> str:

@@ -128,7 +128,10 @@ async def test_through_the_running_service_alike(capsys: pytest.CaptureFixture[s
         assert code == 1
         assert one_line(err).startswith(
             "fleetlog submit: error: the running service at http://127.0.0.1:")
-        assert "job 'j1' already exists with another spec (tenant: 't' -> 't2'; tasks: 2x(" in err
+        assert "job id 'j1' is taken by another tenant's job" in err  # (nothing of that job said)
+        code, _, err = await asyncio.to_thread(cli, "submit", "j1", "--tenant", "t", "--tasks", "3")
+        assert code == 1
+        assert "job 'j1' already exists with another spec (tasks: 2x(" in err
         code, _, err = await asyncio.to_thread(cli, "cancel", "ghost")
         assert code == 1
         assert "(HTTP 404): event 0: cannot cancel job 'ghost': no such job" in one_line(err)
@@ -207,3 +210,35 @@ def test_the_docs_pipe_of_json_lines_into_submit_file_stdin(log_dir: Path) -> No
     assert (done.returncode, done.stderr) == (0, "")
     assert len(done.stdout.splitlines()) == 3
     assert [e.key for e in logged(log_dir)] == ["submit/j1", "submit/p0", "submit/p1", "submit/p2"]
+
+
+def test_cancel_takes_several_ids_and_selectors_like_scancel(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``cancel`` took one id: several in one request now, or ``--tenant``/``--queue``/``--state``
+    selecting the jobs not ended (read from the logs here, from the service's API when it runs)."""
+    log = str(tmp_path / "log")
+    for job_id, tenant, queue in (("a1", "a", "q"), ("a2", "a", "q"), ("a3", "a", "batch"), ("b1", "b", "q"),
+                                  ("b2", "b", "batch")):
+        code, _, err = run(capsys, "submit", job_id, "--tenant", tenant, "--queue", queue, "--log", log,
+                           "--create")
+        assert code == 0, err
+    code, out, err = run(capsys, "cancel", "a1", "b1", "--log", log, "--reason", "two at once")
+    assert code == 0, err
+    assert out.count("JobCancelled") == 2
+    code, out, err = run(capsys, "cancel", "--tenant", "a", "--queue", "q", "--log", log)
+    assert code == 0, err
+    assert "JobCancelled a2 " in out
+    assert out.count("JobCancelled") == 1  # (a1: cancelled already, so not selected)
+    code, out, err = run(capsys, "cancel", "b2", "a3", "--tenant", "b", "--log", log)  # ids narrowed
+    assert code == 0, err
+    assert (out.count("JobCancelled"), "JobCancelled b2 " in out) == (1, True)
+    code, out, err = run(capsys, "cancel", "--queue", "q", "--log", log)
+    assert (code, out) == (0, "")
+    assert "no job matches: nothing cancelled" in err
+    code, _, err = run(capsys, "cancel", "--log", log)
+    assert code == 2
+    assert "name the jobs to cancel" in one_line(err)
+    cancels = [e.event for e in logged(tmp_path / "log") if isinstance(e.event, JobCancelled)]
+    assert [c.job_id for c in cancels] == ["a1", "b1", "a2", "b2"]
+    assert cancels[0].reason == "two at once"
