@@ -112,14 +112,20 @@ owns the state (the watch: :func:`on_owner`) hops once per event, not per job.""
 
 def state_lookup(state: State) -> JobLookup:
     """:data:`JobLookup` over ``state`` (its current placements and submissions), to be called
-    where ``state`` does not change meanwhile (its loop's thread)."""
+    where ``state`` does not change meanwhile (its loop's thread).  Each column is read once for
+    all the ids (a decision batch names up to 10,000 jobs: a few milliseconds)."""
     def lookup(job_ids: Collection[str]) -> dict[str, JobWhere]:
-        found = {}
-        for job_id in job_ids:
-            row = state.job_row(job_id)
-            if 0 <= row < state.jobs.size:
-                found[job_id] = (job_tenant(state, row), job_cells(state, row))
-        return found
+        ids = list(job_ids)
+        if not ids or not state.jobs.size:
+            return {}
+        where = state.names["job"].ids
+        rows = np.fromiter((where.get(job_id, -1) for job_id in ids), np.int64, len(ids))
+        known = (rows >= 0) & (rows < state.jobs.size)
+        rows = np.where(known, rows, 0)
+        cols, tenants, cells = state.jobs.cols, state.names["tenant"].names, state.names["cell"].names
+        tenant_ids, cell_ids = cols["tenant"][rows].tolist(), cols["cell"][rows].tolist()
+        return {job_id: (tenants[t], (cells[c],) if c >= 0 else ())
+                for job_id, ok, t, c in zip(ids, known.tolist(), tenant_ids, cell_ids, strict=True) if ok}
     return lookup
 
 
