@@ -67,6 +67,9 @@ async def verify_fleet(opened: Opened, only: Shard | None = None, progress: Prog
             reports.append(await _verify_global(opened, progress))
         else:
             reports.append(await _verify_cell(opened, shard, progress, jobs))
+        cut = (await opened.get(shard)).cut  # (a torn decisions tail, a log under its high water)
+        if cut:  # what is left may replay, but the shard's log is not whole: not a pass (issue 46)
+            reports[-1] = {**reports[-1], "ok": False, "cut": list(cut)}
     diverged = next((r["shard"] for r in reports if not r["ok"]), None)
     empty = all(r.get("steps", r.get("batches")) == 0 for r in reports)
     return {"ok": diverged is None and not empty, "diverged": diverged, "nothing_to_verify": empty,

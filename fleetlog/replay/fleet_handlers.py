@@ -81,7 +81,11 @@ async def cmd_verify(args: argparse.Namespace, opened: Opened, only: Shard | Non
 
 def _print_verify(report: dict[str, Any]) -> None:
     for r in report["shards"]:
-        print(f"{r['shard']:<10} {'OK' if r['ok'] else 'DIVERGED':<9} {_verified(r)}")
+        cut = r.get("cut", [])
+        status = "OK" if r["ok"] else "CUT" if cut and r["divergence"] is None else "DIVERGED"
+        print(f"{r['shard']:<10} {status:<9} {_verified(r)}")
+        for note in cut:
+            print(f"           the log was cut: {note}")
         d = r["divergence"]
         if d is not None:
             print(f"           at decisions@{d['decisions_offset']} (as_of {d['as_of']}): {d['what']}")
@@ -96,7 +100,9 @@ def _print_verify(report: dict[str, Any]) -> None:
             print(f"           replayed: {out['replayed']}")
     n = len(report["shards"])
     if report["diverged"] is not None:
-        print(f"DIVERGED: {report['diverged']}")
+        first = next(r for r in report["shards"] if r["shard"] == report["diverged"])
+        label = "CUT" if first.get("cut") and first["divergence"] is None else "DIVERGED"
+        print(f"{label}: {first['shard']}")
     elif report["nothing_to_verify"]:
         print("NOTHING TO VERIFY: no dispatcher step and no decision batch in any shard yet")
     else:

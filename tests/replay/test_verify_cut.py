@@ -107,3 +107,28 @@ def test_a_decisions_log_cut_at_a_frame_boundary_fails_verify_by_its_high_water(
     assert f"the decisions log ends at {len(ends) // 2} but once held {end} records" in cut[0]
     assert "move high-water.json away" in cut[0]
     assert text.startswith("CUT: ")
+
+
+def test_a_cell_partitions_decisions_cut_mid_frame_fails_the_sharded_verify(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    from tests.replay.test_fleet import Deployment, config_for
+
+    log = tmp_path / "log"
+    asyncio.run(Deployment(log).run())
+    segment = _segment(log / "cells-1")
+    data = segment.read_bytes()
+    assert len(data) // 2 not in _frame_ends(data)
+    segment.write_bytes(data[: len(data) // 2])
+    config = config_for(log, tmp_path)
+    assert main(["replay", "verify", "--config", config, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    by = {r["shard"]: r for r in report["shards"]}
+    assert (report["ok"], report["diverged"]) == (False, "cells-1")
+    assert by["cells-1"]["divergence"] is None
+    assert "decisions: ignored (read-only)" in by["cells-1"]["cut"][0]
+    assert by["cells-0"]["ok"]
+    assert main(["replay", "verify", "--config", config]) == 1
+    text = capsys.readouterr().out
+    assert text.splitlines()[-1] == "CUT: cells-1"
+    assert "cells-1    CUT" in text
