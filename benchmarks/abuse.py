@@ -1,20 +1,25 @@
 """Issue 46's bar: the read path, admission and connections under attack, beside a victim.
 
-``python -m benchmarks.abuse --json`` starts a real ``fleetlog run`` (a child process: file log in
-a temporary directory, ``[auth]`` on with a tokens file, a policy file and TLS from a self-signed
-certificate made with ``openssl``; at most :data:`SERVICE_FDS` file descriptors, as in the issue's
-``ulimit -n 1024``) and mounts each attack of issue 46 in turn, one at a time, for ``phase_s``
-seconds (30; 8 at ``--quick``, 2 at ``--smoke``), beside a well-behaved tenant:
+``python -m benchmarks.abuse --json`` starts a real ``fleetlog run`` (a child process, its own
+settings but for ``max_submissions_per_s = 5`` (burst 50), ``max_pending_tasks`` (below) and a
+node timeout of a day: file log in a temporary directory, ``[auth]`` on with a tokens file and a
+policy file; at most ``SERVICE_FDS`` (1,024) file descriptors, as in the issue's ``ulimit -n
+1024``; a fleet of 4 nodes of 8 GPUs; ``alice`` and ``bob`` each a nominal quota of half) and
+mounts each attack of issue 46 in turn, one at a time, for ``phase_s`` seconds (30; 8 at
+``--quick``, 2 at ``--smoke``); then ``tls_handshakes`` against a second ``fleetlog run`` that
+serves TLS (a self-signed certificate made with ``openssl``).  The victim's clients connect from
+127.0.0.2, the attackers' from 127.0.0.3 (a service that shares its slots by peer tells them
+apart as it would two hosts), beside a well-behaved tenant:
 
-* **the victim**: ``bob`` (``tenant:bob``) submits one small job a second (a new TLS connection
+* **the victim**: ``bob`` (``tenant:bob``) submits one small job a second (a new connection
   each, as ``fleetlog submit`` does) — ``victim_submit_p99_ms`` over them; ``/healthz`` is probed
-  one after another every :data:`HEALTH_EVERY_S` on a new connection each (as a kubelet does) —
+  one after another every 0.1 s on a new connection each (as a kubelet does) —
   ``victim_health_max_s``, a probe cut at the phase's end counting the time it had waited; and
   ``rdr`` (``reader``) reads ``/v1/watch`` of the decisions all along (``victim_watch_bytes``).
 
 Per attack, ``attacks_succeeded`` counts what the issue counts as the attack succeeding: each
 victim submission refused (any answer but 200: 409, 429…) or not answered (a connection refused
-or cut, or no answer in :data:`TIMEOUT_S`), each 500 any client of the phase got, and what the
+or cut, or no answer in 60 s), each 500 any client of the phase got, and what the
 attack itself wins (below).  The attacks (``alice`` is ``tenant:alice``, equal quotas to
 ``bob``'s; every job of hers is cancelled by ``ops`` after its phase):
 
@@ -27,22 +32,28 @@ attack itself wins (below).  The attacks (``alice`` is ``tenant:alice``, equal q
 * ``job_ids``: ``alice`` first submits the ids bob will use in the phase; bob's 409s are the wins.
 * ``exemption``: ``ghost`` (``backend:nope``, a cell that does not exist) submits jobs held to its
   cell as fast as it can; wins 1 when it got more than the rate limit allows a tenant
-  (:data:`RATE_PER_S` a second after a burst of :data:`BURST`, plus a second's grace).
-* ``metadata``: ``alice`` submits jobs at every metadata bound (64 labels of 253 characters,
-  64 KiB of annotations, a 256 KiB payload) as fast as she is let.
-* ``pending``: ``alice`` fills the pending work (gangs of 10,000 one-CPU tasks held to a cell
-  without nodes, so they wait) past ``max_pending_tasks`` (1,000,000; 200,000 at ``--quick``).
+  (5 a second after a burst of 50, plus a second's grace).
+* ``metadata``: ``alice`` submits jobs at every metadata bound (64 labels and 64 annotations filling
+  ``MAX_JOB_METADATA_BYTES``, or before it 64 labels of 253 characters and 64 KiB of annotations;
+  a 256 KiB payload) as fast as she is let, in requests of 20 (7 MB).
+* ``pending``: ``alice`` fills the pending work (gangs of up to 10,000 one-CPU tasks held to a
+  cell without nodes, so they wait) up to ``max_pending_tasks`` (1,000,000; 400,000 at
+  ``--quick``): 100,000 tasks a request until a 429 ``too_much_pending`` says how much room is
+  left, then exactly that, and she holds the bound for the rest of the phase.
 * ``watch``: ``watchers`` stuck watch streams of ``alice`` (16; 8 at ``--quick``), half of the
   inputs, half of the decisions, from the start, read to their status line and never again, on
   sockets with a 4 KiB receive buffer; ``service_rss_growth_mib`` is the service's largest
-  ``VmRSS`` during the phase over its ``VmRSS`` at the start (sampled every 0.25 s), and
-  ``rss_after_close_growth_mib`` the same 2 s after the streams closed.  (The inputs then hold
+  ``VmRSS`` during the phase over its ``VmRSS`` at the start (sampled every 0.25 s; every attack
+  reports it), ``rss_at_close_mib`` and ``rss_2s_after_close_mib`` the ``VmRSS`` as the streams
+  closed and 2 s later.  (The inputs then hold
   the ``metadata`` phase's jobs: the large records.)
 * ``dry_run``: ``rdr`` posts one dry run of ``dry_jobs`` jobs × 10,000 tasks (1,000; 100 at
-  ``--quick``) while ``alice`` repeats one-job dry runs on two connections for the phase.
-* ``priority``: bob runs ``priority_jobs`` jobs of 2 GPUs (8: his whole nominal quota) before the
-  phase; ``alice`` submits 8 jobs of 8 GPUs at priority 1,000,000; each of bob's jobs preempted (its
-  story says ``preempted``, or it waits again) is a win.
+  ``--quick``; tasks that ask for nothing, so every one is placed and answered) while ``alice``
+  repeats one-job dry runs on two connections for the phase.
+* ``priority``: before the phase bob runs ``priority_jobs`` gangs (4; 2 at ``--smoke``) of 4
+  one-GPU tasks on 4 distinct hosts (16 GPUs: his whole nominal quota), so that no node is free
+  whole; ``alice`` submits 2 jobs of a whole node (8 GPUs: her nominal quota) at priority
+  1,000,000; each of bob's jobs preempted (its story says ``preempted``, or it waits again) is a win.
 * ``body_slots``: 16 request heads with ``Content-Length`` and no body from ``alice`` and 16 from
   ``nope`` (a token the policy names nowhere), each reopened when the service closes it.
 * ``tls_handshakes``: ``tls_connections`` (1,200; 60 at ``--smoke``) TCP connections that never
@@ -188,7 +199,6 @@ async def reading(run: Run, victim: Victim) -> dict[str, Any]:
 async def squat_ids(run: Run, victim: Victim) -> dict[str, Any]:
     """(Before the victim starts.)  Alice takes the ids bob will use."""
     ids = victim.ids(int(run.size.phase_s) + 5)
-    run.cleanup += ids
     status, raw = await run.submit("alice", [job(i, "alice", cells=(FAR,)) for i in ids])
     return {"squat_status": f"{status} {code_of(raw) if status != 200 else ''}".strip(), "squatted": len(ids)}
 
@@ -208,7 +218,6 @@ async def exemption(run: Run, victim: Victim) -> dict[str, Any]:
             continue
         ids = [f"ghost-{n + i:06d}" for i in range(50)]
         n += 50
-        run.cleanup += ids
         status, raw = await run.submit("ghost", [job(i, "ghost", cells=("nope",)) for i in ids])
         answers[f"{status} {code_of(raw)}" if status != 200 else "200"] += 1
         accepted += 50 if status == 200 else 0
@@ -243,7 +252,6 @@ async def metadata(run: Run, victim: Victim) -> dict[str, Any]:
     while time.monotonic() - started < run.size.phase_s and accepted < run.size.metadata_jobs:
         ids = [f"meta-{n + i:06d}" for i in range(20)]  # (20 jobs: 7 MB, under the 8 MiB body bound)
         n += 20
-        run.cleanup += ids
         status, raw = await run.submit("alice", [_heavy(i) for i in ids])
         answers[f"{status} {code_of(raw)}" if status != 200 else "200"] += 1
         accepted += 20 if status == 200 else 0
@@ -253,19 +261,33 @@ async def metadata(run: Run, victim: Victim) -> dict[str, Any]:
     return {"heavy_jobs_accepted": accepted, "answers": dict(answers)}
 
 
+def _room(raw: bytes) -> int | None:
+    """The tasks a 429 ``too_much_pending`` says are left under the bound it names."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        answer = json.loads(raw)
+        return int(answer["limit"]) - int(answer["pending"])
+    return None
+
+
 async def pending(run: Run, victim: Victim) -> dict[str, Any]:
+    """Alice fills the pending work: requests of 100,000 tasks (``max_request_tasks``) until the
+    service says how much room is left, then exactly that, then holds the bound."""
     started = time.monotonic()
-    accepted, answers, n = 0, Counter[str](), 0
-    per_request = max(1, min(10, run.size.max_pending_tasks // 50_000))  # (10: max_request_tasks)
+    accepted, answers, n, want = 0, Counter[str](), 0, 100_000
     while time.monotonic() - started < run.size.phase_s:
-        ids = [f"fill-{n + i:06d}" for i in range(per_request)]
-        n += per_request
-        run.cleanup += ids
-        status, raw = await run.submit("alice", [job(i, "alice", tasks=10_000, cpu=1000, cells=(FAR,))
-                                                 for i in ids])
+        sizes = [min(10_000, want - first) for first in range(0, want, 10_000)]
+        ids = [f"fill-{n + i:06d}" for i in range(len(sizes))]
+        n += len(sizes)
+        status, raw = await run.submit("alice", [job(i, "alice", tasks=k, cpu=1000, cells=(FAR,))
+                                                 for i, k in zip(ids, sizes, strict=True)])
         answers[f"{status} {code_of(raw)}" if status != 200 else "200"] += 1
-        accepted += 10_000 * per_request if status == 200 else 0
-        if status != 200:
+        if status == 200:
+            accepted += want
+            continue
+        room = _room(raw) if code_of(raw) == "too_much_pending" else None
+        if room is not None and room > 0:
+            want = min(want, room)
+        else:
             await asyncio.sleep(0.5)
     return {"alice_tasks_accepted": accepted, "max_pending_tasks": run.size.max_pending_tasks,
             "answers": dict(answers)}
@@ -319,7 +341,7 @@ async def _drain(run: Run, who: str, path: str, payload: bytes, limit_s: float) 
 
 async def dry_run(run: Run, victim: Victim) -> dict[str, Any]:
     started = time.monotonic()
-    big = body(job(f"dry-{i:05d}", "alice", tasks=10_000, cpu=1000) for i in range(run.size.dry_jobs))
+    big = body(job(f"dry-{i:05d}", "alice", tasks=10_000, cpu=0, mem=0) for i in range(run.size.dry_jobs))
     one = body([job("dry-one", "alice", cpu=1000)])
     repeated: list[tuple[str, float, int]] = []
 
@@ -363,25 +385,27 @@ def _preempted(detail: dict[str, Any]) -> bool:
 
 
 async def hold_gpus(run: Run, victim: Victim) -> dict[str, Any]:
-    """(Before the victim starts.)  Bob runs his nominal quota's worth of GPUs."""
+    """(Before the victim starts.)  Bob runs gangs of 4 one-GPU tasks on 4 hosts (``spread``), his
+    nominal quota's worth at full size: every node holds some of bob's GPUs, none is free whole."""
     ids = [f"{victim.prefix}-gpu-{i:02d}" for i in range(run.size.priority_jobs)]
-    run.cleanup += ids
     victim.held = ids
-    status, raw = await run.submit("bob", [job(i, "bob", cpu=2000, mem=8192, gpus=2) for i in ids])
+    status, raw = await run.submit("bob", [job(i, "bob", tasks=NODES, cpu=2000, mem=8192, gpus=1,
+                                               spread="host") for i in ids])
     placed = await _placed(run, ids, 30) if status == 200 else 0
     return {"victim_gpu_jobs": len(ids), "victim_gpu_jobs_placed": placed,
             "victim_gpu_submit": f"{status} {code_of(raw) if status != 200 else ''}".strip()}
 
 
 async def priority(run: Run, victim: Victim) -> dict[str, Any]:
+    """Alice, inside her nominal quota (2 jobs of a whole node each), at priority 1,000,000."""
     started = time.monotonic()
-    ids = [f"prio-{victim.prefix}-{i:02d}" for i in range(8)]
-    run.cleanup += ids
-    status, raw = await run.submit("alice", [job(i, "alice", cpu=8000, mem=65536, gpus=8, priority=1_000_000)
-                                             for i in ids])
+    ids = [f"prio-{victim.prefix}-{i:02d}" for i in range(2)]
+    status, raw = await run.submit("alice", [job(i, "alice", cpu=8000, mem=65536, gpus=NODE_GPUS,
+                                                 priority=1_000_000) for i in ids])
     await until_end(run, started)
     preempted = sum([_preempted(await _job_state(run, i)) for i in victim.held])
-    return {"succeeded": preempted, "victim_preempted": preempted,
+    placed = sum([(await _job_state(run, i)).get("state") in ("placed", "running") for i in ids])
+    return {"succeeded": preempted, "victim_preempted": preempted, "alice_placed": placed,
             "alice_submit": f"{status} {code_of(raw) if status != 200 else ''}".strip()}
 
 
@@ -469,6 +493,7 @@ async def setup(run: Run) -> None:
         status, raw = await run.submit(who, events)
         if status != 200:
             raise SystemExit(f"benchmarks.abuse: setup as {who}: {status} {raw[:300]!r}")
+    run.cleanup.clear()  # (bob's job with the secret stays for the reading attack)
     await asyncio.sleep(1)
 
 
