@@ -1089,8 +1089,8 @@ class FileLogStore(LogStore):
             return
         if self.config.read_only and not self.directory.is_dir():
             raise LogError(f"no file log at {self.directory}")
-        for directory in dict.fromkeys((self.base, self.directory)):  # (issue 46: others may not write it)
-            check_trusted(directory)
+        for directory in dict.fromkeys((self.base, self.directory)) if not self.config.read_only else ():
+            check_trusted(directory)  # (issue 46: a writer's log that others may write could be forged)
         if not self.config.read_only:
             self._lock_fd = _acquire_lock(self.directory, self.yields)
         logs = {name: FileLog(name, self.directory / name, self._clock, self.config) for name in LOG_NAMES}
