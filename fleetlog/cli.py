@@ -203,7 +203,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = configure(args.config, args.log, args.kafka, policy=args.policy, http_port=args.http_port,
                            node_timeout_ms=args.node_timeout_flag_ms, role=args.role)
-        check_role(config)
+        check_role(config, create=args.create)
     except CommandError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -287,6 +287,8 @@ def _add_service_commands(sub: Any) -> None:
     run.add_argument("--role", choices=("all", "dispatch", "cell"),
                      help="all (one shard over the fleet, the default), dispatch or cell: the global "
                      "dispatcher or the cell shards of the [cells] map (docs/scale-out.md)")
+    run.add_argument("--create", action="store_true",
+                     help="start a new file log in an empty or new --log DIR (else DIR must hold one)")
     add_logging_options(run, "json", "info")  # the service's lines are JSON objects for collectors
     add_node_timeout(run, "producers must send heartbeats more often (docs/service.md)")
     run.set_defaults(func=cmd_run)
@@ -326,6 +328,9 @@ def _add_module_commands(sub: Any) -> None:
     from fleetlog.auth_cli import add_auth_commands
 
     add_auth_commands(sub, UsageError)
+    from fleetlog.agent_cli import add_agent_command
+
+    add_agent_command(sub, UsageError)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,6 +48,7 @@ from fleetlog.events.model import (
 from fleetlog.log.base import DECISIONS, INPUTS, Shard
 from fleetlog.log.discovery import running_service
 from fleetlog.log.location import ConfigError
+from fleetlog.log.logdir import LogDirError, check_log_place
 from fleetlog.logsetup import silence
 from fleetlog.service.config import Config, load_config
 from fleetlog.usage import add_log_options
@@ -250,9 +251,15 @@ def configured(args: argparse.Namespace) -> Config:
 def check_log_dir(config: Config, create: bool) -> None:
     """A file log must exist unless ``create``: a mistyped ``--log`` is an error, as it is for
     ``fleetlog status``, not a new empty log the scheduler never reads."""
-    if config.log.dir is None or create:
+    if config.log.dir is None:
         return
     path = Path(config.log.dir)
+    if create:  # a new or empty directory, or a log: never one holding a user's files (/etc)
+        try:
+            check_log_place(path, create=True)
+        except LogDirError as exc:
+            raise CommandLineError(str(exc)) from None
+        return
     if running_service(path) is not None:
         return  # the service that holds it answers
     # with a [cells] map the logs are in the shards' directories: global/, cells-<p>/

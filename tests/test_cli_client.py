@@ -584,3 +584,29 @@ def test_submit_file_refuses_what_the_http_api_refuses_in_one_line(
     with pytest.raises(BadEventError) as http:  # the HTTP API's decoder says the same
         decode(wrapped.encode(), CONTENT_TYPE_JSON)
     assert http.value.reason == reason
+
+
+def test_run_and_submit_never_write_a_log_into_a_directory_of_other_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    """``fleetlog run --log /etc`` wrote ``LOCK``, ``inputs/``, ``decisions/`` beside the user's files.
+    A directory holding anything but a fleetlog log is refused, ``--create`` or not; a new or empty
+    one needs ``--create`` (a mistyped path is an error, as for ``submit``)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "notes.txt").write_text("mine")
+    for argv in (["run", "--log", str(home), "--http-port", "0"],
+                 ["run", "--log", str(home), "--http-port", "0", "--create"],
+                 ["submit", "j1", "--tenant", "t", "--log", str(home), "--create"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2, err
+        assert "holds 'notes.txt', which is not part of a fleetlog log" in err
+        assert len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]  # nothing written beside it
+    for missing in (tmp_path / "typo", tmp_path / "empty"):
+        if missing.name == "empty":
+            missing.mkdir(mode=0o700)
+        code, _, err = run(capsys, "run", "--log", str(missing), "--http-port", "0")
+        assert code == 2, err
+        assert "--create starts a new one" in err
+    assert not (tmp_path / "typo").exists()

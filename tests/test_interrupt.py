@@ -123,7 +123,7 @@ def test_replay_stops_at_once_with_one_line(tmp_path: Path) -> None:
 
 def test_run_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    child = start(tmp_path, "run", "--log", str(log), "--http-port", "0")
+    child = start(tmp_path, "run", "--log", str(log), "--create", "--http-port", "0")
     _, err = interrupt_when(child, (log / "service.json").is_file)
     assert child.returncode == 0, err
     assert "Traceback" not in err

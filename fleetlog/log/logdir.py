@@ -199,3 +199,29 @@ def check_overwrite(
                 f"{flag} {path.parent}: holds the report of an earlier run; pass --force to replace it, "
                 "or choose an empty or new directory"
             )
+
+
+SHARD_DIR: Final = re.compile(r"global|cells-\d+")
+"""The sub-directories a ``[cells]`` map's file log keeps a whole log in each (docs/logs.md)."""
+
+
+def check_log_place(directory: Path, *, create: bool, flag: str = "--log") -> None:
+    """Before a command writes into ``directory`` as its file log (``fleetlog run``, ``submit``):
+    it must hold a fleetlog log, or be empty or missing and ``create`` given (``--create``: a
+    mistyped path is an error, not a new log); a directory holding anything else — ``/etc``, a
+    home folder — is refused whatever the flags, so fleetlog never writes its ``LOCK``,
+    ``inputs/``… beside a user's files."""
+    if not directory.exists() and not directory.is_symlink():
+        if create:
+            return
+        raise LogDirError(f"{flag} {directory}: no file log there (expected {', '.join(LOG_NAMES)} "
+                          "directories); --create starts a new one")
+    if not directory.is_dir():
+        raise LogDirError(f"{flag} {directory}: not a directory")
+    found = survey(directory, lambda name: SHARD_DIR.fullmatch(name) is not None)
+    if found.foreign is not None:
+        raise LogDirError(f"{flag} {directory}: holds {found.foreign!r}, which is not part of a fleetlog "
+                          "log; fleetlog writes its log only into a new or empty directory (with --create) "
+                          "or one holding a fleetlog log")
+    if found.empty and not create:
+        raise LogDirError(f"{flag} {directory}: empty, no file log there; --create starts a new one")

@@ -12,7 +12,7 @@ from typing import Any
 import uvloop
 
 from fleetlog.log.location import ConfigError
-from fleetlog.log.logdir import UntrustedError, check_trusted
+from fleetlog.log.logdir import LogDirError, check_log_place, check_trusted
 from fleetlog.service.auth import AuthError, security
 from fleetlog.service.authz import Authorizer, authenticates
 from fleetlog.service.config import Config, load_config
@@ -36,7 +36,7 @@ def configure(config_path: str | None, log_dir: str | None, kafka: str | None, *
         raise CommandError(str(exc)) from None
 
 
-def check_role(config: Config) -> None:
+def check_role(config: Config, create: bool = True) -> None:
     """What ``fleetlog run`` cannot run: the roles apart on the file log (one process holds every
     partition's directory: ``--role all`` with the map)."""
     if config.kafka is None and config.service.role != "all":
@@ -52,7 +52,8 @@ def check_role(config: Config) -> None:
         Authorizer(auth.policy_file)
         if config.log.dir is not None:  # (issue 46: a directory others may write is not the log's)
             check_trusted(Path(config.log.dir))
-    except (AuthError, UntrustedError) as exc:
+            check_log_place(Path(config.log.dir), create=create)  # (issue 47: never into /etc)
+    except (AuthError, LogDirError) as exc:
         raise CommandError(str(exc)) from None
 
 

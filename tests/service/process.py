@@ -26,7 +26,7 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fleetlog.cli", "run", "--http-port", "0", *self.args],
+                [sys.executable, "-m", "fleetlog.cli", "run", "--http-port", "0", "--create", *self.args],
                 cwd=REPO, env={**os.environ, **self.env}, stdout=log, stderr=log,
             )
         return self

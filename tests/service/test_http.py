@@ -142,7 +142,7 @@ class LimitedService(ServiceProcess):
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(  # prlimit execs the service: its pid is the service's
                 ["prlimit", f"--nofile={self.descriptors}", sys.executable, "-m", "fleetlog.cli", "run",
-                 "--http-port", "0", *self.args], cwd=REPO, stdout=log, stderr=log,
+                 "--http-port", "0", "--create", *self.args], cwd=REPO, stdout=log, stderr=log,
             )
         return self
 

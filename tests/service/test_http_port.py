@@ -94,7 +94,7 @@ def test_a_port_held_by_another_program_is_one_line_and_exit_2(tmp_path: Path) -
         port = holder.getsockname()[1]
         started = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "fleetlog.cli", "run", "--log", str(tmp_path / "log"),
+            [sys.executable, "-m", "fleetlog.cli", "run", "--create", "--log", str(tmp_path / "log"),
              "--http-port", str(port)],
             check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
             env={**os.environ, **ENV},
@@ -114,7 +114,8 @@ def test_an_address_that_cannot_be_bound_is_one_line_and_exit_2_at_start(tmp_pat
     tokens.write_text(f'[[token]]\nprincipal = "operator"\nsha256 = "{"0" * 64}"\n')
     tokens.chmod(0o600)
     done = subprocess.run(
-        [sys.executable, "-m", "fleetlog.cli", "run", "--log", str(tmp_path / "log"), "--http-port", "9"],
+        [sys.executable, "-m", "fleetlog.cli", "run", "--create", "--log", str(tmp_path / "log"),
+         "--http-port", "9"],
         check=False, cwd=REPO, capture_output=True, text=True, timeout=300,
         env={**os.environ, **ENV, "FLEETLOG_SERVICE_HTTP_HOST": "no-such-host.invalid",
              "FLEETLOG_AUTH_TOKENS_FILE": str(tokens)},
