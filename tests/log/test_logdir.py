@@ -12,7 +12,7 @@ import pytest
 
 from fleetlog.log.base import DECISIONS, INPUTS, Message
 from fleetlog.log.file import FileLogStore, RecoveryWarning, announce_intent
-from fleetlog.log.logdir import LogDirError, check_overwrite, prepare_log_dir, survey
+from fleetlog.log.logdir import LogDirError, UntrustedError, check_overwrite, prepare_log_dir, survey
 from fleetlog.log.private import write_private
 from fleetlog.log.snapshots import DirectorySnapshots, Snapshot, SnapshotHeader, encode_snapshot
 
@@ -152,3 +152,20 @@ def test_overwrite_only_our_own_files_and_only_when_asked(tmp_path: Path) -> Non
     theirs.write_text("holiday")
     with pytest.raises(LogDirError, match=r"'plot\.png', which fleetlog did not write"):
         check_overwrite({theirs: lambda _: False}, replace=True, flag="--report")
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o720])
+async def test_a_writer_refuses_a_log_directory_others_may_write_and_a_reader_still_reads_it(
+    tmp_path: Path, mode: int,
+) -> None:
+    directory = tmp_path / "log"
+    async with FileLogStore(directory, fsync="never") as store:
+        await store.log(INPUTS).append([Message(b"x")])
+    directory.chmod(mode)
+    with pytest.raises(UntrustedError, match=f"{directory}: mode d.* lets other users write it.*chmod 700"):
+        await FileLogStore(directory, fsync="never").open()
+    async with FileLogStore(directory, read_only=True) as store:  # replay appends nothing
+        assert await store.log(INPUTS).end_offset() == 1
+    directory.chmod(0o700)
+    async with FileLogStore(directory, fsync="never") as store:
+        assert await store.log(INPUTS).end_offset() == 1
