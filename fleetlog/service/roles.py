@@ -32,7 +32,7 @@ from fleetlog.log.base import LogStore, Shard
 from fleetlog.log.file import LockedError
 from fleetlog.log.kafka import FencedError, KafkaLogStore, shard_config
 from fleetlog.log.location import make_store
-from fleetlog.service.auth import security
+from fleetlog.service.auth import refused_files, security
 from fleetlog.service.authz import warn_unpoliced
 from fleetlog.service.cellrunner import RETRY_S, CellShards
 from fleetlog.service.cellshard import shard_snapshots
@@ -330,6 +330,9 @@ class RoleService:
         if self.role != "dispatch":
             found["partitions"] = partitions
             found["rebalances"] = self.ownership.rebalances if self.ownership is not None else 0
+        refused = refused_files(None if self.http.auth is None else self.http.auth.tokens)
+        if refused:  # (fail closed: nobody authenticates until the tokens file is good again)
+            found["auth_refused"] = refused
         return found
 
     async def _handle(self, request: Request) -> Response:

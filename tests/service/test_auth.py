@@ -13,10 +13,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from fleetlog.service.auth import Authenticator, AuthError, entry_toml, new_token, token_hash
-from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
+from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings, load_config
 from tests.core.builders import job, node
 from tests.service.process import REPO, ServiceProcess, health_at
 from tests.service.test_service import Running, events_body, start
@@ -265,3 +266,23 @@ def test_replay_serve_refuses_a_public_bind_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "loopback only" in done.stderr
+
+
+async def test_the_roles_health_says_why_nobody_is_authenticated(tmp_path: Path) -> None:
+    """``--role all`` with a ``[cells]`` map: the same fail-closed tokens file, the same health."""
+    from fleetlog.service.roles import RoleService
+
+    tokens = standard_tokens(tmp_path / "tokens.toml")
+    config = load_config(None, {}, log_dir=str(tmp_path / "log"))
+    config = msgspec.structs.replace(config, cells=(("a", 0), ("b", 1)),
+                                     auth=AuthSettings(tokens_file=str(tokens)))
+    service = RoleService(config)
+    assert "auth_refused" not in service.health()
+    assert service.http.auth is not None
+    assert service.http.auth.check(f"Bearer {GOOD}").principal == "tenant:a"
+    tokens.unlink()
+    await asyncio.sleep(1.2)
+    verdict = service.http.auth.check(f"Bearer {GOOD}")
+    assert verdict.principal is None
+    assert "No such file" in verdict.problem
+    assert "No such file" in service.health()["auth_refused"]["auth.tokens_file"]
