@@ -94,6 +94,9 @@ class NodeItem(msgspec.Struct, frozen=True):
     mem_mib: int
     mem_free_mib: int
     last_heartbeat_ms: int
+    heard_ago_ms: int
+    """How long before the state's log time (its newest input's, ``now_ms``) the node was last heard
+    from: a node silent past ``service.node_timeout_ms`` goes down at the next sweep."""
     cordoned: bool = False
     """No new task is placed on it: the backend cordoned it, or an operator drained it."""
     drained: str | None = None
@@ -406,6 +409,7 @@ def _node_item(state: State, row: int) -> NodeItem:
         mem_mib=int(c["mem_alloc"][row]),
         mem_free_mib=int(c["mem_free"][row]),
         last_heartbeat_ms=int(c["last_heartbeat_ms"][row]),
+        heard_ago_ms=max(0, state.now_ms - int(c["last_heartbeat_ms"][row])),
         cordoned=state.node_attrs.get(row, NO_ATTRS)[2],
         drained=state.drained[row][0] if row in state.drained else None,
     )

@@ -79,6 +79,7 @@ from fleetlog.events.model import (
     TaskGroup,
     TaskPreempted,
     TaskStarted,
+    Tick,
 )
 
 CAUSE_CODES: Final = {"priority": 1, "reclaim": 2}
@@ -129,6 +130,8 @@ def fold(state: State, event: Event, at_ms: int) -> None:
             on_quota(state, event)
         case PolicySet():
             state.policy = event  # (the API's policy: no decision reads it)
+        case Tick():
+            pass  # (log time moved on: advance_time above did all a tick does)
         case JobDispatched():
             on_dispatched(state, event)
         case _:

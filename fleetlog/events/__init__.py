@@ -46,6 +46,7 @@ from fleetlog.events.model import (
     TaskPreempted,
     TaskStarted,
     TenantUsage,
+    Tick,
     Toleration,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "TaskPreempted",
     "TaskStarted",
     "TenantUsage",
+    "Tick",
     "Toleration",
     "UndecodableError",
     "UnknownContentTypeError",

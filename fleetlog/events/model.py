@@ -405,6 +405,14 @@ class TaskFailed(_Event, frozen=True):
     exit_code: ExitCode | None = None
 
 
+class Tick(_Event, frozen=True):
+    """Log time moves on: the leading scheduler appends one to its inputs log when nothing else
+    was appended for ``service.tick_every_ms``, so nodes whose heartbeats stopped go down on time
+    (not at the next input, all at once) — and replay, reading the same ticks, sees the same.
+    It carries nothing: its log timestamp is the time.  Only the scheduler writes it (ingest
+    refuses one from a producer: ``not_an_input``)."""
+
+
 class Resources(_Struct, frozen=True):
     cpu_milli: CpuMilli = 0
     mem_mib: MemMiB = 0
@@ -669,6 +677,7 @@ InputEvent = (
     | TaskFailed
     | QuotaSet
     | PolicySet
+    | Tick
 )
 INPUT_TYPES: Final = (
     JobSubmitted,
@@ -681,6 +690,7 @@ INPUT_TYPES: Final = (
     TaskFailed,
     QuotaSet,
     PolicySet,
+    Tick,
 )
 Event = InputEvent | ShardEvent | DecisionBatch
 EVENT_TYPES: Final = (*INPUT_TYPES, *SHARD_TYPES, DecisionBatch)
@@ -715,6 +725,7 @@ ID_FIELDS: Final[dict[type, tuple[IdField, ...]]] = {
     TaskFinished: (("job_id", "one"),),
     TaskFailed: (("job_id", "one"),),
     QuotaSet: (("tenant", "one"), ("cell", "one"), ("cohort", "one")),
+    Tick: (),
     PolicySet: (),  # (principals and roles: patterns of their own, which msgspec checks)
     JobDispatched: (("job", "job"), ("cell", "one")),
     JobReturned: (("job_id", "one"), ("cell", "one"), ("reason", "one")),
@@ -780,6 +791,7 @@ ID_TEXT: Final[dict[type, Callable[[Any], str]]] = {
     TaskFailed: attrgetter("job_id"),
     QuotaSet: lambda e: e.tenant + e.cell + e.cohort,
     PolicySet: lambda e: "",
+    Tick: lambda e: "",
     JobDispatched: lambda e: _submitted_ids(e.job) + e.cell,
     JobReturned: lambda e: e.job_id + e.cell + e.reason,
     CellSummary: lambda e: "".join((e.cell, *(f.gpu_model for f in e.free), *(u.tenant for u in e.usage))),

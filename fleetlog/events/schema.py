@@ -93,7 +93,7 @@ NOT_IN_SCHEMA: Final = (
     "JSON object keys are unique (reason duplicate_key)",
     "arrays and objects nest no deeper than an event does (reason too_deep)",
     "the ingest endpoint takes input events only; a decision or a shard event (JobDispatched, "
-    "JobReturned, CellSummary) is refused (reason not_an_input)",
+    "JobReturned, CellSummary) is refused (reason not_an_input); so is a Tick: the scheduler appends its own",
     "CellSummary: free sorted by (gpu_model, gpus) without repeats, gpus a bucket (0, 1, 2, 4, 8, 16, "
     "32, 64); usage sorted by tenant without repeats (reason invalid_event)",
     "a job id is submitted once: the same spec again is an idempotent duplicate, another spec is "

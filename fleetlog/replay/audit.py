@@ -27,7 +27,15 @@ from typing import Any, Final
 import msgspec
 
 from fleetlog.events.codec import CONTENT_TYPE_HEADER, BadEventError, decode
-from fleetlog.events.model import JobCancelled, JobSubmitted, NodeDrained, NodeRemoved, PolicySet, QuotaSet
+from fleetlog.events.model import (
+    JobCancelled,
+    JobSubmitted,
+    NodeDrained,
+    NodeRemoved,
+    PolicySet,
+    QuotaSet,
+    Tick,
+)
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, PRINCIPAL_HEADER, LogStore, Record, chunks
 from fleetlog.log.consumer import why_parked
 from fleetlog.replay.source import Progress, Source, end_offset, read, start_offset
@@ -35,6 +43,7 @@ from fleetlog.replay.terminal import progress_bar
 
 MUTATIONS: Final = (JobSubmitted, JobCancelled, QuotaSet, NodeDrained, NodeRemoved, PolicySet)
 """What operators and tenants change: listed by default."""
+TICK: Final = Tick.__name__
 
 
 class AuditEntry(msgspec.Struct, frozen=True):
@@ -67,7 +76,11 @@ class AuditFilters:
     """The backends' observations too (heartbeats, task reports)."""
 
     def keep(self, entry: AuditEntry, mutation: bool) -> bool:
-        return ((self.every or mutation or entry.type == "undecodable")
+        """Whether ``entry`` is listed.  The scheduler's ticks (one every few seconds of an idle
+        log: who did nothing when) only when asked for by type, ``--type Tick``."""
+        listed = (TICK in self.types if entry.type == TICK
+                  else self.every or mutation or entry.type == "undecodable")
+        return (listed
                 and (not self.principals or (entry.principal or "-") in self.principals)
                 and (not self.types or entry.type in self.types)
                 and (self.since_ms is None or entry.at_ms >= self.since_ms)

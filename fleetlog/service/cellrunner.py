@@ -61,7 +61,8 @@ class CellRunner:
         s = self.shards.config.service
         return CellShardLoop(
             store, self.shards.policy, self.partition, self.shards.config.cell_map,
-            LoopConfig(group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=50_000),
+            LoopConfig(group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=50_000,
+                       tick_every_ms=s.tick_every_ms),
             s.core(hold_ms=s.cell_hold_ms),
             SummaryRule(every_ms=s.summary_every_ms, material_milli=s.summary_material_milli))
 

@@ -74,6 +74,10 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node_timeout_ms: Positive = 60_000
     """A node silent this long (log time) is down and its gangs requeued: the fold's
     ``CoreConfig.node_timeout_ms``.  Replay must be given the same value."""
+    tick_every_ms: Annotated[int, Meta(ge=0)] = 5_000
+    """While it leads, the scheduler (every cell shard too) appends a ``Tick`` to its inputs log when
+    no input arrived for this long, so log time moves on and a silent node goes down within
+    ``node_timeout_ms`` and a few ticks, not at the next input; 0: never."""
     retain_finished_ms: Annotated[int, Meta(ge=0, le=1 << 50)] | None = 3_600_000
     """An ended job leaves the state this long (log time) after it ended; its status is then
     read from the logs (``CoreConfig.retain_finished_ms``; unset: never). Replay reads the same

@@ -32,7 +32,7 @@ from fleetlog.events.codec import (
     encode,
     format_of,
 )
-from fleetlog.events.model import INPUT_TYPES, InputEvent, JobCancelled, JobSubmitted
+from fleetlog.events.model import INPUT_TYPES, InputEvent, JobCancelled, JobSubmitted, Tick
 from fleetlog.events.spec import spec_differences, submission_spec
 from fleetlog.log.base import INPUTS, PRINCIPAL_HEADER, Headers, LogStore, Message
 from fleetlog.log.discovery import ACCEPT_NEVER_FITS
@@ -181,7 +181,8 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
     if len(parts) > settings.max_request_events:
         raise IngestError(f"{len(parts)} events in one request; the limit is {settings.max_request_events}",
                           "too_many_events", 413, limit=settings.max_request_events)
-    messages, tasks, events = [], 0, []
+    messages, tasks = [], 0
+    events: list[InputEvent] = []
     for index, part in enumerate(parts):
         try:
             env = decode(bytes(part), kind)
@@ -190,6 +191,10 @@ def ingest_batch(body: bytes, content_type: str | None, settings: ServiceSetting
         if not isinstance(env.event, INPUT_TYPES):
             raise IngestError(f"event {index}: {type(env.event).__name__} is a decision, not an input: only "
                               "the scheduler writes decisions", "not_an_input", index=index)
+        if isinstance(env.event, Tick):
+            raise IngestError(f"event {index}: a Tick is the scheduler's own (the leader appends one when "
+                              "no input arrived for service.tick_every_ms); a producer never sends it "
+                              "- at `$.event.type`", "not_an_input", index=index)
         events.append(env.event)
         if isinstance(env.event, JobSubmitted):
             tasks += sum(group.count for group in env.event.task_groups)

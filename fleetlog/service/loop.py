@@ -22,8 +22,8 @@ from fleetlog.core.fold_batch import fold_fast, fold_lists
 from fleetlog.core.invariants import check
 from fleetlog.core.policy import Policy
 from fleetlog.core.state import CoreConfig, State
-from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
-from fleetlog.events.model import DecisionBatch
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK, encode, envelope
+from fleetlog.events.model import DecisionBatch, Tick
 from fleetlog.events.parts import PartsError, StepJoiner, encode_step
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, Inputs, decision_batches
@@ -44,6 +44,12 @@ class LoopConfig(msgspec.Struct, frozen=True):
     """Commit the consumed offset of a step without decisions only once this many inputs are
     uncommitted (1: every step).  Skipping those commits is safe: nothing was published, and
     recovery folds the same inputs again.  The service commits the rest on a timer."""
+    tick_every_ms: int = 0
+    """Append a :class:`~fleetlog.events.model.Tick` to the inputs log when no input was read for
+    this long (the process's clock): log time is the inputs' append time and moves only with an
+    input, so without ticks a node whose heartbeats stopped would stay up until the next input
+    came.  A tick is in the log, so replay folds what the leader folded.  0: never (``fleetlog
+    simulate`` moves its virtual time with its own inputs)."""
 
 
 class StepResult(msgspec.Struct, frozen=True):
@@ -87,6 +93,10 @@ class SchedulerLoop:
         self.committed = 0  # the inputs offset last committed
         self.decisions_next = 0  # the decisions offset after the last batch folded
         self.consumer = EventConsumer(store)
+        self.producer = self.config.producer_id
+        """Who the records this loop writes to the inputs log (its ticks) say they come from."""
+        self.heard_at = time.monotonic()
+        """When the loop last read an input (or appended a tick): :meth:`tick_if_quiet`."""
 
     async def recover(self, state: State | None = None, inputs: int = 0, decisions: int = 0) -> None:
         """Rebuild the state from the logs: every decision batch folded after the inputs it saw.
@@ -195,16 +205,31 @@ class SchedulerLoop:
         inputs and when the step's work began (a step that had to wait starts its clock when its
         read returned: the wait for input is not work)."""
         started = time.perf_counter()
+        await self.tick_if_quiet()
         # (one read: a read that waits returns what arrived already at once, and each read of an
         # idle Kafka log asks the broker for the stable end)
         polled = await self.consumer.poll_inputs(self.offset, self.config.max_batch, timeout_ms)
         if timeout_ms > 0:
             started = polled.read_at
+        if polled.next_offset != self.offset:
+            self.heard_at = time.monotonic()
         await self.fold(polled)
         if self.config.check_invariants:
             check(self.state)
         self.offset = polled.next_offset
         return polled, started
+
+    async def tick_if_quiet(self) -> bool:
+        """Append a tick to the inputs log when nothing was read for ``tick_every_ms`` (the step
+        about to read then folds it: log time moves on, silent nodes go down on time).  A tick
+        alone publishes no batch unless the fold changed what is decided (a node went down)."""
+        every, now = self.config.tick_every_ms, time.monotonic()
+        if every <= 0 or (now - self.heard_at) * 1000 < every:
+            return False
+        self.heard_at = now  # (a tick slow to be read is not followed by another at once)
+        value = encode(envelope(Tick(), self.producer))
+        await self.store.log(INPUTS).append([Message(value=value, headers=((CONTENT_TYPE_HEADER, MSGPACK),))])
+        return True
 
     async def commit(self) -> None:
         """Commit the inputs folded so far (no decisions): where a restart resumes."""

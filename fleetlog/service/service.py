@@ -152,8 +152,8 @@ class Service:
     def make_loop(self, store: LogStore) -> SchedulerLoop:
         s = self.settings
         return SchedulerLoop(store, self.policy, LoopConfig(
-            group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=COMMIT_EVERY),
-            s.core())
+            group=s.group, producer_id=s.producer_id, max_batch=s.max_batch, commit_every=COMMIT_EVERY,
+            tick_every_ms=s.tick_every_ms), s.core())
 
     # -- lifecycle ---------------------------------------------------------------------------
 

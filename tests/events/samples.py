@@ -33,6 +33,7 @@ from fleetlog.events import (
     TaskPreempted,
     TaskStarted,
     TenantUsage,
+    Tick,
     Toleration,
 )
 
@@ -156,6 +157,7 @@ ALL_EVENTS: list[Event] = [
         ),
         reason="on-call rota",
     ),
+    Tick(),
     DecisionBatch(
         as_of=42,
         digest="ab" * 32,
