@@ -184,6 +184,8 @@ async def _changes(stream: aiohttp.StreamReader) -> AsyncGenerator[Change, None]
         elif raw.startswith(b"event:"):
             kind = raw[6:].strip().decode()
         elif not raw.strip(b"\r\n"):
+            if kind == "dropped":  # (the server dropped a reader too slow: resume after the last change)
+                return
             if data:  # (the line ends kept between data lines are the "\n" SSE joins them with)
                 body = _json(data[0] if len(data) == 1 else b"".join(data))
                 yield Change(body["offset"], body["timestamp_ms"], kind, body.get("event"), body.get("error"))

@@ -31,8 +31,9 @@ class _RoutedInputs(Log):
     async def append(self, messages: Sequence[Message]) -> int:
         return await self.store.append_inputs(messages)
 
-    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
-        return await self.store.cell.log(INPUTS).read(offset, max_records, timeout_ms)
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0,
+                   max_bytes: int | None = None) -> list[Record]:
+        return await self.store.cell.log(INPUTS).read(offset, max_records, timeout_ms, max_bytes)
 
     async def end_offset(self) -> int:
         return await self.store.cell.log(INPUTS).end_offset()

@@ -88,8 +88,9 @@ class _SharedLog(Log):
             raise LogError(f"a backend beside the service appends only to the inputs log, not {self.name}")
         return await self.store.append_inputs(messages)
 
-    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
-        return await self.store.reader().log(self.name).read(offset, max_records, timeout_ms)
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0,
+                   max_bytes: int | None = None) -> list[Record]:
+        return await self.store.reader().log(self.name).read(offset, max_records, timeout_ms, max_bytes)
 
     async def end_offset(self) -> int:
         return await self.store.reader().log(self.name).end_offset()

@@ -126,6 +126,26 @@ class OffsetOutOfRangeError(LogError):
     """A read asked for an offset before the start of the log."""
 
 
+def record_bytes(record: Record) -> int:
+    """What a record weighs in a byte-bounded read: its value, key and headers (what a reader
+    holds of it, whatever the log's framing or compression)."""
+    size = len(record.value) + (len(record.key) if record.key is not None else 0)
+    return size + sum(len(name) + len(value) for name, value in record.headers)
+
+
+def within_bytes(records: list[Record], max_bytes: int | None, used: int = 0) -> list[Record]:
+    """The longest prefix of ``records`` that keeps ``used`` plus their bytes within
+    ``max_bytes`` (``None``: all of them); when ``used`` is 0 the first record is kept however
+    large, so a record larger than any bound is read alone rather than never."""
+    if max_bytes is None:
+        return records
+    for i, record in enumerate(records):
+        used += record_bytes(record)
+        if used > max_bytes and (i > 0 or used > record_bytes(record)):
+            return records[:i]
+    return records
+
+
 def pick_log(logs: Mapping[str, L], name: str) -> L:
     """``logs[name]``, or a :class:`LogError` naming the logs there are."""
     try:
@@ -147,8 +167,11 @@ class Log(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
-        """Read up to ``max_records`` committed records starting at ``offset``.
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0,
+                   max_bytes: int | None = None) -> list[Record]:
+        """Read up to ``max_records`` committed records starting at ``offset``, and, given
+        ``max_bytes``, no more than that many bytes of them (:func:`record_bytes`; the first record
+        comes alone however large, so a reader always moves on).
 
         Returns an empty list when ``offset`` is the end of the log and nothing
         arrives within ``timeout_ms``.  Records of aborted or unfinished

@@ -97,6 +97,8 @@ from fleetlog.log.base import (
     Shard,
     Target,
     pick_log,
+    record_bytes,
+    within_bytes,
 )
 from fleetlog.log.logdir import check_trusted
 from fleetlog.log.memory import wall_clock_ms
@@ -784,7 +786,8 @@ class FileLog(Log):
     def _start(self) -> int:
         return self._segments[0].base if self._segments else 0
 
-    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0,
+                   max_bytes: int | None = None) -> list[Record]:
         self._check_open()
         if offset < 0 or offset < self._start():
             raise OffsetOutOfRangeError(
@@ -794,7 +797,7 @@ class FileLog(Log):
         if offset >= self._end() and timeout_ms > 0:
             await self._wait_past(offset, timeout_ms)
             self._check_open()
-        return self.read_now(offset, max_records)
+        return self.read_now(offset, max_records, max_bytes)
 
     async def _wait_past(self, offset: int, timeout_ms: int) -> None:
         """Wait until the log holds ``offset`` (woken by appends; polling the files if read-only)."""
@@ -809,20 +812,24 @@ class FileLog(Log):
             await event_or_timeout(self._grew, remaining)
             self.refresh()
 
-    def read_now(self, offset: int, max_records: int) -> list[Record]:
-        """Up to ``max_records`` records from ``offset`` among those already appended."""
+    def read_now(self, offset: int, max_records: int, max_bytes: int | None = None) -> list[Record]:
+        """Up to ``max_records`` records (and ``max_bytes``: :meth:`Log.read`) from ``offset``
+        among those already appended; no frame is decoded past the byte bound."""
         out: list[Record] = []
-        while len(out) < max_records and offset < self._end():
+        used = [0, 0]  # (bytes taken so far, 1 once the byte bound is reached: _read_segment's)
+        while len(out) < max_records and offset < self._end() and not used[1]:
             seg = self._segments[bisect.bisect_right(self._bases, offset) - 1]
-            got = self._read_segment(seg, offset, max_records - len(out))
+            got = self._read_segment(seg, offset, max_records - len(out), max_bytes, used)
             if not got:
                 break
             out.extend(got)
             offset = got[-1].offset + 1
         return out
 
-    def _read_segment(self, seg: _Segment, offset: int, limit: int) -> list[Record]:
+    def _read_segment(self, seg: _Segment, offset: int, limit: int, max_bytes: int | None = None,
+                      used: list[int] | None = None) -> list[Record]:
         out: list[Record] = []
+        used = [0, 0] if used is None else used
         fd = self._fd(seg)
         position = seg.seek(offset)
         while position < seg.size and len(out) < limit:
@@ -830,9 +837,14 @@ class FileLog(Log):
             if frame.next_offset > offset:
                 columns = self._decode(seg, fd, frame)
                 got = _build_records(frame, columns, max(offset, frame.base), limit - len(out))
-                if got:
-                    out.extend(got)
-                    offset = got[-1].offset + 1
+                kept = within_bytes(got, max_bytes, used[0])
+                if kept:
+                    out.extend(kept)
+                    offset = kept[-1].offset + 1
+                    used[0] += sum(map(record_bytes, kept)) if max_bytes is not None else 0
+                if len(kept) < len(got):  # the byte bound is reached
+                    used[1] = 1
+                    break
             position = frame.end
         return out
 

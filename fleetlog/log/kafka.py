@@ -69,6 +69,7 @@ from fleetlog.log.base import (
     Shard,
     Target,
     pick_log,
+    within_bytes,
 )
 from fleetlog.retry import Backoff, poll, retry
 
@@ -361,7 +362,8 @@ class KafkaLog(Log):
             starts = await consumer.beginning_offsets([self.tp])
         return int(starts[self.tp])
 
-    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0,
+                   max_bytes: int | None = None) -> list[Record]:
         if offset < 0:
             raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
         await self._settle()
@@ -377,10 +379,13 @@ class KafkaLog(Log):
                     records = await self._fetch(consumer, max_records, timeout_ms, ask)
             except OffsetOutOfRangeError:
                 self._position = -1
-                return await self._past_end(offset, timeout_ms)
-        if records:
-            self._position = records[-1].offset + 1
-        return records
+                return within_bytes(await self._past_end(offset, timeout_ms), max_bytes)
+            kept = within_bytes(records, max_bytes)
+            if len(kept) < len(records):  # (the consumer handed out more: it goes on after the kept)
+                consumer.seek(self.tp, kept[-1].offset + 1)
+        if kept:
+            self._position = kept[-1].offset + 1
+        return kept
 
     async def _settle(self) -> None:
         if self._store._unseen is self:

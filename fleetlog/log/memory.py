@@ -18,6 +18,7 @@ from fleetlog.log.base import (
     Shard,
     Target,
     pick_log,
+    within_bytes,
 )
 from fleetlog.waiting import event_or_timeout
 
@@ -49,13 +50,14 @@ class MemoryLog(Log):
     async def append(self, messages: Sequence[Message]) -> int:
         return self.append_now(messages)
 
-    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0) -> list[Record]:
+    async def read(self, offset: int, max_records: int = 10_000, timeout_ms: int = 0,
+                   max_bytes: int | None = None) -> list[Record]:
         if offset < 0:
             raise OffsetOutOfRangeError(f"{self.name}: offset {offset} is before the start of the log")
         waits = offset >= len(self._records) and timeout_ms > 0
         if waits and not await event_or_timeout(self._grew, timeout_ms / 1000):
             return []
-        return self._records[offset : offset + max_records]
+        return within_bytes(self._records[offset : offset + max_records], max_bytes)
 
     async def end_offset(self) -> int:
         return len(self._records)

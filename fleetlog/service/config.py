@@ -133,6 +133,18 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_submission_burst: Positive | None = None
     """...and at once (default: a second's worth, at least 1); a request of more waits for a full
     bucket and leaves it in debt."""
+    watch_read_bytes: Positive = 1 << 20
+    """``GET /v1/watch``: bytes of records one read of a watcher returns (a larger record alone)."""
+    watch_held_bytes: Positive = 8 << 20
+    """Bytes one watcher may hold: records read and their frames not yet taken by its client."""
+    watch_total_bytes: Positive = 64 << 20
+    """Bytes all watchers together may hold; a watcher waits for room before it reads."""
+    watch_drain_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
+    """A watcher whose client takes nothing this long is dropped, told where to resume."""
+    watch_max_streams: Positive = 128
+    """Open watch streams at a time (more: 429 ``too_many_watchers``)."""
+    watch_max_streams_per_client: Positive = 64
+    """...of one principal (unauthenticated: one peer address)."""
     max_dry_runs_per_s: Annotated[float, Meta(gt=0)] = 1.0
     """``POST /v1/dry-run`` requests one principal may make a second, on average
     (fleetlog.service.dryruns; more: 429 ``too_many_dry_runs`` with ``Retry-After``)..."""

@@ -77,6 +77,8 @@ class Request(msgspec.Struct, frozen=True):
     principal: str | None = None
     """Who the client certificate or the bearer token names (fleetlog.service.auth); ``None``: no
     authentication configured, or an exempt route (health)."""
+    peer: str | None = None
+    """The client's address (what counts an unauthenticated client's share, e.g. of the watch)."""
 
 
 class Response(msgspec.Struct, frozen=True):
@@ -108,11 +110,17 @@ class Stream:
     """A 200 answer written as it is produced (Server-Sent Events): each chunk of ``chunks`` is
     written, and the client has taken it (TCP back-pressure), before the next is asked for, so
     one client holds at most a chunk in the server's memory however slowly it reads.  The stream
-    ends when ``chunks`` ends, the client goes away, or the server stops."""
+    ends when ``chunks`` ends, the client goes away, or the server stops.  With
+    ``write_timeout_s``, a chunk the client has not taken in that long ends it too: ``farewell()``
+    (its last words, e.g. where to resume) is queued behind what the client has not read, the
+    connection closed once that is sent, and cut if it is still not sent ``write_timeout_s`` later,
+    so a client that stopped reading holds nothing for long."""
 
     def __init__(self, chunks: AsyncIterator[bytes], content_type: str = "text/event-stream",
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, write_timeout_s: float | None = None,
+                 farewell: Callable[[], bytes] | None = None) -> None:
         self.chunks, self.content_type, self.headers = chunks, content_type, headers or {}
+        self.write_timeout_s, self.farewell = write_timeout_s, farewell
 
 
 def unrouted(request: Request, elsewhere: bool) -> Response:
@@ -277,8 +285,12 @@ class HttpServer:
                 except StopAsyncIteration:
                     break
                 try:
-                    await out.write(data)
+                    async with asyncio.timeout(stream.write_timeout_s):
+                        await out.write(data)
                 except ConnectionError:  # the client went away mid-stream
+                    break
+                except TimeoutError:  # the client takes nothing: drop it (Stream)
+                    await _drop(raw, out, stream)
                     break
         finally:  # (also when the client went away: aiohttp cancels this handler)
             closing.cancel()
@@ -354,4 +366,17 @@ def _request(raw: web.BaseRequest, body: bytes, principal: str | None = None) ->
     query: dict[str, list[str]] = {}
     for name, value in raw.rel_url.query.items():
         query.setdefault(name, []).append(value)
-    return Request(raw.method.upper(), raw.path, headers, body, query, raw.rel_url.raw_path, principal)
+    return Request(raw.method.upper(), raw.path, headers, body, query, raw.rel_url.raw_path, principal,
+                   raw.remote)
+
+
+async def _drop(raw: web.BaseRequest, out: web.StreamResponse, stream: Stream) -> None:
+    """End a stream whose client took nothing for ``write_timeout_s`` (:class:`Stream`)."""
+    transport = raw.transport
+    if stream.farewell is not None:
+        with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
+            async with asyncio.timeout(0):  # (queued at once; the wait for the drain is cut)
+                await out.write(stream.farewell())
+    if transport is not None:
+        transport.close()  # (sends what is queued, then closes) ...
+        asyncio.get_running_loop().call_later(stream.write_timeout_s or 0, transport.abort)  # ... or not

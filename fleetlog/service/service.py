@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import msgspec
@@ -72,8 +71,7 @@ from fleetlog.service.loop import LogBehindError, LoopConfig, SchedulerLoop, Ste
 from fleetlog.service.metrics import Metrics
 from fleetlog.service.snapshots import Snapshotter, check_ends, recover, snapshot_store
 from fleetlog.service.warmup import Warming, warm_off_loop
-from fleetlog.service.watch import Frames, resolve, where_from
-from fleetlog.service.watch import events as watch_events
+from fleetlog.service.watch import View, Watchers, resolve, watch_limits, where_from
 from fleetlog.waiting import event_or_timeout
 
 GAUGE_PERIOD_S: Final = 1.0
@@ -82,8 +80,6 @@ HTTP_BIND_WAIT_S: Final = 5.0
 COMMIT_EVERY: Final = 50_000
 API_PRODUCER: Final = "fleetlog-api"
 """The producer id of what the API appends for its callers (a quota set by ``PUT /v1/quotas``)."""
-MAX_WATCHERS: Final = 64
-"""Open ``/v1/watch`` streams at a time (each holds a connection of ``http_max_connections``)."""
 
 log = structlog.get_logger("fleetlog.service")
 
@@ -139,8 +135,7 @@ class Service:
         self._recovering: SchedulerLoop | None = None
         self._failed_at: str | None = None
         self._truncations: list[dict[str, object]] = []
-        self._watchers = 0
-        self._frames: dict[str, Frames] = {}  # log name -> the frames its watchers share
+        self.watchers = Watchers(watch_limits(self.settings), self.metrics.registry)
         self._backoff = errorpolicy.backoff()
         # Every exception of a cycle is retried (until stop), each after the wait its class calls
         # for; _report says why in health, metrics and the log first — but a leader that cannot
@@ -430,30 +425,20 @@ class Service:
                            "`fleetlog replay serve` and `fleetlog history`, not by the live service")
         return unrouted(request, elsewhere)
 
-    async def _watch(self, request: Request) -> Response | Stream:
-        """``GET /v1/watch`` (fleetlog.service.watch): at most :data:`MAX_WATCHERS` at a time."""
+    async def _watch(self, request: Request, view: View | None = None) -> Response | Stream:
+        """``GET /v1/watch`` (fleetlog.service.watch: its counts and byte bounds), each event as
+        ``view`` shows it (``None``: whole)."""
         store = self.store
         if self.loop is None or store is None:
             return refusal(503, "standby", "this process is not leading")
-        if self._watchers >= MAX_WATCHERS:
-            return refusal(429, "too_many_watchers", f"{self._watchers} watchers already; the limit is "
-                           f"{MAX_WATCHERS}", extra={"limit": MAX_WATCHERS})
         try:
             name, start = where_from(request.query, request.headers.get("last-event-id"))
             log_ = store.log(name)
             offset = await resolve(log_, start)
         except ApiError as exc:
             return refusal(exc.status, exc.code, exc.message, exc.field)
-        frames = self._frames.setdefault(name, Frames())
-        return Stream(self._counted(watch_events(log_, offset, frames=frames)))
-
-    async def _counted(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        self._watchers += 1
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            self._watchers -= 1
+        refused = self.watchers.refused(request)  # (after the last wait: counted as it is checked)
+        return refused or self.watchers.stream(request, log_, offset, view)
 
     async def _put_quota(self, tenant: str, request: Request, roles: Roles | None) -> Response:
         """``PUT /v1/quotas/TENANT``: the body as a ``QuotaSet`` for the tenant the path names,

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogError, LogStore, Message
+from fleetlog.log.base import DEAD_LETTERS, DECISIONS, INPUTS, LogError, LogStore, Message, record_bytes
 from fleetlog.log.kafka import KafkaLogStore
 from tests.log.conftest import StoreFactory
 
@@ -79,6 +79,31 @@ async def test_read_from_middle_and_max_records(store: LogStore) -> None:
     part = await log.read(37, max_records=5, timeout_ms=2000)
     assert [r.offset for r in part] == [37, 38, 39, 40, 41]
     assert [r.value for r in part] == [b"m37", b"m38", b"m39", b"m40", b"m41"]
+
+
+async def test_a_read_is_bounded_by_bytes_and_a_huge_record_goes_alone(store: LogStore) -> None:
+    """``max_bytes`` bounds what one read returns (values, keys and headers: ``record_bytes``),
+    across the log's own batches; a record larger than the bound is read alone, never skipped;
+    the next read goes on after the last record returned, neither gap nor repeat."""
+    log = store.log(INPUTS)
+    small = [Message(value=b"s" * 1000) for _ in range(10)]
+    await log.append(small[:4])  # (two appends: the bound cuts across the log's batches)
+    await log.append([*small[4:], Message(value=b"H" * 100_000), *small[:3]])
+    first = await log.read(0, max_records=1000, timeout_ms=2000, max_bytes=2500)
+    assert [r.offset for r in first] == [0, 1]
+    assert sum(record_bytes(r) for r in first) <= 2500
+    seen = list(first)
+    while len(seen) < 14:
+        got = await log.read(seen[-1].offset + 1, max_records=1000, timeout_ms=2000, max_bytes=2500)
+        assert got, "a read past a record larger than the bound must still return it"
+        assert len(got) == 1 or sum(record_bytes(r) for r in got) <= 2500
+        seen += got
+    assert [r.offset for r in seen] == list(range(14))
+    huge = [r for r in seen if len(r.value) == 100_000]
+    assert [r.offset for r in huge] == [10]
+    assert await log.read(10, max_records=1000, timeout_ms=2000, max_bytes=2500) == [huge[0]]
+    unbounded = await log.read(0, max_records=1000, timeout_ms=2000)  # (no max_bytes: as before)
+    assert [r.offset for r in unbounded] == list(range(14))
 
 
 async def test_read_at_end_returns_empty_after_timeout(store: LogStore) -> None:

@@ -8,9 +8,12 @@ import asyncio
 import gc
 import json
 import os
+import re
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import aiohttp
@@ -23,7 +26,6 @@ from fleetlog.log.file import FileLogStore
 from fleetlog.reader import Change, Reader, ReaderError
 from fleetlog.service import watch
 from fleetlog.service.http import HttpServer, Request, Stream
-from fleetlog.service.service import MAX_WATCHERS
 from tests.core.builders import job, node
 from tests.fuzzing import ServerErrors
 from tests.service.process import REPO
@@ -260,38 +262,75 @@ async def test_a_pruned_offset_is_410_gone(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_at_most_64_watchers(running: Running) -> None:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+PER_CLIENT = watch.WatchLimits().max_streams_per_client
+
+
+async def test_64_watchers_per_client_the_65th_refused_and_another_client_served(running: Running) -> None:
+    """A client (here: one peer address, no [auth]) has 64 watch slots; its 65th is 429 naming it,
+    while another client still gets one (today's main refused every client past 64 in all)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session, \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))) as other:
         opened = []
-        for _ in range(MAX_WATCHERS):
+        for _ in range(PER_CLIENT):
             r = await session.get(running.url + "/v1/watch")
             assert r.status == 200
-            await r.content.readuntil(b"\n\n")  # the stream has begun: it counts
+            await r.content.readuntil(b"\n\n")  # the stream has begun
             opened.append(r)
         async with session.get(running.url + "/v1/watch") as refused:
             answer = await refused.json()
             found = (refused.status, answer["code"], answer["limit"])
-            assert found == (429, "too_many_watchers", MAX_WATCHERS)
+            assert found == (429, "too_many_watchers", PER_CLIENT)
+            assert "peer 127.0.0.1" in answer["message"]
+        async with other.get(running.url + "/v1/watch") as elsewhere:
+            assert elsewhere.status == 200
+            await elsewhere.content.readuntil(b"\n\n")
         opened.pop().close()  # one goes away: its slot is free at once (not at its next keepalive)
-        await asyncio.sleep(0.5)
+        await running.until(lambda: running.service.watchers.count == PER_CLIENT - 1)
         async with session.get(running.url + "/v1/watch") as again:
             assert again.status == 200
         for r in opened:
             r.close()
+    watchers = running.service.watchers
+    await running.until(lambda: watchers.count == 0 and not watchers.by_client)
+
+
+async def test_the_cap_of_all_watchers_holds_across_clients(tmp_path: Path) -> None:
+    async with serving(tmp_path / "log", watch_max_streams=3, watch_max_streams_per_client=2) as running:
+        sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(f"127.0.0.{i}", 0)))
+                    for i in (1, 2)]
+        try:
+            opened = []
+            for session in (sessions[0], sessions[0], sessions[1]):
+                r = await session.get(running.url + "/v1/watch")
+                assert r.status == 200
+                await r.content.readuntil(b"\n\n")
+                opened.append(r)
+            async with sessions[1].get(running.url + "/v1/watch") as refused:
+                answer = await refused.json()
+                assert (refused.status, answer["code"], answer["limit"]) == (429, "too_many_watchers", 3)
+            for r in opened:
+                r.close()
+        finally:
+            for session in sessions:
+                await session.close()
+
+
+def placements(count: int) -> bytes:
+    """One DecisionBatch record of ``count`` placements (10,000: about 0.63 MB)."""
+    placed = tuple(JobPlaced(job_id=f"job-{i:06}", cell="c1",
+                             tasks=(TaskPlacement(0, f"node-{i % 997:04}", (0,)),)) for i in range(count))
+    return encode(envelope(DecisionBatch(as_of=1, digest="d" * 64, decisions=placed), "test"))
 
 
 async def test_a_step_of_ten_thousand_placements_reaches_the_reader_whole(tmp_path: Path) -> None:
-    """One record, one SSE line of about a megabyte: past aiohttp's default line limit."""
+    """One record, one SSE line of about a megabyte: past aiohttp's default line limit, and past
+    a watcher's first (small) room: it is read alone."""
     store = FileLogStore(tmp_path / "log", fsync="never")
     await store.open()
-    placed = tuple(JobPlaced(job_id=f"job-{i:06}", cell="c1",
-                             tasks=(TaskPlacement(0, f"node-{i % 997:04}", (0,)),)) for i in range(10_000))
-    batch = DecisionBatch(as_of=1, digest="d" * 64, decisions=placed)
-    await store.log(DECISIONS).append([Message(encode(envelope(batch, "test")))])
-    frames = watch.Frames()
+    await store.log(DECISIONS).append([Message(placements(10_000))])
 
     async def handler(request: Request) -> Stream:
-        return Stream(watch.events(store.log(DECISIONS), 0, frames=frames))
+        return Stream(watch.events(store.log(DECISIONS), 0))
 
     server = HttpServer(handler)
     await server.start()
@@ -302,22 +341,157 @@ async def test_a_step_of_ten_thousand_placements_reaches_the_reader_whole(tmp_pa
             await changes.aclose()
         assert change.type == "DecisionBatch"
         assert len(change.event["decisions"]) == 10_000  # type: ignore[index]
-        assert len(frames.made[0]) > 600_000
     finally:
         await server.stop()
         await store.close()
 
 
-def test_frames_are_made_once_and_bounded() -> None:
-    records = [Record(i, 1000 + i, encode(envelope(node(f"n{i}"), "test"))) for i in range(5)]
-    frames = watch.Frames(max_bytes=len(watch.frame(records[0])) * 3)
-    first = frames.of(records[0])
-    assert frames.of(records[0]) is first  # the second watcher gets the same bytes
-    for r in records[1:]:
-        frames.of(r)
-    assert list(frames.made) == [2, 3, 4]  # the oldest went first
-    assert frames.size == sum(len(f) for f in frames.made.values())
-    assert frames.of(records[0]) == first  # made again when asked after it went
+def stuck_watcher(port: int, path: str) -> socket.socket:
+    """A client that asks for a watch and never reads (a receive buffer of a few KB; HTTP/1.0:
+    the stream as it is, not chunked)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+    return sock
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def read_ids(port: int, count: int) -> list[int]:
+    """The ids a client that reads as fast as it can sees in a watch from 0, up to ``count``
+    of them (a client of its own, in a thread, keeping only the ids: its reading costs the
+    server's loop and the process's memory nothing)."""
+    ids: list[int] = []
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /v1/watch?from=0 HTTP/1.0\r\nHost: x\r\n\r\n")
+        sock.settimeout(60)
+        carry = b""
+        while len(ids) < count:
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the stream ended early"
+            seen = carry + chunk
+            ids += [i for i in map(int, re.findall(rb"\nid: (\d+)\n", seen)) if not ids or i > ids[-1]]
+            carry = seen[-32:]
+    return ids
+
+
+async def test_stuck_watchers_hold_at_most_the_cap_and_health_answers(tmp_path: Path) -> None:
+    """Issue 46: twelve watchers that never read, on a log of large decision records (40 of 0.63
+    MB), beside six that read it all: what the watchers hold stays under ``watch_total_bytes``
+    (the gauge ``fleetlog_watch_bytes_held``), the process grows by far less than what they were
+    sent, ``/healthz`` answers within a second throughout, the readers get every record, and
+    closing the stuck ones gives it all back.  (Today's main: each stuck watcher held a joined
+    copy of up to 256 records, here ~0.6 GB in all, and decoded them on the loop.)"""
+    total = 16 << 20
+    async with serving(tmp_path / "log", watch_total_bytes=total, watch_held_bytes=4 << 20,
+                       watch_drain_timeout_s=60) as running:
+        store, watchers = running.service.store, running.service.watchers
+        assert store is not None
+        big = placements(10_000)
+        for _ in range(40):
+            await store.log(DECISIONS).append([Message(big)])
+        port = running.service.http.port
+        before = rss_bytes()
+        stuck = [stuck_watcher(port, "/v1/watch?from=0") for _ in range(12)]
+        with ThreadPoolExecutor(6) as clients:
+            loop = asyncio.get_running_loop()
+            reading = [loop.run_in_executor(clients, read_ids, port, 40) for _ in range(6)]
+            peak, slowest = 0, 0.0
+            while not all(r.done() for r in reading):
+                peak = max(peak, watchers.budget.held)
+                started = time.monotonic()
+                status, _ = await running.request("/healthz")
+                slowest = max(slowest, time.monotonic() - started)
+                assert status == 200
+                await asyncio.sleep(0.05)
+            got = [await r for r in reading]
+        grew = rss_bytes() - before
+        _, metrics = await running.request("/metrics")
+        held = re.search(rb"^fleetlog_watch_bytes_held (\S+)$", metrics, re.M)
+        assert held is not None
+        assert float(held.group(1)) <= total
+        assert got == [list(range(40))] * 6
+        assert peak <= total, peak
+        assert slowest < 1.0, slowest
+        assert grew < 256 << 20, grew  # (sent: 18 x 40 x 0.85 MB of frames)
+        for sock in stuck:
+            sock.close()
+        await running.until(lambda: watchers.count == 0 and watchers.budget.held == 0)
+
+
+async def test_a_watcher_that_takes_nothing_is_dropped_told_where_to_resume(tmp_path: Path) -> None:
+    """A client that stops reading is dropped after ``watch_drain_timeout_s``: behind what it had
+    not read comes a last ``dropped`` event whose ``resume_from`` is the offset after the last
+    event sent, and ``from=resume_from`` goes on there: neither gap nor repeat."""
+    async with serving(tmp_path / "log", watch_drain_timeout_s=3, watch_held_bytes=2 << 20) as running:
+        store, watchers = running.service.store, running.service.watchers
+        assert store is not None
+        big = placements(10_000)
+        for _ in range(40):
+            await store.log(DECISIONS).append([Message(big)])
+        sock = await asyncio.to_thread(stuck_watcher, running.service.http.port, "/v1/watch?from=0")
+        assert watchers.dropped is not None
+        await running.until(lambda: watchers.dropped is not None and watchers.dropped._value.get() == 1)
+
+        def read_to_the_end() -> bytes:
+            parts = []
+            while chunk := sock.recv(1 << 20):
+                parts.append(chunk)
+            return b"".join(parts)
+
+        sock.settimeout(30)
+        body = await asyncio.to_thread(read_to_the_end)
+        sock.close()
+        ids = [int(i) for i in re.findall(rb"\nid: (\d+)\n", body)]
+        assert ids == list(range(len(ids)))
+        assert 0 < len(ids) < 40
+        last = body.rsplit(b"event: dropped\ndata: ", 1)
+        assert len(last) == 2, body[-300:]
+        said = json.loads(last[1].split(b"\n", 1)[0])
+        assert (said["code"], said["resume_from"]) == ("too_slow", ids[-1] + 1)
+        assert f"from={ids[-1] + 1}" in said["message"]
+        await running.until(lambda: watchers.count == 0 and watchers.budget.held == 0)
+        async with Reader(running.url) as api:
+            changes = api.watch(start=said["resume_from"])
+            (resumed,) = await take(changes, 1)
+            await changes.aclose()
+        assert resumed.offset == ids[-1] + 1
+
+
+async def test_a_dropped_client_that_never_reads_again_is_cut(tmp_path: Path) -> None:
+    """After the drop, a client that still reads nothing has its connection cut one
+    ``watch_drain_timeout_s`` later: what the server queued for it is given back."""
+    async with serving(tmp_path / "log", watch_drain_timeout_s=2, watch_held_bytes=2 << 20) as running:
+        store, watchers = running.service.store, running.service.watchers
+        assert store is not None
+        big = placements(10_000)
+        for _ in range(40):
+            await store.log(DECISIONS).append([Message(big)])
+        assert watchers.dropped is not None
+        dropped = watchers.dropped._value.get
+        sock = await asyncio.to_thread(stuck_watcher, running.service.http.port, "/v1/watch?from=0")
+        await running.until(lambda: dropped() == 1)
+        assert running.service.http.connections == 1  # (its last words wait to be read) ...
+        await running.until(lambda: running.service.http.connections == 0, timeout_s=20)  # ... not for ever
+        sock.close()
+
+
+async def test_the_reader_ends_a_dropped_stream_and_resumes_after_its_last_change() -> None:
+    """The Python reader takes a ``dropped`` event as the end of the stream (its watch then
+    reconnects with ``Last-Event-ID``, as after any drop): no error, no change made of it."""
+    records = [Record(i, 1000 + i, encode(envelope(node(f"n{i}"), "test"))) for i in range(2)]
+    feed = asyncio.StreamReader()  # (the lines as the server sent them: records, the drop, more)
+    feed.feed_data(b"retry: 1000\n\n" + b"".join(watch.frame(r) for r in records) + watch.farewell(2, 10)
+                   + watch.frame(Record(2, 1002, records[0].value)))
+    feed.feed_eof()
+    from fleetlog.reader import _changes
+
+    got = [c async for c in _changes(feed)]  # type: ignore[arg-type]
+    assert [(c.offset, c.type) for c in got] == [(0, "NodeHeartbeat"), (1, "NodeHeartbeat")]
 
 
 async def test_a_stream_ends_when_its_log_is_closed(tmp_path: Path) -> None:
