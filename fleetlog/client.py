@@ -72,6 +72,7 @@ from fleetlog.log.discovery import Announced, announced, running_service  # noqa
 from fleetlog.log.file import FileLogStore, HandOverError, LockedError
 from fleetlog.log.location import Located, make_store
 from fleetlog.log.routing import CELL_HEADER, Router, RoutingError
+from fleetlog.numerals import whole
 from fleetlog.retry import Backoff, poll
 
 DEFAULT_PRODUCER_ID: Final = "fleetlog-client"
@@ -380,7 +381,8 @@ class HttpTransport:
             raise ClientError(f"cannot reach {self.describe()}: {why}", "unreachable") from None
         if r.status == 401:
             raise ClientError(refused_why(401, str(_answer(raw).get("message", ""))), "unauthenticated")
-        return r.status, _answer(raw), min(float(retry), RETRY_MAX_S) if retry.isdigit() else None
+        seconds = whole(retry, 9)  # (a Retry-After of "²" is none, not a crash)
+        return r.status, _answer(raw), min(float(seconds), RETRY_MAX_S) if seconds is not None else None
 
     async def close(self) -> None:
         session, self._session = self._session, None

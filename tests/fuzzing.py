@@ -1,7 +1,8 @@
 """Fuzz targets (issue 22): hostile bytes into the envelope decoder, the ingest body decoder, the
-config, tokens and policy parsers, and the HTTP server; anything but the documented errors is a
-failure.  ``tests/test_fuzz.py`` runs each for a few hundred examples in CI; ``python -m
-benchmarks.fuzz`` runs them for minutes.
+config, tokens and policy parsers, and the HTTP server (with issue 46, every query parameter of
+every GET route, ``Last-Event-ID`` and the ``Authorization`` header's bytes, on a service with
+``[auth]``); anything but the documented errors is a failure.  ``tests/test_fuzz.py`` runs each
+for a few hundred examples in CI; ``python -m benchmarks.fuzz`` runs them for minutes.
 
 Each target is a plain function of one generated input that raises ``AssertionError`` (or any
 undocumented exception) when the contract breaks, with the strategy that generates its inputs.
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 from hypothesis import strategies as st
 
@@ -157,12 +159,89 @@ class Target:
     inputs: st.SearchStrategy[Any]
 
 
+# -- issue 46: the API's every query parameter, Last-Event-ID and the Authorization header's bytes --
+
+DIGITS: Final = ["²", "١", "٣", "０", "߁", "1e3", "-1", "+1", " 1", "1 ", "0x10", "9" * 30, "", "start",
+                 "end"]
+"""Numbers as a client may spell them: ``str.isdigit()`` takes the first five, ``int()`` the
+second to fifth (issue 46: ``²`` answered 500, ``١`` was taken as 1)."""
+
+
+def get_params() -> list[tuple[str, str]]:
+    """(route, query parameter) of every GET route of the API (fleetlog.api.routes.ROUTES), and
+    ``Last-Event-ID`` (a header the watch reads as ``from``)."""
+    from fleetlog.api.routes import ROUTES
+
+    found = [(route.path, param.name) for route in ROUTES if route.method == "GET" for param in route.params]
+    return [*found, ("/v1/watch", "Last-Event-ID")]
+
+
+def _target(path: str) -> str:
+    return path.replace("{job_id}", "j%201")
+
+
+@st.composite
+def api_requests(draw: st.DrawFn, token: str) -> bytes:
+    """A GET of the API: a route, some of its query parameters (and ``Last-Event-ID``) with
+    hostile values, and an ``Authorization`` header: ``token`` (so the parameters are parsed)
+    or hostile bytes (none, not UTF-8, not ``Bearer``)."""
+    pairs = draw(st.lists(st.sampled_from(get_params()), min_size=1, max_size=4))
+    path = pairs[0][0]
+    values = st.one_of(st.sampled_from(DIGITS), st.text(max_size=12))
+    query, headers = [], []
+    for route, name in pairs:
+        value = quote(draw(values), safe="")
+        if name == "Last-Event-ID" and route == path:
+            headers.append(b"Last-Event-ID: " + draw(st.one_of(
+                st.sampled_from(DIGITS).map(str.encode), st.binary(max_size=12).filter(_header_safe))))
+        elif route == path or draw(st.booleans()):  # (another route's parameter: unknown here)
+            query.append(f"{quote(name, safe='')}={value}")
+    auth = draw(st.one_of(st.just(b"Bearer " + token.encode()), st.binary(max_size=40).filter(_header_safe),
+                          st.sampled_from([b"Bearer \xff\xfe", b"\xc3(", b"Bearer \xc2\xb2", b""])))
+    headers.append(b"Authorization: " + auth)
+    line = f"GET {_target(path)}{'?' + '&'.join(query) if query else ''} HTTP/1.1\r\n".encode()
+    return line + b"Host: x\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n"
+
+
+def _header_safe(value: bytes) -> bool:
+    """Bytes that stay inside one header value (no line break, no NUL: those are framing, tested
+    by :data:`REQUESTS`)."""
+    return not any(c in value for c in b"\r\n\x00")
+
+
+def check_history_query(query: dict[str, list[str]]) -> None:
+    """``GET /v1/history``'s parameters (answered by ``fleetlog replay serve``): a 4xx naming the
+    parameter, or a query."""
+    from fleetlog.api.history import history_query
+    from fleetlog.api.resources import ApiError
+    from fleetlog.replay.history import log_time_ms
+    from fleetlog.replay.source import ReplayError
+
+    def parse(text: str) -> int:
+        try:
+            return log_time_ms(text)
+        except ReplayError as exc:
+            raise ValueError(str(exc)) from None
+
+    _, error = outcome(lambda: history_query(query, parse), ApiError)
+    if isinstance(error, ApiError):
+        assert 400 <= error.status < 500, error.status
+        assert error.field in query, error.field
+
+
+HISTORY_QUERIES: Final = st.dictionaries(
+    st.sampled_from(["tenant", "queue", "state", "since", "until", "limit", "page_token"]),
+    st.lists(st.one_of(st.sampled_from([*DIGITS, "1700000000000ms", "²ms", "١ms", "2026-11-30T01:00:00Z"]),
+                       st.text(max_size=12)), min_size=1, max_size=2), max_size=4)
+
+
 TARGETS: Final = (
     Target("envelope", check_envelope, st.tuples(HOSTILE, st.sampled_from(CONTENT_TYPES))),
     Target("ingest_body", check_ingest_body, st.tuples(bodies(), st.sampled_from(CONTENT_TYPES))),
     Target("config", check_config, st.one_of(mutated([CONFIG_SAMPLE]), st.binary(max_size=300))),
     Target("tokens_file", check_tokens, mutated([TOKENS_SAMPLE])),
     Target("policy_file", check_policy, mutated([POLICY_SAMPLE])),
+    Target("history_query", check_history_query, HISTORY_QUERIES),
 )
 """The targets that need no server."""
 REQUESTS: Final = st.one_of(mutated(REQUEST_SAMPLES), st.binary(max_size=200))

@@ -12,8 +12,18 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.fuzzing import REQUESTS, TARGETS, ServerErrors, Target, check_http, healthy
-from tests.service.test_service import serving
+from tests.fuzzing import (
+    REQUESTS,
+    TARGETS,
+    ServerErrors,
+    Target,
+    api_requests,
+    check_http,
+    get_params,
+    healthy,
+)
+from tests.service.test_http import TOKENS, policed_config
+from tests.service.test_service import serving, start
 
 EXAMPLES = 300
 
@@ -79,3 +89,51 @@ async def test_raw_http_requests_get_an_answer_under_500_and_the_server_stays_he
             await asyncio.to_thread(run)
         assert await asyncio.to_thread(healthy, port)
         assert errors.seen == []  # no request a handler did not expect (a client gone mid-answer)
+
+
+def test_the_api_requests_reach_every_query_parameter_of_every_get_route() -> None:
+    """The generator's (route, parameter) pairs are the API's own table (a new parameter is fuzzed
+    without a change here), and each is drawn."""
+    from fleetlog.api.routes import ROUTES
+
+    pairs = set(get_params())
+    for route in ROUTES:
+        if route.method == "GET":
+            assert {(route.path, p.name) for p in route.params} <= pairs, route.path
+    assert ("/v1/watch", "Last-Event-ID") in pairs
+    drawn: set[str] = set()
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(raw=api_requests("tok"))
+    def run(raw: bytes) -> None:
+        line, _, rest = raw.partition(b"\r\n")
+        target = line.split(b" ")[1].decode()
+        path, _, query = target.partition("?")
+        drawn.update(f"{path}?{kv.split('=')[0]}" for kv in query.split("&") if kv)
+        drawn.update(f"?{h.split(b':')[0].decode()}" for h in rest.split(b"\r\n") if h.startswith(b"Last-"))
+
+    run()
+    assert "?Last-Event-ID" in drawn
+    assert {"/v1/jobs?page_token", "/v1/jobs?limit", "/v1/watch?from", "/v1/nodes?page_token"} <= drawn, drawn
+
+
+async def test_hostile_queries_and_authorization_bytes_on_a_service_with_auth_get_4xx(tmp_path: Path) -> None:
+    """Issue 46's probes, fuzzed: every GET route's every query parameter (a Unicode digit in
+    ``page_token``, ``from``, ``Last-Event-ID``…) with a valid token, and hostile bytes as the
+    ``Authorization`` header: an answer under 500, nothing logged as an error, health unharmed."""
+    running = await start(policed_config(tmp_path))
+    try:
+        port = running.service.http.port
+
+        @settings(max_examples=EXAMPLES, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(raw=api_requests(TOKENS["alice"]))
+        def run(raw: bytes) -> None:
+            check_http(port, raw)
+
+        with ServerErrors() as errors:
+            await asyncio.to_thread(run)
+        assert await asyncio.to_thread(healthy, port)
+        assert errors.seen == []
+    finally:
+        await running.stop()

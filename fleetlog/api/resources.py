@@ -26,6 +26,7 @@ from fleetlog.core.order import dominant_share, fleet_capacity, waiting_order
 from fleetlog.core.shares import SCALE
 from fleetlog.core.state import JobMeta, JobState, NodeStatus, State, TaskState
 from fleetlog.core.views import pending_reason
+from fleetlog.numerals import whole
 
 __all__ = ["DEFAULT_LIMIT", "JOB_STATES", "MAX_LIMIT", "NODE_STATUSES"]  # (from .names, for the API's users)
 
@@ -213,18 +214,16 @@ def one_of(query: Query, name: str, allowed: Sequence[str]) -> list[str]:
 def paging(query: Query) -> tuple[int, int]:
     """(first row, limit) from ``page_token`` and ``limit``."""
     limit, start = _single(query, "limit"), _single(query, "page_token")
-    try:
-        count = DEFAULT_LIMIT if limit is None else int(limit)
-    except ValueError:
-        count = 0
+    count = DEFAULT_LIMIT if limit is None else whole(limit, 7) or 0
     if not 1 <= count <= MAX_LIMIT:
         raise ApiError(400, "invalid_value", f"limit={limit!r}: an integer from 1 to {MAX_LIMIT}", "limit")
     if start is None:
         return 0, count
-    if not start.isdigit() or len(start) > 12:
+    row = whole(start, 12)
+    if row is None:
         raise ApiError(400, "invalid_value", f"page_token={start!r} is not a token this API gave",
                        "page_token")
-    return int(start), count
+    return row, count
 
 
 def _single(query: Query, name: str) -> str | None:

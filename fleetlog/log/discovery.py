@@ -20,6 +20,7 @@ from typing import Final, NamedTuple
 from fleetlog.log.file import process_alive
 from fleetlog.log.logdir import check_trusted
 from fleetlog.log.private import write_private
+from fleetlog.numerals import whole
 
 SERVICE_FILE: Final = "service.json"
 ACCEPT_NEVER_FITS: Final = ("fleetlog-never-fits", "accept")
@@ -90,4 +91,5 @@ def announced(directory: Path) -> Announced | None:
     if not process_alive(pid) or scheme not in ("http", "https"):
         return None
     host, _, port = address.rpartition(":")
-    return Announced(host or "127.0.0.1", int(port), scheme) if port.isdigit() else None
+    number = whole(port, 5)
+    return Announced(host or "127.0.0.1", number, scheme) if number is not None else None

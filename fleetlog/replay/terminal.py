@@ -30,9 +30,9 @@ def progress_bar(what: str, total: int | None) -> Iterator[Callable[[int], None]
 def parse_point(text: str) -> Point:
     """An inputs offset (digits), epoch milliseconds (``1700000000000ms``) or an ISO 8601 time
     (``2026-11-30T01:00:00Z``; no zone = UTC)."""
-    if re.fullmatch(r"\d+", text):
+    if re.fullmatch(r"[0-9]+", text):  # (ASCII: \d is any script's digits, fleetlog.numerals)
         return Point(offset=int(text))
-    if m := re.fullmatch(r"(\d+)ms", text):
+    if m := re.fullmatch(r"([0-9]+)ms", text):
         return Point(time_ms=int(m.group(1)))
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)

@@ -179,6 +179,20 @@ def policy_reader(roles: Roles) -> Forbidden | None:
                      "policy-admin and operator read the policy (GET /v1/policy)", action="read_policy")
 
 
+def may_send(principal: str, roles: Roles | None, route: str) -> Forbidden | None:
+    """What the head of a request with a body already shows (issue 46): a principal the policy
+    does not name, or one without ``quota-admin`` putting a quota (``route``: a route template),
+    is refused before a byte of its body is read or a body slot is taken; the events themselves
+    are checked by :func:`check_events` once the body is in (a principal with roles holds at most
+    its share of the body slots meanwhile)."""
+    if roles is None:
+        return refused_principal(principal)
+    names = ", ".join(roles.names) or "none"
+    if route == "/v1/quotas/{tenant}" and not roles.quota_admin:
+        return Forbidden(f"may not set quotas (roles: {names})", "quota-admin sets quotas", action="QuotaSet")
+    return None
+
+
 def forbidden(exc: Forbidden) -> Response:
     """The 403 answer: the message, the rule that refused, the event type (and index)."""
     extra: dict[str, object] = {"rule": exc.rule, "action": exc.action}

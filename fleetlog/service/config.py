@@ -110,6 +110,12 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     previous answer), else it is closed: idle and slow-header clients hold nothing."""
     http_body_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
     """A request body must arrive this soon (else 408)."""
+    http_body_first_byte_timeout_s: Annotated[float, Meta(gt=0)] = 5.0
+    """...and its first byte this soon after the head (else 408): a head alone holds a body slot
+    for seconds, not for ``http_body_timeout_s``."""
+    http_tls_handshake_timeout_s: Annotated[float, Meta(gt=0)] = 5.0
+    """A TLS connection must finish its handshake this soon after it opens, else it is closed
+    (until then it counts toward ``http_max_connections``)."""
     http_max_connections: Positive = 256
     """Open connections; one more closes the oldest idle one (or gets 503 if none is idle).
     Also held under half of the process's file-descriptor limit."""
@@ -120,6 +126,9 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Largest ingest body, however framed (larger: 413)."""
     max_concurrent_requests: Positive = 16
     """Requests with a body read and handled at a time (more: 429); health never waits for them."""
+    max_concurrent_requests_per_client: Positive = 4
+    """...of them at most this many from one principal (unauthenticated: one peer address), so one
+    client cannot hold them all (more: 429 ``busy``)."""
     max_request_events: Positive = 10_000
     """Events in one ingest request (more: 413)."""
     max_request_tasks: Positive = 100_000

@@ -7,16 +7,23 @@ bounded here, by :class:`HttpLimits`:
 * **time** — a connection must deliver a whole request head within ``header_timeout_s`` of
   opening (or of its previous response): aiohttp's keep-alive timer runs from the connection's
   start and is not reset by a trickle of bytes, so idle and slowloris connections are closed;
-  a body must arrive within ``body_timeout_s`` (else 408);
+  a body's first byte must arrive within ``body_first_byte_timeout_s`` of its head and the whole
+  body within ``body_timeout_s`` (else 408); a TLS handshake must end within
+  ``tls_handshake_timeout_s`` of the connection's opening (else it is closed);
 * **size** — at most ``max_headers`` header fields of ``max_field_bytes`` each, and a body of at
   most ``max_body_bytes`` however it is framed (else 413 at once; the rest of the body is then
   read and dropped for up to ``body_timeout_s``, so a client that sends it all before reading
   still gets the answer);
-* **count** — at most ``max_connections`` open connections: one past the cap closes the oldest
-  connection that is not inside a request (an idle or half-sent one), or, when all are busy, is
-  answered 503 at once; at most ``max_body_requests`` requests with a body are read and handled
-  at a time (others get 429 with ``Retry-After``), so body-less requests (health, metrics,
-  status) are never queued behind ingest.
+* **count** — at most ``max_connections`` open connections, those still in the TLS handshake
+  included: one past the cap closes the oldest connection that is not inside a request (an idle,
+  half-sent or handshaking one), or, when all are busy, is answered 503 at once; at most
+  ``max_body_requests`` requests with a body are read and handled at a time, and at most
+  ``max_body_requests_per_client`` of one client (its principal; unauthenticated, its peer
+  address), others get 429 ``busy`` with ``Retry-After``, so body-less requests (health,
+  metrics, status) are never queued behind ingest and one client cannot hold every slot;
+* **order** — a request is authenticated, then shown (head only) to ``before_body``, which
+  authorizes it for its route (a principal the policy names nowhere: 403), before a body slot is
+  taken or a byte of its body read.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import contextlib
 import errno
 import logging
 import ssl
+from asyncio import sslproto
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 from aiohttp import HttpVersion10, HttpVersion11, web
@@ -54,14 +62,15 @@ class HttpLimits(msgspec.Struct, frozen=True):
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    body_first_byte_timeout_s: float = 5.0
+    tls_handshake_timeout_s: float = 5.0
     max_connections: int = 256
     max_body_requests: int = 16
+    max_body_requests_per_client: int = 4
     max_headers: int = 64
     max_line_bytes: int = 8190
     max_field_bytes: int = 8190
     max_body_bytes: int = 8 * 1024 * 1024
-
-
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -132,6 +141,10 @@ def unrouted(request: Request, elsewhere: bool) -> Response:
 
 
 Handler = Callable[[Request], Awaitable["Response | Stream"]]
+BeforeBody = Callable[[Request], Awaitable["Response | Stream | None"]]
+"""Shown a request with a body by its head alone (``body`` empty), authenticated: the answer to
+give without reading the body (a refusal, or the answer of a route that takes no body), or
+``None`` to read the body and call the handler."""
 
 
 class _ClientFault(logging.Filter):
@@ -148,21 +161,50 @@ _SERVER_LOG.addFilter(_ClientFault())
 
 
 class _CappedServer(web.Server):
-    """aiohttp's server with a cap on open connections (oldest idle one evicted first)."""
+    """aiohttp's server with a cap on open connections (oldest idle one evicted first).  With
+    ``tls`` each accepted connection first goes through :class:`_Handshake`: asyncio's own TLS
+    server hands a connection to aiohttp only once its handshake ends, so the cap would not see
+    the connections that never send a ClientHello, and they would wait 60 s each."""
 
-    def __init__(self, handler: Any, max_connections: int, **kwargs: Any) -> None:
+    def __init__(self, handler: Any, max_connections: int, tls: ssl.SSLContext | None = None,
+                 handshake_timeout_s: float = 5.0, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
-        self.max_connections = max_connections
-        self.open: dict[RequestHandler, asyncio.Transport] = {}  # oldest first
+        self.max_connections, self.tls, self.handshake_timeout_s = max_connections, tls, handshake_timeout_s
+        self.open: dict[RequestHandler, asyncio.BaseTransport] = {}  # oldest first (handshaking ones too)
         self.busy: set[RequestHandler] = set()
+        self.handshaking: dict[RequestHandler, asyncio.Transport] = {}
+        """TLS connections in their handshake (in :attr:`open` too), by their handler to be."""
+
+    def __call__(self) -> Any:
+        """The protocol of a new connection (asyncio calls this on accept)."""
+        return _Handshake(self) if self.tls is not None else super().__call__()
+
+    def admit(self, key: RequestHandler, transport: asyncio.BaseTransport) -> bool:
+        """Count a new connection, evicting the oldest idle one at the cap; ``False`` when every
+        one is inside a request (the caller refuses it)."""
+        if len(self.open) >= self.max_connections and not self._evict_idle():
+            return False
+        self.open[key] = transport
+        return True
+
+    def handshake_done(self, handler: RequestHandler, waiter: asyncio.Future[None]) -> None:
+        """A TLS handshake ended (:class:`_Handshake`): a failed one is forgotten (its transport
+        is closed by then); a good one stays counted, now as the request handler's."""
+        tcp = self.handshaking.pop(handler, None)
+        if waiter.cancelled() or waiter.exception() is not None:
+            self.open.pop(handler, None)
+            if tcp is not None:
+                tcp.close()
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
-        if len(self.open) >= self.max_connections and not self._evict_idle():
-            transport.write(_OVERLOADED)
-            transport.close()
+        if handler in self.open:  # (its TLS handshake was counted: now the TLS transport is)
+            self.open[handler] = transport
             return
-        self.open[handler] = transport
+        if not self.admit(handler, transport):
+            if self.tls is None:
+                transport.write(_OVERLOADED)
+            transport.close()
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self.open.pop(handler, None)
@@ -176,6 +218,35 @@ class _CappedServer(web.Server):
                 transport.close()
                 return True
         return False
+
+
+class _Handshake(asyncio.Protocol):
+    """What asyncio's TLS server does on accept, with the connection counted by the cap from the
+    start: the TCP transport is handed, within ``connection_made`` (before a byte is read), to an
+    :class:`asyncio.sslproto.SSLProtocol` with ``handshake_timeout_s``, which hands aiohttp's
+    request handler the TLS transport once the handshake ends.  Until then the connection counts
+    as idle (the first evicted at the cap); one that fails or times out is closed and forgotten.
+    (Not ``loop.start_tls``: it runs a loop iteration later, after uvloop has begun to read, and
+    the ClientHello read in between would be lost.)"""
+
+    def __init__(self, server: _CappedServer) -> None:
+        self.server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server, tcp = self.server, cast(asyncio.Transport, transport)  # (uvloop's: no asyncio subclass)
+        assert server.tls is not None
+        handler = web.Server.__call__(server)
+        if not server.admit(handler, tcp):
+            tcp.close()  # (no plain-text 503 on a TLS port)
+            return
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        waiter.add_done_callback(lambda done: server.handshake_done(handler, done))
+        tls = sslproto.SSLProtocol(loop, handler, server.tls, waiter, server_side=True,
+                                   ssl_handshake_timeout=server.handshake_timeout_s)
+        server.handshaking[handler] = tcp
+        tcp.set_protocol(tls)
+        tls.connection_made(tcp)
 
 
 class BindError(Exception):
@@ -194,11 +265,14 @@ class HttpServer:
     def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
                  limits: HttpLimits | None = None, auth: Authenticator | None = None,
                  unauthenticated: Callable[[], None] | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, before_body: BeforeBody | None = None) -> None:
         self.handler, self.host, self.port = handler, host, port
         self.auth, self.unauthenticated, self.ssl_context = auth, unauthenticated, ssl_context
+        self.before_body = before_body
         self.limits = limits or HttpLimits()
         self.body_requests = 0
+        self.body_requests_of: dict[str, int] = {}
+        """Requests with a body in hand, by client (``principal:NAME`` or ``peer:ADDRESS``)."""
         self._runner: web.ServerRunner | None = None
         self._server: _CappedServer | None = None
         self._closing = asyncio.Event()
@@ -213,7 +287,8 @@ class HttpServer:
         lim = self.limits
         self._closing = asyncio.Event()
         self._server = _CappedServer(
-            self._dispatch, lim.max_connections, keepalive_timeout=lim.header_timeout_s,
+            self._dispatch, lim.max_connections, self.ssl_context, lim.tls_handshake_timeout_s,
+            keepalive_timeout=lim.header_timeout_s,
             max_headers=lim.max_headers, max_line_size=lim.max_line_bytes,
             max_field_size=lim.max_field_bytes, lingering_time=lim.body_timeout_s, access_log=None,
             handler_cancellation=True, logger=_SERVER_LOG,
@@ -221,8 +296,8 @@ class HttpServer:
         runner = web.ServerRunner(self._server, handle_signals=False)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.host, self.port, backlog=lim.max_connections,
-                              ssl_context=self.ssl_context).start()
+            # (TLS is not aiohttp's to do: _CappedServer hands each connection to a _Handshake first)
+            await web.TCPSite(runner, self.host, self.port, backlog=lim.max_connections).start()
         except OSError as exc:
             await runner.cleanup()
             where = f"{self.host}:{self.port}"
@@ -234,6 +309,8 @@ class HttpServer:
 
     async def stop(self) -> None:
         self._closing.set()  # open streams end first, so cleanup does not wait on them
+        for transport in list(self._server.handshaking.values() if self._server is not None else ()):
+            transport.close()  # (aiohttp does not know them yet)
         runner, self._runner = self._runner, None
         if runner is not None:
             with contextlib.suppress(Exception):
@@ -319,14 +396,37 @@ class HttpServer:
             principal = verdict.principal
         if not raw.body_exists:
             return await self.handler(_request(raw, b"", principal))
-        if self.body_requests >= self.limits.max_body_requests:
-            return refusal(429, "busy", f"{self.body_requests} requests with a body in hand; retry later")
+        if self.before_body is not None:  # authorized for the route before a byte of the body is read
+            answer = await self.before_body(_request(raw, b"", principal))
+            if answer is not None:
+                return answer
+        client = f"principal:{principal}" if principal is not None else f"peer:{raw.remote}"
+        busy = self._busy(client)
+        if busy is not None:
+            return busy
         self.body_requests += 1
+        self.body_requests_of[client] = self.body_requests_of.get(client, 0) + 1
         try:
             body = await self._read_body(raw)
             return body if isinstance(body, Response) else await self.handler(_request(raw, body, principal))
         finally:
             self.body_requests -= 1
+            self.body_requests_of[client] -= 1
+            if not self.body_requests_of[client]:
+                del self.body_requests_of[client]
+
+    def _busy(self, client: str) -> Response | None:
+        """429 ``busy`` when every body slot is taken, or ``client``'s share of them."""
+        lim = self.limits
+        if self.body_requests >= lim.max_body_requests:
+            return refusal(429, "busy", f"{self.body_requests} requests with a body in hand; retry later")
+        mine = self.body_requests_of.get(client, 0)
+        if mine >= lim.max_body_requests_per_client:
+            who = client.replace(":", " ", 1)
+            return refusal(429, "busy", f"{who} has {mine} requests with a body in hand, its share of "
+                           f"{lim.max_body_requests}; retry later",
+                           extra={"limit": lim.max_body_requests_per_client})
+        return None
 
     async def _read_body(self, raw: web.BaseRequest) -> bytes | Response:
         """The whole body, or a 413/408 refusal: a body over the limit is refused as soon as its
@@ -335,16 +435,24 @@ class HttpServer:
         too_large = refusal(413, "too_large", f"request body over {limit} bytes", extra={"limit": limit})
         if raw.content_length is not None and raw.content_length > limit:
             return too_large
-        parts, size = [], 0
-        try:
-            async with asyncio.timeout(self.limits.body_timeout_s):
-                while chunk := await raw.content.readany():
+        lim = self.limits
+        parts: list[bytes] = []
+        size, started = 0, asyncio.get_running_loop().time()
+        try:  # the first byte soon (a head alone holds no slot long), then the rest by body_timeout_s
+            async with asyncio.timeout(min(lim.body_first_byte_timeout_s, lim.body_timeout_s)) as clock:
+                chunk = await raw.content.readany()
+                clock.reschedule(started + lim.body_timeout_s)
+                while chunk:
                     size += len(chunk)
                     if size > limit:
                         return too_large
                     parts.append(chunk)
+                    chunk = await raw.content.readany()
         except TimeoutError:
-            return refusal(408, "timeout", f"request body not received in {self.limits.body_timeout_s}s")
+            if not parts:
+                return refusal(408, "timeout", f"no byte of the request body in "
+                               f"{min(lim.body_first_byte_timeout_s, lim.body_timeout_s)}s")
+            return refusal(408, "timeout", f"request body not received in {lim.body_timeout_s}s")
         return b"".join(parts)
 
 

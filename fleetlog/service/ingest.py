@@ -252,9 +252,13 @@ def http_limits(settings: ServiceSettings) -> HttpLimits:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     cap = settings.http_max_connections if soft == resource.RLIM_INFINITY else max(
         4, min(settings.http_max_connections, soft // 2))
+    bodies = max(1, min(settings.max_concurrent_requests, cap // 2))
     return HttpLimits(
         header_timeout_s=settings.http_header_timeout_s, body_timeout_s=settings.http_body_timeout_s,
-        max_connections=cap, max_body_requests=max(1, min(settings.max_concurrent_requests, cap // 2)),
+        body_first_byte_timeout_s=settings.http_body_first_byte_timeout_s,
+        tls_handshake_timeout_s=settings.http_tls_handshake_timeout_s,
+        max_connections=cap, max_body_requests=bodies,
+        max_body_requests_per_client=min(bodies, settings.max_concurrent_requests_per_client),
         max_headers=settings.http_max_headers, max_line_bytes=settings.http_max_header_bytes,
         max_field_bytes=settings.http_max_header_bytes, max_body_bytes=settings.max_request_bytes)
 

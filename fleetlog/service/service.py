@@ -48,6 +48,7 @@ from fleetlog.service.authz import (
     EVERY_ROLE,
     Authorizer,
     forbidden,
+    may_send,
     policy_reader,
     refused_principal,
     warn_unpoliced,
@@ -123,6 +124,7 @@ class Service:
         self.ingest = IngestGate(self.settings)
         self.dry_runs = DryRuns(self.settings, self.policy)
         self.authz = Authorizer(config.auth.policy_file)
+        self.http.before_body = self._before_body  # authorized before any body byte is read
         self.snapshots = snapshot_store(config)
         self.snapshotter = Snapshotter(self.snapshots, self.settings, self.policy.name, self.metrics)
         self.stopping = stopping or asyncio.Event()
@@ -378,6 +380,23 @@ class Service:
             self._refused(request, answer)
         elif isinstance(answer, Response) and answer.status == 429:
             self._limited(request, answer)
+        return answer
+
+    async def _before_body(self, request: Request) -> Response | Stream | None:
+        """A request with a body, by its head (fleetlog.service.http.BeforeBody): a route that takes
+        no body is answered as it is, a principal that may send the route nothing is refused 403,
+        both before a byte of the body is read or a body slot is taken; ``None``: read the body."""
+        route, _, _ = route_for(request.method, request.raw_path or request.path)
+        if route is None or route.method not in ("POST", "PUT"):
+            return await self._handle(request)
+        if request.principal is None:
+            return None
+        logged = self.loop.state.policy if self.loop is not None else None
+        refused = may_send(request.principal, self.authz.roles(request.principal, logged), route.path)
+        if refused is None:
+            return None
+        answer = forbidden(refused)
+        self._refused(request, answer)
         return answer
 
     def _limited(self, request: Request, answer: Response) -> None:

@@ -8,11 +8,13 @@ import asyncio
 import http.client
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,10 +27,15 @@ from fleetlog.client import HttpTransport, keyed
 from fleetlog.events import encode, envelope
 from fleetlog.events.model import MAX_TASKS_PER_JOB
 from fleetlog.log.base import INPUTS
-from fleetlog.service.config import ServiceSettings
+from fleetlog.service.auth import entry_toml, new_token
+from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
 from fleetlog.service.http import HttpLimits, HttpServer, Request, Response, json_response
 from tests.core.builders import job, node
+from tests.fuzzing import ServerErrors
 from tests.service.process import REPO, ServiceProcess
+from tests.service.test_mtls import Pki
+from tests.service.test_mtls import call as tls_call
+from tests.service.test_mtls import client as tls_client
 from tests.service.test_service import Running, embedded, events_body, start
 
 LIMITS: dict[str, Any] = {
@@ -481,3 +488,253 @@ async def test_the_client_resends_after_retry_after(guarded: Running) -> None:
         await transport.close()
         for sock in slow:
             sock.close()
+
+
+# -- issue 46: body slots, the order of checks, TLS handshakes, hostile numbers ------------------
+
+PEOPLE = ("alice", "bob", "reader", "nobody")
+TOKENS = {who: new_token() for who in PEOPLE}
+POLICY = ('[[grant]]\nprincipal = "alice"\nroles = ["tenant:a"]\n[[grant]]\nprincipal = "bob"\n'
+          'roles = ["tenant:b"]\n[[grant]]\nprincipal = "reader"\nroles = ["reader"]\n')  # (nobody: none)
+
+
+def policed_config(tmp_path: Path, **settings: Any) -> Config:
+    """A service with tokens for :data:`PEOPLE` and :data:`POLICY` (``nobody`` has a valid token
+    the policy names nowhere)."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text("".join(entry_toml(who, TOKENS[who], None) for who in PEOPLE))
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    for path in (tokens, policy):
+        path.chmod(0o600)
+    return Config(log=LogConfig(dir=str(tmp_path / "log"), fsync="never"),
+                  service=ServiceSettings(http_port=0, idle_wait_ms=20, **settings),
+                  auth=AuthSettings(tokens_file=str(tokens), policy_file=str(policy)))
+
+
+@pytest.fixture
+async def policed(tmp_path: Path) -> AsyncIterator[Running]:
+    """With the default limits: 16 body slots, 4 per principal, a body's first byte in 5 s."""
+    running = await start(policed_config(tmp_path))
+    try:
+        yield running
+    finally:
+        if not running.task.done():
+            await running.stop()
+
+
+def head(who: str, path: str = "/v1/events", method: str = "POST", length: int = 1000) -> bytes:
+    """A request head announcing a body of ``length`` bytes, none of which is ever sent."""
+    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {TOKENS[who]}\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def reply(sock: socket.socket, timeout_s: float = 10) -> bytes:
+    """The server's answer, read up to its end (``Content-Length``), not to the close: a refused
+    request's connection stays open while the server drains the body it announced."""
+    sock.settimeout(timeout_s)
+    out = b""
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+            top, sep, body = out.partition(b"\r\n\r\n")
+            sizes = [line.split(b":", 1)[1] for line in top.lower().split(b"\r\n")
+                     if line.startswith(b"content-length:")]
+            if sep and sizes and len(body) >= int(sizes[0]):
+                break
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return out
+
+
+def refused_head(running: Running, raw: bytes) -> bytes:
+    with connect(running) as sock:
+        sock.sendall(raw)
+        return reply(sock)
+
+
+def post_as(running: Running, who: str, body: bytes, path: str = "/v1/events") -> tuple[int, dict[str, Any]]:
+    status, answer_, _ = post(running, body, {"Authorization": f"Bearer {TOKENS[who]}"}, path)
+    return status, answer_
+
+
+async def test_sixteen_bodiless_heads_of_one_principal_leave_ingest_to_another(policed: Running) -> None:
+    """The issue's probe: 16 heads with a Content-Length and no body from alice hold at most her
+    share (4) of the 16 body slots; the rest get 429 ``busy`` at once, and bob ingests at once."""
+    heads = [await asyncio.to_thread(connect, policed) for _ in range(16)]
+    try:
+        for sock in heads:
+            sock.sendall(head("alice"))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        status, body = await asyncio.to_thread(post_as, policed, "bob", events_body(job("b-1", tenant="b")))
+        assert (status, body.get("appended")) == (200, 1), body
+        assert time.monotonic() - started < 2  # at once (the heads' 408 comes only after 5 s)
+        refused = [status_of(await asyncio.to_thread(reply, sock, 0.2)) for sock in heads]
+        assert refused.count(429) == 12, refused  # (the 4 others still wait for their body)
+        assert policed.service.http.body_requests == 4
+    finally:
+        for sock in heads:
+            sock.close()
+
+
+async def test_a_head_whose_body_never_starts_is_answered_408_in_seconds_and_frees_the_slot(
+        policed: Running) -> None:
+    """``http_body_first_byte_timeout_s`` (5 s), not ``http_body_timeout_s`` (30 s): alice's 4
+    slots are hers again within seconds."""
+    heads = [await asyncio.to_thread(connect, policed) for _ in range(4)]
+    try:
+        for sock in heads:
+            sock.sendall(head("alice"))
+        started = time.monotonic()
+        answers = [await asyncio.to_thread(reply, sock, 20) for sock in heads]
+        took = time.monotonic() - started
+        assert [status_of(raw) for raw in answers] == [408] * 4
+        assert b"no byte of the request body in 5.0s" in answers[0]
+        assert took < 15, took  # 5 s and a margin; far below the 30 s body timeout
+        status, body = await asyncio.to_thread(post_as, policed, "alice", events_body(job("a-1", tenant="a")))
+        assert (status, body.get("appended")) == (200, 1), body
+    finally:
+        for sock in heads:
+            sock.close()
+
+
+async def test_a_principal_the_policy_names_nowhere_is_refused_before_its_body(policed: Running) -> None:
+    """``nobody``'s token is valid but the policy names it nowhere: 403 to its head alone (the body
+    never needs to arrive), and its heads hold no body slot; a tenant setting a quota is refused by
+    its head too."""
+    heads = [await asyncio.to_thread(connect, policed) for _ in range(20)]
+    try:
+        for sock in heads:
+            sock.sendall(head("nobody"))
+        answers = [await asyncio.to_thread(reply, sock, 3) for sock in heads]
+        assert {status_of(raw) for raw in answers} == {403}
+        assert b"has no roles in the policy" in answers[0]
+        assert policed.service.http.body_requests == 0
+        raw = await asyncio.to_thread(refused_head, policed, head("alice", "/v1/quotas/a", "PUT"))
+        assert status_of(raw) == 403, raw[:300]
+        assert b'"rule":"quota-admin sets quotas"' in raw
+        status, body = await asyncio.to_thread(post_as, policed, "alice", events_body(job("a-1", tenant="a")))
+        assert status == 200, body
+    finally:
+        for sock in heads:
+            sock.close()
+
+
+async def test_a_route_that_takes_no_body_is_answered_without_reading_one(policed: Running) -> None:
+    """A GET with a Content-Length is answered at once (its body is not waited for) and holds no
+    body slot."""
+    raw = await asyncio.to_thread(refused_head, policed, head("alice", "/v1/tenants", "GET"))
+    assert status_of(raw) == 200, raw[:300]
+    assert policed.service.http.body_requests == 0
+
+
+async def test_the_share_of_an_unauthenticated_client_is_per_peer_address() -> None:
+    """Without authentication a client is its peer address: 127.0.0.1 holds its share (2 of 8),
+    127.0.0.2 still gets a slot."""
+    async def echo(request: Request) -> Response:
+        return json_response(200, {"bytes": len(request.body)})
+
+    server = HttpServer(echo, limits=HttpLimits(max_body_requests=8, max_body_requests_per_client=2))
+    await server.start()
+    held = [await asyncio.to_thread(socket.create_connection, ("127.0.0.1", server.port), 10)
+            for _ in range(3)]
+    try:
+        for sock in held:
+            sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+        assert status_of(await asyncio.to_thread(reply, held[2], 5)) == 429
+
+        def other() -> bytes:
+            with socket.create_connection(("127.0.0.1", server.port), 10, ("127.0.0.2", 0)) as sock:
+                sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
+                return reply(sock, 5)
+
+        assert status_of(await asyncio.to_thread(other)) == 200
+    finally:
+        for sock in held:
+            sock.close()
+        await server.stop()
+
+
+@pytest.mark.parametrize(("target", "header", "field"), [
+    ("/v1/jobs?page_token=%C2%B2", None, "page_token"),  # ² (str.isdigit() says yes, int() raises)
+    ("/v1/nodes?page_token=%C2%B2", None, "page_token"),
+    ("/v1/jobs?limit=%C2%B2", None, "limit"),
+    ("/v1/jobs?limit=%D9%A3", None, "limit"),  # Arabic-Indic 3 (int() takes it: a limit nobody wrote)
+    ("/v1/jobs?page_token=%D9%A3", None, "page_token"),
+    ("/v1/watch?from=%C2%B2", None, "from"),
+    ("/v1/watch?from=%D9%A3", None, "from"),
+    ("/v1/watch", b"Last-Event-ID: \xc2\xb2", "Last-Event-ID"),
+    ("/v1/watch", b"Last-Event-ID: \xd9\xa3", "Last-Event-ID"),
+])
+async def test_a_unicode_digit_in_a_query_parameter_or_last_event_id_is_400_naming_the_field(
+        policed: Running, target: str, header: bytes | None, field: str) -> None:
+    raw = (f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS['alice']}\r\n".encode()
+           + (header + b"\r\n" if header else b"") + b"Connection: close\r\n\r\n")
+    got = await asyncio.to_thread(exchange, policed, raw)
+    assert status_of(got) == 400, got[:300]
+    assert f'"field":"{field}"'.encode() in got
+
+
+@pytest.mark.parametrize("value", [b"Bearer \xff\xfe", b"\xc3(", b"Bearer tok\xe9n", b"\x80"])
+async def test_a_non_utf8_authorization_header_is_401_not_500(policed: Running, value: bytes) -> None:
+    raw = b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: " + value + b"\r\nConnection: close\r\n\r\n"
+    with ServerErrors() as errors:
+        got = await asyncio.to_thread(exchange, policed, raw)
+    assert status_of(got) == 401, got[:300]
+    assert b'"code":"unauthenticated"' in got
+    assert errors.seen == []
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA and a server certificate for 127.0.0.1 (tests.service.test_mtls)."""
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def test_silent_connections_to_the_tls_port_stop_neither_a_tls_client_nor_health(
+        tmp_path: Path, pki: Pki) -> None:
+    """The issue's probe, under 128 descriptors (connections capped at 64): 300 connections that
+    never send a ClientHello are counted by the cap (the oldest evicted) and cut after the 5 s
+    handshake timeout; a TLS client's health check and authenticated read answer at once."""
+    cert, key = pki.server
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(entry_toml("alice", TOKENS["alice"], None))
+    tokens.chmod(0o600)
+    config = tmp_path / "fleetlog.toml"
+    config.write_text(f'[log]\ndir = "{tmp_path / "log"}"\nfsync = "never"\n[auth]\n'
+                      f'tokens_file = "{tokens}"\ntls_cert_file = "{cert}"\ntls_key_file = "{key}"\n')
+    service = LimitedService(tmp_path / "service.log", ["--config", str(config)], 128).start()
+    silent: list[socket.socket] = []
+    try:
+        port = int(service.address().rsplit(":", 1)[1])
+        context = tls_client(pki, None)
+        deadline = time.monotonic() + 300
+        while acall_tls(f"https://127.0.0.1:{port}/healthz", context)[1].get("status") != "leading":
+            assert time.monotonic() < deadline, service.tail()
+            time.sleep(0.2)
+        for _ in range(300):
+            silent.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)
+        started = time.monotonic()
+        status, body = acall_tls(f"https://127.0.0.1:{port}/healthz", context)
+        assert (status, body["status"]) == (200, "leading")
+        status, body = acall_tls(f"https://127.0.0.1:{port}/v1/tenants", context, TOKENS["alice"])
+        assert status == 200, body
+        assert time.monotonic() - started < 3
+        last = silent[-1]  # (not evicted: the newest) cut by the handshake timeout
+        cut_after = time.monotonic()
+        assert answer(last, 30) == b""
+        assert time.monotonic() - cut_after < 15
+    finally:
+        for sock in silent:
+            sock.close()
+        assert service.stop() == 0, service.tail()
+
+
+def acall_tls(url: str, context: ssl.SSLContext, token: str | None = None) -> tuple[int, dict[str, Any]]:
+    """A GET over TLS (``(0, {})`` when the connection fails)."""
+    try:
+        return tls_call(url, context, token)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
+        return 0, {}

@@ -12,6 +12,7 @@ from fleetlog.backends.kubernetes.api import KubeApi, KubeApiError
 from fleetlog.backends.kubernetes.config import KubeBackendConfig
 from fleetlog.backends.kubernetes.objects import Pod
 from fleetlog.events.model import MAX_TASKS_PER_JOB
+from fleetlog.numerals import whole
 
 PODGROUPS: Final = "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups/{name}"
 NOT_FOUND: Final = 404
@@ -30,7 +31,8 @@ POD_GROUP: Final = msgspec.json.Decoder(PodGroup)
 
 def annotated_size(pod: Pod, cfg: KubeBackendConfig) -> int | None:
     text = pod.metadata.annotations.get(cfg.group_size_annotation, "")
-    return int(text) if text.isdigit() and 1 <= int(text) <= MAX_TASKS_PER_JOB else None
+    size = whole(text, 9)  # (ASCII digits: an annotation of "²" is no size, not a crash)
+    return size if size is not None and 1 <= size <= MAX_TASKS_PER_JOB else None
 
 
 async def group_size(api: KubeApi, pod: Pod, cfg: KubeBackendConfig) -> int | None:

@@ -58,6 +58,7 @@ from fleetlog.events.model import (
     TopologyLevel,
     metadata_bytes,
 )
+from fleetlog.numerals import whole
 
 MAX_PRIORITY: Final = 1_000_000
 MAX_NAME: Final = 253
@@ -221,7 +222,7 @@ def gpu_share(pod: Pod, gpus: int, cfg: KubeBackendConfig) -> tuple[int, int]:
     text = pod.metadata.annotations.get(cfg.gpu_milli_annotation)
     if text is None:
         return gpus, 1000 if gpus else 0
-    share = int(text) if text.strip().isdigit() else 0
+    share = whole(text.strip(), 9) or 0
     if not 1 <= share <= 1000:
         raise ValueError(f"annotation {cfg.gpu_milli_annotation}={text!r}: thousandths of a GPU, 1..1000")
     if gpus > 1:
@@ -384,7 +385,7 @@ def job_submitted(job_id: str, pods: Sequence[Pod], cfg: KubeBackendConfig) -> J
         priority=min(max(first.spec.priority, 0), MAX_PRIORITY),
         allowed_cells=(cfg.cell,),
         required_topology=topology_level(level),
-        expected_duration_ms=int(duration) if duration.isdigit() else None,
+        expected_duration_ms=whole(duration, 15),
         spread=spread,
         labels=(kept := kept_labels(labels)),
         annotations=kept_annotations(notes, metadata_bytes(kept, {})),
