@@ -232,6 +232,13 @@ class Metrics:
         self.stalled = Gauge(
             "fleetlog_stalled", "1 while the service stands by on a problem an operator must fix", registry=r
         )
+        self.watchers = Gauge("fleetlog_watchers", "Open GET /v1/watch streams", registry=r)
+        self.watch_bytes = Gauge(
+            "fleetlog_watch_bytes_held", "Bytes the watchers hold: records read and frames not yet taken by "
+            "their clients", registry=r)
+        self.watch_dropped = Counter(
+            "fleetlog_watch_dropped", "Watchers dropped: their client took nothing for watch_drain_timeout_s",
+            registry=r)
         self.fleet = FleetGauges(r, max_label_values)
         self._reasons: set[str] = set()
 

@@ -137,7 +137,7 @@ class Service:
         self._recovering: SchedulerLoop | None = None
         self._failed_at: str | None = None
         self._truncations: list[dict[str, object]] = []
-        self.watchers = Watchers(watch_limits(self.settings), self.metrics.registry)
+        self.watchers = Watchers(watch_limits(self.settings), self.metrics)
         self._backoff = errorpolicy.backoff()
         # Every exception of a cycle is retried (until stop), each after the wait its class calls
         # for; _report says why in health, metrics and the log first — but a leader that cannot

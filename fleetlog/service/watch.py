@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter
 
 from fleetlog.api.resources import ApiError, check_params
 from fleetlog.events import decode
@@ -48,6 +48,7 @@ from fleetlog.events.codec import BadEventError
 from fleetlog.events.model import Event
 from fleetlog.log.base import DECISIONS, INPUTS, Log, LogClosedError, Record, record_bytes
 from fleetlog.service.http import Request, Response, Stream, refusal
+from fleetlog.service.metrics import Metrics
 
 if TYPE_CHECKING:
     from fleetlog.service.config import ServiceSettings
@@ -306,20 +307,17 @@ class Watchers:
     share, and their gauges (``fleetlog_watchers``, ``fleetlog_watch_bytes_held``,
     ``fleetlog_watch_dropped``)."""
 
-    def __init__(self, limits: WatchLimits | None = None, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, limits: WatchLimits | None = None, metrics: Metrics | None = None) -> None:
         self.limits = limits or WatchLimits()
         self.count = 0
         self.by_client: dict[str, int] = {}
         self.budget = Budget(self.limits.total_bytes)
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="fleetlog-watch")
         self.dropped: Counter | None = None
-        if registry is not None:
-            Gauge("fleetlog_watchers", "Open GET /v1/watch streams", registry=registry).set_function(
-                lambda: self.count)
-            Gauge("fleetlog_watch_bytes_held", "Bytes the watchers hold: records read and frames not yet "
-                  "taken by their clients", registry=registry).set_function(lambda: self.budget.held)
-            self.dropped = Counter("fleetlog_watch_dropped", "Watchers dropped: their client took nothing "
-                                   "for watch_drain_timeout_s", registry=registry)
+        if metrics is not None:
+            metrics.watchers.set_function(lambda: self.count)
+            metrics.watch_bytes.set_function(lambda: self.budget.held)
+            self.dropped = metrics.watch_dropped
 
     def refused(self, request: Request) -> Response | None:
         """429 ``too_many_watchers`` past the cap of all, or of this client."""
