@@ -14,7 +14,9 @@ apart as it would two hosts), beside a well-behaved tenant:
 * **the victim**: ``bob`` (``tenant:bob``) submits one small job a second (a new connection
   each, as ``fleetlog submit`` does) — ``victim_submit_p99_ms`` over them; ``/healthz`` is probed
   one after another every 0.1 s on a new connection each (as a kubelet does) —
-  ``victim_health_max_s``, a probe cut at the phase's end counting the time it had waited; and
+  ``victim_health_max_s``, the longest health went unanswered: a probe's latency or, while probes
+  fail (a refused connection fails at once), the time from the first failing probe of the streak
+  to the end of its last (a probe cut at the phase's end counts the time it waited); and
   ``rdr`` (``reader``) reads ``/v1/watch`` of the decisions all along (``victim_watch_bytes``).
 
 Per attack, ``attacks_succeeded`` counts what the issue counts as the attack succeeding: each

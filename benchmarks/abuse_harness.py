@@ -389,20 +389,27 @@ class Victim:
             self.submit_s.append(time.monotonic() - started)
 
     async def prober(self) -> None:
-        """``/healthz`` one probe after another, each on a new connection; a probe still waiting when
+        """``/healthz`` one probe after another, each on a new connection.  ``health_s`` gets, per
+        probe, how long health had been unanswered when it ended: its own latency, or, while
+        probes fail, the time since the first failing probe of the streak began (a refused
+        connection fails fast, and must count as the outage it is); a probe still waiting when
         the phase ends counts the time it waited."""
+        failing_since: float | None = None
         async with self.run.session(fresh=True, source=VICTIM) as http:
             while not self.stopped.is_set():
-                started = time.monotonic()
+                started, ok = time.monotonic(), False
                 try:
                     async with http.get(self.run.service.url + "/healthz",
                                         timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as answer:
                         await answer.read()
-                        self.health_failures += answer.status != 200
+                        ok = answer.status == 200
                 except (TimeoutError, aiohttp.ClientError, OSError):
-                    self.health_failures += 1
+                    pass
                 finally:
-                    self.health_s.append(time.monotonic() - started)
+                    since = started if failing_since is None else failing_since
+                    self.health_s.append(time.monotonic() - since)
+                    self.health_failures += not ok
+                    failing_since = None if ok else since
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.stopped.wait(), HEALTH_EVERY_S)
 
