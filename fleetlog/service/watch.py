@@ -223,9 +223,10 @@ class Watch:
         lim = self.limits
         self._hold(0)
         self.held = await self.budget.take(want)
+        bound = max(1, min(lim.read_bytes, self.held // COST))
         try:
             records = await self.log.read(self.next_offset, BATCH, timeout_ms=int(lim.keepalive_s * 1000),
-                                          max_bytes=max(1, min(lim.read_bytes, self.held // COST)))
+                                          max_bytes=bound)
         except LogClosedError:
             return None, want
         if not records:
@@ -237,7 +238,7 @@ class Watch:
             return await self._next(weight * COST)
         made = functools.partial(frames, records, self.held - weight, self.view)
         chunk, after = await asyncio.get_running_loop().run_in_executor(self.workers, made)
-        full = len(records) == BATCH or weight * 2 * COST >= self.held
+        full = len(records) == BATCH or weight * 2 >= bound  # (the bound cut it: more is likely there)
         del records
         self._hold(len(chunk))
         self.next_offset = after
