@@ -69,6 +69,15 @@ REFUSED_EVENT: Final = frozenset({
 """Reasons the service gives for one event's content: that event is left out (see above)."""
 
 
+class RefusedError(LogError):
+    """The service refused a request of observations for a reason sending again will not mend
+    (``reason``: its code, e.g. ``forbidden`` for a token without the cell's role)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class _RefusedEvent(Exception):
     """The service refused a request for the content of one of its events."""
 
@@ -199,7 +208,8 @@ class SharedFileStore(LogStore):
                 if exc.reason in REFUSED_EVENT:
                     raise _RefusedEvent(exc) from None
                 if exc.reason not in RETRIED:
-                    raise LogError(f"the backend's observations were refused: {exc}") from None
+                    why = f"the backend's observations were refused: {exc}"
+                    raise RefusedError(why, exc.reason) from None
                 self._wait_note(str(exc), deadline)
                 await self._transport.close()
                 await asyncio.sleep(RETRY_SLEEP_S)
