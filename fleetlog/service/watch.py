@@ -47,6 +47,7 @@ from fleetlog.events import decode
 from fleetlog.events.codec import BadEventError
 from fleetlog.events.model import Event
 from fleetlog.log.base import DECISIONS, INPUTS, Log, LogClosedError, Record, record_bytes
+from fleetlog.numerals import whole
 from fleetlog.service.http import Request, Response, Stream, refusal
 from fleetlog.service.metrics import Metrics
 
@@ -165,12 +166,13 @@ def where_from(query: Mapping[str, list[str]], last_event_id: str | None) -> tup
     if len(logs) != 1 or logs[0] not in LOGS:
         raise ApiError(400, "invalid_value", f"log={logs!r}: one of {', '.join(LOGS)}", "log")
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
+        last = whole(last_event_id.strip(), 18)  # (ASCII digits: "²" passes str.isdigit, not int)
+        if last is None:
             raise ApiError(400, "invalid_value", f"Last-Event-ID {last_event_id!r} is not an offset",
                            "Last-Event-ID")
-        return logs[0], str(int(last_event_id) + 1)
+        return logs[0], str(last + 1)
     start = query.get("from", ["end"])
-    if len(start) != 1 or not (start[0] in ("start", "end") or (start[0].isdigit() and len(start[0]) < 19)):
+    if len(start) != 1 or not (start[0] in ("start", "end") or whole(start[0], 18) is not None):
         raise ApiError(400, "invalid_value", f"from={start!r}: an offset, start or end", "from")
     return logs[0], start[0]
 
