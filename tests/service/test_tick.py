@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,14 @@ from fleetlog.events.model import JobPending, JobPlaced
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Shard
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
 from fleetlog.replay.verify import verify
 from fleetlog.service.config import Config, LogConfig, ServiceSettings
 from fleetlog.service.roles import RoleService
 from tests.core.builders import job, node
 from tests.faults.checker import read_all
 from tests.service.test_roles import write_file
-from tests.service.test_service import events_body, serving
+from tests.service.test_service import events_body, serving, start
 
 NODE_TIMEOUT_MS = 600
 TICK_MS = 100
@@ -165,4 +167,40 @@ async def test_a_cell_shard_of_role_all_moves_its_log_time_too(tmp_path: Path) -
         await store.close()
     assert after
     assert set(after) == {("Tick", "fleetlog-scheduler-cell-0")}
+    assert report.ok, report.divergence
+
+
+@pytest.mark.kafka
+async def test_on_kafka_the_leader_ticks_too_and_replay_verifies(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
+    kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"tick{uuid.uuid4().hex[:8]}")
+    settings = ServiceSettings(
+        http_port=0,
+        idle_wait_ms=20,
+        node_timeout_ms=NODE_TIMEOUT_MS,
+        tick_every_ms=TICK_MS,
+        leader_session_timeout_ms=3000,
+    )
+    running = await start(Config(kafka=kafka, service=settings))
+    try:
+        sent = events_body(node("n1"), node("n2"), job("j1", gpus=4))
+        assert (await running.request("/v1/events", sent))[0] == 200
+        loop = running.service.loop
+        assert loop is not None
+        await until(lambda: downs(loop.state) == 2, "both silent nodes down")
+        status, found = await running.request("/v1/jobs/j1")
+        assert (status, found["state"]) == (200, "pending"), found
+    finally:
+        await running.stop()
+    store = KafkaLogStore(kafka)
+    await store.open()
+    try:
+        every = await inputs_after(store, 0)
+        report = await verify(store, core=settings.core())
+    finally:
+        await store.close()
+    last_sent = max(i for i, (_, producer) in enumerate(every) if producer == "test")
+    assert every[last_sent + 1 :]
+    assert set(every[last_sent + 1 :]) == {("Tick", "fleetlog-scheduler")}
     assert report.ok, report.divergence
