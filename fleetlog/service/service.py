@@ -23,8 +23,10 @@ only for the poll that returns it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -34,7 +36,7 @@ from tenacity import RetryCallState
 from fleetlog.api.detail import job_detail
 from fleetlog.api.resources import ApiError, PolicyList
 from fleetlog.api.routes import LISTS, answer_list, openapi, route_for
-from fleetlog.api.visibility import Viewer, viewer_for
+from fleetlog.api.visibility import Found, JobLookup, Viewer, on_owner, state_lookup, view_of, viewer_for
 from fleetlog.core.authorize import Roles
 from fleetlog.core.policy import service_policy
 from fleetlog.core.views import pending_by_reason
@@ -431,7 +433,7 @@ class Service:
         if request.method == "GET" and path in LISTS:
             return self._list(path, request.query, _viewer(roles))
         if request.method == "GET" and path == "/v1/watch":
-            return await self._watch(request)
+            return await self._watch(request, self._view(roles))
         route, found, elsewhere = route_for(request.method, request.raw_path or path)
         if route is not None and route.path == "/v1/jobs/{job_id}":
             return self._job(found["job_id"], _viewer(roles))
@@ -443,6 +445,14 @@ class Service:
             return refusal(404, "not_served", "GET /v1/history folds the whole log, so it is served by "
                            "`fleetlog replay serve` and `fleetlog history`, not by the live service")
         return unrouted(request, elsewhere)
+
+    def _view(self, roles: Roles | None) -> View | None:
+        """What a watcher holding ``roles`` may see of each event (fleetlog.api.visibility), its
+        jobs looked up in the live state on the event loop (the watch frames in a worker thread)."""
+        def lookup() -> JobLookup:
+            loop = self.loop
+            return state_lookup(loop.state) if loop is not None else lambda ids: {}
+        return view_of(_viewer(roles), on_owner(lookup, _on_loop(asyncio.get_running_loop())))
 
     async def _watch(self, request: Request, view: View | None = None) -> Response | Stream:
         """``GET /v1/watch`` (fleetlog.service.watch: its counts and byte bounds), each event as
@@ -552,6 +562,35 @@ def _viewer(roles: Roles | None) -> Viewer:
     """What a request may read (fleetlog.api.visibility): everything when no policy restricts it
     (no ``[auth]``, or no policy file: every principal holds every role)."""
     return viewer_for(None if roles is None or roles is EVERY_ROLE else roles)
+
+
+def _on_loop(aio: asyncio.AbstractEventLoop) -> Callable[[Callable[[], Found]], Found]:
+    """Run a lookup on the service's event loop ``aio`` (where the state changes) and wait for it:
+    a watch's worker thread never reads the state while the loop changes it.  On the loop itself it
+    runs at once; a loop that does not answer within 10 s (stopping) finds no job (shows nothing)."""
+    def call(fn: Callable[[], Found]) -> Found:
+        if _running_loop() is aio:
+            return fn()
+        done: concurrent.futures.Future[Found] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except Exception as exc:  # (handed to the caller)
+                done.set_exception(exc)
+        try:
+            aio.call_soon_threadsafe(run)
+            return done.result(timeout=10)
+        except (RuntimeError, TimeoutError):
+            return {}
+    return call
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _not_allowed() -> Response:
