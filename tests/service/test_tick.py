@@ -23,6 +23,7 @@ from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Shard
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.file import FileLogStore
 from fleetlog.log.kafka import KafkaConfig, KafkaLogStore
+from fleetlog.reads_watch import changed
 from fleetlog.replay.verify import verify
 from fleetlog.service.config import Config, LogConfig, ServiceSettings
 from fleetlog.service.roles import RoleService
@@ -204,3 +205,14 @@ async def test_on_kafka_the_leader_ticks_too_and_replay_verifies(
     assert every[last_sent + 1 :]
     assert set(every[last_sent + 1 :]) == {("Tick", "fleetlog-scheduler")}
     assert report.ok, report.divergence
+
+
+def test_nodes_watch_does_not_reprint_a_node_only_older_by_log_time() -> None:
+    """Each input (a tick too) ages every node's ``heard_ago_ms``: ``nodes -w`` prints a node
+    again when it changed, not each time log time moved."""
+    seen: dict[str, Any] = {}
+    first = {"node": "n1", "status": "up", "last_heartbeat_ms": 1000, "heard_ago_ms": 0}
+    assert changed(seen, [first]) == [first]
+    assert changed(seen, [{**first, "heard_ago_ms": 5000}]) == []
+    down = {**first, "status": "down", "heard_ago_ms": 61_000}
+    assert changed(seen, [down]) == [down]
