@@ -216,3 +216,18 @@ def test_nodes_watch_does_not_reprint_a_node_only_older_by_log_time() -> None:
     assert changed(seen, [{**first, "heard_ago_ms": 5000}]) == []
     down = {**first, "status": "down", "heard_ago_ms": 61_000}
     assert changed(seen, [down]) == [down]
+
+
+async def test_an_idle_service_counts_its_ticks_and_snapshots_as_one_fed_heartbeats(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    async with serving(log, tick_every_ms=TICK_MS, snapshot_every_s=0.5) as running:
+        snapshots = log / "snapshots"
+        await until(lambda: snapshots.is_dir() and any(snapshots.iterdir()), "a snapshot of the idle service")
+        status, metrics = await running.request("/metrics")
+        assert status == 200
+        (line,) = [x for x in metrics.decode().splitlines() if x.startswith("fleetlog_input_events_total ")]
+        assert float(line.split()[1]) >= 1
+        assert running.service.store is not None
+        every = await inputs_after(running.service.store, 0)
+    assert every
+    assert set(every) == {("Tick", "fleetlog-scheduler")}
