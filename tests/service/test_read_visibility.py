@@ -45,7 +45,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Running]:
             submitted = with_secret(job(f"{tenant}1", tenant=tenant, cells=(cell,)), key)
             assert (await send(running, who, submitted))[0] == 200
         await settled(running)
-        await running.until(lambda: _committed(running))
+        await running.until(lambda: _committed(running), timeout_s=180)  # (a cold numba cache compiles first)
         assert (await send(running, "agent1", node("n1", gpus=8, cell="c1")))[0] == 200
         await settled(running)
         yield running
