@@ -20,10 +20,26 @@ from typing import Any
 
 import pytest
 
-from fleetlog.events import NodeHeartbeat, TaskFinished, TaskStarted, decode
-from fleetlog.log.base import INPUTS
+from fleetlog.backends.agent import AgentConfig, FakeAgent, kind_of
+from fleetlog.events import (
+    DecisionBatch,
+    JobCancelled,
+    JobPlaced,
+    NodeHeartbeat,
+    NodeRemoved,
+    TaskFinished,
+    TaskPlacement,
+    TaskPreempted,
+    TaskStarted,
+    decode,
+    encode,
+    envelope,
+)
+from fleetlog.log.base import DECISIONS, INPUTS, Message
 from fleetlog.log.file import FileLogStore
+from fleetlog.log.memory import MemoryLogStore
 from fleetlog.service.auth import entry_toml, new_token
+from tests.core.builders import job
 from tests.service.process import REPO, ServiceProcess
 
 FLEETLOG = [sys.executable, "-m", "fleetlog.cli"]
@@ -338,3 +354,92 @@ def test_the_readme_try_it_on_one_machine_runs_as_written(tmp_path: Path) -> Non
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
+
+
+# --- the agent's bookkeeping, in process on a memory log and a clock the test moves -----------
+
+
+class Fleet:
+    """A memory log the test writes inputs and decision batches to, as the service would."""
+
+    def __init__(self) -> None:
+        self.now_ms = 1_000_000
+        self.store = MemoryLogStore(clock=lambda: self.now_ms)
+        self.seen = 0
+
+    async def inputs(self, *events: Any) -> int:
+        return await self.store.log(INPUTS).append([Message(encode(envelope(e, "test"))) for e in events])
+
+    async def decide(self, *decisions: Any) -> None:
+        as_of = await self.store.log(INPUTS).end_offset()
+        batch = DecisionBatch(as_of=as_of, digest="", decisions=decisions)
+        await self.store.log(DECISIONS).append([Message(encode(envelope(batch, "fleetlog-scheduler")))])
+
+    async def step(self, agent: FakeAgent, at_ms: int) -> list[tuple[str, str, int | None]]:
+        """Move the clock to ``at_ms`` (after the start), step, and say what the agent appended:
+        (kind, job, task) per task event, ("heartbeat", node, None) per heartbeat."""
+        self.now_ms = 1_000_000 + at_ms
+        await agent.step()
+        records = await self.store.log(INPUTS).read(self.seen, 10_000)
+        self.seen += len(records)
+        out: list[tuple[str, str, int | None]] = []
+        for record in records:
+            env = decode(record.value, record.header("content-type"))
+            if env.producer_id == "fleetlog-agent-local":
+                e = env.event
+                out.append(("heartbeat", e.node, None) if isinstance(e, NodeHeartbeat)
+                           else (kind_of(e), e.job_id, e.task_index))
+        return out
+
+
+def placed(job_id: str, *nodes: str, cell: str = "local") -> JobPlaced:
+    return JobPlaced(job_id=job_id, cell=cell, tasks=tuple(TaskPlacement(i, n) for i, n in enumerate(nodes)))
+
+
+async def test_the_agent_starts_and_ends_what_the_scheduler_keeps_placed_at_the_limit() -> None:
+    """A task finishes at its expected duration to the millisecond (not a millisecond before);
+    a job without one runs the default; a preemption, a cancellation, a node's removal and a
+    re-placement end a run as they do in the scheduler's state; a placement in another cell or
+    on a node that is not the agent's is not its own; heartbeats come every period."""
+    fleet = Fleet()
+    async with fleet.store:
+        config = AgentConfig(nodes=2, heartbeat_ms=1000, default_duration_ms=5000)
+        agent = FakeAgent(fleet.store, config, clock=lambda: fleet.now_ms / 1000)
+        await fleet.inputs(job("a", expected_ms=2000), job("b"), job("c", expected_ms=2000),
+                           job("d", expected_ms=2000), job("x", expected_ms=1), job("y", expected_ms=1))
+        await fleet.decide(placed("a", "local-1"), placed("b", "local-2"), placed("c", "local-1"),
+                           placed("d", "local-2"), placed("x", "other-1", cell="other"),
+                           placed("y", "elsewhere-1"))
+        beats = [("heartbeat", "local-1", None), ("heartbeat", "local-2", None)]
+        assert await fleet.step(agent, 0) == [*beats, ("started", "a", 0), ("started", "b", 0),
+                                              ("started", "c", 0), ("started", "d", 0)]
+        await fleet.inputs(JobCancelled(job_id="c"))
+        await fleet.decide(TaskPreempted(job_id="b", task_index=0, by_job_id="z", cause="priority"))
+        await fleet.inputs(NodeRemoved(cell="local", node="local-2"))  # d's node
+        assert await fleet.step(agent, 999) == []
+        assert await fleet.step(agent, 1000) == beats
+        assert await fleet.step(agent, 1999) == []
+        assert await fleet.step(agent, 2000) == [*beats, ("finished", "a", 0)]
+        await fleet.decide(placed("b", "local-1", "local-2"))  # placed again: a new run
+        assert await fleet.step(agent, 2500) == [("started", "b", 0), ("started", "b", 1)]
+        assert ("finished", "b", 0) not in await fleet.step(agent, 7499)
+        assert await fleet.step(agent, 7500) == [("finished", "b", 0), ("finished", "b", 1)]
+        assert agent.runs == {}
+
+
+async def test_a_restarted_agent_finishes_a_task_from_when_it_started_and_says_nothing_twice() -> None:
+    fleet = Fleet()
+    async with fleet.store:
+        config = AgentConfig(nodes=1, heartbeat_ms=60_000)
+        first = FakeAgent(fleet.store, config, clock=lambda: fleet.now_ms / 1000)
+        await fleet.inputs(job("a", expected_ms=3000), job("b", expected_ms=1000))
+        await fleet.decide(placed("a", "local-1"), placed("b", "local-1"))
+        assert await fleet.step(first, 0) == [("heartbeat", "local-1", None), ("started", "a", 0),
+                                              ("started", "b", 0)]
+        assert await fleet.step(first, 1000) == [("finished", "b", 0)]
+        await fleet.inputs(job("c", expected_ms=1000))
+        await fleet.decide(placed("c", "local-1"))  # while no agent runs
+        second = FakeAgent(fleet.store, config, clock=lambda: fleet.now_ms / 1000)
+        assert await fleet.step(second, 2999) == [("heartbeat", "local-1", None), ("started", "c", 0)]
+        assert await fleet.step(second, 3000) == [("finished", "a", 0)]  # 3 s after its start, not after 2999
+        assert await fleet.step(second, 3999) == [("finished", "c", 0)]

@@ -62,6 +62,7 @@ log = logging.getLogger("fleetlog.backends.agent")
 READ_BATCH: Final = 1000
 MAX_KEY: Final = 253
 TaskEvent = TaskStarted | TaskFinished | TaskFailed
+KINDS: Final = ("started", "finished", "failed")
 NOT_ALLOWED: Final = frozenset({"unauthenticated", "forbidden"})
 """Refusals for who the agent is, not for a passing fault: they stop it."""
 
@@ -140,7 +141,6 @@ class FakeAgent:
         self.cancelled_at: dict[str, int] = {}
         self.removed_at: dict[str, int] = {}
         self.emitted: set[str] = set()
-        self.read_back_at: dict[str, int] = {}  # key of one of our own observations -> its append time
         self.inputs_offset = self.decisions_offset = 0
         self.beat_at = -float("inf")
         self.reported: dict[str, int] = {}
@@ -247,11 +247,11 @@ class FakeAgent:
     def read_back(self, event: TaskEvent, key: str, at_ms: int) -> None:
         """One of our own observations, read back (after a restart): a started task goes on from
         when it started; an ended one is not reported again."""
-        self.emitted.add(key)
         run = self.runs.get(event.job_id)
         task = run.tasks.get(event.task_index) if run is not None else None
         if run is None or task is None or key != self.key(run, event.task_index, kind_of(event)):
-            return
+            return  # of a run that ended: nothing to remember
+        self.emitted.add(key)
         if isinstance(event, TaskStarted):
             task.started_ms = at_ms
         else:
@@ -283,8 +283,16 @@ class FakeAgent:
         return all(t.node in self.nodes and self.removed_at.get(t.node, -1) < as_of for t in placed.tasks)
 
     def end_run(self, job_id: str, why: str) -> None:
-        if self.runs.pop(job_id, None) is not None:
-            log.info("run of %s ended: %s", job_id, why)
+        """Forget the job's live run and its observations' keys (a new run has new keys): what the
+        agent holds stays as large as what runs on its nodes."""
+        run = self.runs.pop(job_id, None)
+        if run is None:
+            return
+        log.info("run of %s ended: %s", job_id, why)
+        self.emitted -= {self.key(run, i, kind) for i in run.tasks for kind in KINDS}
+        if why == "ended":  # it never runs again
+            self.durations.pop(job_id, None)
+            self.cancelled_at.pop(job_id, None)
 
     # --- 2. and 3. observations ---------------------------------------------------------
 
