@@ -242,8 +242,9 @@ class _Handshake(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         waiter.add_done_callback(lambda done: server.handshake_done(handler, done))
+        # (the timeout is float seconds, as loop.create_server takes it; typeshed says int)
         tls = sslproto.SSLProtocol(loop, handler, server.tls, waiter, server_side=True,
-                                   ssl_handshake_timeout=server.handshake_timeout_s)
+                                   ssl_handshake_timeout=server.handshake_timeout_s)  # type: ignore[arg-type]
         server.handshaking[handler] = tcp
         tcp.set_protocol(tls)
         tls.connection_made(tcp)
