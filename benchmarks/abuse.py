@@ -198,10 +198,21 @@ async def reading(run: Run, victim: Victim) -> dict[str, Any]:
     return {"succeeded": sum(read.values()), "foreign_payload_read": read, "control_bob_reads_his_own": own}
 
 
+async def patiently(run: Run, who: str, events: list[Any], limit_s: float = 30.0) -> tuple[int, bytes]:
+    """Submit as ``who``, waiting out the rate limit (an earlier phase may have drained the bucket:
+    a phase's setup must not fail for that)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        status, raw = await run.submit(who, events)
+        if status != 429 or code_of(raw) != "too_many_submissions" or time.monotonic() > deadline:
+            return status, raw
+        await asyncio.sleep(1)
+
+
 async def squat_ids(run: Run, victim: Victim) -> dict[str, Any]:
     """(Before the victim starts.)  Alice takes the ids bob will use."""
     ids = victim.ids(int(run.size.phase_s) + 5)
-    status, raw = await run.submit("alice", [job(i, "alice", cells=(FAR,)) for i in ids])
+    status, raw = await patiently(run, "alice", [job(i, "alice", cells=(FAR,)) for i in ids])
     return {"squat_status": f"{status} {code_of(raw) if status != 200 else ''}".strip(), "squatted": len(ids)}
 
 
@@ -391,8 +402,8 @@ async def hold_gpus(run: Run, victim: Victim) -> dict[str, Any]:
     nominal quota's worth at full size: every node holds some of bob's GPUs, none is free whole."""
     ids = [f"{victim.prefix}-gpu-{i:02d}" for i in range(run.size.priority_jobs)]
     victim.held = ids
-    status, raw = await run.submit("bob", [job(i, "bob", tasks=NODES, cpu=2000, mem=8192, gpus=1,
-                                               spread="host") for i in ids])
+    status, raw = await patiently(run, "bob", [job(i, "bob", tasks=NODES, cpu=2000, mem=8192, gpus=1,
+                                                   spread="host") for i in ids])
     placed = await _placed(run, ids, 30) if status == 200 else 0
     return {"victim_gpu_jobs": len(ids), "victim_gpu_jobs_placed": placed,
             "victim_gpu_submit": f"{status} {code_of(raw) if status != 200 else ''}".strip()}
@@ -402,8 +413,8 @@ async def priority(run: Run, victim: Victim) -> dict[str, Any]:
     """Alice, inside her nominal quota (2 jobs of a whole node each), at priority 1,000,000."""
     started = time.monotonic()
     ids = [f"prio-{victim.prefix}-{i:02d}" for i in range(2)]
-    status, raw = await run.submit("alice", [job(i, "alice", cpu=8000, mem=65536, gpus=NODE_GPUS,
-                                                 priority=1_000_000) for i in ids])
+    status, raw = await patiently(run, "alice", [job(i, "alice", cpu=8000, mem=65536, gpus=NODE_GPUS,
+                                                     priority=1_000_000) for i in ids], run.size.phase_s / 2)
     await until_end(run, started)
     preempted = sum([_preempted(await _job_state(run, i)) for i in victim.held])
     placed = sum([(await _job_state(run, i)).get("state") in ("placed", "running") for i in ids])
