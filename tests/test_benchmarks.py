@@ -430,10 +430,15 @@ def test_simulate() -> None:
     assert "decide: kernel place_run" in r["step_cost_batch64"]["us_per_pod"]
 
 
-DEFAULT_DIGESTS = {  # seed 1, 64 arrivals a step, measured with the CPU-bound weights (issue 23, 2026-12-07)
+DEFAULT_DIGESTS = {  # seed 1, 64 arrivals a step, capacity reasons over usable nodes (issue 47, 2026-12-07)
+    "default": "8efb3b576b5ee842c966098224f0a99fa8576adf3183b9079cea3c7b4d176cbd",
+    "gpushare40": "1e8bb9ee070839051f8fe29f880daa55051bd6e1ae9ab2eadfd4c005ca50a61e",
+    "cpu300": "0482a655153b9f19d46e61445894cf7a814c3860295aba36817673d467a2fa82",  # (CPU-bound)
+}
+WEIGHTS_DIGESTS = {  # the same runs measured with the CPU-bound weights (issue 23, 2026-12-07), before it
     "default": "b973c9660af882315a8342b28d2fa69ce4ee4fd25a28d3d6be5451da1713c9e4",
     "gpushare40": "6acc4a1f186644a637123d6e819cf8dc52ae9a856d27edec6aefbecd13280ad4",
-    "cpu300": "9be6efb51589f1dfc7b3a551f745ef3a240f61bc930a5e4692aa6703daa54082",  # (CPU-bound)
+    "cpu300": "9be6efb51589f1dfc7b3a551f745ef3a240f61bc930a5e4692aa6703daa54082",
 }
 FIRST_RULE_DIGESTS = {  # the same runs measured with the first CPU-bound rule (d932362, 2026-12-07)
     "default": "df9581f516ad13fcf401392efc63c838df5072a20340e07678eaf72e809887d9",
@@ -461,11 +466,21 @@ def test_the_default_policy_decides_as_measured(variant: str) -> None:
     assert final_digest(variant) == DEFAULT_DIGESTS[variant]
 
 
+@pytest.mark.parametrize("variant", sorted(WEIGHTS_DIGESTS))
+def test_without_usable_node_room_default_decides_as_before_it(variant: str) -> None:
+    """``most_free_usable`` off (how a log recorded before issue 47's capacity reasons is
+    replayed) ends the same runs in the digests pinned before it, bit for bit: the setting
+    changes only what a waiting job is told, and off it does not enter the digest."""
+    assert final_digest(variant, CoreConfig(most_free_usable=False)) == WEIGHTS_DIGESTS[variant]
+
+
 @pytest.mark.parametrize("variant", sorted(FIRST_RULE_DIGESTS))
 def test_without_the_cpu_bound_weights_default_decides_as_the_first_rule(variant: str) -> None:
     """``cpu_bound_weights`` off (how a log recorded by d932362 is replayed) ends the same runs
     in the digests pinned with the first CPU-bound rule, bit for bit."""
-    assert final_digest(variant, CoreConfig(cpu_bound_weights=False)) == FIRST_RULE_DIGESTS[variant]
+    assert final_digest(variant, CoreConfig(cpu_bound_weights=False, most_free_usable=False)) == (
+        FIRST_RULE_DIGESTS[variant]
+    )
 
 
 @pytest.mark.parametrize("variant", sorted(TWO_VIEWS_DIGESTS))
@@ -473,7 +488,7 @@ def test_without_the_cpu_bound_rule_default_decides_as_before_it(variant: str) -
     """``cpu_bound_rule`` and its weights off (how a log recorded before 2026-12-07 is replayed)
     end the same runs in the digests pinned before the rule, bit for bit: the two views' rule is
     still there, and the settings off do not enter the digest."""
-    before = CoreConfig(cpu_bound_rule=False, cpu_bound_weights=False)
+    before = CoreConfig(cpu_bound_rule=False, cpu_bound_weights=False, most_free_usable=False)
     assert final_digest(variant, before) == TWO_VIEWS_DIGESTS[variant]
 
 
@@ -482,7 +497,8 @@ def test_without_the_cpu_view_default_decides_as_before_it(variant: str) -> None
     """``shape_cpu_rows = 0``, ``cpu_bound_rule`` and its weights off (how a log recorded before 2026-12-06
     is replayed) end the same run in the digest pinned at f8b2d06, bit for bit: the old rule is
     still there, and neither the settings nor the view's empty rows enter the digest."""
-    before = CoreConfig(shape_cpu_rows=0, cpu_bound_rule=False, cpu_bound_weights=False)
+    before = CoreConfig(shape_cpu_rows=0, cpu_bound_rule=False, cpu_bound_weights=False,
+                        most_free_usable=False)
     assert final_digest(variant, before) == BEFORE_DIGESTS[variant]
 
 

@@ -6,7 +6,8 @@ Reason codes (stable; see docs/scheduling.md):
   its constraints allow: the message counts what excluded them (cordoned, an untolerated
   taint, a node selector label or affinity requirement not met: ``core/constraints.py``);
 - ``quota_exhausted`` — the tenant's quota, plus what its cohort can lend, is used up;
-- ``insufficient_capacity`` — no node has room for the (single) task now;
+- ``insufficient_capacity`` — no node has room for the (single) task now; the most free on a
+  node it may use, and what excluded those with more (``core/room.py``);
 - ``gang_does_not_fit`` — not every task of the gang fits at once;
 - ``gang_does_not_fit_topology`` — no block/rack/host has room for the whole gang;
 - ``never_fits`` — the job can never fit on the current fleet, even empty: no node, or no
@@ -21,7 +22,7 @@ import collections
 
 import numpy as np
 
-from fleetlog.core import kernels
+from fleetlog.core import room
 from fleetlog.core.arrays import Array
 from fleetlog.core.constraints import NO_ATTRS, NodeAttrs, why_not
 from fleetlog.core.eligibility import eligible, job_classes
@@ -31,7 +32,7 @@ from fleetlog.core.scratch import Outcome, Scratch
 from fleetlog.core.shapes import LEVELS, task_arrays
 from fleetlog.core.state import LEVEL_MASK, SPREAD_HOST
 
-__all__ = ["Outcome", "capacity_failure", "eligible_exists", "explain_failure", "most_free"]
+__all__ = ["Outcome", "capacity_failure", "eligible_exists", "explain_failure"]
 
 
 def explain_failure(sc: Scratch, job: int, cells: tuple[int, ...], kind: str) -> Outcome:
@@ -86,7 +87,7 @@ def capacity_failure(sc: Scratch, job: int, cells: tuple[int, ...], names: str) 
         )
     return Outcome(
         "insufficient_capacity",
-        f"no node in cells {names} has room for a task of {shape}; {most_free(sc, cells)}",
+        f"no node in cells {names} has room for a task of {shape}; {room.most_free(sc, job, cells)}",
     )
 
 
@@ -176,15 +177,3 @@ def _eligible_exists(sc: Scratch, cells: tuple[int, ...], models: int, gpus: int
         ).any():
             return True
     return False
-
-
-def most_free(sc: Scratch, cells: tuple[int, ...]) -> str:
-    """The most free capacity on any one up node of ``cells``, for the explanation."""
-    nodes = np.concatenate([sc.up_by_cell[c] for c in cells if c in sc.up_by_cell] or [np.zeros(0, np.int64)])
-    if nodes.size == 0:
-        return "no node is up"
-    whole, share, cpu, mem = kernels.most_free(nodes, sc.cpu_free, sc.mem_free, sc.gpu_free)
-    return (
-        f"the most free on one node: {int(whole)} whole GPUs, a GPU with {int(share)} milli free, "
-        f"{int(cpu)} mCPU, {int(mem)} MiB"
-    )

@@ -116,6 +116,12 @@ class CoreConfig(msgspec.Struct, frozen=True):
     first"). False: both views 8 to 1 at their counts, as fleetlog decided from the CPU-bound
     rule (d932362, 2026-12-07) until this setting; replay a log recorded then with it off
     (``service.cpu_bound_weights``; docs/replay.md)."""
+    most_free_usable: bool = True
+    """An ``insufficient_capacity`` reason counts the most free room only on nodes the job may
+    use (its constraints, GPU models, not drained) and names what excluded the nodes with more
+    (``core/room.py``; issue 47). False: over every up node of its cells, as every fleetlog
+    before 2026-12-07 said; replay a log recorded before then with it off
+    (``service.most_free_usable``; docs/replay.md)."""
     hold_ms: int = 30_000
     """A cell shard hands a dispatched job back (``JobReturned``) when it has waited this long
     (log time) since its dispatch without being placed. Only dispatched jobs are held."""
@@ -136,6 +142,7 @@ class CoreConfig(msgspec.Struct, frozen=True):
 
 BEFORE_FIELDS: Final = {
     "hold_ms": 30_000, "cells": (), "shape_cpu_rows": 0, "cpu_bound_rule": False, "cpu_bound_weights": False,
+    "most_free_usable": False,
 }
 """Fields of :class:`CoreConfig` added after the first snapshots, at the value that behaves as
 fleetlog did before they existed: left out of a snapshot's and a digest's config at that value
@@ -144,7 +151,8 @@ restores digest for digest. The cell-shard fields (``hold_ms``, ``cells``) at th
 a single shard's digest is what it was before them; ``shape_cpu_rows`` at 0, no view of the
 shape mix by CPU (its default is 12); ``cpu_bound_rule`` off, the two views whatever the
 window asks (its default is on); ``cpu_bound_weights`` off, CPU-bound windows scored against
-both views at their counts (its default is on)."""
+both views at their counts (its default is on); ``most_free_usable`` off, a capacity reason's
+room counted over every up node (its default is on)."""
 
 
 class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -135,7 +135,9 @@ def _print_verify(report: Any, cut: tuple[str, ...] = ()) -> None:
               "before it with service.cpu_bound_rule = false "
               "(FLEETLOG_SERVICE_CPU_BOUND_RULE=0), and one recorded before 2026-12-06 with "
               "service.shape_cpu_rows = 0 as well "
-              "(FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)")
+              "(FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0); and every log recorded before capacity reasons "
+              "counted only the nodes a job may use (issue 47, 2026-12-07) with "
+              "service.most_free_usable = false (FLEETLOG_SERVICE_MOST_FREE_USABLE=0)")
     for row in d.state_diff:
         print(f"  state {row.kind} {row.key}: recorded {row.recorded} vs replayed {row.replayed}")
     print(f"  inputs since the previous batch (as_of {d.previous_as_of}): {d.inputs_since_count}")

@@ -98,12 +98,17 @@ class ServiceSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     takes per CPU (``CoreConfig.cpu_bound_weights``); false: both views at their counts, as
     fleetlog decided with the first CPU-bound rule (d932362, 2026-12-07). Replay a log recorded
     with that rule with false (docs/replay.md)."""
+    most_free_usable: bool = True
+    """A job waiting for capacity is told the most free room on a node it may use, and what
+    excluded the nodes with more (``CoreConfig.most_free_usable``); false: over every up node, as
+    fleetlog said before 2026-12-07. Replay a log recorded before then with false (docs/replay.md)."""
 
     def core(self, **fields: Any) -> CoreConfig:
         """The fold's settings these service settings make (``fields`` instead, where given)."""
         made = {"node_timeout_ms": self.node_timeout_ms, "retain_finished_ms": self.retain_finished_ms,
                 "dedup_window_ms": self.dedup_window_ms, "shape_cpu_rows": self.shape_cpu_rows,
-                "cpu_bound_rule": self.cpu_bound_rule, "cpu_bound_weights": self.cpu_bound_weights}
+                "cpu_bound_rule": self.cpu_bound_rule, "cpu_bound_weights": self.cpu_bound_weights,
+                "most_free_usable": self.most_free_usable}
         return CoreConfig(**(made | fields))
     http_header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     """A connection must send a whole request head this soon after it opens (or after its

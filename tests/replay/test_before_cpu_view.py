@@ -12,7 +12,11 @@ settings):
   ``service.cpu_bound_rule = false`` and ``service.cpu_bound_weights = false``;
 - ``before-cpu-weights``: with the first CPU-bound rule (d932362, 2026-12-07), before CPU-bound
   windows were scored against the view by CPU alone by GPU per CPU, verified with
-  ``service.cpu_bound_weights = false``."""
+  ``service.cpu_bound_weights = false``;
+- ``before-most-free-usable``: before capacity reasons counted only the nodes a job may use
+  (2026-12-07, issue 47), verified with ``service.most_free_usable = false``.
+
+Every log recorded before a setting needs the later settings off too: on, they enter the digest."""
 
 from __future__ import annotations
 
@@ -24,16 +28,20 @@ import pytest
 from fleetlog.cli import main
 
 OLD = Path(__file__).parent / "old-logs"
+USABLE = {"FLEETLOG_SERVICE_MOST_FREE_USABLE": "0"}
 BEFORE = {  # old log -> the settings it verifies with
     "before-cpu-view": {"FLEETLOG_SERVICE_SHAPE_CPU_ROWS": "0", "FLEETLOG_SERVICE_CPU_BOUND_RULE": "0",
-                        "FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"},
-    "before-cpu-bound": {"FLEETLOG_SERVICE_CPU_BOUND_RULE": "0", "FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"},
-    "before-cpu-weights": {"FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"},
+                        "FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"} | USABLE,
+    "before-cpu-bound": {"FLEETLOG_SERVICE_CPU_BOUND_RULE": "0",
+                         "FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"} | USABLE,
+    "before-cpu-weights": {"FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS": "0"} | USABLE,
+    "before-most-free-usable": USABLE,
 }
 HINTS = (
     "service.cpu_bound_weights = false (FLEETLOG_SERVICE_CPU_BOUND_WEIGHTS=0)",
     "service.cpu_bound_rule = false (FLEETLOG_SERVICE_CPU_BOUND_RULE=0)",
     "service.shape_cpu_rows = 0 as well (FLEETLOG_SERVICE_SHAPE_CPU_ROWS=0)",
+    "service.most_free_usable = false (FLEETLOG_SERVICE_MOST_FREE_USABLE=0)",
 )
 
 
