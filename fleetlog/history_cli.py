@@ -22,6 +22,7 @@ from typing import Any, Final, TextIO
 
 import msgspec
 
+from fleetlog.numerals import whole
 from fleetlog.usage import add_log_options
 
 COLUMNS: Final = ("job_id", "state", "tenant", "queue", "ended_at_ms", "wait_ms", "elapsed_ms", "exit_code",
@@ -88,9 +89,10 @@ def log_time_ms(text: str) -> int:
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    number = whole(text)  # (ASCII digits: "١" is not 1)
+    if number is None or number < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
+    return number
 
 
 def _command(usage_error: type[Exception], locate: Callable[[argparse.Namespace], Any]) -> Any:

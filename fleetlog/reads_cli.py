@@ -26,6 +26,7 @@ import msgspec
 from fleetlog.api.names import JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.auth_client import auth_headers, refused_why, tls_for, unreachable_why
 from fleetlog.display import human_row, label, plain_table, terminal_width
+from fleetlog.numerals import whole
 from fleetlog.usage import add_log_options, url_argument
 
 Fetch = Callable[[dict[str, list[str]]], dict[str, Any]]
@@ -99,9 +100,10 @@ def add_read_commands(sub: Any, usage_error: type[Exception], locate: Locate) ->
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    number = whole(text)  # (ASCII digits: "١" is not 1)
+    if number is None or number < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
+    return number
 
 
 def _command(name: str, listing: Listing, usage_error: type[Exception], locate: Locate) -> Any:

@@ -103,6 +103,7 @@ from fleetlog.log.base import (
 from fleetlog.log.logdir import check_trusted
 from fleetlog.log.memory import wall_clock_ms
 from fleetlog.log.private import append_private, open_private, private_dir, write_private
+from fleetlog.numerals import whole
 from fleetlog.waiting import event_or_timeout
 
 __all__ = [
@@ -405,8 +406,9 @@ def _list_segments(directory: Path) -> list[int]:
     bases = []
     for path in directory.glob(f"*{SEGMENT_SUFFIX}"):
         stem = path.name[: -len(SEGMENT_SUFFIX)]
-        if len(stem) == _OFFSET_DIGITS and stem.isdigit():
-            bases.append(int(stem))
+        base = whole(stem, _OFFSET_DIGITS)  # (a file named with other digits is no segment)
+        if len(stem) == _OFFSET_DIGITS and base is not None:
+            bases.append(base)
     return sorted(bases)
 
 

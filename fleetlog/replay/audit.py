@@ -38,6 +38,7 @@ from fleetlog.events.model import (
 )
 from fleetlog.log.base import DEAD_LETTERS, INPUTS, PRINCIPAL_HEADER, LogStore, Record, chunks
 from fleetlog.log.consumer import why_parked
+from fleetlog.numerals import whole
 from fleetlog.replay.source import Progress, Source, end_offset, read, start_offset
 from fleetlog.replay.terminal import progress_bar
 
@@ -148,8 +149,9 @@ async def parked_inputs(store: LogStore) -> dict[int, str]:
         for record in records:
             source, reason, error = why_parked(record)
             where, _, offset = source.rpartition("@")
-            if where == INPUTS and offset.isdigit():
-                found[int(offset)] = f"{reason}: {error[:300]}"
+            at = whole(offset)
+            if where == INPUTS and at is not None:
+                found[at] = f"{reason}: {error[:300]}"
     return found
 
 

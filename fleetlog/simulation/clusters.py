@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from fleetlog.backends.simulated.cluster import CellBehaviour, Cluster, NodeSpec
+from fleetlog.numerals import whole
 from fleetlog.simulation.csvfile import read_rows
 from fleetlog.simulation.spec import Spec, SpecError, TraceError, looks_like_path, parse_spec
 from fleetlog.simulation.traces import openb_file
@@ -84,7 +85,7 @@ def parse_shapes(spec: Spec, text: str) -> list[tuple[int, int, str]]:
     for part in text.split(","):
         count, x1, rest = part.partition("x")
         gpus, x2, model = rest.partition("x")
-        if not (x1 and count.isdigit() and gpus.isdigit() and int(count) > 0):
+        if not (x1 and whole(count) is not None and whole(gpus) is not None and int(count) > 0):
             raise SpecError(f"{spec.text!r}: shape {part!r} is not COUNTxGPUSxMODEL (e.g. 24x8xA100)")
         if int(gpus) > MAX_GPUS_PER_NODE or (int(gpus) > 0 and not (x2 and model)):
             raise SpecError(f"{spec.text!r}: shape {part!r} needs 0..{MAX_GPUS_PER_NODE} GPUs and a model")

@@ -16,6 +16,8 @@ from typing import Final, TypeVar
 
 import msgspec
 
+from fleetlog.numerals import whole
+
 T = TypeVar("T")
 UNREACHABLE_HINTS: Final = (
     "unable to contact slurm controller",
@@ -125,10 +127,10 @@ class SlurmClient:
     async def submit(self, submission: Submission) -> int:
         """Submit a batch job; its Slurm job id."""
         out = await self.run(["sbatch", "--parsable", *submission.options], stdin=submission.script.encode())
-        head = out.strip().split(";", 1)[0]
-        if not head.isdigit():
+        job = whole(out.strip().split(";", 1)[0], 18)
+        if job is None:
             raise SlurmError(f"sbatch printed {out.strip()!r} instead of a job id")
-        return int(head)
+        return job
 
     async def cancel(self, job_ids: Sequence[int]) -> None:
         """``scancel`` the jobs (a job that already ended is not an error)."""

@@ -20,6 +20,7 @@ from fleetlog.backends.slurm.client import SlurmJob, SlurmNode, Submission
 from fleetlog.events import JobPayload, JobSubmitted, NodeHeartbeat, TaskGroup, TaskPlacement
 from fleetlog.events.features import FEATURE_LABEL, PARTITION_LABEL
 from fleetlog.events.model import MAX_CONSTRAINT_ITEMS
+from fleetlog.numerals import whole
 
 Workload = Callable[[JobSubmitted, int], str]
 """The shell commands task ``index`` of a job runs (the body of its batch script)."""
@@ -58,9 +59,10 @@ def parse_name(prefix: str, name: str) -> TaskName | None:
     if head != prefix or not sep:
         return None
     parts = rest.split(":", 2)
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or not parts[2]:
+    numbers = [whole(part, 18) for part in parts[:2]]  # (a user's job named "fleetlog:²:…" is not ours)
+    if len(parts) != 3 or numbers[0] is None or numbers[1] is None or not parts[2]:
         return None
-    return TaskName(int(parts[0]), int(parts[1]), parts[2])
+    return TaskName(numbers[0], numbers[1], parts[2])
 
 
 def event_key(name: str, kind: Kind) -> str:
@@ -77,9 +79,10 @@ def gpu_gres(gres: str) -> tuple[int, str]:
     count, model = 0, ""
     for entry in gres.split(","):
         fields = entry.split("(", 1)[0].split(":")
-        if fields[0] != "gpu" or len(fields) < 2 or not fields[-1].isdigit():
+        gpus = whole(fields[-1], 6)
+        if fields[0] != "gpu" or len(fields) < 2 or gpus is None:
             continue
-        count += int(fields[-1])
+        count += gpus
         model = model or (fields[1] if len(fields) == 3 else "")
     return count, model
 
