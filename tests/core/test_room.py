@@ -108,3 +108,12 @@ def test_a_cpu_task_is_compared_by_free_cpu() -> None:
                     job("big", gpus=0, cpu=50_000))
     assert "the most free on a node it may use: 0 whole GPUs, a GPU with 0 milli free, 40000 mCPU," in message
     assert message.endswith("(1 node with more room excluded: 1 with untolerated taint gpu-maint:NoSchedule)")
+
+
+def test_a_node_of_another_cell_is_neither_counted_nor_named() -> None:
+    """Cells the job does not allow are outside the question, as they always were."""
+    message = waits(node("small"), node("far", cell="c2"), job("fill", gpus=6, cells=("c1",)),
+                    job("big", gpus=4, cells=("c1",)))
+    assert "no node in cells c1 has room" in message
+    assert message.endswith("the most free on one node: 2 whole GPUs, a GPU with 1000 milli free, "
+                            "95000 mCPU, 785408 MiB")
