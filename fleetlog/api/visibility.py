@@ -23,6 +23,7 @@ serve`` and the watch share them.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -148,7 +149,49 @@ def view_of(viewer: Viewer, lookup: JobLookup) -> Callable[[Event], Event | None
     """What the watch applies to each event for ``viewer`` (``None``: it sees every event whole)."""
     if viewer.sees_env and viewer.reads_policy:
         return None
-    return lambda event: redact_event(event, viewer, lookup)
+    return WatchView(viewer, lookup)
+
+
+KEPT_TENANTS: Final = 10_000
+"""Job ids whose tenant one watcher remembers (about 1 MB)."""
+
+
+class WatchView:
+    """One watcher's view: :func:`redact_event`, with the tenants of the jobs it has met kept
+    (the newest :data:`KEPT_TENANTS`): a job's tenant never changes, so a tenant's watcher asks
+    the state once per job, not once per record — and knows the jobs whose submissions it read
+    before the scheduler folded them (a cancel read right after its submission is shown to its
+    tenant).  Where a job is placed changes, so a viewer with cells still asks for the others."""
+
+    def __init__(self, viewer: Viewer, lookup: JobLookup) -> None:
+        self.viewer, self.lookup = viewer, lookup
+        self.tenants: OrderedDict[str, str] = OrderedDict()
+
+    def __call__(self, event: Event) -> Event | None:
+        if isinstance(event, (JobSubmitted, JobDispatched)):
+            job = event if isinstance(event, JobSubmitted) else event.job
+            self._keep(job.job_id, job.tenant)
+        return redact_event(event, self.viewer, self._lookup)
+
+    def _lookup(self, job_ids: Collection[str]) -> Mapping[str, JobWhere]:
+        found: dict[str, JobWhere] = {}
+        asked = []
+        for job_id in job_ids:
+            tenant = self.tenants.get(job_id)
+            if tenant is not None and (not self.viewer.cells or tenant in self.viewer.tenants):
+                found[job_id] = (tenant, ())  # (its cells do not change what this viewer sees)
+            else:
+                asked.append(job_id)
+        for job_id, where in self.lookup(asked).items() if asked else ():
+            found[job_id] = where
+            self._keep(job_id, where[0])
+        return found
+
+    def _keep(self, job_id: str, tenant: str) -> None:
+        self.tenants[job_id] = tenant
+        self.tenants.move_to_end(job_id)
+        while len(self.tenants) > KEPT_TENANTS:
+            self.tenants.popitem(last=False)
 
 
 def job_tenant(state: State, row: int) -> str:

@@ -5,7 +5,7 @@ tenants' jobs and redact ``payload.env`` for all but the job's tenant and its ce
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import msgspec
 import pytest
@@ -260,3 +260,22 @@ def test_a_dry_run_names_no_job_nor_spec_of_another_tenant(driver: Driver) -> No
     hidden = redact_dry_run(victims, ALICE, lookup)
     assert hidden.items[0].preempts == ["a1", HIDDEN_JOB, HIDDEN_JOB]
     assert redact_dry_run(victims, viewer_for(Roles.of(["tenant:a", "tenant:b"])), lookup) == victims
+
+
+def test_a_watchers_view_knows_the_jobs_it_met_before_the_state_does() -> None:
+    asked: list[list[str]] = []
+
+    def nothing_folded(job_ids: Collection[str]) -> Mapping[str, JobWhere]:
+        asked.append(sorted(job_ids))
+        return {}  # (the watcher reads ahead of the scheduler's fold: the state knows no job yet)
+    view = view_of(ALICE, nothing_folded)
+    assert view is not None
+    assert view(secret_job("a5", "a")) is not None
+    assert view(secret_job("b5", "b")) is None
+    assert view(JobCancelled(job_id="a5")) == JobCancelled(job_id="a5")  # (her cancel, read before the fold)
+    assert view(JobCancelled(job_id="b5")) is None
+    for _ in range(3):
+        assert view(TaskStarted(job_id="a5", task_index=0, node="n1")) is not None
+    assert asked == []  # (tenants met are remembered: no lookup)
+    assert view(TaskStarted(job_id="zz", task_index=0, node="n1")) is None
+    assert asked == [["zz"]]
