@@ -72,7 +72,13 @@ async def _with_source(place: Place, args: argparse.Namespace, handler: Handler,
             print(f"note: the logs start at inputs offset {inputs} and decisions offset {decisions} (older "
                   "history was pruned): replay starts from the oldest snapshot they continue",
                   file=sys.stderr)
-        return await handler(args, source)
+        try:
+            return await handler(args, source)
+        except ValueError as exc:  # (fold: a decision the inputs, folded so, cannot have made)
+            raise ReplayError(
+                f"the logs do not fold with these settings: {exc}; was the log written with other "
+                "settings? give the service's node timeout (--node-timeout SECONDS) or its --config"
+            ) from None
     finally:
         await source.close()
 

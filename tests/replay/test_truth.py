@@ -145,3 +145,18 @@ def test_replay_with_the_service_node_timeout_flag_verifies_and_without_diverges
     assert main(["replay", "verify", "--log", str(recorded)]) == 1, "the default 60 s must not verify it"
     assert "replay with its --node-timeout SECONDS" in capsys.readouterr().out
     assert main(["replay", "verify", "--log", str(recorded), "--node-timeout", "3.5"]) == 1
+
+
+@pytest.mark.parametrize("command", ["history", "status j1"])
+def test_folding_with_another_node_timeout_is_one_line_naming_the_setting(
+    recorded: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """The log was written with a 3 s node timeout; read with the default (60 s) the fold meets a
+    placement of a job that is not pending: a traceback before, one line naming the setting now."""
+    code = main([*command.split(), "--log", str(recorded)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.strip() and not x.startswith(("note:", "warning:"))]
+    assert "do not fold with these settings" in line
+    assert "--node-timeout" in line
