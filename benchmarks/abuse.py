@@ -32,6 +32,9 @@ attack itself wins (below).  The attacks (``alice`` is ``tenant:alice``, equal q
   (principal, surface) whose answer held the secret (the policy lets a ``reader`` see every job,
   but ``payload.env`` is the job's tenant's and its backend's only).
 * ``job_ids``: ``alice`` first submits the ids bob will use in the phase; bob's 409s are the wins.
+  Bob names his jobs ``bob/…`` as docs/api.md ("Job ids") asks, and the service runs with
+  ``job_ids_by_tenant = true`` where it has the setting (``service_settings`` in the JSON; off
+  by default — then alice's ids ``bob/…`` are taken as any others).
 * ``exemption``: ``ghost`` (``backend:nope``, a cell that does not exist) submits jobs held to its
   cell as fast as it can; wins 1 when it got more than the rate limit allows a tenant
   (5 a second after a burst of 50, plus a second's grace).
@@ -51,7 +54,8 @@ attack itself wins (below).  The attacks (``alice`` is ``tenant:alice``, equal q
   the ``metadata`` phase's jobs: the large records.)
 * ``dry_run``: ``rdr`` posts one dry run of ``dry_jobs`` jobs × 10,000 tasks (1,000; 100 at
   ``--quick``; tasks that ask for nothing, so every one is placed and answered) while ``alice``
-  repeats one-job dry runs on two connections for the phase.
+  repeats one-job dry runs on two connections and ``rdr`` the largest a request may hold
+  (10 jobs: ``max_request_tasks``) for the phase.
 * ``priority``: before the phase bob runs ``priority_jobs`` gangs (4; 2 at ``--smoke``) of 4
   one-GPU tasks on 4 distinct hosts (16 GPUs: his whole nominal quota), so that no node is free
   whole; ``alice`` submits 2 jobs of a whole node (8 GPUs: her nominal quota) at priority
@@ -87,6 +91,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
+from urllib.parse import quote
 
 import aiohttp
 import uvloop
@@ -104,6 +109,7 @@ from benchmarks.abuse_harness import (
     body,
     close,
     code_of,
+    ids_by_tenant,
     job,
     progress,
     secrets,
@@ -120,7 +126,7 @@ NODE_MEM: Final = 524_288
 FAR: Final = "far-cell"
 """A cell without nodes: jobs held to it wait (and are not refused as never fitting)."""
 SECRET: Final = "wandb-" + "7f3c9a1e5b2d4c6f8a0b1c2d3e4f5a6b"
-SECRET_JOB: Final = "bob-secret"
+SECRET_JOB: Final = "bob/secret"
 TARGET_MS: Final = 1000.0
 TARGET_HEALTH_S: Final = 1.0
 TARGET_RSS_MIB: Final = 256.0
@@ -182,7 +188,8 @@ async def reading(run: Run, victim: Victim) -> dict[str, Any]:
     read: dict[str, bool] = {}
     for who in ("alice", "rdr"):
         for surface, path in (("list", "/v1/jobs?limit=10000"), ("list_tenant", "/v1/jobs?tenant=bob"),
-                              ("detail", f"/v1/jobs/{SECRET_JOB}"), ("history", "/v1/history")):
+                              ("detail", f"/v1/jobs/{quote(SECRET_JOB, safe='')}"),
+                              ("history", "/v1/history")):
             _, raw = await run.call("GET", path, who)
             read[f"{who}.{surface}"] = secret in raw
     streams = {f"{who}.watch_{log}": f"/v1/watch?log={log}&from=start"
@@ -263,7 +270,7 @@ async def metadata(run: Run, victim: Victim) -> dict[str, Any]:
     started = time.monotonic()
     accepted, answers, n = 0, Counter[str](), 0
     while time.monotonic() - started < run.size.phase_s and accepted < run.size.metadata_jobs:
-        ids = [f"meta-{n + i:06d}" for i in range(20)]  # (20 jobs: 7 MB, under the 8 MiB body bound)
+        ids = [f"alice/meta-{n + i:06d}" for i in range(20)]  # (20 jobs: 7 MB, under the 8 MiB body bound)
         n += 20
         status, raw = await run.submit("alice", [_heavy(i) for i in ids])
         answers[f"{status} {code_of(raw)}" if status != 200 else "200"] += 1
@@ -289,7 +296,7 @@ async def pending(run: Run, victim: Victim) -> dict[str, Any]:
     accepted, answers, n, want = 0, Counter[str](), 0, 100_000
     while time.monotonic() - started < run.size.phase_s:
         sizes = [min(10_000, want - first) for first in range(0, want, 10_000)]
-        ids = [f"fill-{n + i:06d}" for i in range(len(sizes))]
+        ids = [f"alice/fill-{n + i:06d}" for i in range(len(sizes))]
         n += len(sizes)
         status, raw = await run.submit("alice", [job(i, "alice", tasks=k, cpu=1000, cells=(FAR,))
                                                  for i, k in zip(ids, sizes, strict=True)])
@@ -352,23 +359,35 @@ async def _drain(run: Run, who: str, path: str, payload: bytes, limit_s: float) 
     return status, round(time.monotonic() - started, 3), size
 
 
-async def dry_run(run: Run, victim: Victim) -> dict[str, Any]:
-    started = time.monotonic()
-    big = body(job(f"dry-{i:05d}", "alice", tasks=10_000, cpu=0, mem=0) for i in range(run.size.dry_jobs))
-    one = body([job("dry-one", "alice", cpu=1000)])
-    repeated: list[tuple[str, float, int]] = []
+def _dry_body(n: int) -> bytes:
+    """``n`` jobs of 10,000 tasks that ask for nothing: every one is placed, and answered."""
+    return body(job(f"alice/dry-{i:05d}", "alice", tasks=10_000, cpu=0, mem=0) for i in range(n))
 
-    async def repeat() -> None:
+
+async def dry_run(run: Run, victim: Victim) -> dict[str, Any]:
+    """The reader's one huge dry run; alice's one-job dry runs on two connections meanwhile, and the
+    reader's largest a request may hold (10 jobs: ``max_request_tasks``) one after another."""
+    started = time.monotonic()
+    big, bounded, one = _dry_body(run.size.dry_jobs), _dry_body(10), body([job("alice/dry-one", "alice")])
+    runs: dict[str, list[tuple[str, float, int]]] = {"one": [], "bounded": []}
+
+    async def repeat(who: str, what: str, payload: bytes) -> None:
         while time.monotonic() - started < run.size.phase_s:
-            repeated.append(await _drain(run, "alice", "/v1/dry-run", one, TIMEOUT_S))
+            runs[what].append(await _drain(run, who, "/v1/dry-run", payload, TIMEOUT_S))
 
     limit_s = max(TIMEOUT_S, 4 * run.size.phase_s)
-    whole, *_ = await asyncio.gather(_drain(run, "rdr", "/v1/dry-run", big, limit_s), repeat(), repeat())
+    whole, *_ = await asyncio.gather(_drain(run, "rdr", "/v1/dry-run", big, limit_s),
+                                     repeat("alice", "one", one), repeat("alice", "one", one),
+                                     repeat("rdr", "bounded", bounded))
     await until_end(run, started)
-    p50 = round(statistics.median([r[1] for r in repeated]) * 1000, 1) if repeated else None
-    return {"big_body_bytes": len(big), "big_status": whole[0], "big_s": whole[1],
-            "big_answer_bytes": whole[2], "repeated": len(repeated),
-            "repeated_statuses": dict(Counter(r[0] for r in repeated)), "repeated_p50_ms": p50}
+    found: dict[str, Any] = {"big_body_bytes": len(big), "big_status": whole[0], "big_s": whole[1],
+                             "big_answer_bytes": whole[2]}
+    for what, done in runs.items():
+        found[f"{what}_runs"] = len(done)
+        found[f"{what}_statuses"] = dict(Counter(r[0] for r in done))
+        found[f"{what}_p50_ms"] = round(statistics.median([r[1] for r in done]) * 1000, 1) if done else None
+    found["bounded_max_s"] = max((r[1] for r in runs["bounded"]), default=None)
+    return found
 
 
 async def _placed(run: Run, ids: list[str], limit_s: float) -> int:
@@ -385,7 +404,7 @@ async def _placed(run: Run, ids: list[str], limit_s: float) -> int:
 async def _job_state(run: Run, job_id: str) -> dict[str, Any]:
     for who in ("bob", "ops"):
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            status, raw = await run.call("GET", f"/v1/jobs/{job_id}", who)
+            status, raw = await run.call("GET", f"/v1/jobs/{quote(job_id, safe='')}", who)
             if status == 200:
                 found = json.loads(raw)
                 return found if isinstance(found, dict) else {}
@@ -412,7 +431,7 @@ async def hold_gpus(run: Run, victim: Victim) -> dict[str, Any]:
 async def priority(run: Run, victim: Victim) -> dict[str, Any]:
     """Alice, inside her nominal quota (2 jobs of a whole node each), at priority 1,000,000."""
     started = time.monotonic()
-    ids = [f"prio-{victim.prefix}-{i:02d}" for i in range(2)]
+    ids = [f"alice/prio-{i:02d}" for i in range(2)]
     status, raw = await patiently(run, "alice", [job(i, "alice", cpu=8000, mem=65536, gpus=NODE_GPUS,
                                                      priority=1_000_000) for i in ids], run.size.phase_s / 2)
     await until_end(run, started)
@@ -517,7 +536,7 @@ async def phase(run: Run, name: str, prepare: Attack | None, attack: Attack) -> 
         run.service.start()
         await run.service.ready()
     began = time.monotonic()
-    victim = Victim(run, f"bob-{name}")
+    victim = Victim(run, f"bob/{name}")
     details: dict[str, Any] = {}
     if prepare is not None:
         try:
@@ -594,7 +613,8 @@ async def measure(size: Size, root: Path) -> dict[str, Any]:
             assert service.child is not None
             stop(service.child)
             starts += service.starts
-    return {"attacks": attacks, **summary(attacks), "service_starts": starts}
+    return {"attacks": attacks, **summary(attacks), "service_starts": starts,
+            "service_settings": {"job_ids_by_tenant": bool(ids_by_tenant())}}
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

@@ -610,3 +610,4 @@ def test_abuse() -> None:
     assert set(r["targets_met"]) == {"attacks_succeeded_0", "victim_submit_p99_le_1s", "victim_health_le_1s",
                                      "rss_growth_le_256mib", "all"}
     assert r["service_starts"] == 2
+    assert r["service_settings"] == {"job_ids_by_tenant": True}  # (docs/api.md "Job ids")
