@@ -45,7 +45,7 @@ attack itself wins (below).  The attacks (``alice`` is ``tenant:alice``, equal q
   cell without nodes, so they wait) up to ``max_pending_tasks`` (1,000,000; 400,000 at
   ``--quick``): 100,000 tasks a request until a 429 ``too_much_pending`` says how much room is
   left, then exactly that, and she holds the bound for the rest of the phase.
-* ``watch``: ``watchers`` stuck watch streams of ``alice`` (16; 8 at ``--quick``), half of the
+* ``watch``: ``watchers`` stuck watch streams of ``alice`` (16; 2 at ``--smoke``), half of the
   inputs, half of the decisions, from the start, read to their status line and never again, on
   sockets with a 4 KiB receive buffer; ``service_rss_growth_mib`` is the service's largest
   ``VmRSS`` during the phase over its ``VmRSS`` at the start (sampled every 0.25 s; every attack

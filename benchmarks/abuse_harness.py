@@ -57,7 +57,7 @@ class Size:
 
 SIZES: Final = {
     "full": Size("full", 30.0, 16, 1000, 1_000_000, 10_000, 1200, 4),
-    "quick": Size("quick", 8.0, 8, 100, 400_000, 2000, 1200, 4),
+    "quick": Size("quick", 8.0, 16, 100, 400_000, 2000, 1200, 4),
     "smoke": Size("smoke", 2.0, 2, 11, 400_000, 20, 60, 2),
 }
 STARTED: list[subprocess.Popen[bytes]] = []
