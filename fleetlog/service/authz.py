@@ -143,6 +143,16 @@ class Authorizer:
         grants = self.file.current()  # (None: the file is refused or missing: fail closed)
         return None if grants is None else grants.get(principal)
 
+    def tenants(self, logged: PolicySet | None = None) -> frozenset[str]:
+        """Every tenant a ``tenant:`` role of the policy in force names (none without a policy)."""
+        if logged is not None:
+            if self._folded[0] is not logged:
+                self._folded = (logged, roles_by_principal(logged.grants))
+            grants = self._folded[1]
+        else:
+            grants = (self.file.current() or {}) if self.file is not None else {}
+        return frozenset().union(*(r.tenants for r in grants.values()))
+
     def file_policy(self) -> PolicyList | None:
         """The policy file's grants as ``GET /v1/policy`` answers them (``None``: no file)."""
         if self.file is None:

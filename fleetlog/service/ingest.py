@@ -291,6 +291,31 @@ def check_job_ids(roles: Roles | None, events: list[InputEvent]) -> Forbidden | 
     return None
 
 
+RESERVED_IDS_RULE: Final = ("a job id TENANT/NAME is TENANT's: no other tenant's role submits under that "
+                           "prefix (docs/api.md, Job ids)")
+
+
+def check_reserved_ids(roles: Roles | None, events: list[InputEvent], tenants: frozenset[str]
+                       ) -> Forbidden | None:
+    """Ids under a tenant's prefix (``bob/...``) are that tenant's, always: a job another tenant's
+    role submits under it is refused (an operator's is not), so no tenant can take the ids
+    another will use once it names them under its prefix (issue 46; ``tenants``: those of the
+    policy in force and of the state).  Plain ids stay global, first come."""
+    if roles is None or roles.operator:
+        return None
+    for index, e in enumerate(events):
+        if not isinstance(e, JobSubmitted) or e.job_id.startswith(f"{e.tenant}/"):
+            continue
+        head = e.job_id.split("/", 1)[0]
+        owner = next((t for t in sorted(tenants) if e.job_id.startswith(f"{t}/")), None) if "/" in e.job_id \
+            else None
+        if owner is not None and owner != e.tenant:
+            return Forbidden(f"event {index}: job id {e.job_id!r} is under tenant {owner!r}'s prefix "
+                             f"({head + '/'!r}): submit tenant {e.tenant!r}'s jobs under {e.tenant + '/'!r}",
+                             RESERVED_IDS_RULE, index, "JobSubmitted")
+    return None
+
+
 def known_cells(state: State) -> frozenset[str]:
     """The cells that hold a node the state knows (not removed): the cells that exist."""
     nodes = state.nodes
@@ -331,6 +356,9 @@ class IngestGate:
         self._jobs: dict[str, JobSubmitted] = {}  # appended, not folded yet: job id -> submission
         self._job_ends: deque[tuple[int, str]] = deque()  # (end offset, job id) of those, in order
         self._appending: set[str] = set()  # ids in ``_jobs`` whose append has not returned yet
+        self.reserved_tenants: Callable[[State], frozenset[str]] | None = None
+        """The tenants whose id prefixes are reserved (:func:`check_reserved_ids`): the service's
+        policy in force and the state's tenants; ``None``: no check (no policy to name tenants)."""
 
     def pending(self, loop: SchedulerLoop) -> int:
         while self._unfolded and self._unfolded[0][0] <= loop.offset:
@@ -450,6 +478,8 @@ class IngestGate:
             if roles is not None:  # (before the checks below: a 403 reveals no other tenant's job state)
                 check_events(roles, loop.state, batch.events, self.unfolded_jobs(loop))
                 wrong_id = check_job_ids(roles, batch.events) if self.settings.job_ids_by_tenant else None
+                if wrong_id is None and self.reserved_tenants is not None:
+                    wrong_id = check_reserved_ids(roles, batch.events, self.reserved_tenants(loop.state))
                 if wrong_id is not None:
                     raise wrong_id
             batch, duplicates = screened(loop.state, self.unfolded_jobs(loop), batch)

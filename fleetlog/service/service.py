@@ -127,6 +127,8 @@ class Service:
         self.dry_runs = DryRuns(self.settings, self.policy)
         self.authz = Authorizer(config.auth.policy_file)
         self.http.before_body = self._before_body  # authorized before any body byte is read
+        self.ingest.reserved_tenants = lambda state: (  # TENANT/NAME ids are TENANT's (issue 46)
+            self.authz.tenants(state.policy) | frozenset(state.names["tenant"].names))
         self.snapshots = snapshot_store(config)
         self.snapshotter = Snapshotter(self.snapshots, self.settings, self.policy.name, self.metrics)
         self.stopping = stopping or asyncio.Event()

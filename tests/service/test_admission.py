@@ -16,7 +16,7 @@ from fleetlog.core.state import CoreConfig, State
 from fleetlog.events import PolicyGrant, PolicySet, decode, encode, envelope
 from fleetlog.service.auth import entry_toml
 from fleetlog.service.config import AuthSettings, Config, LogConfig, ServiceSettings
-from fleetlog.service.ingest import TENANT_IDS_RULE
+from fleetlog.service.ingest import RESERVED_IDS_RULE, TENANT_IDS_RULE
 from tests.core.builders import job, node
 from tests.service.test_auth import acall, tokens_file
 from tests.service.test_authz import TOKENS, secret, send
@@ -185,6 +185,28 @@ async def test_with_job_ids_by_tenant_no_tenant_can_take_anothers_ids(tmp_path: 
         assert (await send(running, "bob", job("b/train-1", tenant="b")))[0] == 200  # the victim's id is free
         assert (await send(running, "alice", job("a/train-1", tenant="a")))[0] == 200
         assert (await send(running, "ops", job("anything", tenant="a")))[0] == 200  # (an operator: any id)
+    finally:
+        await running.stop()
+
+
+async def test_by_default_a_tenants_prefix_is_its_own_and_no_other_tenant_can_take_those_ids(
+    tmp_path: Path,
+) -> None:
+    """Without any setting: alice squatted bob's ids before he used them (his 409s were the
+    attack's wins).  ``b/...`` is tenant b's from the start — b has not submitted anything yet,
+    the policy names it — while plain ids stay first come, and an operator submits any id."""
+    running = await policed(tmp_path)
+    try:
+        end = await running.inputs_end()
+        for squat in ("b/train-1", "b/x/y"):
+            status, answer = await send(running, "alice", job(squat, tenant="a"))
+            assert (status, answer["code"], answer["rule"]) == (403, "forbidden", RESERVED_IDS_RULE), answer
+            assert "under tenant 'b''s prefix" in answer["message"]
+        assert await running.inputs_end() == end
+        assert (await send(running, "bob", job("b/train-1", tenant="b")))[0] == 200  # the victim's id is free
+        for mine in ("a/train-1", "train-1", "bx/1"):  # its own prefix, a plain id, another word
+            assert (await send(running, "alice", job(mine, tenant="a")))[0] == 200, mine
+        assert (await send(running, "ops", job("b/ops-made", tenant="a")))[0] == 200  # (an operator: any id)
     finally:
         await running.stop()
 
