@@ -16,6 +16,7 @@ import msgspec
 from fleetlog.api.resources import queue_positions
 from fleetlog.api.visibility import EVERYTHING, Viewer, sees_row
 from fleetlog.core.fold import CAUSE_CODES
+from fleetlog.core.observations import Observation
 from fleetlog.core.state import JobState, Requeue, State
 from fleetlog.core.views import job_status, pending_reason, tasks_started
 
@@ -65,6 +66,9 @@ class JobDetail(msgspec.Struct, frozen=True, omit_defaults=True):
     placed_at_ms: int | None = None
     queue_position: int | None = None
     """A pending job's place among its queue's pending jobs (as in ``GET /v1/jobs``)."""
+    ignored_observations: list[Observation] = []
+    """The latest task reports naming it that the fold did not apply as written, and why
+    (:mod:`fleetlog.core.observations`; ``[]``, left out: none)."""
 
 
 _CAUSES: Final = {code: cause for cause, code in CAUSE_CODES.items()}

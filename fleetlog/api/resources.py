@@ -22,6 +22,7 @@ from fleetlog.api.names import DEFAULT_LIMIT, JOB_STATES, MAX_LIMIT, NODE_STATUS
 from fleetlog.api.visibility import EVERYTHING, Viewer, job_mask
 from fleetlog.core.authorize import roles_by_principal
 from fleetlog.core.constraints import NO_ATTRS
+from fleetlog.core.observations import Observation
 from fleetlog.core.order import dominant_share, fleet_capacity, waiting_order
 from fleetlog.core.shares import SCALE
 from fleetlog.core.state import JobMeta, JobState, NodeStatus, State, TaskState
@@ -103,6 +104,9 @@ class NodeItem(msgspec.Struct, frozen=True):
     drained: str | None = None
     """An operator's drain (``fleetlog node drain``): its reason (``""``: none given); ``None``: not
     drained."""
+    ignored_observations: list[Observation] = []
+    """The latest task reports naming a node of this name that the fold did not apply as written
+    (``fleetlog.core.observations``: a broken node agent), and why."""
 
 
 class NodePage(msgspec.Struct, frozen=True):
@@ -411,6 +415,7 @@ def _node_item(state: State, row: int) -> NodeItem:
         heard_ago_ms=max(0, state.now_ms - int(c["last_heartbeat_ms"][row])),
         cordoned=state.node_attrs.get(row, NO_ATTRS)[2],
         drained=state.drained[row][0] if row in state.drained else None,
+        ignored_observations=list(state.observations.by_node.get(state.node_name(row), ())),
     )
 
 

@@ -4,8 +4,8 @@ The digest hashes the used rows of every table, the interned names, quotas,
 usage, the shape window and the clock — the same log gives the same digest in
 any process, whatever its hash seed.  Snapshots also carry ``State.requeues`` (why waiting
 jobs were requeued), a cell shard's ``State.summaries`` (the last summary written per cell),
-the jobs' labels and annotations and the last ``PolicySet`` (the API's authorization policy),
-which the digest leaves out: no decision reads them.
+the jobs' labels and annotations, the last ``PolicySet`` (the API's authorization policy) and why
+task reports were ignored (``State.observations``), which the digest leaves out: no decision reads them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy.typing as npt
 from fleetlog.core.arrays import Interner, Table
 from fleetlog.core.constraints import ClassKey, NodeAttrs
 from fleetlog.core.fold import count_shape, rebuild_held
+from fleetlog.core.observations import Observations
 from fleetlog.core.state import (
     BEFORE_FIELDS,
     SUM_CLASSES,
@@ -159,7 +160,13 @@ def _scalars(state: State) -> dict[str, Any]:
         "retired": list(state.retired_order),  # ((at, id) tuples: the bytes of [at, id] lists)
         # why waiting jobs were requeued: snapshotted for status, not digested (no decision reads it)
         "requeues": sorted([row, msgspec.to_builtins(r)] for row, r in state.requeues.items()),
-    } | _summaries(state) | _job_meta(state) | _policy(state)
+    } | _summaries(state) | _job_meta(state) | _policy(state) | _observations(state)
+
+
+def _observations(state: State) -> dict[str, Any]:
+    """Why task reports were ignored (snapshotted for status and the metric, not digested: no
+    decision reads it; a state with none has no key, and its snapshot is what it was)."""
+    return {"observations": state.observations.to_builtins()} if state.observations else {}
 
 
 def _policy(state: State) -> dict[str, Any]:
@@ -428,6 +435,7 @@ def _restore_scalars(s: dict[str, Any]) -> State:
     state.requeues = {row: msgspec.convert(r, Requeue) for row, r in s.get("requeues", ())}
     state.job_meta = {row: (dict(labels), dict(notes)) for row, labels, notes in s.get("job_meta", ())}
     state.policy = msgspec.convert(s["policy"], PolicySet) if "policy" in s else None
+    state.observations = Observations.restore(s.get("observations"))
     state.derived = Derived.of(state)
     state.dispatches = {row: (a, b, c, d) for row, (a, b, c, d) in s.get("dispatches", ())}
     state.dispatched_seq = dict(s.get("dispatched_seq", ()))

@@ -20,6 +20,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
+from fleetlog.core import observe
 from fleetlog.core.arrays import HASH_MASK, Array, entry_hash
 from fleetlog.core.compact import compact
 from fleetlog.core.constraints import (
@@ -638,14 +639,17 @@ def on_task_started(state: State, e: TaskStarted) -> None:
     t = task_row(state, e.job_id, e.task_index)
     if t < 0 or int(state.tasks.cols["state"][t]) != TaskState.PLACED:
         state.ignored += 1
+        observe.ignored(state, e, t)
         return
     state.tasks.cols["state"][t] = _STARTED
+    observe.started_on(state, e, t)
 
 
 def on_task_finished(state: State, e: TaskFinished) -> None:
     t = task_row(state, e.job_id, e.task_index)
     if t < 0 or int(state.tasks.cols["state"][t]) == TaskState.FINISHED:
         state.ignored += 1
+        observe.ignored(state, e, t)
         return
     job = int(state.tasks.cols["job"][t])
     if e.exit_code != 0:
@@ -663,6 +667,7 @@ def on_task_failed(state: State, e: TaskFailed) -> None:
     t = task_row(state, e.job_id, e.task_index)
     if t < 0:
         state.ignored += 1
+        observe.ignored(state, e, t)
         return
     release_job(state, int(state.tasks.cols["job"][t]), JobState.FAILED)
 

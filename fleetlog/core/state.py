@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 
 from fleetlog.core.arrays import Interner, Table, entries_sum
+from fleetlog.core.observations import Observations
 from fleetlog.events.model import CellSummary, JobReturned, PolicySet, metadata_bytes
 from fleetlog.events.spec import NO_CONSTRAINTS as NO_CLASS
 from fleetlog.events.spec import ConstraintsKey as ClassKey
@@ -471,7 +472,10 @@ class State:
         lazily once placed or ended). Rebuilt on restore from ``dispatches``, not snapshotted."""
         self.next_return_ms = NO_LIMIT  # the earliest end of a hold in ``held`` (rebuilt with it)
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
-        self.ignored = 0  # observations about unknown or finished jobs/nodes
+        # ``ignored``: observations about unknown or finished jobs/nodes; ``observations``: why each
+        # ignored task report was ignored (and the starts naming another node), counted by reason, the
+        # latest per job and node: snapshotted, never digested (no decision reads it)
+        self.ignored, self.observations = 0, Observations()
         self.retired: dict[str, int] = {}
         """Retired job id -> the log time it retired, for ``CoreConfig.dedup_window_ms``: the
         dedup window (expired oldest first, by ``retired_order``)."""

@@ -80,7 +80,22 @@ def job_status(state: State, job_id: str) -> dict[str, Any] | None:
     elif int(cols["placed_at_ms"][row]) >= 0:  # (a requeued job's last placement is history)
         out["placed_at_ms"] = int(cols["placed_at_ms"][row])
     out["task_nodes"] = _task_nodes(state, row)
+    seen = state.observations.by_job.get(job_id)
+    if seen:  # task reports naming it that the fold did not apply as written (the latest few)
+        out["ignored_observations"] = msgspec.to_builtins(seen)
     return out
+
+
+def named_by_reports(state: State, job_id: str) -> str:
+    """For a job the state does not hold: ``""``, or how many task reports named it (a broken node
+    agent reporting a job that never was: ``unknown_job``) and the latest, to add to "unknown job"."""
+    seen = state.observations.by_job.get(job_id)
+    if not seen:
+        return ""
+    last = seen[-1]
+    node = f" on node {last.node}" if last.node else ""
+    return (f"; but {len(seen)} task report(s) named it (the latest kept: {last.ignored} of task "
+            f"{last.task_index}{node} at inputs offset {last.inputs_offset}, ignored: {last.reason})")
 
 
 def tasks_started(state: State, row: int) -> int:

@@ -23,7 +23,14 @@ from fleetlog.api.dryrun import dry_run
 from fleetlog.api.resources import ApiError
 from fleetlog.api.routes import answer_list
 from fleetlog.core.policy import Policy, UnknownPolicyError, policy_named
-from fleetlog.core.views import job_status, jobs_table, nodes_table, queues_table, tenants_table
+from fleetlog.core.views import (
+    job_status,
+    jobs_table,
+    named_by_reports,
+    nodes_table,
+    queues_table,
+    tenants_table,
+)
 from fleetlog.display import console, describe, log_time, print_sections
 from fleetlog.log.base import INPUTS, LogError, Shard
 from fleetlog.log.consumer import parked_for_job
@@ -210,7 +217,8 @@ async def cmd_status(args: argparse.Namespace, source: Source) -> int:
                 f"job {args.job!r} was refused: its record {parked.source} is in the dead-letter log at "
                 f"offset {parked.offset} ({parked.reason}: {parked.error[:300]}); see `fleetlog replay dump "
                 f"--from-log dead-letters --start {parked.offset}`")
-        raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log")
+        raise ReplayError(f"unknown job {args.job!r}: no JobSubmitted for it in the inputs log"
+                          + named_by_reports(state, args.job))
     found = await with_run_facts(source, state, found)
     if args.json:
         _print_json(found)

@@ -109,6 +109,8 @@ class CellRunner:
                     continue
                 result = await loop.step(timeout_ms=idle)
                 self.shards.observe(result)
+                self.shards.metrics.count_ignored(f"cell-{self.partition}", loop.state.observations.counts)
+                loop.observed.flush()
                 now = time.monotonic()
                 if result.published:
                     committed_at = now  # (the step's transaction committed the offset)

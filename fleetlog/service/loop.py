@@ -27,6 +27,7 @@ from fleetlog.events.model import DecisionBatch, Tick
 from fleetlog.events.parts import PartsError, StepJoiner, encode_step
 from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
 from fleetlog.log.consumer import CorruptDecisionsError, EventConsumer, Inputs, decision_batches
+from fleetlog.service.observed import ObservationLog
 
 DEFAULT_GROUP: Final = "fleetlog-scheduler"
 READ_DECISIONS: Final = 1000
@@ -97,6 +98,8 @@ class SchedulerLoop:
         """Who the records this loop writes to the inputs log (its ticks) say they come from."""
         self.heard_at = time.monotonic()
         """When the loop last read an input (or appended a tick): :meth:`tick_if_quiet`."""
+        self.observed = ObservationLog()
+        """The (producer, reason) pairs of ignored task reports already logged (live folds only)."""
 
     async def recover(self, state: State | None = None, inputs: int = 0, decisions: int = 0) -> None:
         """Rebuild the state from the logs: every decision batch folded after the inputs it saw.
@@ -166,8 +169,12 @@ class SchedulerLoop:
         a record whose principal may not make its event is left out and, live (``park``),
         parked in the dead-letter log with reason ``unauthorized`` and counted in
         ``polled.dead_lettered``; recovery (``park=False``) parked it the first time."""
+        since, first = self.state.observations.seq, self.state.offset
         refused = fold_checked(self.state, polled.events, polled.times, polled.principals, fold_lists,
                                polled.policy_sets)
+        if park and self.state.observations.seq != since:  # (a task report not applied as written)
+            left_out = {r.at for r in refused}
+            self.observed.note(self.state, since, first, polled.records, left_out, self.producer)
         if refused and park:
             await self.consumer.park(self.consumer.refused(polled.records, refused))
             polled.dead_lettered += len(refused)

@@ -239,8 +239,23 @@ class Metrics:
         self.watch_dropped = Counter(
             "fleetlog_watch_dropped", "Watchers dropped: their client took nothing for watch_drain_timeout_s",
             registry=r)
+        self.ignored = Counter(
+            "fleetlog_ignored_observations", "Task reports the fold did not apply as written, by reason "
+            "(unknown_job, unknown_task, not_placed, already_started, already_finished; unknown_node and "
+            "wrong_node: a start applied, but naming another node)", ["reason"], registry=r)
+        self._ignored_seen: dict[tuple[str, str], int] = {}
         self.fleet = FleetGauges(r, max_label_values)
         self._reasons: set[str] = set()
+
+    def count_ignored(self, loop: str, counts: dict[str, int]) -> None:
+        """Feed ``fleetlog_ignored_observations_total`` from one loop's state (``State.observations``
+        counts, which only grow along a log): what each reason grew by since that loop's last feed.
+        A state recovered in a new process counts from its log's start, as the state does."""
+        for reason, count in sorted(counts.items()):
+            seen = self._ignored_seen.get((loop, reason), 0)
+            if count > seen:
+                self.ignored.labels(reason=reason).inc(count - seen)
+                self._ignored_seen[(loop, reason)] = count
 
     def set_pending(self, counts: dict[str, int]) -> None:
         """Pending jobs by reason; reasons that emptied are set to 0, not left stale."""

@@ -331,6 +331,8 @@ class Service:
         while not self.leadership.lost():
             result = await loop.step(timeout_ms=self.settings.idle_wait_ms)
             self._observe(result, result.work_s)  # the work, not the idle wait for input
+            self.metrics.count_ignored("single", loop.state.observations.counts)
+            loop.observed.flush()  # (one line per producer and reason of a task report not applied)
             now = time.monotonic()
             if now >= next_gauges:
                 next_gauges = now + GAUGE_PERIOD_S

@@ -81,6 +81,7 @@ def chunks(draw: st.DrawFn) -> list[tuple[list[Event], list[int]]]:
 def _same(a: State, b: State) -> None:
     assert digest(a) == digest(b)
     assert (a.offset, a.now_ms, a.next_sweep_ms) == (b.offset, b.now_ms, b.next_sweep_ms)
+    assert a.observations.to_builtins() == b.observations.to_builtins()
     assert a.derived.beat_cache.keys() == b.derived.beat_cache.keys()
     beats = b.derived
     assert sorted(beats.steady_ids.values()) == sorted(row for row, _ in beats.beat_cache.values())
@@ -383,6 +384,7 @@ def _readable(state: State) -> tuple[object, ...]:
         state.shape_mix,
         state.job_meta,
         state.policy,
+        state.observations.to_builtins(),  # (why task reports were ignored: recorded alike)
     )
 
 
