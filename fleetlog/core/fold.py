@@ -669,7 +669,25 @@ def on_task_failed(state: State, e: TaskFailed) -> None:
         state.ignored += 1
         observe.ignored(state, e, t)
         return
+    if e.requeue:
+        withdraw(state, int(state.tasks.cols["job"][t]), int(state.tasks.cols["node"][t]), e.reason)
+        return
     release_job(state, int(state.tasks.cols["job"][t]), JobState.FAILED)
+
+
+def withdraw(state: State, job: int, row: int, reason: str) -> None:
+    """The backend withdrew ``job``'s placement (task on node ``row`` could not run: Slurm kept it
+    pending behind its own work): requeue the gang, noting ``reason``, and hold at once the
+    foreign work its nodes report, which the placement stood in the way of (set_node_foreign),
+    so the next decision does not pin the job to the same busy node again."""
+    rows = sorted({int(state.tasks.cols["node"][t]) for t in state.job_tasks(job)} - {-1})
+    release_job(state, job, JobState.PENDING)
+    text = reason or f"the backend withdrew the placement on node {state.node_name(row)}"
+    state.requeues[job] = Requeue("withdrawn", state.now_ms, state.offset, text, node=state.node_name(row))
+    for node in rows:
+        old = state.node_foreign.get(node)
+        if old is not None and not _holds_all(old):
+            set_node_foreign(state, node, *old[:3])
 
 
 def on_quota(state: State, e: QuotaSet) -> None:

@@ -163,7 +163,8 @@ class Requeue(msgspec.Struct, frozen=True, omit_defaults=True):
 
     cause: str
     """``preempted``, ``node_lost`` (no heartbeat), ``node_unhealthy``, ``node_reshaped``,
-    ``node_removed`` or ``node_tainted`` (a ``NoExecute`` taint the job does not tolerate)."""
+    ``node_removed``, ``node_tainted`` (a ``NoExecute`` taint the job does not tolerate) or
+    ``withdrawn`` (the backend withdrew the placement: ``TaskFailed`` with ``requeue``)."""
     requeued_at_ms: int
     """Log time of the requeue (the input or decision batch that did it)."""
     inputs_offset: int

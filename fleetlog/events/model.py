@@ -403,6 +403,10 @@ class TaskFailed(_Event, frozen=True):
     task_index: TaskIndex
     reason: Text = ""
     exit_code: ExitCode | None = None
+    requeue: bool = False
+    """The backend withdrew the placement: the task could not run where it was placed (Slurm kept
+    it pending behind work fleetlog does not own).  The scheduler requeues the whole gang, noting
+    ``reason``, and decides again — the job is not failed.  Absent (old logs): the job fails."""
 
 
 class Tick(_Event, frozen=True):

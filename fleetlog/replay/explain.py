@@ -186,7 +186,8 @@ def _input_step(event: object, offset: int, at_ms: int, job_id: str) -> Step | N
                 INPUTS, offset, at_ms, "task finished", f"task {event.task_index}, exit {event.exit_code}"
             )
         case TaskFailed():
-            return Step(INPUTS, offset, at_ms, "task failed", f"task {event.task_index}: {event.reason}")
+            what = "placement withdrawn" if event.requeue else "task failed"
+            return Step(INPUTS, offset, at_ms, what, f"task {event.task_index}: {event.reason}")
     return None
 
 

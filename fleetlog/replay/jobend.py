@@ -89,6 +89,8 @@ class _Walk:
                 return "rejected", None, f"rejected: {event.reason}{why}"
             case JobCancelled():
                 return "cancelled", None, f"cancelled: {event.reason}" if event.reason else "cancelled"
+            case TaskFailed(requeue=True) if self._runs(event.task_index):
+                self.state = "pending"  # (the backend withdrew the placement: requeued, not ended)
             case TaskFailed() if self._runs(event.task_index):
                 why = f": {event.reason}" if event.reason else ""
                 return "failed", event.exit_code, f"task {event.task_index} failed{why}"

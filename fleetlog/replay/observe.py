@@ -165,6 +165,8 @@ class Slices:
         for _, e, at_ms in events:
             if isinstance(e, TaskFinished) and not e.exit_code:
                 self._close(e.job_id, e.task_index, at_ms, "finished")
+            elif isinstance(e, TaskFailed) and e.requeue:
+                self._close_job(e.job_id, at_ms, "withdrawn")
             elif isinstance(e, TaskFinished | TaskFailed):
                 self._close_job(e.job_id, at_ms, "failed")
             elif isinstance(e, JobCancelled):

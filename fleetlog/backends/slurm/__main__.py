@@ -54,6 +54,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="the sbatch option that runs a payload's image, e.g. =--container-image (default: none; such "
         "jobs fail)",
     )
+    parser.add_argument(
+        "--pending-bound-s", type=float, default=30.0, metavar="SECONDS",
+        help="withdraw a placement whose Slurm job stays PENDING this long, to be decided again (0: never; "
+        "default 30)",
+    )
     return parser.parse_args(argv)
 
 
@@ -71,7 +76,10 @@ def config(args: argparse.Namespace) -> SlurmConfig:
     submit = SubmitSettings(
         partition=args.partition, gpu_type=args.gpu_type, output=args.output, image_option=args.image_option
     )
-    return SlurmConfig(cell=args.cell, prefix=args.prefix, slurm_conf=args.slurm_conf, submit=submit)
+    return SlurmConfig(
+        cell=args.cell, prefix=args.prefix, slurm_conf=args.slurm_conf, submit=submit,
+        pending_bound_s=args.pending_bound_s,
+    )
 
 
 async def serve(args: argparse.Namespace, logs: Located) -> None:

@@ -9,7 +9,9 @@ Each :meth:`SlurmBackend.step`:
    one of its nodes end a run — exactly when the scheduler's own state would;
 2. observes Slurm (``sinfo --json``, ``squeue --json``) and appends ``NodeHeartbeat``,
    ``TaskStarted``, ``TaskFinished`` and ``TaskFailed`` to the inputs log for the runs that are live;
-3. reconciles: every live run's task that Slurm does not know by name is submitted with ``sbatch``
+3. withdraws the placement of a task whose Slurm job stayed PENDING past ``pending_bound_s`` (Slurm
+   gave its node to other work): ``TaskFailed`` with ``requeue`` and the reason;
+4. reconciles: every live run's task that Slurm does not know by name is submitted with ``sbatch``
    pinned to its node; every active Slurm job of ours that belongs to no live run is cancelled.
 
 Because the runs are rebuilt from the logs and Slurm is looked up by job name before anything is
@@ -39,6 +41,7 @@ from fleetlog.backends.slurm.client import (
 )
 from fleetlog.backends.slurm.mapping import (
     ACTIVE_STATES,
+    RUNNING_STATES,
     Held,
     Kind,
     PayloadError,
@@ -101,6 +104,10 @@ class SlurmConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backoff_initial_ms: int = 250
     backoff_max_ms: int = 30_000
     submit_concurrency: int = 4
+    pending_bound_s: float = 30.0
+    """A task's Slurm job left PENDING this long is cancelled and its placement withdrawn
+    (``TaskFailed`` with ``requeue``: the scheduler requeues the job and decides again), so a node
+    Slurm gave to its own work is not booked twice.  0: never."""
 
 
 @dataclass
@@ -175,6 +182,7 @@ class SlurmBackend:
         self.ended: dict[str, str] = {}  # job id -> why its last run ended (the newest MAX_ENDED)
         self.ours_held: dict[str, Held] = {}  # (CPUs, MiB, GPUs) our live jobs hold per node
         self.beat_at = -float("inf")
+        self.pending_since: dict[str, float] = {}  # name -> when a live task's job was first seen PENDING
         self.backoff = Backoff(self.config.backoff_initial_ms / 1000, self.config.backoff_max_ms / 1000)
         self.stats = Stats()
 
@@ -242,6 +250,7 @@ class SlurmBackend:
         self.ours_held = held_by(j for name, j in ours.items() if self.is_live(name))
         events = self.observe_nodes(nodes)
         events += self.observe_jobs(ours)
+        events += self.withdraw_stuck(ours, jobs)
         await self.append(events)
         await self.append(await self.reconcile(ours))
         self.stats.steps += 1
@@ -311,6 +320,10 @@ class SlurmBackend:
         if run is None:
             return
         kind = task_kind(event)
+        if isinstance(event, TaskFailed) and event.requeue:  # a withdrawal: requeued, not failed
+            if key == event_key(self.name(run, event.task_index), kind):
+                self.end_run(event.job_id, f"withdrawn: {event.reason}")
+            return
         if key == event_key(self.name(run, event.task_index), kind):
             self.apply_task(event.job_id, run, event.task_index, kind, task_exit(event))
 
@@ -421,6 +434,35 @@ class SlurmBackend:
             self.end_run(job_id, "finished")
             self.specs.pop(job_id, None)
 
+    def withdraw_stuck(self, ours: dict[str, SlurmJob], jobs: list[SlurmJob]) -> list[Message]:
+        """Withdraw every live task whose Slurm job has been PENDING for ``pending_bound_s``: Slurm
+        gave its pinned node to other work (a user's ``sbatch`` that started after our last
+        heartbeat), and the scheduler's books would hold the node twice until Slurm ran ours."""
+        now, bound = self.clock(), self.config.pending_bound_s
+        stuck = {n: j for n, j in ours.items() if j.job_state == "PENDING" and self.is_live(n)}
+        self.pending_since = {n: self.pending_since.get(n, now) for n in stuck}
+        if bound <= 0:
+            return []
+        late = [n for n in stuck if now - self.pending_since[n] >= bound]
+        # (one withdrawal per gang: the first ends the run, its other tasks are no longer live)
+        return [self.withdraw(n, stuck[n], jobs) for n in late if self.is_live(n)]
+
+    def withdraw(self, name: str, job: SlurmJob, jobs: list[SlurmJob]) -> Message:
+        """``TaskFailed`` with ``requeue`` for one stuck task, saying what Slurm runs on its node;
+        the run ends here (reconcile cancels its Slurm jobs), the job's spec is kept for the next."""
+        task = parse_name(self.config.prefix, name)
+        assert task is not None  # (a live name)
+        run = self.runs[task.job_id]
+        node = placed_node(run, task.task_index)
+        reason = stuck_reason(self.config.pending_bound_s, job, node, jobs, self.is_live)
+        del self.pending_since[name]
+        key = event_key(name, "failed")
+        self.emitted.add(key)
+        self.stats.reported["withdrawn"] = self.stats.reported.get("withdrawn", 0) + 1
+        self.end_run(task.job_id, f"withdrawn: {reason}")
+        failed = TaskFailed(job_id=task.job_id, task_index=task.task_index, reason=reason, requeue=True)
+        return self.message(failed, key)
+
     # --- 3. reconcile ------------------------------------------------------------------
 
     async def reconcile(self, ours: dict[str, SlurmJob]) -> list[Message]:
@@ -528,6 +570,21 @@ def task_kind(event: TaskEvent) -> Kind:
 
 def task_exit(event: TaskEvent) -> int:
     return 0 if isinstance(event, TaskStarted) else (event.exit_code or 0)
+
+
+def stuck_reason(
+    bound_s: float, job: SlurmJob, node: str, jobs: list[SlurmJob], ours: Callable[[str], bool]
+) -> str:
+    """Why a task was withdrawn: how long Slurm kept it pending, Slurm's reason, and the other
+    Slurm jobs that run on its node (``Slurm left it PENDING for 30 s: Resources (node n1 holds
+    Slurm job 123)``)."""
+    holders = sorted(
+        j.job_id for j in jobs
+        if j.job_state in RUNNING_STATES and node in j.nodes.split(",") and not ours(j.name)
+    )  # fmt: skip
+    held = f"holds Slurm job{'s' if len(holders) > 1 else ''} {', '.join(map(str, holders))}"
+    where = f"node {node} {held}" if holders else f"node {node}"
+    return f"Slurm left it PENDING for {bound_s:g} s: {job.state_reason or 'no reason given'} ({where})"
 
 
 def placed_node(run: Run, index: int) -> str:
