@@ -21,9 +21,10 @@ from fleetlog.reader import Reader, ReaderError
 SETTLE_S: Final = 0.2
 """After a change, wait this long for the rest of its burst (a step's inputs, then its decisions)."""
 KEYS: Final = ("job_id", "node", "tenant", "queue", "cell")
-VOLATILE: Final = ("queue_position", "heard_ago_ms")
+VOLATILE: Final = ("queue_position", "heard_ago_ms", "age_ms", "placed_longest_ms")
 """Fields that move for many items at once (a placement renumbers its queue's waiting jobs; any
-input, a tick too, ages every node's ``heard_ago_ms``): an item whose only change is in them is
+input, a tick too, ages every node's ``heard_ago_ms``, every job's ``age_ms`` and every tenant's
+and queue's ``placed_longest_ms``): an item whose only change is in them is
 not printed again (a line shows them as they are then)."""
 
 

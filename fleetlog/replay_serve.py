@@ -114,7 +114,7 @@ class LogApi:
             return json_response(200, openapi())
         if route.path == "/v1/history":
             return await self.answer_history(request)
-        if route.path not in LISTS and route.path not in ("/v1/jobs/{job_id}", "/v1/dry-run"):
+        if route.path not in LISTS and route.path not in SERVED:
             return refusal(404, "not_served", f"{route.method} {route.path} is the live service's: replay "
                            "serve answers the reads of recorded logs")
         query = dict(request.query)
@@ -123,6 +123,9 @@ class LogApi:
             headers = {"Fleetlog-Offset": str(offset)}
             if route.path in LISTS:
                 return json_response(200, answer_list(state, route.path, query), headers)
+            if route.path == "/v1/nodes/{node}":  # (answered as the lists are: its path as sent)
+                node = answer_list(state, request.raw_path or request.path, query)
+                return json_response(200, node, headers)
             if route.path == "/v1/dry-run":
                 jobs = parse_jobs(request.body, max_tasks=DRY_RUN_MAX_TASKS)  # (bounded as the service's)
                 return json_response(200, dry_run(state, self.policy, jobs), headers)
@@ -140,6 +143,10 @@ def _log_time_ms(text: str) -> int:
         return log_time_ms(text)
     except ReplayError as exc:
         raise ValueError(str(exc)) from None
+
+
+SERVED: Final = ("/v1/jobs/{job_id}", "/v1/nodes/{node}", "/v1/dry-run")
+"""What replay serve answers besides the lists and history."""
 
 
 async def serve_logs(args: argparse.Namespace, source: Source) -> int:

@@ -2,7 +2,9 @@
 
 A frame is the three lists the API answers (``/v1/tenants``, ``/v1/queues``, ``/v1/cells``), read
 together and shown as three tables: per tenant the GPUs it uses against its nominal quota, what it
-borrows, its pending jobs and DRF share; per queue pending and running jobs and why jobs wait; per
+borrows, its jobs running, placed and pending and its DRF share; per queue its jobs pending, placed
+(not every task started yet: ``placed for`` is how long the longest-placed has waited to start) and
+running and why jobs wait; per
 cell the GPU allocation by model and the nodes up and down.  Rows are ranked (busiest first, then
 by name: a total order, so a frame never reshuffles equal rows); on a terminal each table gets a
 share of its height and says how many rows did not fit.
@@ -26,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetlog.api.resources import CellItem, CellList, QueueItem, QueueList, TenantItem, TenantList
-from fleetlog.display import log_time
+from fleetlog.display import duration, log_time
 from fleetlog.reader import Reader, ReaderError
 
 LISTS: Final = ("/v1/tenants", "/v1/queues", "/v1/cells")
@@ -85,6 +87,11 @@ def reasons(by_reason: dict[str, int]) -> str:
     return ", ".join(f"{reason} {count:,}" for reason, count in ranked) or "-"
 
 
+def waited(ms: int | None) -> str:
+    """How long the longest-placed job has waited to start (``-``: none placed and not started)."""
+    return "-" if ms is None else duration(ms)
+
+
 def by_model(cell: CellItem) -> str:
     """GPUs allocated of the up GPUs, per model: ``A100 12/16, H100 0.5/8``."""
     parts = [f"{model} {gpus(m.allocated_milli)}/{m.gpus:,}" for model, m in sorted(cell.by_model.items())]
@@ -104,12 +111,13 @@ def _table(title: str, columns: Sequence[str]) -> Table:
 def tenant_table(items: Sequence[TenantItem], rows: int | None) -> Table:
     ranked = sorted(items, key=lambda t: (-t.used.gpu_milli, -t.pending, t.tenant))
     table = _table(f"tenants ({len(items):,})",
-                   ("TENANT", "RUNNING", "PENDING", "GPUS USED", "NOMINAL", "BORROWED", "DRF SHARE"))
+                   ("TENANT", "RUNNING", "PLACED", "PLACED FOR", "PENDING", "GPUS USED", "NOMINAL",
+                    "BORROWED", "DRF SHARE"))
     for t in ranked[:rows]:
         nominal = t.nominal.gpu_milli if t.nominal is not None else None
         over = nominal is not None and t.used.gpu_milli > nominal
         table.add_row(
-            t.tenant, f"{t.running:,}", f"{t.pending:,}",
+            t.tenant, f"{t.running:,}", f"{t.placed:,}", waited(t.placed_longest_ms), f"{t.pending:,}",
             Text(gpus(t.used.gpu_milli), style="yellow" if over else ""),
             "-" if nominal is None else gpus(nominal),
             Text(gpus(t.borrowed.gpu_milli), style="yellow" if t.borrowed.gpu_milli else ""),
@@ -119,12 +127,12 @@ def tenant_table(items: Sequence[TenantItem], rows: int | None) -> Table:
 
 
 def queue_table(items: Sequence[QueueItem], rows: int | None) -> Table:
-    ranked = sorted(items, key=lambda q: (-q.pending, -q.running, q.queue))
+    ranked = sorted(items, key=lambda q: (-q.pending, -q.placed - q.running, q.queue))
     table = _table(f"queues ({len(items):,})",
-                   ("QUEUE", "PENDING", "RUNNING", "PENDING GPUS", "WHY PENDING"))
+                   ("QUEUE", "PENDING", "PLACED", "PLACED FOR", "RUNNING", "PENDING GPUS", "WHY PENDING"))
     for q in ranked[:rows]:
-        table.add_row(q.queue, f"{q.pending:,}", f"{q.running:,}", gpus(q.pending_gpu_milli),
-                      reasons(q.pending_by_reason))
+        table.add_row(q.queue, f"{q.pending:,}", f"{q.placed:,}", waited(q.placed_longest_ms),
+                      f"{q.running:,}", gpus(q.pending_gpu_milli), reasons(q.pending_by_reason))
     return _more(table, len(ranked), rows, "queues")
 
 
@@ -191,13 +199,13 @@ def _rows(sizes: Sequence[int], height: int, error: bool) -> list[int]:
 
 
 def _totals(frame: Frame) -> Text:
-    running = sum(t.running for t in frame.tenants)
+    running, placed = sum(t.running for t in frame.tenants), sum(t.placed for t in frame.tenants)
     pending = sum(t.pending for t in frame.tenants)
     allocated = sum(c.gpu_allocated_milli for c in frame.cells)
     total = sum(c.gpus for c in frame.cells)
     up, down = sum(c.nodes_up for c in frame.cells), sum(c.nodes_down for c in frame.cells)
-    return Text(f"jobs {running:,} running, {pending:,} pending · GPUs {gpus(allocated)}/{total:,} "
-                f"allocated · nodes {up:,} up, {down:,} down")
+    return Text(f"jobs {running:,} running, {placed:,} placed, {pending:,} pending · GPUs "
+                f"{gpus(allocated)}/{total:,} allocated · nodes {up:,} up, {down:,} down")
 
 
 def show(screen: Console, frame: Frame, note: str = "") -> None:

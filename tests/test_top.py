@@ -25,6 +25,8 @@ from rich.console import Console
 
 from fleetlog.api.resources import CellItem, ModelAllocation, QueueItem, TenantItem
 from fleetlog.cli import EXIT_INTERRUPTED, EXIT_USAGE, main
+from fleetlog.display import duration
+from fleetlog.events.model import TaskStarted
 from fleetlog.reader import Reader
 from fleetlog.top import Frame, fit, render
 from tests.core.builders import job, node, quota
@@ -50,16 +52,22 @@ def gpus(milli: int) -> str:
     return f"{milli / 1000:g}"
 
 
+def waited(ms: int | None) -> str:
+    return "-" if ms is None else duration(ms)
+
+
 def tenant_row(t: TenantItem) -> list[str]:
     nominal = "-" if t.nominal is None else gpus(t.nominal.gpu_milli)
-    return [t.tenant, str(t.running), str(t.pending), gpus(t.used.gpu_milli), nominal,
+    return [t.tenant, str(t.running), str(t.placed), waited(t.placed_longest_ms), str(t.pending),
+            gpus(t.used.gpu_milli), nominal,
             gpus(t.borrowed.gpu_milli), f"{100 * t.dominant_share:.1f}%"]
 
 
 def queue_row(q: QueueItem) -> list[str]:
     ranked = sorted(q.pending_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
     why = ", ".join(f"{r} {n}" for r, n in ranked)
-    return [q.queue, str(q.pending), str(q.running), gpus(q.pending_gpu_milli), *(why or "-").split()]
+    return [q.queue, str(q.pending), str(q.placed), waited(q.placed_longest_ms), str(q.running),
+            gpus(q.pending_gpu_milli), *(why or "-").split()]
 
 
 def cell_row(c: CellItem) -> list[str]:
@@ -100,6 +108,13 @@ async def test_the_frame_shows_what_the_api_gives_then_the_same_from_the_logs(
         loop = running.service.loop
         assert loop is not None
         await running.until(lambda: loop.offset == len(body) and loop.committed == len(body))
+        # t1's three jobs start; the others stay placed (a pod bound, not started): not "running"
+        status, page = await running.request("/v1/jobs?tenant=t1")
+        assert status == 200, page
+        starts = [TaskStarted(job_id=j["job_id"], task_index=0, node=j["nodes"][0]) for j in page["items"]]
+        assert len(starts) == 3
+        assert (await running.request("/v1/events", events_body(*starts)))[0] == 200
+        await running.until(lambda: loop.offset == len(body) + 3 and loop.committed == loop.offset)
         async with Reader(running.url) as api:
             tenants, queues, cells = await api.tenants(), await api.queues(), await api.cells()
         live = await top(capsys, "--url", running.url, "--once")
@@ -114,8 +129,15 @@ async def test_the_frame_shows_what_the_api_gives_then_the_same_from_the_logs(
                                                     "c2": {"H100": ModelAllocation(8, 8_000)}}
     t1 = next(t for t in tenants if t.tenant == "t1")
     assert (t1.used.gpu_milli, t1.borrowed.gpu_milli, t1.nominal is not None) == (12_000, 8_000, True)
-    assert {q.queue: (q.pending, q.running) for q in queues} == {"default": (0, 6), "batch": (1, 0)}
-    assert live.splitlines()[1] == "jobs 6 running, 1 pending · GPUs 24/32 allocated · nodes 4 up, 1 down"
+    assert {q.queue: (q.pending, q.placed, q.running) for q in queues} == {"default": (0, 3, 3),
+                                                                           "batch": (1, 0, 0)}
+    assert {t.tenant: (t.running, t.placed) for t in tenants} == {"t0": (0, 2), "t1": (3, 0), "t2": (0, 1)}
+    t0 = next(t for t in tenants if t.tenant == "t0")  # (placed at log time 0 or later, not started since)
+    assert t1.placed_longest_ms is None
+    assert t0.placed_longest_ms is not None
+    assert t0.placed_longest_ms >= 0
+    line = "jobs 3 running, 3 placed, 1 pending · GPUs 24/32 allocated · nodes 4 up, 1 down"
+    assert live.splitlines()[1] == line
     assert section(live, "tenants")[0][0] == "t1"  # the most GPUs first
     assert announced.splitlines()[0].startswith(f"fleetlog top — {running.url} — ")  # its service.json
     assert announced.splitlines()[1:] == live.splitlines()[1:]
@@ -186,7 +208,7 @@ def _usage(i: int) -> tuple[Any, ...]:
 
 def totals(screen: str) -> str:
     """The jobs of the last frame drawn on ``screen`` (``""``: none yet)."""
-    found = re.findall(r"jobs \d+ running, \d+ pending", screen)
+    found = re.findall(r"jobs \d+ running, \d+ placed, \d+ pending", screen)
     return found[-1] if found else ""
 
 
@@ -237,10 +259,10 @@ async def test_live_it_refreshes_keeps_the_last_numbers_when_the_service_goes_an
         assert (await running.request("/v1/events", events_body(*body)))[0] == 200
         terminal = Terminal(["top", "--url", running.url, "--interval", "0.2"])
         try:
-            await terminal.until(lambda text: totals(text) == "jobs 6 running, 1 pending")
+            await terminal.until(lambda text: totals(text) == "jobs 0 running, 6 placed, 1 pending")
             more = [job(f"late{i}", tenant="t2", gpus=8) for i in range(3)]
             assert (await running.request("/v1/events", events_body(*more)))[0] == 200  # a refresh shows them
-            await terminal.until(lambda text: totals(text) not in ("", "jobs 6 running, 1 pending"))
+            await terminal.until(lambda text: totals(text) not in ("", "jobs 0 running, 6 placed, 1 pending"))
             await running.stop()
             text = await terminal.until(lambda text: "refresh failed (cannot read" in text)
             assert "the numbers are those read at" in text

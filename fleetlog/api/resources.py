@@ -71,10 +71,14 @@ class JobItem(msgspec.Struct, frozen=True, omit_defaults=True):
     """A pending job's place (from 1) among its queue's pending jobs in the order decide
     considers them (``docs/api.md``: priority, DRF turns as the shares are now, FIFO);
     ``None`` for others."""
+    age_ms: int
+    """Log time since its submission: the state's ``now_ms`` minus ``submitted_at_ms``."""
     labels: dict[str, str] = {}
     """Its submission's labels (left out when it has none)."""
     annotations: dict[str, str] = {}
     """Its submission's annotations (left out when it has none)."""
+    nodes: list[str] = []
+    """The nodes its tasks are placed on now, each once, in task order (left out: none)."""
 
 
 class JobPage(msgspec.Struct, frozen=True):
@@ -107,6 +111,18 @@ class NodeItem(msgspec.Struct, frozen=True):
     ignored_observations: list[Observation] = []
     """The latest task reports naming a node of this name that the fold did not apply as written
     (``fleetlog.core.observations``: a broken node agent), and why."""
+    labels: dict[str, str] = {}
+    """Its labels, as its last heartbeat gave them."""
+    taints: list[Taint] = []
+    """Its taints, in its last heartbeat's order."""
+    topology: dict[str, str] = {}
+    """Its place by level (``block``, ``rack``, ``host``; a level it does not name is left out)."""
+
+
+class Taint(msgspec.Struct, frozen=True):
+    key: str
+    value: str
+    effect: str
 
 
 class NodePage(msgspec.Struct, frozen=True):
@@ -124,6 +140,7 @@ class Resources(msgspec.Struct, frozen=True):
 class TenantItem(msgspec.Struct, frozen=True):
     tenant: str
     running: int
+    """Its jobs placed and with every task started (``GET /v1/jobs``' ``running``)."""
     pending: int
     used: Resources
     nominal: Resources | None
@@ -135,6 +152,11 @@ class TenantItem(msgspec.Struct, frozen=True):
     weight_milli: int
     dominant_share: float
     """Its weighted dominant share (DRF): of its nominal quota if it has one, else of the fleet."""
+    placed: int = 0
+    """Its jobs placed (they hold their resources) but not every task started yet."""
+    placed_longest_ms: int | None = None
+    """How long the longest-placed of those has waited to start: the state's ``now_ms`` minus its
+    ``placed_at_ms`` (``None``: none placed and not started)."""
 
 
 class QueueItem(msgspec.Struct, frozen=True):
@@ -143,6 +165,9 @@ class QueueItem(msgspec.Struct, frozen=True):
     running: int
     pending_gpu_milli: int
     pending_by_reason: dict[str, int]
+    placed: int = 0
+    """As a tenant's: placed, not every task started (``running``: every task started)."""
+    placed_longest_ms: int | None = None
 
 
 class ModelAllocation(msgspec.Struct, frozen=True):
@@ -255,7 +280,7 @@ def _page(mask: np.ndarray, start: int, limit: int) -> tuple[np.ndarray, int, st
 
 # --- jobs ----------------------------------------------------------------------------------
 
-JOB_PARAMS: Final = ("tenant", "queue", "state", "reason", "cell", "label", "limit", "page_token")
+JOB_PARAMS: Final = ("tenant", "queue", "state", "reason", "cell", "node", "label", "limit", "page_token")
 
 
 def started_counts(state: State) -> np.ndarray:
@@ -289,6 +314,8 @@ def list_jobs(state: State, query: Query, viewer: Viewer = EVERYTHING) -> JobPag
         mask &= _phase_mask(status, started, c["ntasks"][:n], phases)
     if "label" in query:
         mask &= _labelled(state, query["label"])
+    if "node" in query:
+        mask &= _on_nodes(state, query["node"])
     if "reason" in query:
         wanted = set(query["reason"])
         pending = np.flatnonzero(mask & (status == JobState.PENDING))
@@ -313,6 +340,24 @@ def queue_positions(state: State) -> np.ndarray:
     first = np.repeat(starts, np.diff(np.append(starts, grouped.size)))
     positions[order[by_queue]] = np.arange(grouped.size) - first + 1
     return positions
+
+
+def _on_nodes(state: State, nodes: Sequence[str]) -> np.ndarray:
+    """The rows of jobs with a task placed on one of ``nodes`` now (by node name, in any cell)."""
+    wanted = set(nodes)
+    ids = [i for i, name in enumerate(state.names["node"].names) if name.split("\x00", 1)[1] in wanted]
+    tc, size = state.tasks.cols, state.tasks.size
+    on = np.isin(tc["node"][:size], ids) if ids else np.zeros(size, np.bool_)
+    mask = np.zeros(state.jobs.size, np.bool_)
+    mask[tc["job"][:size][on]] = True
+    return mask
+
+
+def job_nodes(state: State, row: int) -> list[str]:
+    """The nodes job ``row``'s tasks are placed on now, each once, in task order."""
+    tasks = state.job_tasks(row)
+    nodes = state.tasks.cols["node"][tasks.start:tasks.stop].tolist()
+    return [state.node_name(node) for node in dict.fromkeys(nodes) if node >= 0]
 
 
 def _labelled(state: State, given: Sequence[str]) -> np.ndarray:
@@ -365,7 +410,8 @@ def _job_items(state: State, rows: np.ndarray, started: np.ndarray, positions: n
             cell=cells[cell] if cell >= 0 else "", submitted_at_ms=submitted,
             placed_at_ms=placed if placed >= 0 and not pending else None,
             reason=pending_reason(state, row)[0] if pending else "",
-            queue_position=position or None,
+            queue_position=position or None, age_ms=max(0, state.now_ms - submitted),
+            nodes=job_nodes(state, row) if status == JobState.RUNNING else [],
         )
         items.append(item if row not in state.job_meta else _with_meta(item, state.job_meta[row]))
     return items
@@ -394,12 +440,13 @@ def list_nodes(state: State, query: Query) -> NodePage:
     if statuses:
         mask &= np.isin(c["status"][:n], [NodeStatus[s.upper()] for s in statuses])
     rows, total, token = _page(mask, start, limit)
-    return NodePage([_node_item(state, int(row)) for row in rows], total, token)
+    return NodePage([node_item(state, int(row)) for row in rows], total, token)
 
 
-def _node_item(state: State, row: int) -> NodeItem:
+def node_item(state: State, row: int) -> NodeItem:
     c, names = state.nodes.cols, state.names
     count, model = int(c["gpu_count"][row]), int(c["model"][row])
+    labels, taints, topology = _node_attrs(state, row)
     return NodeItem(
         node=state.node_name(row),
         cell=names["cell"].names[int(c["cell"][row])],
@@ -416,17 +463,50 @@ def _node_item(state: State, row: int) -> NodeItem:
         cordoned=state.node_attrs.get(row, NO_ATTRS)[2],
         drained=state.drained[row][0] if row in state.drained else None,
         ignored_observations=list(state.observations.by_node.get(state.node_name(row), ())),
+        labels=labels, taints=taints, topology=topology,
     )
 
 
+def _node_attrs(state: State, row: int) -> tuple[dict[str, str], list[Taint], dict[str, str]]:
+    """A node's labels, taints and topology (its place by level: the last step of its path)."""
+    labels, taints, _ = state.node_attrs.get(row, NO_ATTRS)
+    c, topo = state.nodes.cols, state.names["topo"].names
+    levels, above = {}, ""
+    for level in ("block", "rack", "host"):  # (each level's name is its path: "b1", "b1/r1", ...)
+        if int(c[level][row]) >= 0:
+            path = topo[int(c[level][row])].split("\x00", 1)[1]
+            levels[level], above = path[len(above) + 1:] if above else path, path
+    return dict(labels), [Taint(*taint) for taint in taints], levels
+
+
 # --- tenants, queues, cells ----------------------------------------------------------------
+
+
+def phase_counts(state: State, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per id of ``column`` (``tenant`` or ``queue``): its jobs ``placed`` (holding their
+    resources, not every task started), ``running`` (every task started) — the words of ``GET
+    /v1/jobs``, so that no count calls a job that never started "running" — and how long the
+    longest-placed of the first has waited to start in log time (-1: none)."""
+    n, c = state.jobs.size, state.jobs.cols
+    size, ids = len(state.names[column].names), c[column][:n]
+    held = c["state"][:n] == JobState.RUNNING
+    placed = held & (started_counts(state) < c["ntasks"][:n])
+    oldest = np.full(size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(oldest, ids[placed], c["placed_at_ms"][:n][placed])
+    waited = np.where(oldest == np.iinfo(np.int64).max, -1, np.maximum(0, state.now_ms - oldest))
+    return (np.bincount(ids[placed], minlength=size), np.bincount(ids[held & ~placed], minlength=size),
+            waited)
+
+
+def _longest(waited: np.ndarray, i: int) -> int | None:
+    return int(waited[i]) if waited[i] >= 0 else None
 
 
 def list_tenants(state: State, query: Query) -> TenantList:
     check_params(query, ())
     n, c = state.jobs.size, state.jobs.cols
     tenant_col, status = c["tenant"][:n], c["state"][:n]
-    running = np.bincount(tenant_col[status == JobState.RUNNING], minlength=len(state.names["tenant"].names))
+    placed, running, waited = phase_counts(state, "tenant")
     pending = np.bincount(tenant_col[status == JobState.PENDING], minlength=len(state.names["tenant"].names))
     fleet = fleet_capacity(state)
     items = []
@@ -447,6 +527,8 @@ def list_tenants(state: State, query: Query) -> TenantList:
             cohort=quota.cohort if quota is not None else "",
             weight_milli=quota.weight_milli if quota is not None else 1000,
             dominant_share=dominant_share(state, state.usage, tid, fleet) / SCALE,
+            placed=int(placed[tid]),
+            placed_longest_ms=_longest(waited, tid),
         ))
     return TenantList(items)
 
@@ -456,6 +538,7 @@ def list_queues(state: State, query: Query) -> QueueList:
     n, c = state.jobs.size, state.jobs.cols
     queue_col, status, gpu = c["queue"][:n], c["state"][:n], c["req_gpu"][:n]
     reasons: dict[int, dict[str, int]] = {}
+    placed, running, waited = phase_counts(state, "queue")
     for row in np.flatnonzero(status == JobState.PENDING).tolist():
         by = reasons.setdefault(int(queue_col[row]), {})
         reason = pending_reason(state, row)[0]
@@ -466,9 +549,11 @@ def list_queues(state: State, query: Query) -> QueueList:
         items.append(QueueItem(
             queue=queue,
             pending=int(np.count_nonzero(pending)),
-            running=int(np.count_nonzero((queue_col == qid) & (status == JobState.RUNNING))),
+            running=int(running[qid]),
             pending_gpu_milli=int(gpu[pending].sum()),
             pending_by_reason=dict(sorted(reasons.get(qid, {}).items())),
+            placed=int(placed[qid]),
+            placed_longest_ms=_longest(waited, qid),
         ))
     return QueueList(items)
 

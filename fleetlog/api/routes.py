@@ -16,6 +16,7 @@ import msgspec
 from fleetlog.api.detail import JobDetail
 from fleetlog.api.dryrun import DryRun
 from fleetlog.api.history import ENDED, HISTORY_PARAMS, HistoryPage
+from fleetlog.api.nodes import NodeDetail, node_detail
 from fleetlog.api.resources import (
     DEFAULT_LIMIT,
     JOB_PARAMS,
@@ -23,6 +24,7 @@ from fleetlog.api.resources import (
     MAX_LIMIT,
     NODE_PARAMS,
     NODE_STATUSES,
+    ApiError,
     CellList,
     JobPage,
     NodePage,
@@ -78,6 +80,7 @@ ListFn = Callable[[State, Query], msgspec.Struct]
 _DESCRIBED: Final = {
     "tenant": "only this tenant's", "queue": "only this queue's", "state": "only those in this state",
     "reason": "only pending jobs with this reason code", "cell": "only this cell's",
+    "node": "only jobs with a task placed on this node now (by its name, in any cell)",
     "label": "only jobs with this label, as KEY=VALUE (repeated: every one of them)",
     "model": "only nodes with this GPU model", "status": "only nodes in this status",
     "limit": f"at most this many items (1 to {MAX_LIMIT}, default {DEFAULT_LIMIT})",
@@ -120,6 +123,10 @@ ROUTES: Final[tuple[Route, ...]] = (
     *(Route("GET", path, summary, answer, params) for path, (_, answer, params, summary) in LISTS.items()),
     Route("GET", "/v1/jobs/{job_id}", "One job: its state, tasks and nodes, queue position, labels and "
           "annotations, or why it waits; with its story (docs/api.md)", JobDetail),
+    Route("GET", "/v1/nodes/{node}", "One node: resources, labels, taints, topology, cordon and drain, when "
+          "it was last heard from, and the jobs and tasks on it (another tenant's only counted: docs/api.md)",
+          NodeDetail, (Param("cell", "the node's cell, when several cells have a node of this name",
+                             repeated=False),)),
     Route("GET", "/v1/history", "Accounting of finished jobs (fleetlog history: submission, wait, elapsed, "
           "exit code, preemptions, GPU-hours), in the order they ended, filtered and paged; answered by "
           "fleetlog replay serve, not the live service (docs/api.md)", HistoryPage, _HISTORY_PARAMS),
@@ -172,12 +179,18 @@ def route_for(method: str, path: str) -> tuple[Route | None, dict[str, str], boo
 
 
 def answer_list(state: State, path: str, query: Query, viewer: Viewer = EVERYTHING) -> msgspec.Struct:
-    """The list at ``path`` (one of :data:`LISTS`) as ``viewer`` may see it (only ``/v1/jobs``
+    """The list at ``path`` (one of :data:`LISTS`, or a node's ``/v1/nodes/NODE`` as sent:
+    percent-encoded) as ``viewer`` may see it (only ``/v1/jobs``
     lists jobs; the others are aggregates every reader sees: :mod:`fleetlog.api.visibility`); an
     :class:`ApiError` for a bad query."""
     if path == "/v1/jobs":
         return list_jobs(state, query, viewer)
-    return LISTS[path][0](state, query)
+    if path in LISTS:
+        return LISTS[path][0](state, query)
+    found = match("/v1/nodes/{node}", path)
+    if found is None:
+        raise ApiError(404, "not_found", f"no list at {path}")
+    return node_detail(state, found["node"], query, viewer)
 
 
 def openapi() -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fleetlog.api.resources import CellItem, TenantItem, list_cells, list_tenants
+from fleetlog.api.resources import CellItem, TenantItem, list_cells, list_tenants, phase_counts
 from fleetlog.core.fold import is_cpu_bound
 from fleetlog.core.state import State
 from fleetlog.core.views import queues_table
@@ -88,10 +88,10 @@ class FleetGauges:
                         "series: no quota)", "tenant")
         borrowed = gauge("fleetlog_tenant_borrowed_gpus", "GPUs a tenant uses past its nominal quota",
                          "tenant")
-        tjobs = gauge("fleetlog_tenant_jobs", "A tenant's jobs: pending, or admitted (placed or running)",
-                      "tenant", "state")
-        qjobs = gauge("fleetlog_queue_jobs", "A queue's jobs: pending, or admitted (placed or running)",
-                      "queue", "state")
+        tjobs = gauge("fleetlog_tenant_jobs", "A tenant's jobs by state: pending, placed (not every task "
+                      "started) or running (every task started), as GET /v1/jobs says", "tenant", "state")
+        qjobs = gauge("fleetlog_queue_jobs", "A queue's jobs by state: pending, placed (not every task "
+                      "started) or running (every task started), as GET /v1/jobs says", "queue", "state")
         qgpus = gauge("fleetlog_queue_pending_gpus", "GPUs the pending jobs of a queue ask for", "queue")
         gpus = gauge("fleetlog_cell_gpus", "GPUs on a cell's up nodes, by GPU model", "cell", "gpu_model")
         alloc = gauge("fleetlog_cell_allocated_gpus", "GPUs allocated on a cell's up nodes, by GPU model",
@@ -104,10 +104,10 @@ class FleetGauges:
         self.regime = gauge("fleetlog_shape_mix_regime", "1 for the regime the shape mix was last taken "
                             "in (cpu-bound: the window asks more of the fleet's CPU than of its GPUs), 0 for "
                             "the other", "regime")
-        pending, admitted = ("pending",), ("admitted",)
-        self.tenants = CappedFamily("tenant", [(used, ()), (nominal, ()), (borrowed, ()), (tjobs, pending),
-                                               (tjobs, admitted)], cap, self.capped)
-        self.queues = CappedFamily("queue", [(qjobs, pending), (qjobs, admitted), (qgpus, ())], cap,
+        phases = [("pending",), ("placed",), ("running",)]
+        self.tenants = CappedFamily("tenant", [(used, ()), (nominal, ()), (borrowed, ()),
+                                               *((tjobs, phase) for phase in phases)], cap, self.capped)
+        self.queues = CappedFamily("queue", [*((qjobs, phase) for phase in phases), (qgpus, ())], cap,
                                    self.capped)
         self.models = CappedFamily("cell_gpu_model", [(gpus, ()), (alloc, ())], cap, self.capped)
         self.cells = CappedFamily("cell", [(nodes, ("up",)), (nodes, ("down",))], cap, self.capped)
@@ -126,7 +126,7 @@ class FleetGauges:
 
     def update(self, state: State) -> None:
         self.tenants.update(tenant_rows(list_tenants(state, {}).items))
-        self.queues.update(queue_rows(queues_table(state)))
+        self.queues.update(queue_rows(_with_phases(state, queues_table(state))))
         cells = list_cells(state, {}).items
         self.models.update(model_rows(cells))
         self.cells.update(cell_rows(cells))
@@ -146,13 +146,21 @@ def tenant_rows(items: Sequence[TenantItem]) -> list[Row]:
     """Most GPUs used first, then most pending jobs, then by name."""
     ordered = sorted(items, key=lambda t: (-t.used.gpu_milli, -t.pending, t.tenant))
     return [((t.tenant,), (t.used.gpu_milli / 1000, None if t.nominal is None else t.nominal.gpu_milli / 1000,
-                           t.borrowed.gpu_milli / 1000, t.pending, t.running)) for t in ordered]
+                           t.borrowed.gpu_milli / 1000, t.pending, t.placed, t.running)) for t in ordered]
+
+
+def _with_phases(state: State, table: list[dict[str, object]]) -> list[dict[str, object]]:
+    """``queues_table``'s rows (by queue id) with ``placed`` and ``running`` as the API counts them
+    (its ``running`` counts every job placed, started or not)."""
+    placed, running, _ = phase_counts(state, "queue")
+    return [row | {"placed": int(placed[qid]), "running": int(running[qid])} for qid, row in enumerate(table)]
 
 
 def queue_rows(table: Sequence[dict[str, object]]) -> list[Row]:
-    """Most pending jobs first, then most admitted, then by name."""
-    ordered = sorted(table, key=lambda q: (-_int(q["pending"]), -_int(q["running"]), str(q["queue"])))
-    return [((str(q["queue"]),), (_int(q["pending"]), _int(q["running"]),
+    """Most pending jobs first, then most placed or running, then by name."""
+    ordered = sorted(table, key=lambda q: (-_int(q["pending"]), -_int(q["placed"]) - _int(q["running"]),
+                                           str(q["queue"])))
+    return [((str(q["queue"]),), (_int(q["pending"]), _int(q["placed"]), _int(q["running"]),
                                   _int(q["pending_gpu_milli"]) / 1000)) for q in ordered]
 
 

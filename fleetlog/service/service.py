@@ -441,6 +441,8 @@ class Service:
         route, found, elsewhere = route_for(request.method, request.raw_path or path)
         if route is not None and route.path == "/v1/jobs/{job_id}":
             return self._job(found["job_id"], _viewer(roles))
+        if route is not None and route.path == "/v1/nodes/{node}":  # (answered as the lists are)
+            return self._list(request.raw_path or path, request.query, _viewer(roles))
         if route is not None and route.path == "/v1/quotas/{tenant}":
             return await self._put_quota(found["tenant"], request, roles)
         if route is not None and route.path == "/v1/dry-run":  # (off the loop: fleetlog.service.dryruns)

@@ -5,6 +5,7 @@ cancelled, retired, nodes down, quotas; every filter and every page size, down t
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import msgspec
 import pytest
@@ -87,6 +88,16 @@ def test_lists_equal_the_plain_views(seed: int) -> None:
         for value in values:
             want = [r["job_id"] for r in plain if r[name] == value]
             assert [i.job_id for i in list_jobs(state, {name: [value]}).items] == want, (name, value)
+    items = page.items  # a job's nodes are its placed tasks' (a pending or ended job's: none)
+    tc = state.tasks.cols
+    assert [i.nodes for i in items] == [list(dict.fromkeys(
+        state.node_name(int(tc["node"][t])) for t in state.job_tasks(state.job_row(i.job_id))
+        if int(tc["node"][t]) >= 0)) for i in items]
+    assert all(bool(i.nodes) == (i.state in ("placed", "running")) for i in items)
+    assert [i.age_ms for i in items] == [state.now_ms - i.submitted_at_ms for i in items]
+    for name in sorted({n for i in items for n in i.nodes} | {"nowhere"}):
+        assert [i.job_id for i in list_jobs(state, {"node": [name]}).items] == [
+            i.job_id for i in items if name in i.nodes], name
     either = list_jobs(state, {"state": ["pending", "running"], "tenant": ["t0", "t1"]})
     assert [i.job_id for i in either.items] == [
         r["job_id"] for r in plain if r["state"] in ("pending", "running") and r["tenant"] in ("t0", "t1")]
@@ -99,17 +110,25 @@ def test_lists_equal_the_plain_views(seed: int) -> None:
     assert [n.node for n in list_nodes(state, {"status": ["down"]}).items] == down
 
     tenants = {t["tenant"]: t for t in tenants_table(state)}
+    phases = Counter((r["tenant"], r["queue"], r["state"]) for r in plain)  # (placed apart from running)
     for item in list_tenants(state, {}).items:
         t = tenants[item.tenant]
-        assert (item.running, item.pending) == (t["running"], t["pending"])
+        assert (item.running + item.placed, item.pending) == (t["running"], t["pending"])
+        assert (item.running, item.placed) == tuple(
+            sum(n for (tenant, _, s), n in phases.items() if (tenant, s) == (item.tenant, phase))
+            for phase in ("running", "placed"))
+        assert (item.placed_longest_ms is None) == (item.placed == 0)
         assert item.used.gpu_milli == t["gpu_milli"]
         nominal = t["nominal_gpu_milli"]
         assert (item.nominal.gpu_milli if item.nominal else None) == nominal
         assert item.borrowed.gpu_milli == (0 if nominal is None else max(0, t["gpu_milli"] - nominal))
     queues = {q["queue"]: q for q in queues_table(state)}
     for q in list_queues(state, {}).items:
-        assert (q.pending, q.running, q.pending_gpu_milli) == (
+        assert (q.pending, q.running + q.placed, q.pending_gpu_milli) == (
             queues[q.queue]["pending"], queues[q.queue]["running"], queues[q.queue]["pending_gpu_milli"])
+        assert (q.running, q.placed) == tuple(
+            sum(n for (_, queue, s), n in phases.items() if (queue, s) == (q.queue, phase))
+            for phase in ("running", "placed"))
         assert sum(q.pending_by_reason.values()) == q.pending
     up = [n for n in nodes if n["status"] == "up"]
     for cell in list_cells(state, {}).items:

@@ -12,8 +12,10 @@ import jsonschema
 import msgspec
 import pytest
 
+from fleetlog.api.resources import list_jobs, list_queues, list_tenants
 from fleetlog.api.routes import ROUTES, openapi
 from fleetlog.core.views import jobs_table
+from fleetlog.events.model import Taint, TaskStarted, Toleration
 from tests.core.builders import job, node
 from tests.service.test_service import Running, events_body, serving
 
@@ -101,7 +103,7 @@ async def test_lists_filter_and_match_the_state(api: Api) -> None:
     _, tenants = await api.get("/v1/tenants")
     jsonschema.validate(tenants, schema_of("TenantList"))
     by_tenant = {t["tenant"]: t for t in tenants["items"]}
-    assert (by_tenant["t1"]["running"], by_tenant["t1"]["pending"]) == (2, 3)
+    assert (by_tenant["t1"]["running"], by_tenant["t1"]["placed"], by_tenant["t1"]["pending"]) == (0, 2, 3)
     assert by_tenant["t1"]["used"]["gpu_milli"] == 8000
     assert by_tenant["t2"]["used"]["gpu_milli"] == 2000
     assert by_tenant["t1"]["dominant_share"] > by_tenant["t2"]["dominant_share"] > 0
@@ -268,3 +270,98 @@ async def test_a_bad_quota_is_a_400_naming_the_field(api: Api, body: bytes, fiel
     jsonschema.validate(answer, schema_of("Error"))
     assert answer["field"] == field, answer
     assert await api.running.inputs_end() == 0  # nothing appended
+
+
+async def test_placed_is_not_running_in_tenants_queues_and_jobs_and_says_how_long_it_waited(api: Api) -> None:
+    """A job placed but not every task started (a pod bound, not started) is ``placed`` in every
+    count, not ``running``; ``placed_longest_ms`` is the log time since the longest-placed one was
+    placed; a gang with one of its two tasks started is still placed."""
+    events = [node("a1", gpus=8, cell="c1"), node("a2", gpus=8, cell="c1"),
+              job("s1", tenant="t1", gpus=8), job("p1", tenant="t1", gpus=4),
+              msgspec.structs.replace(job("g1", tenant="t2", tasks=2, gpus=2), queue="q2")]
+    assert (await api.running.request("/v1/events", events_body(*events)))[0] == 200
+    await api.settled(len(events))
+    _, page = await api.get("/v1/jobs")
+    nodes = {j["job_id"]: j["nodes"] for j in page["items"]}
+    assert len(nodes["s1"]) == 1
+    assert 1 <= len(nodes["g1"]) <= 2
+    started = [TaskStarted(job_id="s1", task_index=0, node=nodes["s1"][0]),
+               TaskStarted(job_id="g1", task_index=0, node=nodes["g1"][0])]
+    assert (await api.running.request("/v1/events", events_body(*started)))[0] == 200
+    await api.settled(len(events) + 2)
+    _, page = await api.get("/v1/jobs")
+    assert {j["job_id"]: j["state"] for j in page["items"]} == {
+        "s1": "running", "p1": "placed", "g1": "placed"}
+    placed_at = {j["job_id"]: j["placed_at_ms"] for j in page["items"]}
+    _, tenants = await api.get("/v1/tenants")
+    by_tenant = {t["tenant"]: t for t in tenants["items"]}
+    assert {t: (v["running"], v["placed"], v["pending"]) for t, v in by_tenant.items()} == {
+        "t1": (1, 1, 0), "t2": (0, 1, 0)}
+    assert min(by_tenant["t1"]["placed_longest_ms"], by_tenant["t2"]["placed_longest_ms"]) >= 0
+    state = api.running.service.loop.state  # type: ignore[union-attr]
+    exact = {t.tenant: t.placed_longest_ms for t in list_tenants(state, {}).items}  # (no tick between)
+    assert exact == {"t1": state.now_ms - placed_at["p1"], "t2": state.now_ms - placed_at["g1"]}
+    _, queues = await api.get("/v1/queues")
+    by_queue = {q["queue"]: q for q in queues["items"]}
+    assert {q: (v["running"], v["placed"]) for q, v in by_queue.items()} == {"default": (1, 1), "q2": (0, 1)}
+    assert min(by_queue["default"]["placed_longest_ms"], by_queue["q2"]["placed_longest_ms"]) >= 0
+    assert {q.queue: q.placed_longest_ms for q in list_queues(state, {}).items} == {
+        "default": exact["t1"], "q2": exact["t2"]}
+    jsonschema.validate(tenants, schema_of("TenantList"))
+    jsonschema.validate(queues, schema_of("QueueList"))
+
+
+async def test_jobs_say_their_nodes_and_age_and_filter_by_node(api: Api) -> None:
+    """``nodes``: where a job's tasks are now (a gang's each once); ``age_ms``: log time since its
+    submission; ``node=N``: the jobs with a task on N (a job pending or on other nodes is not)."""
+    events = [node("a1", gpus=8, cell="c1"), node("b1", gpus=8, cell="c2"),
+              job("one", gpus=8, cells=("c1",)), job("gang", tasks=2, gpus=4, cells=("c2",)),
+              job("waits", gpus=8)]
+    assert (await api.running.request("/v1/events", events_body(*events)))[0] == 200
+    await api.settled(len(events))
+    _, page = await api.get("/v1/jobs")
+    jsonschema.validate(page, schema_of("JobPage"))
+    items = {j["job_id"]: j for j in page["items"]}
+    assert (items["one"]["nodes"], items["gang"]["nodes"]) == (["a1"], ["b1"])
+    assert "nodes" not in items["waits"]  # (pending: on no node)
+    assert all(isinstance(j["age_ms"], int) and j["age_ms"] >= 0 for j in page["items"])
+    state = api.running.service.loop.state  # type: ignore[union-attr]
+    now = list_jobs(state, {}).items  # (in one go: no tick moves log time between)
+    assert [j.age_ms for j in now] == [state.now_ms - j.submitted_at_ms for j in now]
+    _, on_b1 = await api.get("/v1/jobs", {"node": "b1"})
+    assert ([j["job_id"] for j in on_b1["items"]], on_b1["total"]) == (["gang"], 1)
+    _, on_either = await api.get("/v1/jobs", [("node", "a1"), ("node", "b1")])
+    assert [j["job_id"] for j in on_either["items"]] == ["one", "gang"]
+    _, nowhere = await api.get("/v1/jobs", {"node": "never-seen"})
+    assert (nowhere["items"], nowhere["total"]) == ([], 0)
+
+
+async def test_one_node_in_detail_with_its_labels_taints_topology_and_jobs(api: Api) -> None:
+    tainted = msgspec.structs.replace(
+        node("gpu/1", gpus=8, cell="c1", rack="r7", block="b2"), labels={"zone": "a"},
+        taints=(Taint(key="dedicated", value="ml", effect="NoSchedule"),))
+    j1 = job("j1", gpus=4, cells=("c1",))
+    j1 = msgspec.structs.replace(j1, task_groups=(msgspec.structs.replace(
+        j1.task_groups[0], tolerations=(Toleration(key="dedicated", operator="Exists"),)),))
+    events = [tainted, node("gpu/1", gpus=8, cell="c2"), node("x1", gpus=8, cell="c1", healthy=False),
+              j1, job("j2", gpus=4, cells=("c2",))]
+    assert (await api.running.request("/v1/events", events_body(*events)))[0] == 200
+    await api.settled(len(events))
+    status, answer = await api.get("/v1/nodes/gpu%2F1")  # two cells have a "gpu/1": which?
+    assert (status, answer["code"], answer["field"]) == (400, "ambiguous_node", "cell")
+    status, one = await api.get("/v1/nodes/gpu%2F1", {"cell": "c1"})
+    assert status == 200, one
+    jsonschema.validate(one, schema_of("NodeDetail"))
+    assert (one["node"], one["cell"], one["labels"], one["taints"], one["topology"]) == (
+        "gpu/1", "c1", {"zone": "a"}, [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}],
+        {"block": "b2", "rack": "r7", "host": "gpu/1"})
+    assert [(j["job_id"], j["state"], [t["task"] for t in j["tasks"]]) for j in one["jobs"]] == [
+        ("j1", "placed", [0])]
+    assert (one["jobs"][0]["tasks"][0]["gpu_milli"], one["gpu_free_milli"]) == (4000, 4000)
+    assert (one["other_jobs"], one["drained"], one["cordoned"]) == (0, None, False)
+    _, listed = await api.get("/v1/nodes", {"cell": "c1"})
+    assert listed["items"][0]["taints"] == one["taints"]  # (-o wide shows them: every field)
+    status, answer = await api.get("/v1/nodes/nope")
+    assert (status, answer["code"]) == (404, "unknown_node")
+    status, answer = await api.get("/v1/nodes/x1", {"tenant": "t1"})
+    assert (status, answer["code"], answer["field"]) == (400, "unknown_parameter", "tenant")

@@ -86,7 +86,7 @@ def matches_the_api(tenants: list[dict[str, Any]], queues: list[dict[str, Any]],
             (t["tenant"],): t["nominal"]["gpu_milli"] / 1000 for t in tenants if t["nominal"]}
         assert series(s, "fleetlog_tenant_borrowed_gpus") == {
             (t["tenant"],): t["borrowed"]["gpu_milli"] / 1000 for t in tenants}
-        for state, field in (("pending", "pending"), ("admitted", "running")):
+        for state, field in (("pending", "pending"), ("placed", "placed"), ("running", "running")):
             assert series(s, "fleetlog_tenant_jobs", state=state) == {
                 (t["tenant"],): t[field] for t in tenants}
             assert series(s, "fleetlog_queue_jobs", state=state) == {(q["queue"],): q[field] for q in queues}
@@ -113,8 +113,11 @@ async def test_the_fleet_gauges_say_what_the_read_api_says(tmp_path: Path) -> No
         tenants, queues = await api(running, "/v1/tenants"), await api(running, "/v1/queues")
         cells = await api(running, "/v1/cells")
         samples = await eventually(running, matches_the_api(tenants, queues, cells))
-        # what the API said, as a person would read it: some admitted, some waiting, a node down
-        assert sum(series(samples, "fleetlog_tenant_jobs", state="admitted").values()) >= 2
+        # what the API said, as a person would read it: some placed (no task started: not running),
+        # some waiting, a node down; one vocabulary with GET /v1/jobs (no "admitted")
+        assert sum(series(samples, "fleetlog_tenant_jobs", state="placed").values()) >= 2
+        assert sum(series(samples, "fleetlog_tenant_jobs", state="running").values()) == 0
+        assert series(samples, "fleetlog_queue_jobs", state="admitted") == {}
         assert sum(series(samples, "fleetlog_queue_jobs", state="pending").values()) >= 1
         assert series(samples, "fleetlog_nodes", cell="c2") == {("down",): 1, ("up",): 1}
         assert series(samples, "fleetlog_tenant_nominal_gpus") == {("t1",): 4.0, ("t3",): 8.0}

@@ -15,7 +15,8 @@ import pytest
 
 from fleetlog.api.routes import openapi
 from fleetlog.cli import main
-from fleetlog.reads_cli import LISTINGS, collect
+from fleetlog.events.model import Taint
+from fleetlog.reads_cli import LISTINGS, collect, node_text
 from tests.core.builders import job, node
 from tests.service.test_service import events_body, serving
 
@@ -37,7 +38,7 @@ async def listed_live(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     """As :func:`listed`, beside the in-process service (whose loop must go on answering)."""
     capsys.readouterr()
     assert await asyncio.to_thread(main, list(argv)) == 0
-    (line,) = [out for out in capsys.readouterr().out.splitlines() if out.startswith('{"items"')]
+    (line,) = [out for out in capsys.readouterr().out.splitlines() if out.startswith(('{"items"', '{"node"'))]
     return json.loads(line)  # (the service beside it logs to stdout too)
 
 
@@ -81,8 +82,8 @@ async def test_tables_and_yaml_for_people(tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["jobs", "--log", str(log), "--state", "pending"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["JOB_ID", "STATE", "TENANT", "QUEUE", "PRIORITY", "TASKS", "GPUS",
-                                "CELL", "REASON", "POS", "SUBMITTED_AT"]  # (gpu_milli shown in GPUs)
+    assert lines[0].split() == ["JOB_ID", "STATE", "TENANT", "QUEUE", "PRIORITY", "TASKS", "GPUS", "NODE",
+                                "CELL", "REASON", "POS", "AGE"]  # (gpu_milli shown in GPUs)
     assert {line.split()[6] for line in lines[1:]} == {"1", "4"}  # four-GPU jobs (4000 milli in the API), q
     assert len(lines) == 1 + 6  # five four-GPU jobs and q wait
     assert all(" pending " in line for line in lines[1:])
@@ -173,3 +174,76 @@ def test_watch_needs_the_running_service(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert "--watch follows the running service" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def described(out: str) -> dict[str, str]:
+    """``fleetlog nodes NAME``'s lines (``label  value``) by label (a job's line: ``job ID``)."""
+    return {k: v.strip() for k, _, v in (line.partition("  ") for line in out.splitlines())}
+
+
+async def test_jobs_show_their_node_and_age_filter_by_node_and_sort(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "log"
+    labelled = msgspec.structs.replace(node("a1", gpus=8, cell="c1", rack="r4"), labels={"zone": "west"},
+                                       taints=(Taint(key="gpu", value="h100", effect="PreferNoSchedule"),))
+    async with serving(log) as running:
+        body = [labelled, node("a2", gpus=8, cell="c2"),
+                *(job(f"j{i}", tenant=f"t{i % 3}", gpus=2 + 2 * (i % 2), priority=i % 4) for i in range(6))]
+        assert (await running.request("/v1/events", events_body(*body)))[0] == 200
+        loop = running.service.loop
+        assert loop is not None
+        await running.until(lambda: loop.offset == len(body) and loop.committed == len(body))
+        live = await listed_live(capsys, "nodes", "a1", "--url", running.url, "-o", "json")
+    every = await listed_live(capsys, "jobs", "--log", str(log), "-o", "json")
+    on_a1 = [j["job_id"] for j in every["items"] if j.get("nodes") == ["a1"]]
+    assert on_a1
+    assert [j["job_id"] for j in (await listed_live(capsys, "jobs", "--log", str(log), "--node", "a1",
+                                                     "-o", "json"))["items"]] == on_a1
+    for key, field in (("tenant", "tenant"), ("gpus", "gpu_milli"), ("-priority", "priority")):
+        ordered = await listed_live(capsys, "jobs", "--log", str(log), f"--sort-by={key}", "-o", "json")
+        values = [j[field] for j in ordered["items"]]
+        assert values == sorted(values, reverse=key.startswith("-")), key
+        assert sorted(j["job_id"] for j in ordered["items"]) == sorted(j["job_id"] for j in every["items"])
+    top = await listed_live(capsys, "jobs", "--log", str(log), "--sort-by=-priority", "--limit=2", "--json")
+    assert ([j["job_id"] for j in top["items"]], top["total"]) == (["j3", "j2"], 6)  # sorted all, then cut
+    by_age = await listed_live(capsys, "jobs", "--log", str(log), "--sort-by=-age", "-o", "json")
+    ages = [j["age_ms"] for j in by_age["items"]]
+    assert ages == sorted((j["age_ms"] for j in every["items"]), reverse=True)
+    with pytest.raises(SystemExit) as usage:  # (argparse's usage error)
+        await asyncio.to_thread(main, ["jobs", "--log", str(log), "--sort-by", "colour"])
+    assert usage.value.code == 2
+    err = capsys.readouterr().err
+    assert "'colour': sort by one of age, priority, gpus" in err
+    assert await asyncio.to_thread(main, ["jobs", "--log", str(log), "--node", "a1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[7] == "NODE"
+    assert lines[0].split()[-1] == "AGE"
+    assert {line.split()[7] for line in lines[1:]} == {"a1"}
+    assert await asyncio.to_thread(main, ["nodes", "--log", str(log), "-o", "wide"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert {"LABELS", "TAINTS", "TOPOLOGY"} <= set(wide[0].split())
+    assert "zone=west" in wide[1]
+    assert "gpu=h100:PreferNoSchedule" in wide[1]
+    assert "b1/r4/a1" in wide[1]
+    assert await listed_live(capsys, "nodes", "a1", "--log", str(log), "-o", "json") == live  # logs = API
+    assert [j["job_id"] for j in live["jobs"]] == on_a1
+    assert await asyncio.to_thread(main, ["nodes", "a1", "--log", str(log)]) == 0
+    facts = described(capsys.readouterr().out)
+    assert (facts["node"], facts["labels"], facts["taints"], facts["topology"]) == (
+        "a1", "zone=west", "gpu=h100:PreferNoSchedule", "b1/r4/a1")
+    assert facts["jobs"] == str(len(on_a1))
+    assert facts[f"job {on_a1[0]}"].startswith("tenant ")
+    assert await asyncio.to_thread(main, ["nodes", "nope", "--log", str(log)]) == 2
+    assert "no node 'nope'" in capsys.readouterr().err
+    for name in ("tenants", "queues"):  # (nothing started: every job holding a node is placed, none running)
+        assert await asyncio.to_thread(main, [name, "--log", str(log), "-o", "json"]) == 0
+        items = json.loads(capsys.readouterr().out)["items"]
+        assert sum(i["placed"] for i in items) == sum(j["state"] == "placed" for j in every["items"]) > 0
+        assert sum(i["running"] for i in items) == 0
+        assert await asyncio.to_thread(main, [name, "--log", str(log)]) == 0
+        assert {"RUNNING", "PLACED", "PLACED_LONGEST"} <= set(capsys.readouterr().out.splitlines()[0].split())
+
+
+def test_a_gangs_node_cell_names_its_first_node_and_how_many_more() -> None:
+    assert (node_text([]), node_text(["n1"]), node_text(["n1", "n2", "n3", "n4"])) == ("", "n1", "n1 +3")

@@ -29,7 +29,8 @@ from tests.service.test_service import Running, events_body, serving
 
 async def answers(url: str, session: aiohttp.ClientSession, at: int | None = None) -> dict[str, Any]:
     out = {}
-    for path in [*LISTS, "/v1/jobs/j0", "/v1/jobs/j1", "/v1/jobs/j4", "/v1/jobs?label=team=vision"]:
+    for path in [*LISTS, "/v1/jobs/j0", "/v1/jobs/j1", "/v1/jobs/j4", "/v1/jobs?label=team=vision",
+                 "/v1/nodes/a1"]:
         params = {"at": str(at)} if at is not None else {}
         async with session.get(url + path, params=params) as r:
             assert r.status == 200, (path, await r.text())
