@@ -17,6 +17,7 @@ from fleetlog.cli import main
 from fleetlog.core.policy import Policy
 from fleetlog.core.views import job_status, named_by_reports
 from fleetlog.events import Event, JobPlaced, TaskFinished, TaskStarted, encode, envelope
+from fleetlog.events.codec import CONTENT_TYPE_HEADER, MSGPACK
 from fleetlog.log.base import DECISIONS, INPUTS, Message
 from fleetlog.log.consumer import decision_batches
 from fleetlog.log.file import FileLogStore
@@ -25,6 +26,7 @@ from fleetlog.replay.verify import verify
 from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.service.metrics import Metrics
 from tests.core.builders import job, node
+from tests.service.test_cellshard import Clock, FileShards, cell_nodes, dispatched, feed, make_loop
 from tests.service.test_metrics import parse, series
 
 
@@ -117,3 +119,30 @@ def test_fleetlog_status_and_the_nodes_list_show_them(tmp_path: Path, capsys: py
     items = json.loads(capsys.readouterr().out)["items"]
     assert [(o["job_id"], o["reason"]) for o in items[0]["ignored_observations"]] == [
         ("one", "unknown_task"), ("ghost", "unknown_job")]
+
+
+async def test_a_cell_shard_notes_them_alike(tmp_path: Path) -> None:
+    """A cell shard of the global layer folds its partition's inputs through the same loop: the
+    same reasons, one line per producer and reason (named by the record's envelope), the metric
+    fed from its state under its own key (what ``CellRunner`` does after each step)."""
+    clock = Clock()
+    shards = FileShards(tmp_path / "log", clock)
+    _, c0, _ = await shards.open()
+    try:
+        loop, metrics = make_loop(c0), Metrics()
+        await feed(loop, clock, 1_000, *cell_nodes("a"), dispatched("j", "a", 1))
+        await loop.step(timeout_ms=1000)
+        clock.ms = 2_000
+        reports = [TaskStarted(job_id="ghost", task_index=0, node="a-n0"),
+                   TaskStarted(job_id="j", task_index=3, node="a-n0")]
+        headers = ((CONTENT_TYPE_HEADER, MSGPACK),)
+        lines = await step(loop, [Message(encode(envelope(e, "agent-cell")), headers=headers)
+                                  for e in [*reports, *reports]])
+        assert [(x["producer"], x["reason"], x["loop"]) for x in lines] == [
+            ("agent-cell", "unknown_job", loop.producer), ("agent-cell", "unknown_task", loop.producer)]
+        metrics.count_ignored("cell-0", loop.state.observations.counts)
+        metrics.count_ignored("single", {"unknown_job": 1})  # (another loop's counts add up, apart)
+        counted = series(parse(metrics.exposition().decode()), "fleetlog_ignored_observations_total")
+        assert counted == {("unknown_job",): 3.0, ("unknown_task",): 2.0}
+    finally:
+        await shards.close()
