@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -27,7 +28,8 @@ from fleetlog.service.loop import LoopConfig, SchedulerLoop
 from fleetlog.service.metrics import Metrics
 from tests.core.builders import job, node
 from tests.service.test_cellshard import Clock, FileShards, cell_nodes, dispatched, feed, make_loop
-from tests.service.test_metrics import parse, series
+from tests.service.test_metrics import eventually, parse, series
+from tests.service.test_service import serving
 
 
 def sent(producer: str, *events: Event) -> list[Message]:
@@ -146,3 +148,36 @@ async def test_a_cell_shard_notes_them_alike(tmp_path: Path) -> None:
         assert counted == {("unknown_job",): 3.0, ("unknown_task",): 2.0}
     finally:
         await shards.close()
+
+
+def _body(producer: str, *events: Event) -> bytes:
+    return b"[" + b",".join(encode(envelope(e, producer), "json") for e in events) + b"]"
+
+
+async def test_a_running_service_counts_logs_and_shows_them(tmp_path: Path) -> None:
+    """``fleetlog run`` (embedded): reports posted to ``/v1/events`` raise
+    ``fleetlog_ignored_observations_total`` on ``/metrics``, log one line per producer and reason,
+    and show in ``GET /v1/jobs/JOB`` and ``GET /v1/nodes``."""
+    with capture_logs() as logs:
+        async with serving(tmp_path / "log") as running:
+            assert (await running.request("/v1/events", _body("setup", node("n0"), job("one"))))[0] == 200
+            ghost = TaskStarted(job_id="ghost", task_index=0, node="n0")
+            bad = _body("agent-a", ghost, ghost, TaskStarted(job_id="one", task_index=5, node="n0"))
+            assert (await running.request("/v1/events", bad))[0] == 200
+            assert (await running.request("/v1/events", _body("agent-b", ghost)))[0] == 200
+
+            def counted(s: Any) -> dict[tuple[str, ...], float]:
+                found = series(s, "fleetlog_ignored_observations_total")
+                assert found == {("unknown_job",): 3.0, ("unknown_task",): 1.0}
+                return found
+
+            await eventually(running, counted)
+            status, detail = await running.request("/v1/jobs/one")
+            assert status == 200
+            shown = [(o["reason"], o["task_index"]) for o in detail["ignored_observations"]]
+            assert shown == [("unknown_task", 5)]
+            status, nodes = await running.request("/v1/nodes")
+            assert [o["job_id"] for o in nodes["items"][0]["ignored_observations"]] == [
+                "ghost", "ghost", "one", "ghost"]
+    lines = [(x["producer"], x["reason"]) for x in logs if x["event"] == "ignored_observation"]
+    assert lines == [("agent-a", "unknown_job"), ("agent-a", "unknown_task"), ("agent-b", "unknown_job")]
