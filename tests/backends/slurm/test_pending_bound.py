@@ -44,6 +44,25 @@ def gpus_booked(h: Harness, node: str) -> int:
     return ours + (foreign[5].bit_count() if foreign is not None else 0)
 
 
+async def steal(
+    h: Harness, cluster: SlurmCluster, user: list[str], busy: tuple[str, ...], stolen: str
+) -> None:
+    """Users' jobs hold every GPU of ``busy`` (reported to fleetlog), then of ``stolen``, which
+    Slurm starts before the backend's next heartbeat: fleetlog still sees ``stolen`` free."""
+    user += [user_job(cluster, n, f"user-{h.prefix}") for n in busy]
+
+    def busy_reported(events: list[Event]) -> bool:
+        beats = {b.node: b for b in of_type(events, NodeHeartbeat)}
+        return all(n in beats and beats[n].foreign_gpus == 4 for n in busy)
+
+    await h.until(busy_reported)
+    user.append(user_job(cluster, stolen, f"user-{h.prefix}"))
+    deadline = time.monotonic() + 60
+    while not running(cluster, user[-1]):
+        assert time.monotonic() < deadline, f"Slurm did not start the user's job on {stolen}"
+        time.sleep(0.2)
+
+
 async def test_a_pinned_job_slurm_leaves_pending_is_withdrawn_and_placed_again(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -51,18 +70,7 @@ async def test_a_pinned_job_slurm_leaves_pending_is_withdrawn_and_placed_again(
     try:
         async with Harness(slurm_cluster, tmp_path, {"pinned": "sleep 60"}) as h:
             h.backend = h.new_backend(pending_bound_s=BOUND_S)
-            user += [user_job(slurm_cluster, n, f"user-{h.prefix}") for n in ("n2", "n3", "n4")]
-
-            def busy_reported(events: list[Event]) -> bool:
-                beats = {b.node: b for b in of_type(events, NodeHeartbeat)}
-                return all(n in beats and beats[n].foreign_gpus == 4 for n in ("n2", "n3", "n4"))
-
-            await h.until(busy_reported)  # fleetlog sees n1 as the only node with 4 free GPUs
-            user.append(user_job(slurm_cluster, "n1", f"user-{h.prefix}"))
-            deadline = time.monotonic() + 60
-            while not running(slurm_cluster, user[-1]):  # Slurm runs it before fleetlog hears of it
-                assert time.monotonic() < deadline, "Slurm did not start the user's job on n1"
-                time.sleep(0.2)
+            await steal(h, slurm_cluster, user, busy=("n2", "n3", "n4"), stolen="n1")
             await h.submit(job("pinned", gpus=4, mem_mib=256))
             await h.loop.step(20)  # decided before the backend's next heartbeat: pinned to n1
             assert [p.tasks[0].node for p in await h.placements()] == ["n1"]
@@ -97,6 +105,44 @@ async def test_a_pinned_job_slurm_leaves_pending_is_withdrawn_and_placed_again(
             assert h.job_state("pinned") == JobState.RUNNING
             assert gpus_booked(h, "n1") == 4
             assert gpus_booked(h, "n2") == 4
+    finally:
+        if user:
+            slurm_cluster.command("scancel", *user)
+
+
+async def test_a_gang_with_one_task_left_pending_is_withdrawn_whole(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """One task of a two-node gang lands on the node Slurm gave away, the other runs: the whole
+    gang is requeued once, the running task's Slurm job cancelled, and the gang placed again."""
+    user: list[str] = []
+    try:
+        async with Harness(slurm_cluster, tmp_path, {"gang": "sleep 60"}) as h:
+            h.backend = h.new_backend(pending_bound_s=BOUND_S)
+            await steal(h, slurm_cluster, user, busy=("n3", "n4"), stolen="n1")
+            await h.submit(job("gang", tasks=2, gpus=4, mem_mib=256))
+            await h.loop.step(20)
+            (first,) = await h.placements()
+            assert sorted(t.node for t in first.tasks) == ["n1", "n2"]
+            on_n1 = next(t.task_index for t in first.tasks if t.node == "n1")
+
+            inputs = await h.until(lambda events: bool(of_type(events, TaskFailed, "gang")), timeout_s=90)
+            (failed,) = of_type(inputs, TaskFailed, "gang")  # one withdrawal for the gang
+            assert failed.requeue
+            assert failed.task_index == on_n1
+            assert f"(node n1 holds Slurm job {user[-1]})" in failed.reason
+            await h.loop.step(20)
+            assert h.job_state("gang") == JobState.PENDING
+            assert gpus_booked(h, "n1") == 4
+            assert gpus_booked(h, "n2") == 0
+            await h.until(lambda _: {j.job_state for j in h.slurm_jobs()} == {"CANCELLED"})  # n2's too
+
+            slurm_cluster.command("scancel", user[0])  # n3 frees: the gang goes to n2 and n3
+            await h.until(lambda events: any(e.node == "n3" for e in of_type(events, TaskStarted, "gang")))
+            placed = [sorted(t.node for t in p.tasks) for p in await h.placements()]
+            assert placed == [["n1", "n2"], ["n2", "n3"]]
+            await h.until(lambda _: h.job_state("gang") == JobState.RUNNING)
+            assert len(of_type(await h.inputs(), TaskFailed, "gang")) == 1
     finally:
         if user:
             slurm_cluster.command("scancel", *user)
