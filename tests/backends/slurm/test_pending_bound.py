@@ -9,12 +9,17 @@ the user's job at once, and places the job again where Slurm runs it.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
+
+import pytest
 
 from fleetlog.api.detail import job_detail
 from fleetlog.core.state import JobState
 from fleetlog.events import Event, NodeHeartbeat, TaskFailed, TaskStarted
+from fleetlog.replay.explain import explain
+from fleetlog.replay.source import Source
 from tests.backends.slurm.harness import Harness, job, of_type
 from tests.slurm_cluster import SlurmCluster
 
@@ -64,8 +69,9 @@ async def steal(
 
 
 async def test_a_pinned_job_slurm_leaves_pending_is_withdrawn_and_placed_again(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="fleetlog.backends.slurm")
     user: list[str] = []
     try:
         async with Harness(slurm_cluster, tmp_path, {"pinned": "sleep 60"}) as h:
@@ -95,6 +101,13 @@ async def test_a_pinned_job_slurm_leaves_pending_is_withdrawn_and_placed_again(
             assert detail.requeued.node == "n1"
             assert detail.requeued.message == failed.reason
             assert any(failed.reason in step.detail for step in detail.story)
+            timeline = await explain(Source(h.store, None, "test"), "pinned")
+            withdrawn = [s.detail for s in timeline.steps if s.what == "placement withdrawn"]
+            assert withdrawn == [f"task 0: {failed.reason}"]
+            lines = [r.getMessage() for r in caplog.records if r.name == "fleetlog.backends.slurm"]
+            (scancel,) = [line for line in lines if line.startswith("scancel ")]
+            assert scancel.startswith(f"scancel {ours.job_id}: pinned task 0, placed at decisions@")
+            assert scancel.endswith(f": withdrawn: {failed.reason}")
             assert gpus_booked(h, "n1") == 4  # the user's job, held at once: no 8 GPUs on a 4-GPU node
             assert all(p.tasks[0].node == "n1" for p in await h.placements())  # not pinned there again
 
