@@ -93,6 +93,9 @@ class FleetGauges:
         qjobs = gauge("fleetlog_queue_jobs", "A queue's jobs by state: pending, placed (not every task "
                       "started) or running (every task started), as GET /v1/jobs says", "queue", "state")
         qgpus = gauge("fleetlog_queue_pending_gpus", "GPUs the pending jobs of a queue ask for", "queue")
+        self.placed_longest = gauge(
+            "fleetlog_placed_longest_seconds", "How long (log time) the longest-placed job whose tasks have "
+            "not all started has waited to start, fleet-wide (0: none): work held but not started")
         gpus = gauge("fleetlog_cell_gpus", "GPUs on a cell's up nodes, by GPU model", "cell", "gpu_model")
         alloc = gauge("fleetlog_cell_allocated_gpus", "GPUs allocated on a cell's up nodes, by GPU model",
                       "cell", "gpu_model")
@@ -125,7 +128,9 @@ class FleetGauges:
         return True
 
     def update(self, state: State) -> None:
-        self.tenants.update(tenant_rows(list_tenants(state, {}).items))
+        tenants = list_tenants(state, {}).items
+        self.tenants.update(tenant_rows(tenants))
+        self.placed_longest.set(max((t.placed_longest_ms or 0 for t in tenants), default=0) / 1000)
         self.queues.update(queue_rows(_with_phases(state, queues_table(state))))
         cells = list_cells(state, {}).items
         self.models.update(model_rows(cells))
@@ -139,6 +144,7 @@ class FleetGauges:
         for family in (self.tenants, self.queues, self.models, self.cells):
             family.update([])
         self.regime.clear()
+        self.placed_longest.set(0)
         self._due = 0.0
 
 

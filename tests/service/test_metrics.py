@@ -14,6 +14,7 @@ import msgspec
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetlog.events import TaskStarted
 from fleetlog.service.metrics import MAX_LABEL_VALUES, OTHERS, STATE_GAUGES_SHARE, Metrics
 from tests.core.builders import Driver, job, node, quota
 from tests.service.test_service import Running, events_body, serving
@@ -193,6 +194,26 @@ def test_the_regime_gauge_says_which_resource_the_window_asks_more_of() -> None:
     metrics.fleet.update(driver.state)
     assert series(parse(metrics.exposition().decode()), "fleetlog_shape_mix_regime") == {
         ("cpu-bound",): 1, ("gpu-bound",): 0}
+
+
+def test_placed_longest_is_how_long_the_oldest_placed_not_started_job_has_waited() -> None:
+    """Placed at log time P and not started: at log time P + 90 s the gauge says 90 (not "running",
+    not 0); once every placed job started, 0."""
+    driver, metrics = Driver(), Metrics()
+    driver.feed(node("n1"), job("a", gpus=4), job("b", gpus=4))
+    placed = driver.placed(driver.decide())
+    assert set(placed) == {"a", "b"}
+    at = int(driver.state.jobs.cols["placed_at_ms"][driver.state.job_row("a")])
+    driver.feed(node("n1"), TaskStarted(job_id="b", task_index=0, node="n1"), step_ms=45_000)  # (n1 heard)
+    metrics.fleet.update(driver.state)
+    assert driver.state.now_ms - at >= 90_000
+    assert series(parse(metrics.exposition().decode()), "fleetlog_placed_longest_seconds") == {
+        (): (driver.state.now_ms - at) / 1000}
+    assert series(parse(metrics.exposition().decode()), "fleetlog_tenant_jobs", tenant="t1") == {
+        ("pending",): 0, ("placed",): 1, ("running",): 1}
+    driver.feed(TaskStarted(job_id="a", task_index=0, node="n1"))
+    metrics.fleet.update(driver.state)
+    assert series(parse(metrics.exposition().decode()), "fleetlog_placed_longest_seconds") == {(): 0}
 
 
 def test_the_gauges_wait_a_hundred_times_their_cost_before_the_next_update() -> None:

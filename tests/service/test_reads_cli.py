@@ -16,7 +16,8 @@ import pytest
 from fleetlog.api.routes import openapi
 from fleetlog.cli import main
 from fleetlog.events.model import Taint
-from fleetlog.reads_cli import LISTINGS, collect, node_text
+from fleetlog.reads_cli import LISTINGS, collect, node_text, sorted_items
+from fleetlog.reads_watch import changed
 from tests.core.builders import job, node
 from tests.service.test_service import events_body, serving
 
@@ -247,3 +248,36 @@ async def test_jobs_show_their_node_and_age_filter_by_node_and_sort(
 
 def test_a_gangs_node_cell_names_its_first_node_and_how_many_more() -> None:
     assert (node_text([]), node_text(["n1"]), node_text(["n1", "n2", "n3", "n4"])) == ("", "n1", "n1 +3")
+
+
+def test_sort_by_keeps_ties_in_submission_order_puts_the_fieldless_last_and_cuts_after() -> None:
+    jobs = [{"job_id": "a", "gpu_milli": 2000, "nodes": ["n2"]}, {"job_id": "b", "gpu_milli": 1000},
+            {"job_id": "c", "gpu_milli": 2000, "nodes": ["n1", "n3"]}, {"job_id": "d", "gpu_milli": 500}]
+    found = {"items": jobs, "total": 9, "next_page_token": "4"}
+    ids = [j["job_id"] for j in sorted_items(found, "gpus", None)["items"]]
+    assert ids == ["d", "b", "a", "c"]  # (a before c: equal, in submission order)
+    assert [j["job_id"] for j in sorted_items(found, "-gpus", None)["items"]] == ["a", "c", "b", "d"]
+    by_node = sorted_items(found, "node", None)["items"]
+    assert [j["job_id"] for j in by_node] == ["c", "a", "b", "d"]  # ("n1 +1" < "n2"; no node: last)
+    assert [j["job_id"] for j in sorted_items(found, "-node", None)["items"]] == ["a", "c", "b", "d"]
+    cut = sorted_items(found, "-gpus", 2)
+    assert ([j["job_id"] for j in cut["items"]], cut["total"]) == (["a", "c"], 9)
+
+
+def test_sort_by_and_a_node_name_refuse_watch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobs", "--sort-by", "age", "--watch", "--log", str(tmp_path)]) == 2
+    assert "--sort-by sorts one listing" in capsys.readouterr().err
+    assert main(["nodes", "n1", "--watch", "--log", str(tmp_path)]) == 2
+    assert "not with a NODE name" in capsys.readouterr().err
+
+
+def test_watch_does_not_reprint_an_item_only_older_by_log_time() -> None:
+    seen: dict[str, Any] = {}
+    first = [{"job_id": "j1", "state": "placed", "age_ms": 1000}, {"tenant": "t1", "placed": 1,
+                                                                   "placed_longest_ms": 500}]
+    assert changed(seen, first) == first
+    older = [{"job_id": "j1", "state": "placed", "age_ms": 6000}, {"tenant": "t1", "placed": 1,
+                                                                   "placed_longest_ms": 5500}]
+    assert changed(seen, older) == []
+    started = [{"job_id": "j1", "state": "running", "age_ms": 7000}]
+    assert changed(seen, started) == started
