@@ -227,9 +227,9 @@ def test_a_restarted_agent_goes_on_with_what_was_placed(
     wait_until("a-1 and b-1 succeeded", both_succeeded, second)
     assert [type(e).__name__ for e in task_events(log, "a-1")] == ["TaskStarted", "TaskFinished"]
     assert [type(e).__name__ for e in task_events(log, "b-1")] == ["TaskStarted", "TaskFinished"]
-    said = [(line["event"], line["job_id"]) for line in second.lines()]
-    assert said[0] == ("started", "b-1")  # a-1 started before: not again
-    assert sorted(said[1:]) == [("finished", "a-1"), ("finished", "b-1")]
+    said = sorted((line["event"], line["job_id"]) for line in second.lines())
+    # a-1 started before: not again (whether its 4 s ran out before b-1 started depends on the load)
+    assert said == [("finished", "a-1"), ("finished", "b-1"), ("started", "b-1")]
     assert second.stop() == 0
 
 

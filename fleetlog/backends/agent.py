@@ -34,6 +34,7 @@ from typing import Final
 import msgspec
 from tenacity import RetryCallState
 
+from fleetlog.backends.follow import DecisionFollower
 from fleetlog.backends.shared_log import RefusedError
 from fleetlog.events import (
     DecisionBatch,
@@ -54,12 +55,11 @@ from fleetlog.events import (
 )
 from fleetlog.events.model import INPUT_TYPES
 from fleetlog.log import errorpolicy
-from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
-from fleetlog.log.consumer import Delivered, EventConsumer, decision_batches
+from fleetlog.log.base import INPUTS, LogStore, Message
+from fleetlog.log.consumer import Delivered, EventConsumer
 from fleetlog.waiting import event_or_timeout
 
 log = logging.getLogger("fleetlog.backends.agent")
-READ_BATCH: Final = 1000
 MAX_KEY: Final = 253
 TaskEvent = TaskStarted | TaskFinished | TaskFailed
 KINDS: Final = ("started", "finished", "failed")
@@ -125,7 +125,7 @@ def _quiet(kind: str, job_id: str, index: int, node: str, exit_code: int | None)
     """No lines (a library user)."""
 
 
-class FakeAgent:
+class FakeAgent(DecisionFollower):
     """Decisions in (from the decisions log), pretend effects, observations back (to the inputs log)."""
 
     def __init__(self, store: LogStore, config: AgentConfig | None = None, *,
@@ -193,29 +193,7 @@ class FakeAgent:
 
     # --- 1. the logs, in the scheduler's fold order -------------------------------------
 
-    async def catch_up(self) -> None:
-        decisions = self.store.log(DECISIONS)
-        end = await decisions.end_offset()
-        while self.decisions_offset < end:
-            records = await decisions.read(self.decisions_offset, READ_BATCH)
-            if not records:
-                break
-            for offset, batch in decision_batches(records):
-                await self.read_inputs(batch.as_of)
-                self.apply_batch(offset, batch)
-                self.decisions_offset = offset + 1
-        await self.read_inputs(await self.store.log(INPUTS).end_offset())
-
-    async def read_inputs(self, until: int) -> None:
-        while self.inputs_offset < until:
-            polled = await self.consumer.poll(
-                self.inputs_offset, min(READ_BATCH, until - self.inputs_offset), park=False
-            )
-            if polled.next_offset == self.inputs_offset:
-                break
-            for delivered in polled.events:
-                self.apply_input(delivered)
-            self.inputs_offset = polled.next_offset
+    # (catch_up and read_inputs: fleetlog.backends.follow.DecisionFollower)
 
     def apply_input(self, d: Delivered) -> None:
         event = d.envelope.event

@@ -32,6 +32,7 @@ import msgspec
 from tenacity import RetryCallState
 
 from fleetlog import retry
+from fleetlog.backends.follow import DecisionFollower
 from fleetlog.backends.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -76,13 +77,12 @@ from fleetlog.events import (
 )
 from fleetlog.events.model import INPUT_TYPES
 from fleetlog.log import errorpolicy
-from fleetlog.log.base import DECISIONS, INPUTS, LogStore, Message
-from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer, decision_batches
+from fleetlog.log.base import INPUTS, LogStore, Message
+from fleetlog.log.consumer import CorruptDecisionsError, Delivered, EventConsumer
 from fleetlog.waiting import event_or_timeout
 
 log = logging.getLogger("fleetlog.backends.slurm")
 TaskEvent = TaskStarted | TaskFinished | TaskFailed
-READ_BATCH: Final = 1000
 MAX_ENDED: Final = 10_000  # why runs ended, kept for the scancel log lines
 
 
@@ -155,7 +155,7 @@ class Backoff:
         self._delays, self.current_s = self.schedule.delays(), 0.0
 
 
-class SlurmBackend:
+class SlurmBackend(DecisionFollower):
     """Decisions in (from the decisions log), Slurm effects out, observations back (to the inputs log)."""
 
     def __init__(
@@ -257,29 +257,7 @@ class SlurmBackend:
 
     # --- 1. the logs, in the scheduler's fold order -------------------------------------
 
-    async def catch_up(self) -> None:
-        decisions = self.store.log(DECISIONS)
-        end = await decisions.end_offset()
-        while self.decisions_offset < end:
-            records = await decisions.read(self.decisions_offset, READ_BATCH)
-            if not records:
-                break
-            for offset, batch in decision_batches(records):
-                await self.read_inputs(batch.as_of)
-                self.apply_batch(offset, batch)
-                self.decisions_offset = offset + 1
-        await self.read_inputs(await self.store.log(INPUTS).end_offset())
-
-    async def read_inputs(self, until: int) -> None:
-        while self.inputs_offset < until:
-            polled = await self.consumer.poll(
-                self.inputs_offset, min(READ_BATCH, until - self.inputs_offset), park=False
-            )
-            if polled.next_offset == self.inputs_offset:
-                break
-            for delivered in polled.events:
-                self.apply_input(delivered)
-            self.inputs_offset = polled.next_offset
+    # (catch_up and read_inputs: fleetlog.backends.follow.DecisionFollower)
 
     def apply_input(self, d: Delivered) -> None:
         event = d.envelope.event
