@@ -19,12 +19,14 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 from fleetlog.backends.agent import AgentConfig, FakeAgent, NotAllowedError
 from fleetlog.backends.store_args import OTHER_TABLES, open_store
+from fleetlog.client_cli import _count
 from fleetlog.events import NodeHeartbeat, decode, encode, envelope
 from fleetlog.events.codec import BadEventError
 from fleetlog.log.base import DECISIONS, INPUTS, LogError
@@ -42,37 +44,23 @@ WAIT_NOTE_S: Final = 0.5
 """How often a missing log directory is looked for again."""
 
 
-def _count(least: int) -> Any:
-    def parse(text: str) -> int:
+def _number(what: str, low: float, high: float, rule: str) -> Callable[[str], float]:
+    """An argparse type: a float in ``[low, high]`` (``rule`` says so in the error)."""
+
+    def parse(text: str) -> float:
         try:
-            value = int(text)
+            value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"{text!r} must be at least {least}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {rule}")
         return value
 
     return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < 10**9:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds, 0 or more")
-    return value
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
-    return value
+_seconds = _number("a number of seconds", 0, 10**9 - 1, "a number of seconds, 0 or more")
+_share = _number("a number", 0, 1, "between 0 and 1")
 
 
 def add_agent_command(sub: Any, usage_error: type[Exception]) -> None:
