@@ -578,7 +578,8 @@ def test_soak_kafka(kafka_bootstrap: str) -> None:
 def test_fuzz() -> None:
     r = smoke("fuzz")
     assert r["failures"] == 0, r["targets"]
-    assert set(r["targets"]) == {"envelope", "ingest_body", "config", "tokens_file", "policy_file", "http"}
+    assert set(r["targets"]) == {"envelope", "ingest_body", "config", "tokens_file", "policy_file", "http",
+                                 "history_query"}
     assert all(t["examples"] > 0 and t["failure"] is None for t in r["targets"].values())
     positive(r, "examples", "seconds_per_target")
 
