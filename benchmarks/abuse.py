@@ -32,9 +32,9 @@ attack itself wins (below).  The attacks (``alice`` is ``tenant:alice``, equal q
   (principal, surface) whose answer held the secret (the policy lets a ``reader`` see every job,
   but ``payload.env`` is the job's tenant's and its backend's only).
 * ``job_ids``: ``alice`` first submits the ids bob will use in the phase; bob's 409s are the wins.
-  Bob names his jobs ``bob/…`` as docs/api.md ("Job ids") asks, and the service runs with
-  ``job_ids_by_tenant = true`` where it has the setting (``service_settings`` in the JSON; off
-  by default — then alice's ids ``bob/…`` are taken as any others).
+  Bob names his jobs ``bob/…`` as docs/api.md ("Job ids") asks; the service runs with its
+  defaults, under which ids under a tenant's prefix are that tenant's (alice's ``bob/…`` are 403;
+  before that rule they were taken as any others).
 * ``exemption``: ``ghost`` (``backend:nope``, a cell that does not exist) submits jobs held to its
   cell as fast as it can; wins 1 when it got more than the rate limit allows a tenant
   (5 a second after a burst of 50, plus a second's grace).
@@ -109,7 +109,6 @@ from benchmarks.abuse_harness import (
     body,
     close,
     code_of,
-    ids_by_tenant,
     job,
     progress,
     secrets,
@@ -444,6 +443,7 @@ async def priority(run: Run, victim: Victim) -> dict[str, Any]:
 async def body_slots(run: Run, victim: Victim) -> dict[str, Any]:
     started = time.monotonic()
     opened, closed_by_service = Counter[str](), Counter[str]()
+    answered: dict[str, Counter[str]] = {"alice": Counter(), "nope": Counter()}  # status of the head's answer
 
     async def hold(who: str) -> None:
         head = run.head("POST", "/v1/events", who, b"Content-Type: application/json",
@@ -459,13 +459,19 @@ async def body_slots(run: Run, victim: Victim) -> dict[str, Any]:
                 writer.write(head)
                 left = started + run.size.phase_s - time.monotonic()
                 with contextlib.suppress(asyncio.TimeoutError, OSError, ssl.SSLError):
-                    await asyncio.wait_for(reader.read(), max(0.0, left))
+                    line = await asyncio.wait_for(reader.readline(), max(0.0, left))
+                    parts = line.split()
+                    if len(parts) >= 2:  # (the answer to the head alone: 403, 429, or 408 in seconds)
+                        answered[who][parts[1].decode(errors="replace")] += 1
+                    rest = started + run.size.phase_s - time.monotonic()
+                    await asyncio.wait_for(reader.read(), max(0.0, rest))
                     closed_by_service[who] += 1
             finally:
                 await close(writer)
 
     await asyncio.gather(*(hold(who) for who in ["alice"] * 16 + ["nope"] * 16))
-    return {"heads_opened": dict(opened), "closed_by_service": dict(closed_by_service)}
+    return {"heads_opened": dict(opened), "heads_answered": {w: dict(c) for w, c in answered.items()},
+            "closed_by_service": dict(closed_by_service)}
 
 
 async def tls_handshakes(run: Run, victim: Victim) -> dict[str, Any]:
@@ -614,7 +620,7 @@ async def measure(size: Size, root: Path) -> dict[str, Any]:
             stop(service.child)
             starts += service.starts
     return {"attacks": attacks, **summary(attacks), "service_starts": starts,
-            "service_settings": {"job_ids_by_tenant": bool(ids_by_tenant())}}
+            "service_settings": "as shipped"}
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

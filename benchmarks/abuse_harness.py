@@ -26,7 +26,6 @@ import aiohttp
 from fleetlog.events import JobSubmitted, TaskGroup, encode, envelope
 from fleetlog.events.model import JobCancelled
 from fleetlog.service.auth import entry_toml, new_token
-from fleetlog.service.config import ServiceSettings
 
 TIMEOUT_S: Final = 60.0
 """The longest any one request of the harness waits for its answer."""
@@ -93,12 +92,6 @@ def secrets(root: Path) -> dict[str, str]:
     return tokens
 
 
-def ids_by_tenant() -> str:
-    """``job_ids_by_tenant = true`` where the service has the setting (issue 46; docs/api.md "Job
-    ids": what a fleet of tenants that must not take each other's ids turns on), else nothing."""
-    return "job_ids_by_tenant = true\n" if "job_ids_by_tenant" in ServiceSettings.__struct_fields__ else ""
-
-
 def _run_takes_create() -> bool:
     """Whether ``fleetlog run`` needs ``--create`` to start a new file log (it does since issue 46;
     the harness also measures the revision before, which does not know the flag)."""
@@ -126,7 +119,7 @@ snapshot_every_s = 15.0
 max_pending_tasks = {size.max_pending_tasks}
 max_submissions_per_s = {RATE_PER_S}
 max_submission_burst = {BURST}
-{ids_by_tenant()}[auth]
+[auth]
 tokens_file = "{root / 'tokens.toml'}"
 policy_file = "{root / 'policy.toml'}"
 {served}""")

@@ -611,4 +611,5 @@ def test_abuse() -> None:
     assert set(r["targets_met"]) == {"attacks_succeeded_0", "victim_submit_p99_le_1s", "victim_health_le_1s",
                                      "rss_growth_le_256mib", "all"}
     assert r["service_starts"] == 2
-    assert r["service_settings"] == {"job_ids_by_tenant": True}  # (docs/api.md "Job ids")
+    assert r["service_settings"] == "as shipped"  # (no setting turned on for the bar)
+    assert set(r["attacks"]["body_slots"]["details"]["heads_answered"]) == {"alice", "nope"}

@@ -25,7 +25,7 @@ from typing import Final
 
 import msgspec
 
-from fleetlog.api.resources import ApiError
+from fleetlog.api.errors import ApiError
 from fleetlog.core.decide import decide
 from fleetlog.core.digest import restore, snapshot
 from fleetlog.core.fold import fold
@@ -199,10 +199,6 @@ def _known(state: State, earlier: JobSubmitted | None, job: JobSubmitted) -> Dry
         return DryRunJob(job.job_id, "duplicate", "already_submitted",
                          f"job {job.job_id!r} was submitted already with this spec: submitting it "
                          "appends nothing")
-    if before.tenant != after.tenant:  # (another tenant's job: say nothing of it, as ingest)
-        return DryRunJob(job.job_id, "refused", "job_id_taken",
-                         f"job id {job.job_id!r} is taken by another tenant's job; job ids are global: "
-                         "choose ids under your tenant's prefix (TENANT/NAME, docs/api.md)")
     if before.tenant != after.tenant:  # (another tenant's job: say nothing of it, as ingest)
         return DryRunJob(job.job_id, "refused", "job_id_taken",
                          f"job id {job.job_id!r} is taken by another tenant's job; job ids are global: "

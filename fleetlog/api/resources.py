@@ -18,6 +18,7 @@ from typing import Final
 import msgspec
 import numpy as np
 
+from fleetlog.api.errors import ApiError
 from fleetlog.api.names import DEFAULT_LIMIT, JOB_STATES, MAX_LIMIT, NODE_STATUSES
 from fleetlog.api.visibility import EVERYTHING, Viewer, job_mask
 from fleetlog.core.authorize import roles_by_principal
@@ -29,23 +30,11 @@ from fleetlog.core.state import JobMeta, JobState, NodeStatus, State, TaskState
 from fleetlog.core.views import pending_reason
 from fleetlog.numerals import whole
 
-__all__ = ["DEFAULT_LIMIT", "JOB_STATES", "MAX_LIMIT", "NODE_STATUSES"]  # (from .names, for the API's users)
+__all__ = ["DEFAULT_LIMIT", "JOB_STATES", "MAX_LIMIT", "NODE_STATUSES", "ApiError"]  # (re-exported for the API's users)
 
 Query = Mapping[str, Sequence[str]]
 """A request's query parameters, each with every value it was given."""
 
-
-
-class ApiError(Exception):
-    """A request the API refuses: ``status``, a machine-readable ``code``, a message and the
-    query parameter or body field at fault (``None``: the request as a whole)."""
-
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
-
-    def body(self) -> dict[str, object]:
-        return {"code": self.code, "message": self.message, "field": self.field}
 
 
 # --- what the API answers (its OpenAPI schemas come from these) ----------------------------

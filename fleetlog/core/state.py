@@ -450,8 +450,7 @@ class State:
         ``classes`` and ``node_foreign`` items (see SUM_*): what the
         digest hashes instead of those collections (kept by fold, rebuilt on restore by
         :func:`collection_sums`; not in ``derived``: the digest reads it)."""
-        self.reason_codes = Interner()  # pending reason codes, as recorded by JobPending decisions
-        self.pending_count = 0
+        self.reason_codes, self.pending_count = Interner(), 0  # reason codes of JobPending decisions
         self.requeues: dict[int, Requeue] = {}
         """job row -> why it was last requeued, while it waits (see :class:`Requeue`)."""
         self.job_meta: dict[int, JobMeta] = {}
@@ -473,10 +472,7 @@ class State:
         lazily once placed or ended). Rebuilt on restore from ``dispatches``, not snapshotted."""
         self.next_return_ms = NO_LIMIT  # the earliest end of a hold in ``held`` (rebuilt with it)
         self.duplicates = 0  # JobSubmitted for a job id already known (idempotent resend)
-        # ``ignored``: observations about unknown or finished jobs/nodes; ``observations``: why each
-        # ignored task report was ignored (and the starts naming another node), counted by reason, the
-        # latest per job and node: snapshotted, never digested (no decision reads it)
-        self.ignored, self.observations = 0, Observations()
+        self.ignored, self.observations = 0, Observations()  # ignored task reports: count; why (undigested)
         self.retired: dict[str, int] = {}
         """Retired job id -> the log time it retired, for ``CoreConfig.dedup_window_ms``: the
         dedup window (expired oldest first, by ``retired_order``)."""

@@ -218,10 +218,27 @@ def check_log_place(directory: Path, *, create: bool, flag: str = "--log") -> No
                           "directories); --create starts a new one")
     if not directory.is_dir():
         raise LogDirError(f"{flag} {directory}: not a directory")
-    found = survey(directory, lambda name: SHARD_DIR.fullmatch(name) is not None)
-    if found.foreign is not None:
-        raise LogDirError(f"{flag} {directory}: holds {found.foreign!r}, which is not part of a fleetlog "
+    foreign, empty = _foreign_name(directory)
+    if foreign is not None:
+        raise LogDirError(f"{flag} {directory}: holds {foreign!r}, which is not part of a fleetlog "
                           "log; fleetlog writes its log only into a new or empty directory (with --create) "
                           "or one holding a fleetlog log")
-    if found.empty and not create:
+    if empty and not create:
         raise LogDirError(f"{flag} {directory}: empty, no file log there; --create starts a new one")
+
+
+def _foreign_name(directory: Path, shard: str = "") -> tuple[str | None, bool]:
+    """(the first entry whose name fleetlog never writes there, whether it is empty).  Names only:
+    a log damaged in place (a file where ``dead-letters/`` should be) is still the log's — the
+    service reports that itself — while one file of a user's makes the directory not a log."""
+    entries = sorted(directory.iterdir())
+    for entry in entries:
+        if entry.name in SUBDIRS or entry.name in TOP_FILES:
+            continue
+        if not shard and SHARD_DIR.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            inner, _ = _foreign_name(entry, entry.name)
+            if inner is None:
+                continue
+            return f"{entry.name}/{inner}", False
+        return entry.name, False
+    return None, not entries

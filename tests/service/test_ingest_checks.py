@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Final
 
 import msgspec
 import pytest
@@ -76,10 +77,15 @@ async def test_another_spec_under_an_existing_id_is_refused_409(service: Running
     assert await service.inputs_end() == 2, "nothing of a refused batch is appended"
 
 
+RACERS: Final = 12
+"""Requests of :func:`race`, all from this one client: each may hold a body slot at once (the
+per-client share, ``max_concurrent_requests_per_client``, is another test's: test_http)."""
+
+
 async def race(service: Running) -> None:
     """Requests racing with one job id: one is appended; the others are refused (another spec)
     or told it is a duplicate (the same spec) — never two appended."""
-    bodies = [events_body(job("race", priority=p)) for p in range(8)]
+    bodies = [events_body(job("race", priority=p)) for p in range(RACERS - 4)]
     bodies += [events_body(job("race", priority=0))] * 4
     answers = await asyncio.gather(*(service.request("/v1/events", b) for b in bodies))
     appended = [a for status, a in answers if status == 200 and a["appended"] == 1]
@@ -89,15 +95,17 @@ async def race(service: Running) -> None:
         assert (status, answer.get("reason")) in {(200, None), (409, "already_exists")}
 
 
-async def test_concurrent_submissions_of_one_id_take_one(service: Running) -> None:
-    await race(service)
+async def test_concurrent_submissions_of_one_id_take_one(tmp_path: Path) -> None:
+    async with serving(tmp_path / "log", max_concurrent_requests_per_client=RACERS) as running:
+        await race(running)
 
 
 @pytest.mark.kafka
 async def test_concurrent_submissions_of_one_id_take_one_on_kafka(kafka_bootstrap: str) -> None:
     """On Kafka an append awaits the broker: the requests really interleave there."""
     kafka = KafkaConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=f"race-{uuid.uuid4().hex[:8]}")
-    config = Config(kafka=kafka, service=ServiceSettings(http_port=0, idle_wait_ms=20))
+    config = Config(kafka=kafka, service=ServiceSettings(http_port=0, idle_wait_ms=20,
+                                                         max_concurrent_requests_per_client=RACERS))
     running = await start(config)
     try:
         await running.until(lambda: running.service.loop is not None, timeout_s=120)
