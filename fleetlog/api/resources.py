@@ -30,7 +30,7 @@ from fleetlog.core.state import JobMeta, JobState, NodeStatus, State, TaskState
 from fleetlog.core.views import pending_reason
 from fleetlog.numerals import whole
 
-__all__ = ["DEFAULT_LIMIT", "JOB_STATES", "MAX_LIMIT", "NODE_STATUSES", "ApiError"]  # (re-exported for the API's users)
+__all__ = ["DEFAULT_LIMIT", "JOB_STATES", "MAX_LIMIT", "NODE_STATUSES", "ApiError"]  # (re-exported)
 
 Query = Mapping[str, Sequence[str]]
 """A request's query parameters, each with every value it was given."""
