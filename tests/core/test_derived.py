@@ -113,6 +113,7 @@ SNAPSHOTTED = {
     "config", "now_ms", "offset", "next_sweep_ms", "nodes", "jobs", "tasks", "names", "job_cells",
     "usage", "quotas", "recent_shapes", "recent_next", "shape_mix", "shape_mix_cpu", "shapes_seen", "mix_due",
     "reason_text", "reason_codes", "pending_count", "requeues", "job_meta", "duplicates", "ignored",
+    "observations",
     "dispatches", "dispatched_seq", "returned", "summaries", "retired_order", "retired_rows",
     "retired_counts", "node_attrs", "classes", "node_foreign", "drained",
 }  # fmt: skip
