@@ -103,7 +103,10 @@ def test_the_api_requests_reach_every_query_parameter_of_every_get_route() -> No
     assert ("/v1/watch", "Last-Event-ID") in pairs
     drawn: set[str] = set()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    # (derandomized: a fixed draw of 300 proves the generator reaches them, every run alike — a
+    # random one missed the header once in a CI run; the fuzz tests below draw at random)
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)
     @given(raw=api_requests("tok"))
     def run(raw: bytes) -> None:
         line, _, rest = raw.partition(b"\r\n")
